@@ -1,0 +1,37 @@
+# The two commands of the README: `make run` and `make test`. Both install what is missing first.
+BUILD ?= build
+JOBS ?= 2
+MODEL ?= models/mini
+PROMPT ?= The quick brown fox
+N ?= 32
+
+.PHONY: all deps build run test unit asan fuzz clean
+
+all: build
+
+deps:
+	@bash scripts/install-deps.sh
+
+$(BUILD)/CMakeCache.txt:
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release
+
+build: deps $(BUILD)/CMakeCache.txt
+	cmake --build $(BUILD) -j$(JOBS)
+
+$(MODEL)/config.json: | build
+	$(BUILD)/moex gen-model --preset mini --seed 1 --out $(MODEL)
+
+run: build $(MODEL)/config.json
+	$(BUILD)/moex generate --model $(MODEL) --prompt "$(PROMPT)" -n $(N)
+
+test: build
+	cd $(BUILD) && ctest --output-on-failure -j1
+
+# Unit tests once under AddressSanitizer + UndefinedBehaviorSanitizer (CI runs this too).
+asan: deps
+	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOEX_SANITIZE=ON
+	cmake --build build-asan -j$(JOBS) --target moex_unit_tests moex
+	cd build-asan && ctest --output-on-failure -L sanitize
+
+clean:
+	rm -rf $(BUILD) build-asan

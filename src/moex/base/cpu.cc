@@ -1,0 +1,63 @@
+#include "moex/base/cpu.h"
+
+#include <cpuid.h>
+
+#include <cstdlib>
+#include <cstring>
+
+namespace moex {
+namespace {
+
+CpuFeatures detect() {
+  CpuFeatures f;
+  unsigned a, b, c, d;
+  if (__get_cpuid(1, &a, &b, &c, &d)) f.fma = c & bit_FMA;
+  if (__get_cpuid_count(7, 0, &a, &b, &c, &d)) {
+    f.avx2 = b & bit_AVX2;
+    f.avx512f = b & bit_AVX512F;
+    f.avx512dq = b & bit_AVX512DQ;
+    f.avx512bw = b & bit_AVX512BW;
+    f.avx512vl = b & bit_AVX512VL;
+    f.amx_bf16 = d & (1u << 22);
+    f.amx_tile = d & (1u << 24);
+  }
+  if (__get_cpuid_count(7, 1, &a, &b, &c, &d)) f.avx512_bf16 = a & (1u << 5);
+  return f;
+}
+
+bool initial_use_x86() {
+  const char* isa = std::getenv("MOEX_ISA");
+  if (isa && std::strcmp(isa, "ref") == 0) return false;
+  return cpu_features().has_avx512_kernels();
+}
+
+bool g_use_x86 = initial_use_x86();
+
+}  // namespace
+
+std::string CpuFeatures::str() const {
+  std::string out;
+  auto add = [&](bool on, const char* name) {
+    if (on) out += (out.empty() ? "" : " ") + std::string(name);
+  };
+  add(avx2, "avx2");
+  add(fma, "fma");
+  add(avx512f, "avx512f");
+  add(avx512bw, "avx512bw");
+  add(avx512vl, "avx512vl");
+  add(avx512dq, "avx512dq");
+  add(avx512_bf16, "avx512_bf16");
+  add(amx_tile, "amx_tile");
+  add(amx_bf16, "amx_bf16");
+  return out.empty() ? "none" : out;
+}
+
+const CpuFeatures& cpu_features() {
+  static const CpuFeatures features = detect();
+  return features;
+}
+
+bool use_x86_kernels() { return g_use_x86; }
+void set_use_x86_kernels(bool enabled) { g_use_x86 = enabled && cpu_features().has_avx512_kernels(); }
+
+}  // namespace moex

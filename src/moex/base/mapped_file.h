@@ -1,0 +1,29 @@
+// A read-only memory mapping of a whole file: weights are used from the mapping, never copied.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace moex {
+
+class MappedFile {
+ public:
+  MappedFile() = default;
+  explicit MappedFile(const std::string& path);  // throws Error(kInvalidInput) naming the file
+  ~MappedFile();
+  MappedFile(MappedFile&& other) noexcept;
+  MappedFile& operator=(MappedFile&& other) noexcept;
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+
+  const uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  const uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+}  // namespace moex

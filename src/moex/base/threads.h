@@ -1,0 +1,31 @@
+// Threads: an OpenMP team sized once (--threads / MOEX_THREADS / all cores). OpenMP rather than a
+// hand-written pool: its barrier and static schedule are what a GEMV split over rows needs.
+#pragma once
+#include <omp.h>
+
+#include <cstdint>
+
+namespace moex {
+
+void set_num_threads(int n);  // <= 0: all cores
+int num_threads();
+
+// Splits [0, n) into contiguous ranges, one per thread, each a multiple of `grain` (except the last).
+template <typename Fn>
+void parallel_for(int64_t n, int64_t grain, Fn&& fn) {
+  const int threads = num_threads();
+  if (threads <= 1 || n <= grain) {
+    fn(int64_t{0}, n);
+    return;
+  }
+  const int64_t chunks = (n + grain - 1) / grain;
+#pragma omp parallel num_threads(threads)
+  {
+    const int t = omp_get_thread_num();
+    const int64_t per = (chunks + threads - 1) / threads;
+    const int64_t begin = t * per * grain, end = (t + 1) * per * grain < n ? (t + 1) * per * grain : n;
+    if (begin < end) fn(begin, end);
+  }
+}
+
+}  // namespace moex

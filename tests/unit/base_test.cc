@@ -1,0 +1,81 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "moex/base/dtype.h"
+#include "moex/base/error.h"
+#include "moex/base/tensor.h"
+
+namespace moex {
+namespace {
+
+// Reference for bf16 rounding: the exact nearest bf16 value, ties to even, found by brute force.
+TEST(DType, Bf16RoundsToNearestEven) {
+  const float samples[] = {0.0f, 1.0f, -1.0f, 3.14159265f, 1e-30f, -7.5e20f, 1.00390625f, 1.01171875f, 65504.0f};
+  for (float f : samples) {
+    const uint16_t h = f32_to_bf16(f);
+    const float back = bf16_to_f32(h);
+    const float up = bf16_to_f32(static_cast<uint16_t>(h + 1)), down = bf16_to_f32(static_cast<uint16_t>(h - 1));
+    EXPECT_LE(std::fabs(back - f), std::fabs(up - f)) << f;
+    if (h != 0) EXPECT_LE(std::fabs(back - f), std::fabs(down - f)) << f;  // 0x0000 - 1 is a NaN code
+  }
+  EXPECT_EQ(f32_to_bf16(1.00390625f), 0x3f80);  // exactly halfway between 1.0 and 1.0078125: even wins
+  EXPECT_EQ(f32_to_bf16(1.01171875f), 0x3f82);
+  EXPECT_TRUE(std::isnan(bf16_to_f32(f32_to_bf16(NAN))));
+}
+
+TEST(DType, F16RoundTripsEveryFiniteHalf) {
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    if (((h >> 10) & 0x1f) == 0x1f) continue;  // inf/nan
+    const float f = f16_to_f32(static_cast<uint16_t>(h));
+    EXPECT_EQ(f32_to_f16(f), (f == 0.0f && !(h & 0x8000)) ? 0 : h) << h;
+  }
+  EXPECT_EQ(f16_to_f32(0x3c00), 1.0f);
+  EXPECT_EQ(f16_to_f32(0x0001), std::ldexp(1.0f, -24));
+}
+
+TEST(DType, F8E4M3RoundTripsEveryCode) {
+  for (int v = 0; v < 256; ++v) {
+    if ((v & 0x7f) == 0x7f) continue;  // NaN
+    const float f = f8e4m3_to_f32(static_cast<uint8_t>(v));
+    if (v == 0x80) continue;  // -0 maps to the +0 / -0 code of its sign: checked below
+    EXPECT_EQ(f32_to_f8e4m3(f), v) << v << " " << f;
+  }
+  EXPECT_EQ(f8e4m3_to_f32(0x7e), 448.0f);
+  EXPECT_EQ(f8e4m3_to_f32(0x01), std::ldexp(1.0f, -9));
+  EXPECT_EQ(f32_to_f8e4m3(1e6f), 0x7e);    // saturates
+  EXPECT_EQ(f32_to_f8e4m3(-1e6f), 0xfe);
+  EXPECT_EQ(f32_to_f8e4m3(-0.0f), 0x80);
+}
+
+TEST(DType, F8E4M3RoundsToNearest) {
+  // Every value between two neighbouring codes goes to the nearer one.
+  for (int v = 0; v < 0x7e; ++v) {
+    const float lo = f8e4m3_to_f32(static_cast<uint8_t>(v)), hi = f8e4m3_to_f32(static_cast<uint8_t>(v + 1));
+    EXPECT_EQ(f32_to_f8e4m3(lo + (hi - lo) * 0.25f), v);
+    EXPECT_EQ(f32_to_f8e4m3(lo + (hi - lo) * 0.75f), v + 1);
+  }
+}
+
+TEST(Tensor, RowViewsAdvanceByRowBytes) {
+  float data[6] = {0, 1, 2, 3, 4, 5};
+  TensorView t{data, DType::kF32, Shape{2, 3}};
+  TensorView r = t.row(1);
+  EXPECT_EQ(r.shape, (Shape{3}));
+  EXPECT_EQ(r.as<float>()[0], 3.0f);
+  EXPECT_THROW(t.row(2), Error);
+}
+
+TEST(Error, InputErrorsExitWithTwo) {
+  try {
+    MOEX_CHECK_INPUT(1 + 1 == 3, "value ", 42, " is wrong");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.exit_code(), 2);
+    EXPECT_STREQ(e.what(), "value 42 is wrong");
+  }
+}
+
+}  // namespace
+}  // namespace moex
