@@ -19,6 +19,7 @@ import struct
 import numpy as np
 
 SAFETENSORS_NAMES = {"bf16": "BF16", "f16": "F16", "f32": "F32"}
+TORCH_DTYPE_NAMES = {"bf16": "bfloat16", "f16": "float16", "f32": "float32"}
 
 
 def float32_to_bf16_bits(values):
@@ -76,7 +77,6 @@ def make_config(hidden=64, intermediate=128, layers=2, heads=4, kv_heads=2, head
         "max_position_embeddings": 4096,
         "tie_word_embeddings": tie_embeddings,
         "hidden_act": "silu",
-        "torch_dtype": "bfloat16",
     }
     if head_dim is not None:
         config["head_dim"] = head_dim
@@ -125,14 +125,15 @@ def write_model(out_dir, config, weights, dtype="bf16", shards=1):
     """Writes config.json and model.safetensors, or `shards` files plus the HF index."""
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "config.json"), "w") as f:
-        json.dump(config, f, indent=2)
+        json.dump(dict(config, torch_dtype=TORCH_DTYPE_NAMES[dtype]), f, indent=2)
         f.write("\n")
     if shards == 1:
         write_safetensors(os.path.join(out_dir, "model.safetensors"), weights, dtype)
         return
     names = list(weights)
     weight_map = {}
-    for s, shard_names in enumerate(np.array_split(names, shards)):
+    for s, shard_idx in enumerate(np.array_split(np.arange(len(names)), shards)):
+        shard_names = [names[i] for i in shard_idx]
         file_name = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
         write_safetensors(os.path.join(out_dir, file_name),
                           {n: weights[n] for n in shard_names}, dtype)

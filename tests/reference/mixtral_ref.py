@@ -120,12 +120,23 @@ class MixtralConfig:
     norm_topk_prob: bool
     sliding_window: int = None
 
+    REQUIRED_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers",
+                       "num_attention_heads", "num_local_experts", "num_experts_per_tok",
+                       "vocab_size")
+
     @classmethod
     def from_json(cls, path):
         with open(path) as f:
-            raw = json.load(f)
+            return cls.from_dict(json.load(f), source=path)
+
+    @classmethod
+    def from_dict(cls, raw, source="config"):
+        """From the fields of an HF config.json; `source` names it in error messages."""
         if raw.get("rope_scaling") is not None:
-            raise ValueError(f"{path}: rope_scaling is not supported by the reference")
+            raise ValueError(f"{source}: rope_scaling is not supported by the reference")
+        missing = [f for f in cls.REQUIRED_FIELDS if f not in raw]
+        if missing:
+            raise ValueError(f"{source}: lacks required field {missing[0]}")
         heads = raw["num_attention_heads"]
         # Optional fields take MixtralConfig's defaults.
         cfg = cls(
@@ -146,10 +157,10 @@ class MixtralConfig:
             sliding_window=raw.get("sliding_window"),
         )
         if heads % cfg.num_key_value_heads != 0:
-            raise ValueError(f"{path}: num_attention_heads {heads} is not a multiple of "
+            raise ValueError(f"{source}: num_attention_heads {heads} is not a multiple of "
                              f"num_key_value_heads {cfg.num_key_value_heads}")
         if not 1 <= cfg.num_experts_per_tok <= cfg.num_local_experts:
-            raise ValueError(f"{path}: num_experts_per_tok {cfg.num_experts_per_tok} must be in "
+            raise ValueError(f"{source}: num_experts_per_tok {cfg.num_experts_per_tok} must be in "
                              f"[1, num_local_experts={cfg.num_local_experts}]")
         return cfg
 
@@ -163,7 +174,7 @@ class MixtralRef:
 
         def take(name, shape):
             if name not in tensors:
-                raise KeyError(f"checkpoint lacks tensor {name}")
+                raise ValueError(f"checkpoint lacks tensor {name}")
             t = tensors[name]
             if list(t.shape) != list(shape):
                 raise ValueError(f"tensor {name} has shape {list(t.shape)}, expected {list(shape)}")
@@ -261,7 +272,7 @@ def route(router_logits, k, norm_topk_prob=True):
 
 
 def expert_capacity(k, num_tokens, num_experts, capacity_factor):
-    """DESIGN.md §3: ceil(k * T / E * capacity_factor); None means dropless (factor None or <= 0)."""
+    """DESIGN.md §3: ceil(k * T / E * capacity_factor), or None (dropless) for a factor <= 0."""
     if capacity_factor is None or capacity_factor <= 0:
         return None
     return math.ceil(k * num_tokens / num_experts * capacity_factor)
@@ -440,5 +451,5 @@ def main(argv=None):
 if __name__ == "__main__":
     try:
         main()
-    except (ValueError, KeyError, FileNotFoundError) as err:
+    except (ValueError, FileNotFoundError) as err:
         sys.exit(f"mixtral_ref: {err}")

@@ -3,6 +3,8 @@
 #pragma once
 #include <CLI/CLI.hpp>
 
+#include "moex/base/error.h"
+
 namespace moex::tools {
 
 // Adds one subcommand (with its options and callback) to the top-level app.

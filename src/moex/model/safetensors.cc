@@ -1,0 +1,154 @@
+#include "moex/model/safetensors.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "moex/base/error.h"
+
+namespace moex {
+namespace {
+
+using json = nlohmann::json;
+constexpr uint64_t kMaxHeaderBytes = 100u << 20;  // the format's own limit (100 MB)
+
+void fail(const std::string& origin, const std::string& problem) {
+  throw_error(ErrorKind::kInvalidInput, origin + ": " + problem);
+}
+
+}  // namespace
+
+std::map<std::string, TensorView> SafetensorsFile::parse(const uint8_t* bytes, size_t size, const std::string& origin) {
+  if (size < 8) fail(origin, "file is " + std::to_string(size) + " bytes, too short for a safetensors header");
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | bytes[i];
+  if (header_len > kMaxHeaderBytes || header_len > size - 8)
+    fail(origin, "header length " + std::to_string(header_len) + " exceeds the file (" + std::to_string(size) +
+                     " bytes): truncated or not a safetensors file");
+  json header;
+  try {
+    header = json::parse(bytes + 8, bytes + 8 + header_len);
+  } catch (const json::exception& e) {
+    fail(origin, std::string("header is not valid JSON (") + e.what() + ")");
+  }
+  if (!header.is_object()) fail(origin, "header is not a JSON object");
+  const uint8_t* data = bytes + 8 + header_len;
+  const uint64_t data_size = size - 8 - header_len;
+
+  std::map<std::string, TensorView> tensors;
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  for (const auto& [name, entry] : header.items()) {
+    if (name == "__metadata__") {
+      if (!entry.is_object()) fail(origin, "__metadata__ is not an object");
+      continue;
+    }
+    const std::string where = "tensor \"" + name + "\"";
+    if (!entry.is_object() || !entry.contains("dtype") || !entry.contains("shape") || !entry.contains("data_offsets"))
+      fail(origin, where + " lacks dtype, shape or data_offsets");
+    const json& dtype_json = entry["dtype"];
+    const json& shape_json = entry["shape"];
+    const json& offsets_json = entry["data_offsets"];
+    TensorView view;
+    if (!dtype_json.is_string() || !dtype_from_name(dtype_json.get<std::string>(), &view.dtype))
+      fail(origin, where + " has unsupported dtype " + dtype_json.dump());
+    if (!shape_json.is_array() || shape_json.size() > kMaxRank)
+      fail(origin, where + " has a bad shape " + shape_json.dump() + " (at most " + std::to_string(kMaxRank) + " dims)");
+    uint64_t numel = 1;
+    for (const json& dim : shape_json) {
+      if (!dim.is_number_unsigned() || dim.get<uint64_t>() > (uint64_t{1} << 40))
+        fail(origin, where + " has a bad shape " + shape_json.dump());
+      const uint64_t d = dim.get<uint64_t>();
+      view.shape.dims[view.shape.rank++] = static_cast<int64_t>(d);
+      if (d != 0 && numel > (uint64_t{1} << 50) / d) fail(origin, where + " is implausibly large");
+      numel *= d;
+    }
+    if (!offsets_json.is_array() || offsets_json.size() != 2 || !offsets_json[0].is_number_unsigned() ||
+        !offsets_json[1].is_number_unsigned())
+      fail(origin, where + " has bad data_offsets " + offsets_json.dump());
+    const uint64_t begin = offsets_json[0].get<uint64_t>(), end = offsets_json[1].get<uint64_t>();
+    if (begin > end || end > data_size)
+      fail(origin, where + " data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
+                       "] lie outside the data (" + std::to_string(data_size) + " bytes): truncated file?");
+    if (end - begin != numel * dtype_size(view.dtype))
+      fail(origin, where + " holds " + std::to_string(end - begin) + " bytes but its shape " + view.shape.str() +
+                       " and dtype need " + std::to_string(numel * dtype_size(view.dtype)));
+    view.data = const_cast<uint8_t*>(data + begin);  // read-only mapping; views are never written through
+    tensors.emplace(name, view);
+    ranges.emplace_back(begin, end);
+  }
+  std::sort(ranges.begin(), ranges.end());
+  for (size_t i = 1; i < ranges.size(); ++i) {
+    if (ranges[i].first < ranges[i - 1].second) fail(origin, "two tensors' data_offsets overlap");
+  }
+  return tensors;
+}
+
+SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {
+  tensors_ = parse(file_.data(), file_.size(), path);
+}
+
+WeightStore::WeightStore(const std::string& model_dir) {
+  namespace fs = std::filesystem;
+  const fs::path dir(model_dir);
+  const fs::path index_path = dir / "model.safetensors.index.json";
+  std::vector<std::string> shard_names;
+  std::map<std::string, std::string> weight_map;
+  if (fs::exists(index_path)) {
+    std::ifstream in(index_path);
+    json index;
+    try {
+      index = json::parse(in);
+    } catch (const json::exception& e) {
+      fail(index_path.string(), std::string("not valid JSON (") + e.what() + ")");
+    }
+    if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object())
+      fail(index_path.string(), "has no weight_map object");
+    std::set<std::string> shards;
+    for (const auto& [name, shard] : index["weight_map"].items()) {
+      if (!shard.is_string()) fail(index_path.string(), "weight_map entry for \"" + name + "\" is not a file name");
+      const std::string file = shard.get<std::string>();
+      if (file.find('/') != std::string::npos || file.find("..") != std::string::npos)
+        fail(index_path.string(), "shard name \"" + file + "\" must be a plain file name in the model folder");
+      weight_map[name] = file;
+      shards.insert(file);
+    }
+    shard_names.assign(shards.begin(), shards.end());
+  } else {
+    MOEX_CHECK_INPUT(fs::exists(dir / "model.safetensors"), "no model.safetensors or model.safetensors.index.json in ",
+                     model_dir);
+    shard_names.push_back("model.safetensors");
+  }
+  for (const std::string& shard : shard_names) {
+    files_.push_back(std::make_unique<SafetensorsFile>((dir / shard).string()));
+    for (const auto& [name, view] : files_.back()->tensors()) {
+      if (!weight_map.empty()) {
+        auto it = weight_map.find(name);
+        MOEX_CHECK_INPUT(it != weight_map.end() && it->second == shard, shard, ": tensor \"", name,
+                         "\" is not listed for this shard in model.safetensors.index.json");
+      }
+      MOEX_CHECK_INPUT(tensors_.emplace(name, view).second, "tensor \"", name, "\" appears in two shards");
+    }
+  }
+  for (const auto& [name, shard] : weight_map) {
+    MOEX_CHECK_INPUT(tensors_.count(name), "model.safetensors.index.json lists \"", name, "\" in ", shard,
+                     " but that shard does not contain it");
+  }
+}
+
+const TensorView& WeightStore::get(const std::string& name) const {
+  auto it = tensors_.find(name);
+  MOEX_CHECK_INPUT(it != tensors_.end(), "checkpoint has no tensor \"", name, "\"");
+  return it->second;
+}
+
+size_t WeightStore::file_bytes() const {
+  size_t total = 0;
+  for (const auto& f : files_) total += f->size();
+  return total;
+}
+
+}  // namespace moex

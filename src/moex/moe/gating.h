@@ -1,0 +1,46 @@
+// GatingTopK: the MoE router. logits = x @ w_gate^T, then the top-k experts per token and their weights.
+// Semantics (DESIGN.md §3): with norm_topk_prob (Mixtral) the weights are a softmax over the k chosen
+// logits; without it (Qwen-MoE) they are the softmax over all E, not renormalised. Ties: lower index wins.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "moex/base/tensor.h"
+
+namespace moex {
+
+enum class RouterFusion {
+  kNone,         // matmul writes logits [T,E]; top-k and softmax are separate passes over memory
+  kTopkSoftmax,  // matmul writes logits; one fused top-k + softmax pass
+  kFull,         // per block of tokens: dot products, top-k and softmax while the logits are in L1
+};
+RouterFusion router_fusion_from_name(const std::string& name);  // throws Error listing valid names
+const char* router_fusion_name(RouterFusion fusion);
+
+class GatingTopK {
+ public:
+  GatingTopK(int num_experts, int top_k, RouterFusion fusion, bool norm_topk_prob = true);
+
+  // x [T, d], w_gate [E, d] (BF16 or F32) -> expert_ids [T, k] (best first), expert_weights [T, k].
+  void route(const float* x, int64_t tokens, const TensorView& w_gate, int32_t* expert_ids, float* expert_weights);
+
+  int num_experts() const { return num_experts_; }
+  int top_k() const { return top_k_; }
+  RouterFusion fusion() const { return fusion_; }
+
+ private:
+  int num_experts_, top_k_;
+  RouterFusion fusion_;
+  bool norm_topk_prob_;
+  std::vector<float> logits_;  // [T, E] for the unfused modes; grows to the largest T seen
+};
+
+namespace gating {
+// Top-k of one token's E logits, best first, lower index on ties. ids [k], values [k].
+void top_k(const float* logits, int num_experts, int k, int32_t* ids, float* values);
+// From the chosen logits to routing weights, in place (see the header comment for both variants).
+void weights_from_logits(const float* all_logits, int num_experts, int k, bool norm_topk_prob, float* values);
+}  // namespace gating
+
+}  // namespace moex

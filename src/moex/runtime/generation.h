@@ -1,0 +1,35 @@
+// Generation loop: prefill each sequence in chunks of the model's step size, then decode all live
+// sequences together, one token each per forward call.
+#pragma once
+#include <functional>
+#include <vector>
+
+#include "moex/model/mixtral.h"
+#include "moex/runtime/sampler.h"
+
+namespace moex {
+
+// Runs `prompt` through cache slot `slot` from position 0. Writes the logits of every prompt position to
+// all_logits ([len, V]) when it is non-null, and the last position's to last_logits ([V]).
+void prefill(MixtralModel& model, int slot, const std::vector<int>& prompt, float* last_logits,
+             float* all_logits = nullptr);
+
+struct GenerationOptions {
+  int max_new_tokens = 32;
+  bool stop_at_eos = true;
+  SamplerOptions sampler;
+};
+
+struct GenerationResult {
+  std::vector<std::vector<int>> new_tokens;  // per sequence
+  double prefill_seconds = 0.0, decode_seconds = 0.0;
+  int64_t prefill_tokens = 0, decode_tokens = 0;
+  int64_t decode_steps = 0;
+};
+
+// Prompts go to slots 0..B-1 (B <= the model's max_batch). `on_token(seq, token)` streams the output.
+GenerationResult generate(MixtralModel& model, const std::vector<std::vector<int>>& prompts,
+                          const GenerationOptions& options,
+                          const std::function<void(int, int)>& on_token = nullptr);
+
+}  // namespace moex

@@ -1,0 +1,36 @@
+#include "moex/runtime/tokenizer.h"
+
+#include <sentencepiece_processor.h>
+
+#include "moex/base/error.h"
+
+namespace moex {
+
+Tokenizer::Tokenizer(const std::string& model_path)
+    : processor_(std::make_unique<sentencepiece::SentencePieceProcessor>()) {
+  const auto status = processor_->Load(model_path);
+  MOEX_CHECK_INPUT(status.ok(), "cannot load tokenizer ", model_path, ": ", status.ToString());
+}
+
+Tokenizer::~Tokenizer() = default;
+
+std::vector<int> Tokenizer::encode(const std::string& text, bool add_bos) const {
+  std::vector<int> ids;
+  const auto status = processor_->Encode(text, &ids);
+  MOEX_CHECK_INPUT(status.ok(), "tokenizer: cannot encode the prompt: ", status.ToString());
+  if (add_bos && bos_id() >= 0) ids.insert(ids.begin(), bos_id());
+  return ids;
+}
+
+std::string Tokenizer::decode(const std::vector<int>& ids) const {
+  std::string text;
+  const auto status = processor_->Decode(ids, &text);
+  MOEX_CHECK_INPUT(status.ok(), "tokenizer: cannot decode: ", status.ToString());
+  return text;
+}
+
+int Tokenizer::vocab_size() const { return processor_->GetPieceSize(); }
+int Tokenizer::bos_id() const { return processor_->bos_id(); }
+int Tokenizer::eos_id() const { return processor_->eos_id(); }
+
+}  // namespace moex

@@ -1,0 +1,64 @@
+// `moex generate`: text in, text out, then prefill and decode throughput.
+#include <cstdio>
+
+#include "moex/runtime/generation.h"
+#include "moex/runtime/tokenizer.h"
+#include "tools/moex/command.h"
+#include "tools/moex/model_flags.h"
+
+namespace moex::tools {
+namespace {
+
+struct GenerateFlags {
+  ModelFlags model;
+  std::vector<std::string> prompts;
+  int max_new_tokens = 32;
+  float temperature = 0.0f;
+  int top_k = 0;
+  float top_p = 1.0f;
+  uint64_t seed = 0;
+  bool ignore_eos = false;
+};
+
+void run_generate(const GenerateFlags& flags) {
+  MOEX_CHECK_INPUT(flags.max_new_tokens >= 0, "-n must be >= 0");
+  Tokenizer tokenizer(flags.model.model_dir + "/tokenizer.model");
+  std::vector<std::vector<int>> prompts;
+  for (const std::string& text : flags.prompts) prompts.push_back(tokenizer.encode(text, /*add_bos=*/true));
+  auto model = flags.model.load(static_cast<int>(prompts.size()));
+  MOEX_CHECK_INPUT(tokenizer.vocab_size() <= model->config().vocab_size, "tokenizer.model has ",
+                   tokenizer.vocab_size(), " pieces but config.json's vocab_size is ", model->config().vocab_size);
+  GenerationOptions options;
+  options.max_new_tokens = flags.max_new_tokens;
+  options.stop_at_eos = !flags.ignore_eos;
+  options.sampler = {flags.temperature, flags.top_k, flags.top_p, flags.seed};
+  const GenerationResult result = generate(*model, prompts, options);
+  for (size_t s = 0; s < prompts.size(); ++s) {
+    if (prompts.size() > 1) std::printf("[%zu] ", s);
+    std::printf("%s%s\n", flags.prompts[s].c_str(), tokenizer.decode(result.new_tokens[s]).c_str());
+  }
+  std::printf("prefill: %lld tokens in %.3f s = %.1f tokens/s\n", static_cast<long long>(result.prefill_tokens),
+              result.prefill_seconds, result.prefill_tokens / std::max(result.prefill_seconds, 1e-9));
+  std::printf("decode:  %lld tokens in %.3f s = %.1f tokens/s (%lld steps, batch %zu)\n",
+              static_cast<long long>(result.decode_tokens), result.decode_seconds,
+              result.decode_tokens / std::max(result.decode_seconds, 1e-9), static_cast<long long>(result.decode_steps),
+              prompts.size());
+}
+
+void setup_generate(CLI::App& app) {
+  auto flags = std::make_shared<GenerateFlags>();
+  auto* cmd = app.add_subcommand("generate", "Generate text from a prompt and print the throughput");
+  flags->model.add_to(cmd);
+  cmd->add_option("--prompt", flags->prompts, "Prompt text (repeat for a batch of sequences)")->required();
+  cmd->add_option("-n,--max-new-tokens", flags->max_new_tokens, "Tokens to generate")->capture_default_str();
+  cmd->add_option("--temperature", flags->temperature, "0 is greedy")->capture_default_str();
+  cmd->add_option("--top-k", flags->top_k, "Keep the k most likely tokens (0: all)")->capture_default_str();
+  cmd->add_option("--top-p", flags->top_p, "Nucleus sampling mass")->capture_default_str();
+  cmd->add_option("--seed", flags->seed, "Sampling seed")->capture_default_str();
+  cmd->add_flag("--ignore-eos", flags->ignore_eos, "Keep generating after the end-of-sequence token");
+  cmd->callback([flags] { run_generate(*flags); });
+}
+MOEX_REGISTER_COMMAND(setup_generate);
+
+}  // namespace
+}  // namespace moex::tools
