@@ -10,7 +10,7 @@
 namespace moex::kernels::x86 {
 namespace {
 
-constexpr int kTokenBlock = 4;  // tokens sharing one pass over a weight row: 4 x 2 rows = 8 accumulators
+constexpr int kTokenBlock = 4;  // tokens sharing one pass over a block of weight rows
 constexpr int64_t kRowChunk = 64;  // W rows kept hot in L2 while every token block passes over them
 
 inline __m512 load_weights(const uint16_t* p) {
@@ -22,64 +22,48 @@ inline __m512 load_weights_masked(const uint16_t* p, __mmask16 m) {
 }
 inline __m512 load_weights_masked(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
 
-// y[t, n..n+1] for TB tokens: two weight rows at once so each x load feeds two FMAs.
-template <typename W, int TB>
-inline void two_rows(const float* x, int64_t k_in, const W* w0, const W* w1, float* y, int64_t n_out, int64_t n,
-                     bool accumulate) {
-  __m512 acc0[TB], acc1[TB];
-  for (int t = 0; t < TB; ++t) acc0[t] = acc1[t] = _mm512_setzero_ps();
+// y[t, n..n+R) for TB tokens: R weight rows at once, so each x load feeds R FMAs and TB*R independent
+// accumulator chains keep enough loads in flight to saturate memory.
+template <typename W, int TB, int R>
+inline void row_block(const float* x, int64_t k_in, const W* w, float* y, int64_t n_out, int64_t n, bool accumulate) {
+  __m512 acc[TB][R];
+  for (int t = 0; t < TB; ++t)
+    for (int r = 0; r < R; ++r) acc[t][r] = _mm512_setzero_ps();
+  const W* row = w + n * k_in;
   int64_t k = 0;
   for (; k + 16 <= k_in; k += 16) {
-    const __m512 a = load_weights(w0 + k), b = load_weights(w1 + k);
+    __m512 wv[R];
+    for (int r = 0; r < R; ++r) wv[r] = load_weights(row + r * k_in + k);
     for (int t = 0; t < TB; ++t) {
       const __m512 xv = _mm512_loadu_ps(x + t * k_in + k);
-      acc0[t] = _mm512_fmadd_ps(xv, a, acc0[t]);
-      acc1[t] = _mm512_fmadd_ps(xv, b, acc1[t]);
+      for (int r = 0; r < R; ++r) acc[t][r] = _mm512_fmadd_ps(xv, wv[r], acc[t][r]);
     }
   }
   if (k < k_in) {
     const __mmask16 m = static_cast<__mmask16>((1u << (k_in - k)) - 1);
-    const __m512 a = load_weights_masked(w0 + k, m), b = load_weights_masked(w1 + k, m);
+    __m512 wv[R];
+    for (int r = 0; r < R; ++r) wv[r] = load_weights_masked(row + r * k_in + k, m);
     for (int t = 0; t < TB; ++t) {
       const __m512 xv = _mm512_maskz_loadu_ps(m, x + t * k_in + k);
-      acc0[t] = _mm512_fmadd_ps(xv, a, acc0[t]);
-      acc1[t] = _mm512_fmadd_ps(xv, b, acc1[t]);
+      for (int r = 0; r < R; ++r) acc[t][r] = _mm512_fmadd_ps(xv, wv[r], acc[t][r]);
     }
   }
   for (int t = 0; t < TB; ++t) {
-    float* out = y + t * n_out + n;
-    const float s0 = _mm512_reduce_add_ps(acc0[t]), s1 = _mm512_reduce_add_ps(acc1[t]);
-    out[0] = accumulate ? out[0] + s0 : s0;
-    out[1] = accumulate ? out[1] + s1 : s1;
-  }
-}
-
-template <typename W, int TB>
-inline void one_row(const float* x, int64_t k_in, const W* w0, float* y, int64_t n_out, int64_t n, bool accumulate) {
-  __m512 acc[TB];
-  for (int t = 0; t < TB; ++t) acc[t] = _mm512_setzero_ps();
-  int64_t k = 0;
-  for (; k + 16 <= k_in; k += 16) {
-    const __m512 a = load_weights(w0 + k);
-    for (int t = 0; t < TB; ++t) acc[t] = _mm512_fmadd_ps(_mm512_loadu_ps(x + t * k_in + k), a, acc[t]);
-  }
-  if (k < k_in) {
-    const __mmask16 m = static_cast<__mmask16>((1u << (k_in - k)) - 1);
-    const __m512 a = load_weights_masked(w0 + k, m);
-    for (int t = 0; t < TB; ++t) acc[t] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, x + t * k_in + k), a, acc[t]);
-  }
-  for (int t = 0; t < TB; ++t) {
-    const float s = _mm512_reduce_add_ps(acc[t]);
-    y[t * n_out + n] = accumulate ? y[t * n_out + n] + s : s;
+    for (int r = 0; r < R; ++r) {
+      float* out = y + t * n_out + n + r;
+      const float sum = _mm512_reduce_add_ps(acc[t][r]);
+      *out = accumulate ? *out + sum : sum;
+    }
   }
 }
 
 template <typename W, int TB>
 void token_block(const float* x, int64_t k_in, const W* w, float* y, int64_t n_out, int64_t n_begin, int64_t n_end,
                  bool accumulate) {
+  constexpr int R = TB == 1 ? 8 : (TB == 2 ? 4 : 2);  // TB * R accumulators: 8..12 of the 32 registers
   int64_t n = n_begin;
-  for (; n + 2 <= n_end; n += 2) two_rows<W, TB>(x, k_in, w + n * k_in, w + (n + 1) * k_in, y, n_out, n, accumulate);
-  if (n < n_end) one_row<W, TB>(x, k_in, w + n * k_in, y, n_out, n, accumulate);
+  for (; n + R <= n_end; n += R) row_block<W, TB, R>(x, k_in, w, y, n_out, n, accumulate);
+  for (; n < n_end; ++n) row_block<W, TB, 1>(x, k_in, w, y, n_out, n, accumulate);
 }
 
 template <typename W>

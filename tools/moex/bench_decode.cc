@@ -1,0 +1,128 @@
+// `moex bench roofline` and `moex bench decode`: batch-B decode throughput as a fraction of the memory
+// read roofline measured in the same run (bytes of weights one step touches / measured read bandwidth).
+#include <sys/mman.h>
+
+#include <cstdio>
+#include <cstring>
+#include <memory>
+
+#include <nlohmann/json.hpp>
+
+#include "moex/base/error.h"
+#include "moex/base/threads.h"
+#include "moex/kernels/probe.h"
+#include "moex/runtime/generation.h"
+#include "tools/moex/bench.h"
+#include "tools/moex/model_flags.h"
+
+namespace moex::tools {
+namespace {
+
+// Read bandwidth (bytes/s) over a buffer of `bytes`, median of `repeats` passes.
+double measure_read_bandwidth(size_t bytes, int repeats) {
+  void* buffer = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  MOEX_CHECK(buffer != MAP_FAILED, "cannot map ", bytes, " bytes for the roofline probe");
+  std::memset(buffer, 1, bytes);  // touch every page so the probe measures DRAM, not page faults
+  volatile float sink = 0.0f;
+  const double seconds = median_seconds(repeats, [&] { sink = sink + kernels::stream_read(buffer, bytes); });
+  ::munmap(buffer, bytes);
+  return static_cast<double>(bytes) / seconds;
+}
+
+struct RooflineFlags {
+  size_t megabytes = 2048;
+  int repeats = 5;
+  int threads = 0;
+  bool json = false;
+};
+
+void run_roofline(const RooflineFlags& f) {
+  set_num_threads(f.threads);
+  const double bandwidth = measure_read_bandwidth(f.megabytes << 20, f.repeats);
+  if (f.json) {
+    std::printf("%s\n", nlohmann::json{{"buffer_mb", f.megabytes}, {"threads", num_threads()},
+                                       {"read_gb_per_s", bandwidth / 1e9}}.dump().c_str());
+  } else {
+    std::printf("memory read roofline: %.2f GB/s (buffer %zu MB, %d threads, median of %d)\n", bandwidth / 1e9,
+                f.megabytes, num_threads(), f.repeats);
+  }
+}
+
+struct DecodeFlags {
+  ModelFlags model;
+  int batch = 1;
+  int prompt_len = 16;
+  int steps = 32;
+  int repeats = 5;
+  size_t roofline_mb = 2048;
+  bool json = false;
+};
+
+void run_decode(DecodeFlags& f) {
+  MOEX_CHECK_INPUT(f.batch >= 1 && f.prompt_len >= 1 && f.steps >= 1 && f.repeats >= 1,
+                   "--batch, --prompt-len, --steps and --repeats must be >= 1");
+  f.model.max_seq_len = std::max(f.model.max_seq_len, f.prompt_len + f.steps + 1);
+  auto model = f.model.load(f.batch);
+  const ModelConfig& c = model->config();
+  std::vector<std::vector<int>> prompts(f.batch);
+  for (int s = 0; s < f.batch; ++s)
+    for (int i = 0; i < f.prompt_len; ++i) prompts[s].push_back((1 + 7919 * (i + 31 * s)) % c.vocab_size);
+  GenerationOptions options;
+  options.max_new_tokens = f.steps;
+  options.stop_at_eos = false;
+  std::vector<double> step_seconds;
+  // Median over repeats of the mean decode step time (each repeat re-prefills: same positions, same work).
+  const double seconds = median_seconds(f.repeats, [&] {
+    const GenerationResult r = generate(*model, prompts, options);
+    step_seconds.push_back(r.decode_seconds / std::max<int64_t>(r.decode_steps, 1));
+  });
+  (void)seconds;
+  std::vector<double> sorted(step_seconds.begin() + 1, step_seconds.end());  // drop the warm-up run
+  std::sort(sorted.begin(), sorted.end());
+  const double step = sorted[sorted.size() / 2];
+  const double bandwidth = measure_read_bandwidth(f.roofline_mb << 20, 5);
+  // Bytes one step reads: the batch's distinct experts could be more than k, but at batch 1 it is exactly k.
+  const double bytes = static_cast<double>(model->weight_bytes_per_token());
+  const double roofline_step = bytes / bandwidth;
+  const double tokens_per_s = f.batch / step;
+  if (f.json) {
+    std::printf("%s\n", nlohmann::json{{"batch", f.batch}, {"threads", num_threads()}, {"step_ms", step * 1e3},
+                                       {"tokens_per_s", tokens_per_s}, {"weight_bytes_per_step", bytes},
+                                       {"read_gb_per_s", bandwidth / 1e9},
+                                       {"achieved_gb_per_s", bytes / step / 1e9},
+                                       {"roofline_fraction", roofline_step / step}}.dump().c_str());
+    return;
+  }
+  std::printf("decode batch %d: %.2f ms/step, %.1f tokens/s (median of %d runs of %d steps)\n", f.batch, step * 1e3,
+              tokens_per_s, f.repeats, f.steps);
+  std::printf("weights read per step: %.1f MB (attention, router, %d of %d experts, lm_head)\n", bytes / 1e6,
+              c.num_experts_per_tok, c.num_local_experts);
+  std::printf("achieved %.2f GB/s of a %.2f GB/s measured read roofline = %.0f%% of roofline\n", bytes / step / 1e9,
+              bandwidth / 1e9, 100.0 * roofline_step / step);
+  if (f.batch > 1) std::printf("(batch > 1 may touch more than k experts per layer: the percentage is a lower bound)\n");
+}
+
+void setup_decode_benches(CLI::App& bench) {
+  auto roofline = std::make_shared<RooflineFlags>();
+  auto* r = bench.add_subcommand("roofline", "Measure the memory read bandwidth (the decode roofline)");
+  r->add_option("--buffer-mb", roofline->megabytes, "Buffer size; keep it far above the L3 cache")->capture_default_str();
+  r->add_option("--repeats", roofline->repeats, "Passes (median reported)")->capture_default_str();
+  r->add_option("--threads", roofline->threads, "Threads (0: all cores)");
+  r->add_flag("--json", roofline->json, "Machine-readable output");
+  r->callback([roofline] { run_roofline(*roofline); });
+
+  auto decode = std::make_shared<DecodeFlags>();
+  auto* d = bench.add_subcommand("decode", "Decode throughput against the memory roofline, measured in one run");
+  decode->model.add_to(d);
+  d->add_option("--batch", decode->batch, "Sequences decoded together")->capture_default_str();
+  d->add_option("--prompt-len", decode->prompt_len, "Prompt tokens per sequence")->capture_default_str();
+  d->add_option("--steps", decode->steps, "Decode steps per run")->capture_default_str();
+  d->add_option("--repeats", decode->repeats, "Runs (median reported)")->capture_default_str();
+  d->add_option("--roofline-mb", decode->roofline_mb, "Roofline probe buffer")->capture_default_str();
+  d->add_flag("--json", decode->json, "Machine-readable output");
+  d->callback([decode] { run_decode(*decode); });
+}
+MOEX_REGISTER_BENCH(setup_decode_benches);
+
+}  // namespace
+}  // namespace moex::tools
