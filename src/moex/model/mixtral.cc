@@ -7,6 +7,7 @@
 #include "moex/base/threads.h"
 #include "moex/kernels/matmul.h"
 #include "moex/kernels/ops.h"
+#include "moex/profile/profile.h"
 
 namespace moex {
 
@@ -81,16 +82,7 @@ void MixtralModel::forward(const StepInput& step, float* logits) {
                      step.positions[t] + 1);
   }
 
-  // Embedding: one row per token, widened to F32.
-  for (int64_t t = 0; t < T; ++t) {
-    float* row = hidden_.data() + t * d;
-    if (weights_.embed.dtype == DType::kBF16) {
-      const uint16_t* src = weights_.embed.as<const uint16_t>() + int64_t{step.tokens[t]} * d;
-      for (int64_t i = 0; i < d; ++i) row[i] = bf16_to_f32(src[i]);
-    } else {
-      std::memcpy(row, weights_.embed.as<const float>() + int64_t{step.tokens[t]} * d, d * sizeof(float));
-    }
-  }
+  embed(step);
 
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const LayerWeights& lw = weights_.layers[l];
@@ -103,6 +95,7 @@ void MixtralModel::forward(const StepInput& step, float* logits) {
   }
 
   // Final norm and lm_head, only for the rows whose logits are wanted.
+  MOEX_ZONE(kLmHead);
   const int64_t rows = step.logit_rows ? step.num_logit_rows : T;
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t t = step.logit_rows ? step.logit_rows[r] : r;
@@ -113,11 +106,27 @@ void MixtralModel::forward(const StepInput& step, float* logits) {
   kernels::matmul(final_rows_.data(), rows, weights_.lm_head, logits);
 }
 
+// One row per token, widened to F32.
+void MixtralModel::embed(const StepInput& step) {
+  MOEX_ZONE(kEmbedding);
+  const int64_t d = config_.hidden_size;
+  for (int64_t t = 0; t < step.num_tokens; ++t) {
+    float* row = hidden_.data() + t * d;
+    if (weights_.embed.dtype == DType::kBF16) {
+      const uint16_t* src = weights_.embed.as<const uint16_t>() + int64_t{step.tokens[t]} * d;
+      for (int64_t i = 0; i < d; ++i) row[i] = bf16_to_f32(src[i]);
+    } else {
+      std::memcpy(row, weights_.embed.as<const float>() + int64_t{step.tokens[t]} * d, d * sizeof(float));
+    }
+  }
+}
+
 void MixtralModel::attention_block(int layer, const StepInput& step) {
   const ModelConfig& c = config_;
   const LayerWeights& lw = weights_.layers[layer];
   const int64_t T = step.num_tokens, hd = c.head_dim, H = c.num_attention_heads, KV = c.num_key_value_heads;
   const int64_t max_seq = options_.max_seq_len;
+  MOEX_ZONE_LAYER(kAttention, layer);
   kernels::matmul(normed_.data(), T, lw.wq, q_.data());  // [T, H*hd]
   kernels::matmul(normed_.data(), T, lw.wk, k_.data());  // [T, KV*hd]
   kernels::matmul(normed_.data(), T, lw.wv, v_.data());  // [T, KV*hd]
@@ -149,17 +158,30 @@ void MixtralModel::moe_block(int layer, int64_t tokens) {
   const ModelConfig& c = config_;
   const LayerWeights& lw = weights_.layers[layer];
   const int64_t d = c.hidden_size, I = c.intermediate_size;
-  router_.route(normed_.data(), tokens, lw.gate, expert_ids_.data(), expert_weights_.data());
-  batcher_.plan(expert_ids_.data(), tokens);
-  batcher_.gather(normed_.data(), d, gathered_.data());
-  const auto& offsets = batcher_.expert_offsets();
-  for (int e = 0; e < c.num_local_experts; ++e) {
-    const int64_t begin = offsets[e], rows = offsets[e + 1] - begin;
-    expert_ffn(lw.experts[e], gathered_.data() + begin * d, rows, hidden_gate_.data() + begin * I,
-               hidden_up_.data() + begin * I, expert_out_.data() + begin * d);
+  {
+    MOEX_ZONE_LAYER(kRouter, layer);
+    router_.route(normed_.data(), tokens, lw.gate, expert_ids_.data(), expert_weights_.data());
   }
-  batcher_.combine(expert_out_.data(), expert_weights_.data(), tokens, d, hidden_.data(), /*accumulate=*/true);
+  {
+    MOEX_ZONE_LAYER(kDispatch, layer);
+    batcher_.plan(expert_ids_.data(), tokens);
+    batcher_.gather(normed_.data(), d, gathered_.data());
+  }
+  {
+    MOEX_ZONE_LAYER(kExperts, layer);
+    const auto& offsets = batcher_.expert_offsets();
+    for (int e = 0; e < c.num_local_experts; ++e) {
+      const int64_t begin = offsets[e], rows = offsets[e + 1] - begin;
+      expert_ffn(lw.experts[e], gathered_.data() + begin * d, rows, hidden_gate_.data() + begin * I,
+                 hidden_up_.data() + begin * I, expert_out_.data() + begin * d);
+    }
+  }
+  {
+    MOEX_ZONE_LAYER(kCombine, layer);
+    batcher_.combine(expert_out_.data(), expert_weights_.data(), tokens, d, hidden_.data(), /*accumulate=*/true);
+  }
   moe_stats_[layer] = batcher_.stats();
+  profile::add_tokens_per_expert(layer, moe_stats_[layer].tokens_per_expert.data(), c.num_local_experts);
 }
 
 }  // namespace moex

@@ -68,6 +68,7 @@ class MixtralModel {
   int64_t weight_bytes_per_token() const;
 
  private:
+  void embed(const StepInput& step);
   void attention_block(int layer, const StepInput& step);
   void moe_block(int layer, int64_t tokens);
 

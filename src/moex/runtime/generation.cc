@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "moex/base/error.h"
+#include "moex/profile/profile.h"
 
 namespace moex {
 namespace {
@@ -21,6 +22,7 @@ void prefill(MixtralModel& model, int slot, const std::vector<int>& prompt, floa
   std::vector<int32_t> slots(chunk, slot), positions(chunk), last_row(1);
   for (int64_t begin = 0; begin < len; begin += chunk) {
     const int64_t n = std::min(chunk, len - begin);
+    profile::ScopedStep profiled_step(profile::Phase::kPrefill, static_cast<int>(n));
     for (int64_t i = 0; i < n; ++i) positions[i] = static_cast<int32_t>(begin + i);
     StepInput step;
     step.tokens = prompt.data() + begin;
@@ -89,6 +91,7 @@ GenerationResult generate(MixtralModel& model, const std::vector<std::vector<int
       positions.push_back(lengths[s]++);
     }
     if (tokens.empty()) break;
+    profile::ScopedStep profiled_step(profile::Phase::kDecode, static_cast<int>(tokens.size()));
     StepInput step;
     step.tokens = tokens.data();
     step.seq_slots = slots.data();
@@ -97,6 +100,7 @@ GenerationResult generate(MixtralModel& model, const std::vector<std::vector<int
     model.forward(step, logits.data());
     ++result.decode_steps;
     result.decode_tokens += step.num_tokens;
+    MOEX_ZONE(kSampling);
     for (size_t i = 0; i < slots.size(); ++i) accept(slots[i], sampler.sample(logits.data() + i * vocab, vocab));
   }
   result.decode_seconds = seconds_since(start);
