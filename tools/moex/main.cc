@@ -45,6 +45,10 @@ int main(int argc, char** argv) {
   CLI::App app{"MoEX: a Mixture-of-Experts inference engine (Mixtral family)"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "moex 0.1");
+  // One line per error, like every other MoEX error; --help stays one flag away.
+  app.failure_message([](const CLI::App*, const CLI::Error& e) {
+    return "moex: error: " + std::string(e.what()) + " (see --help)\n";
+  });
   for (auto setup : moex::tools::registry()) setup(app);
   try {
     app.parse(argc, argv);

@@ -1,0 +1,73 @@
+#!/usr/bin/env python3
+"""MoEX against the PyTorch reference on one generated checkpoint.
+
+Generates the model with `moex gen-model` (once, into --workdir), runs `moex logits` and
+mixtral_ref.py on the same random prompt, and checks that every logit agrees within --tol relative to
+the largest logit and that the greedy decode tokens are identical.
+"""
+import argparse
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def run(cmd):
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode != 0:
+        sys.exit(f"FAILED: {' '.join(cmd)}\n{result.stdout}{result.stderr}")
+    return result.stdout
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--moex", required=True)
+    p.add_argument("--workdir", required=True)
+    p.add_argument("--gen-args", required=True, help="arguments for moex gen-model, e.g. '--preset tiny'")
+    p.add_argument("--prompt-len", type=int, default=32)
+    p.add_argument("--decode", type=int, default=16)
+    p.add_argument("--tol", type=float, default=1e-3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--moex-args", default="", help="extra flags for moex logits")
+    args = p.parse_args()
+
+    model = os.path.join(args.workdir, "model")
+    os.makedirs(args.workdir, exist_ok=True)
+    if not os.path.exists(os.path.join(model, "config.json")):
+        run([args.moex, "gen-model", *args.gen_args.split(), "--out", model])
+    import json
+    vocab = json.load(open(os.path.join(model, "config.json")))["vocab_size"]
+    rng = np.random.default_rng(args.seed)
+    ids = ",".join(str(i) for i in rng.integers(3, vocab, size=args.prompt_len))
+
+    ours, theirs = os.path.join(args.workdir, "moex.npy"), os.path.join(args.workdir, "ref.npy")
+    ours_tok, theirs_tok = ours + ".tokens", theirs + ".tokens"
+    run([args.moex, "logits", "--model", model, "--ids", ids, "--decode", str(args.decode), "--out", ours,
+         "--tokens-out", ours_tok, *args.moex_args.split()])
+    run([sys.executable, os.path.join(HERE, "mixtral_ref.py"), "--model", model, "--ids", ids, "--decode",
+         str(args.decode), "--out", theirs, "--tokens-out", theirs_tok])
+
+    a, b = np.load(ours), np.load(theirs)
+    failures = []
+    if a.shape != b.shape:
+        failures.append(f"shape {a.shape} != reference {b.shape}")
+    else:
+        rel = float(np.abs(a.astype(np.float64) - b).max() / np.abs(b).max())
+        print(f"logits [{a.shape[0]} positions x {a.shape[1]}]: max |moex - ref| / max |ref| = {rel:.3e} (tol {args.tol})")
+        if not rel <= args.tol:
+            failures.append(f"relative error {rel:.3e} > {args.tol}")
+    t_ours, t_ref = open(ours_tok).read().split(), open(theirs_tok).read().split()
+    print(f"greedy tokens: moex {' '.join(t_ours)}")
+    if t_ours != t_ref:
+        failures.append(f"greedy tokens differ from the reference: {' '.join(t_ref)}")
+    for f in failures:
+        print("FAIL:", f)
+    print(f"{2 - len(failures)} passed, {len(failures)} failed")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,143 @@
+// Kernels: the AVX-512 matmul against the scalar oracle on every shape class (tails, token blocks,
+// both weight dtypes), and the small ops against formulas evaluated in double.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "moex/base/cpu.h"
+#include "moex/base/dtype.h"
+#include "moex/base/threads.h"
+#include "moex/kernels/matmul.h"
+#include "moex/kernels/ops.h"
+#include "moex/kernels/probe.h"
+
+namespace moex {
+namespace {
+
+std::vector<float> random_floats(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& f : v) f = dist(rng);
+  return v;
+}
+
+struct MatmulCase {
+  int64_t tokens, n, k;
+};
+
+class MatmulTest : public ::testing::TestWithParam<MatmulCase> {};
+
+TEST_P(MatmulTest, X86MatchesScalarForBf16AndF32) {
+  if (!cpu_features().has_avx512_kernels()) GTEST_SKIP() << "no AVX-512 on this machine";
+  const auto [tokens, n, k] = GetParam();
+  const std::vector<float> x = random_floats(tokens * k, 1), w32 = random_floats(n * k, 2);
+  std::vector<uint16_t> w16(n * k);
+  for (size_t i = 0; i < w16.size(); ++i) w16[i] = f32_to_bf16(w32[i]);
+  for (DType dtype : {DType::kBF16, DType::kF32}) {
+    TensorView w{dtype == DType::kBF16 ? static_cast<void*>(w16.data()) : const_cast<float*>(w32.data()), dtype,
+                 Shape{n, k}};
+    for (bool accumulate : {false, true}) {
+      std::vector<float> expected(tokens * n, 0.5f), actual(tokens * n, 0.5f);
+      kernels::ref::matmul(x.data(), tokens, w, expected.data(), accumulate);
+      set_use_x86_kernels(true);
+      kernels::matmul(x.data(), tokens, w, actual.data(), accumulate);
+      for (int64_t i = 0; i < tokens * n; ++i)
+        ASSERT_NEAR(actual[i], expected[i], 1e-4f * std::sqrt(static_cast<float>(k)))
+            << "dtype " << dtype_name(dtype) << " i " << i;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, MatmulTest,
+                         ::testing::Values(MatmulCase{1, 1, 1}, MatmulCase{1, 7, 5}, MatmulCase{1, 64, 64},
+                                           MatmulCase{1, 130, 1024}, MatmulCase{2, 33, 17}, MatmulCase{3, 9, 48},
+                                           MatmulCase{4, 16, 16}, MatmulCase{5, 70, 100}, MatmulCase{9, 129, 33},
+                                           MatmulCase{64, 96, 256}));
+
+TEST(Matmul, ZeroTokensWritesNothing) {
+  float w[4] = {1, 2, 3, 4}, y = 42.0f;
+  kernels::matmul(nullptr, 0, TensorView{w, DType::kF32, Shape{2, 2}}, &y);
+  EXPECT_EQ(y, 42.0f);
+}
+
+TEST(Ops, RmsNormMatchesFormula) {
+  const int64_t d = 37;
+  const std::vector<float> x = random_floats(2 * d, 3), w = random_floats(d, 4);
+  std::vector<float> y(2 * d);
+  kernels::rmsnorm(x.data(), 2, d, w.data(), false, 1e-5f, y.data());
+  for (int t = 0; t < 2; ++t) {
+    double ss = 0;
+    for (int i = 0; i < d; ++i) ss += double(x[t * d + i]) * x[t * d + i];
+    const double scale = 1.0 / std::sqrt(ss / d + 1e-5);
+    for (int i = 0; i < d; ++i) EXPECT_NEAR(y[t * d + i], x[t * d + i] * scale * w[i], 1e-5);
+  }
+}
+
+TEST(Ops, RopeRotatesHalvesByPositionTimesFrequency) {
+  const int64_t hd = 8, max_pos = 40;
+  std::vector<float> cos_t(max_pos * hd / 2), sin_t(max_pos * hd / 2);
+  kernels::rope_tables(max_pos, hd, 10000.0, cos_t.data(), sin_t.data());
+  std::vector<float> v = random_floats(2 * hd, 5), original = v;
+  kernels::rope_apply(v.data(), 2, hd, 33, cos_t.data(), sin_t.data());
+  for (int h = 0; h < 2; ++h) {
+    for (int i = 0; i < hd / 2; ++i) {
+      const double angle = 33.0 * std::pow(10000.0, -2.0 * i / hd);
+      const double x1 = original[h * hd + i], x2 = original[h * hd + i + hd / 2];
+      EXPECT_NEAR(v[h * hd + i], x1 * std::cos(angle) - x2 * std::sin(angle), 1e-5);
+      EXPECT_NEAR(v[h * hd + i + hd / 2], x2 * std::cos(angle) + x1 * std::sin(angle), 1e-5);
+    }
+  }
+}
+
+TEST(Ops, SiluMulAndSoftmax) {
+  const float gate[3] = {-2.0f, 0.0f, 3.0f}, up[3] = {1.0f, 5.0f, -1.0f};
+  float out[3];
+  kernels::silu_mul(gate, up, 3, out);
+  for (int i = 0; i < 3; ++i) EXPECT_NEAR(out[i], gate[i] / (1 + std::exp(-gate[i])) * up[i], 1e-6);
+  float x[3] = {1000.0f, 1001.0f, 999.0f};  // large values: the max is subtracted first
+  kernels::softmax(x, 3);
+  const double z = std::exp(-1.0) + 1 + std::exp(-2.0);
+  EXPECT_NEAR(x[1], 1.0 / z, 1e-6);
+  EXPECT_NEAR(x[0] + x[1] + x[2], 1.0, 1e-6);
+}
+
+TEST(Ops, GroupedQueryAttentionUsesTheSharedKvHead) {
+  // 4 query heads over 2 KV heads: heads 0,1 read KV head 0 and heads 2,3 read KV head 1.
+  const int64_t heads = 4, kv_heads = 2, hd = 4, max_seq = 6, length = 5;
+  const std::vector<float> q = random_floats(heads * hd, 6), k = random_floats(kv_heads * max_seq * hd, 7),
+                           v = random_floats(kv_heads * max_seq * hd, 8);
+  std::vector<float> out(heads * hd), scratch(max_seq);
+  kernels::attention_one_token(q.data(), k.data(), v.data(), heads, kv_heads, hd, max_seq, length, out.data(),
+                               scratch.data());
+  for (int h = 0; h < heads; ++h) {
+    const int g = h / 2;
+    std::vector<double> p(length);
+    double z = 0, m = -1e300;
+    for (int j = 0; j < length; ++j) {
+      double dot = 0;
+      for (int i = 0; i < hd; ++i) dot += q[h * hd + i] * k[(g * max_seq + j) * hd + i];
+      p[j] = dot / std::sqrt(double(hd));
+      m = std::max(m, p[j]);
+    }
+    for (double& e : p) z += (e = std::exp(e - m));
+    for (int i = 0; i < hd; ++i) {
+      double o = 0;
+      for (int j = 0; j < length; ++j) o += p[j] / z * v[(g * max_seq + j) * hd + i];
+      EXPECT_NEAR(out[h * hd + i], o, 1e-5) << "head " << h;
+    }
+  }
+}
+
+TEST(Probe, StreamReadSumsWhatItReads) {
+  std::vector<float> data(1 << 16, 0.0f);  // 256 KB: 4 blocks of 64 KB
+  for (size_t i = 0; i < data.size(); i += 16) data[i] = 1.0f;
+  const float sum = kernels::stream_read(data.data(), data.size() * sizeof(float));
+  // Every 16th float is 1; the x86 probe adds every float, the scalar one every 16th: both see them all.
+  EXPECT_EQ(sum, static_cast<float>(data.size() / 16));
+}
+
+}  // namespace
+}  // namespace moex
