@@ -19,6 +19,7 @@ def main():
     p.add_argument("--moex", required=True)
     p.add_argument("--workdir", required=True)
     args = p.parse_args()
+    args.moex = os.path.abspath(args.moex)
     good = os.path.join(args.workdir, "good")
     if not os.path.exists(os.path.join(good, "config.json")):
         subprocess.run([args.moex, "gen-model", "--preset", "tiny", "--seed", "5", "--out", good], check=True,

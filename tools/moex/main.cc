@@ -1,5 +1,6 @@
 // moex: the single binary. Errors from any subcommand become one line on stderr and a non-zero exit.
 #include <cstdio>
+#include <string>
 #include <vector>
 
 #include "moex/base/error.h"
@@ -50,6 +51,18 @@ int main(int argc, char** argv) {
     return "moex: error: " + std::string(e.what()) + " (see --help)\n";
   });
   for (auto setup : moex::tools::registry()) setup(app);
+  const auto is_command = [&](const char* name) {
+    for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; }))
+      if (sub->get_name() == name) return true;
+    return false;
+  };
+  if (argc > 1 && argv[1][0] != '-' && !is_command(argv[1])) {
+    std::string names;
+    for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; }))
+      names += (names.empty() ? "" : ", ") + sub->get_name();
+    std::fprintf(stderr, "moex: error: unknown command \"%s\" (valid: %s)\n", argv[1], names.c_str());
+    return 2;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

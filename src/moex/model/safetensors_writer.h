@@ -1,0 +1,64 @@
+// Writes tensors in Hugging Face's safetensors layout, byte for byte the way `save_file` /
+// `save_pretrained` do:
+//   file  = u64 little-endian header length N | N bytes of JSON | tensor data
+//   JSON  = {"__metadata__":{"format":"pt"}, "<name>":{"dtype":"BF16","shape":[..],"data_offsets":[b,e]}, ...}
+//           compact, keys sorted, padded with spaces so 8 + N is a multiple of 8 (data starts aligned)
+//   data  = tensors in name order (what safetensors does for one dtype), contiguous, offsets relative to
+//           the first data byte
+// Sharding (transformers' split_torch_state_dict_into_shards): walk tensors in state-dict order, start a new
+// shard when the next tensor would push the current one past max_shard_size; a tensor larger than the limit
+// gets a shard of its own. One shard: model.safetensors. Several: model-00001-of-0000N.safetensors plus
+// model.safetensors.index.json {"metadata":{"total_size":bytes of all tensors},"weight_map":{name: file}}.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "moex/base/dtype.h"
+
+namespace moex {
+
+struct TensorToWrite {
+  std::string name;
+  DType dtype = DType::kBF16;
+  std::vector<int64_t> shape;
+  int64_t num_elements() const;
+  uint64_t num_bytes() const { return static_cast<uint64_t>(num_elements()) * dtype_size(dtype); }
+};
+
+struct SafetensorsShardPlan {
+  std::string file_name;             // "model.safetensors" or "model-00002-of-00004.safetensors"
+  std::vector<size_t> tensors;       // indices into the tensor list, in data order (sorted by name)
+  std::vector<uint64_t> data_begin;  // per entry of `tensors`: offset from the first data byte
+  std::string header;                // padded JSON, exactly as written after the 8 length bytes
+  uint64_t file_size = 0;            // 8 + header.size() + data bytes
+};
+
+struct SafetensorsPlan {
+  std::vector<SafetensorsShardPlan> shards;
+  uint64_t total_size = 0;  // bytes of tensor data over all shards (the index's metadata.total_size)
+  std::string index_json;   // model.safetensors.index.json text; empty for a single file
+};
+
+// Default --max-shard-size: transformers' "2GB" (decimal, 2 * 10^9 bytes).
+constexpr uint64_t kDefaultMaxShardSize = 2'000'000'000ull;
+
+// Parses a shard size as transformers does: plain bytes, or a number with KB/MB/GB/TB (powers of 1000)
+// or KiB/MiB/GiB/TiB (powers of 1024), any case. Throws Error(kInvalidInput) naming `flag`.
+uint64_t parse_byte_size(const std::string& text, const char* flag);
+
+// Lays out the files; tensors are given in state-dict (module) order. Names must be unique.
+SafetensorsPlan plan_safetensors(const std::vector<TensorToWrite>& tensors, uint64_t max_shard_size);
+
+// Produces bytes [byte_begin, byte_begin + out_size) of tensor `tensor_index`, in its dtype, little-endian.
+// Called once per chunk (at most `chunk_bytes`, a multiple of the element size) in file order, from one
+// thread; it may use threads inside.
+using TensorFill = std::function<void(size_t tensor_index, uint64_t byte_begin, uint8_t* out, uint64_t out_size)>;
+
+// Writes the files of `plan` into `dir` (which must exist), replacing files of the same names, and the
+// index when sharded. Throws Error(kInvalidInput) naming the file when it cannot be written.
+void write_safetensors(const std::string& dir, const std::vector<TensorToWrite>& tensors,
+                       const SafetensorsPlan& plan, const TensorFill& fill, uint64_t chunk_bytes = 64ull << 20);
+
+}  // namespace moex

@@ -1,0 +1,219 @@
+// `moex gen-model`: writes a synthetic Mixtral checkpoint in Hugging Face layout (config.json,
+// safetensors, tokenizer.model, tokenizer_config.json, generation_config.json) so that the loader that
+// reads it also reads a real downloaded Mixtral.
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <set>
+#include <thread>
+
+#include "moex/base/error.h"
+#include "moex/base/threads.h"
+#include "moex/model/config.h"
+#include "moex/model/safetensors_writer.h"
+#include "moex/model/synthetic.h"
+#include "moex/runtime/tokenizer_train.h"
+#include "tools/moex/command.h"
+
+namespace moex::tools {
+namespace {
+
+struct GenModelOptions {
+  std::string preset;
+  std::string out;
+  int layers = 0, hidden = 0, intermediate = 0, heads = 0, kv_heads = 0, experts = 0, top_k = 0, vocab = 0;
+  uint64_t seed = 0;
+  float router_skew = 0;
+  std::string dtype = "bf16";
+  std::string max_shard_size = "2GB";
+  int threads = 0;
+  std::set<std::string> given;  // override flags present on the command line (so "--layers 0" is an error)
+};
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+void write_text(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  MOEX_CHECK_INPUT(out.good(), "cannot write ", path, " (is --out writable?)");
+  out << text;
+  out.close();
+  MOEX_CHECK_INPUT(out.good(), "cannot write ", path, " (disk full?)");
+}
+
+ModelConfig build_config(const GenModelOptions& o) {
+  ModelConfig c = synthetic_preset(o.preset);
+  auto override_size = [&](int value, const char* flag, int* field) {
+    if (!o.given.count(flag)) return;
+    MOEX_CHECK_INPUT(value > 0, flag, " must be >= 1 (got ", value, ")");
+    *field = value;
+  };
+  override_size(o.hidden, "--hidden", &c.hidden_size);
+  override_size(o.intermediate, "--intermediate", &c.intermediate_size);
+  override_size(o.heads, "--heads", &c.num_attention_heads);
+  override_size(o.kv_heads, "--kv-heads", &c.num_key_value_heads);
+  override_size(o.experts, "--experts", &c.num_local_experts);
+  override_size(o.top_k, "--top-k", &c.num_experts_per_tok);
+  override_size(o.vocab, "--vocab", &c.vocab_size);
+  override_size(o.layers, "--layers", &c.num_hidden_layers);
+  MOEX_CHECK_INPUT(c.hidden_size % c.num_attention_heads == 0, "--hidden ", c.hidden_size,
+                   " must be a multiple of the number of heads (", c.num_attention_heads, ")");
+  c.head_dim = c.hidden_size / c.num_attention_heads;
+  MOEX_CHECK_INPUT(c.vocab_size >= 384, "--vocab ", c.vocab_size,
+                   " is too small for a byte-fallback tokenizer (use at least 384)");
+  c.torch_dtype = o.dtype == "f32" ? "float32" : "bfloat16";
+  validate_model_config(c);
+  return c;
+}
+
+std::string human_bytes(double bytes) {
+  char text[32];
+  if (bytes >= 1e9) std::snprintf(text, sizeof(text), "%.2f GB", bytes / 1e9);
+  else if (bytes >= 1e6) std::snprintf(text, sizeof(text), "%.1f MB", bytes / 1e6);
+  else std::snprintf(text, sizeof(text), "%.1f KB", bytes / 1e3);
+  return text;
+}
+
+std::string human_count(double n) {
+  char text[32];
+  if (n >= 1e9) std::snprintf(text, sizeof(text), "%.2fB", n / 1e9);
+  else if (n >= 1e6) std::snprintf(text, sizeof(text), "%.1fM", n / 1e6);
+  else std::snprintf(text, sizeof(text), "%.1fK", n / 1e3);
+  return text;
+}
+
+// Safetensors files of an earlier run that this run does not overwrite would confuse a loader
+// (a stale index next to a new single file): remove exactly those names.
+void remove_stale_weights(const std::string& dir, const SafetensorsPlan& plan) {
+  static const std::regex kWeightFile(R"(model(-\d{5}-of-\d{5})?\.safetensors(\.index\.json)?)");
+  std::set<std::string> keep;
+  for (const auto& shard : plan.shards) keep.insert(shard.file_name);
+  if (!plan.index_json.empty()) keep.insert("model.safetensors.index.json");
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    if (std::regex_match(name, kWeightFile) && !keep.count(name)) std::filesystem::remove(entry.path());
+  }
+}
+
+void run_gen_model(const GenModelOptions& o) {
+  const auto start = std::chrono::steady_clock::now();
+  if (o.threads > 0) set_num_threads(o.threads);
+  MOEX_CHECK_INPUT(o.dtype == "bf16" || o.dtype == "f32", "--dtype: '", o.dtype, "' is not bf16 or f32");
+  const ModelConfig config = build_config(o);
+  const uint64_t max_shard = parse_byte_size(o.max_shard_size, "--max-shard-size");
+
+  std::error_code ec;
+  std::filesystem::create_directories(o.out, ec);
+  MOEX_CHECK_INPUT(!ec && std::filesystem::is_directory(o.out), "--out: cannot create directory ", o.out, ": ",
+                   ec ? ec.message() : "a file of that name exists");
+  MOEX_CHECK_INPUT(::access(o.out.c_str(), W_OK) == 0, "--out: directory ", o.out, " is not writable");
+
+  const SyntheticModel model(config, o.seed, o.router_skew, o.dtype == "f32" ? DType::kF32 : DType::kBF16);
+  const SafetensorsPlan plan = plan_safetensors(model.tensors(), max_shard);
+  uint64_t file_bytes = 0;
+  for (const auto& shard : plan.shards) file_bytes += shard.file_size;
+  struct statvfs fs {};
+  if (::statvfs(o.out.c_str(), &fs) == 0) {
+    const double free_bytes = static_cast<double>(fs.f_bavail) * fs.f_frsize;
+    MOEX_CHECK_INPUT(free_bytes > static_cast<double>(file_bytes), "--out: the weights need ",
+                     human_bytes(static_cast<double>(file_bytes)), " but ", o.out, " has ", human_bytes(free_bytes),
+                     " free (cut the depth with --layers)");
+  }
+  remove_stale_weights(o.out, plan);
+
+  // The tokenizer trains (~0.5 s, one thread) while the weights are generated.
+  TrainedTokenizer tokenizer;
+  std::exception_ptr tokenizer_error;
+  std::thread tokenizer_thread([&] {
+    try {
+      tokenizer = train_builtin_tokenizer(config.vocab_size);
+    } catch (...) {
+      tokenizer_error = std::current_exception();
+    }
+  });
+  struct Joiner {
+    std::thread& thread;
+    ~Joiner() { if (thread.joinable()) thread.join(); }
+  } joiner{tokenizer_thread};
+
+  write_text(o.out + "/config.json", model_config_to_json(config));
+  write_text(o.out + "/generation_config.json", generation_config_json(config));
+  write_text(o.out + "/tokenizer_config.json", llama_tokenizer_config_json(config.max_position_embeddings));
+  const auto weights_start = std::chrono::steady_clock::now();
+  write_safetensors(o.out, model.tensors(), plan, model.filler());
+  const double weights_seconds = seconds_since(weights_start);
+  tokenizer_thread.join();
+  if (tokenizer_error) std::rethrow_exception(tokenizer_error);
+  write_text(o.out + "/tokenizer.model", tokenizer.model_proto);
+  const double total_seconds = seconds_since(start);
+
+  const ModelConfig& c = config;
+  std::printf("moex gen-model: preset %s, seed %llu -> %s\n", o.preset.c_str(),
+              static_cast<unsigned long long>(o.seed), o.out.c_str());
+  std::printf("  config       hidden %d, intermediate %d, %d layers, %d heads (%d KV, head_dim %d), %d experts top-%d, vocab %d\n",
+              c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads,
+              c.head_dim, c.num_local_experts, c.num_experts_per_tok, c.vocab_size);
+  std::printf("  parameters   %s total, %s active per token\n", human_count(static_cast<double>(c.total_params())).c_str(),
+              human_count(static_cast<double>(c.active_params_per_token())).c_str());
+  std::printf("  weights      %s, %s in %zu file%s (%s)\n", o.dtype == "f32" ? "F32" : "BF16",
+              human_bytes(static_cast<double>(file_bytes)).c_str(), plan.shards.size(), plan.shards.size() == 1 ? "" : "s",
+              plan.shards.size() == 1 ? "model.safetensors" : "model-*-of-*.safetensors + model.safetensors.index.json");
+  std::printf("  tokenizer    SentencePiece BPE with byte fallback, %d pieces", tokenizer.vocab_size);
+  if (tokenizer.trained_pieces < tokenizer.vocab_size) {
+    std::printf(" (%d trained merges + %d frequent word pairs)", tokenizer.trained_pieces,
+                tokenizer.vocab_size - tokenizer.trained_pieces);
+  }
+  std::printf("\n");
+  const RouterSkewReport& skew = model.router_skew();
+  std::printf("  router load  skew %.2f; measured at layer 0 on %d normalised embedding rows, top-%d: max/mean %.2f, min/mean %.2f\n",
+              skew.skew, skew.tokens, c.num_experts_per_tok, skew.max_over_mean, skew.min_over_mean);
+  std::printf("               share per expert  ");
+  for (double s : skew.measured_share) std::printf(" %.3f", s);
+  std::printf("\n");
+  if (skew.skew > 0) {
+    std::printf("               Zipf target       ");
+    for (double s : skew.target_share) std::printf(" %.3f", s);
+    std::printf("\n");
+  }
+  std::printf("  time         %.1f s (weights %.1f s, %s/s, %d threads)\n", total_seconds, weights_seconds,
+              human_bytes(static_cast<double>(file_bytes) / std::max(weights_seconds, 1e-9)).c_str(), num_threads());
+}
+
+void setup_gen_model(CLI::App& app) {
+  auto options = std::make_shared<GenModelOptions>();
+  auto* cmd = app.add_subcommand("gen-model", "Write a synthetic Mixtral checkpoint in Hugging Face layout");
+  cmd->add_option("--preset", options->preset, "tiny | small | mini | mixtral-8x7b")->required();
+  cmd->add_option("--out", options->out, "Output directory (created if missing)")->required();
+  cmd->add_option("--layers", options->layers, "Number of layers (cuts or extends the preset's depth)");
+  cmd->add_option("--seed", options->seed, "Weights are a pure function of the seed (default 0)");
+  cmd->add_option("--router-skew", options->router_skew,
+                  "Zipf exponent S of expert popularity: expert e gets a share ~ 1/(e+1)^S (0 = balanced)");
+  cmd->add_option("--dtype", options->dtype, "bf16 (default) or f32");
+  cmd->add_option("--max-shard-size", options->max_shard_size,
+                  "Split the safetensors above this size, as transformers does (default 2GB = 2e9 bytes)");
+  cmd->add_option("--hidden", options->hidden, "Override hidden_size");
+  cmd->add_option("--intermediate", options->intermediate, "Override intermediate_size");
+  cmd->add_option("--heads", options->heads, "Override num_attention_heads");
+  cmd->add_option("--kv-heads", options->kv_heads, "Override num_key_value_heads");
+  cmd->add_option("--experts", options->experts, "Override num_local_experts");
+  cmd->add_option("--top-k", options->top_k, "Override num_experts_per_tok");
+  cmd->add_option("--vocab", options->vocab, "Override vocab_size (>= 384)");
+  cmd->add_option("--threads", options->threads, "Threads for generation (default: all cores)");
+  cmd->callback([options, cmd] {
+    for (const char* flag : {"--layers", "--hidden", "--intermediate", "--heads", "--kv-heads", "--experts", "--top-k", "--vocab"}) {
+      if (cmd->count(flag)) options->given.insert(flag);
+    }
+    run_gen_model(*options);
+  });
+}
+MOEX_REGISTER_COMMAND(setup_gen_model);
+
+}  // namespace
+}  // namespace moex::tools
