@@ -5,6 +5,7 @@
 #include "moex/runtime/tokenizer.h"
 #include "tools/moex/command.h"
 #include "tools/moex/model_flags.h"
+#include "tools/moex/profile_flags.h"
 
 namespace moex::tools {
 namespace {
@@ -18,6 +19,7 @@ struct GenerateFlags {
   float top_p = 1.0f;
   uint64_t seed = 0;
   bool ignore_eos = false;
+  ProfileFlags profile;
 };
 
 void run_generate(const GenerateFlags& flags) {
@@ -32,10 +34,15 @@ void run_generate(const GenerateFlags& flags) {
   options.max_new_tokens = flags.max_new_tokens;
   options.stop_at_eos = !flags.ignore_eos;
   options.sampler = {flags.temperature, flags.top_k, flags.top_p, flags.seed};
+  flags.profile.start();
   const GenerationResult result = generate(*model, prompts, options);
   for (size_t s = 0; s < prompts.size(); ++s) {
     if (prompts.size() > 1) std::printf("[%zu] ", s);
-    std::printf("%s%s\n", flags.prompts[s].c_str(), tokenizer.decode(result.new_tokens[s]).c_str());
+    // Decode prompt + continuation together: SentencePiece drops a piece's leading space at the start of
+    // a decode, so decoding the new tokens alone would glue the first word to the prompt.
+    std::vector<int> all = prompts[s];
+    all.insert(all.end(), result.new_tokens[s].begin(), result.new_tokens[s].end());
+    std::printf("%s\n", tokenizer.decode(all).c_str());
   }
   std::printf("prefill: %lld tokens in %.3f s = %.1f tokens/s\n", static_cast<long long>(result.prefill_tokens),
               result.prefill_seconds, result.prefill_tokens / std::max(result.prefill_seconds, 1e-9));
@@ -43,6 +50,7 @@ void run_generate(const GenerateFlags& flags) {
               static_cast<long long>(result.decode_tokens), result.decode_seconds,
               result.decode_tokens / std::max(result.decode_seconds, 1e-9), static_cast<long long>(result.decode_steps),
               prompts.size());
+  flags.profile.finish();
 }
 
 void setup_generate(CLI::App& app) {
@@ -56,6 +64,7 @@ void setup_generate(CLI::App& app) {
   cmd->add_option("--top-p", flags->top_p, "Nucleus sampling mass")->capture_default_str();
   cmd->add_option("--seed", flags->seed, "Sampling seed")->capture_default_str();
   cmd->add_flag("--ignore-eos", flags->ignore_eos, "Keep generating after the end-of-sequence token");
+  flags->profile.add_to(cmd);
   cmd->callback([flags] { run_generate(*flags); });
 }
 MOEX_REGISTER_COMMAND(setup_generate);

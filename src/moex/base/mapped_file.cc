@@ -34,6 +34,17 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
   ::close(fd);
 }
 
+void MappedFile::prefault(const void* data, size_t bytes) {
+  if (bytes == 0) return;
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(data) & ~(page - 1);
+  const uintptr_t end = reinterpret_cast<uintptr_t>(data) + bytes;
+  if (::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_READ) == 0) return;
+  // Kernels before 5.14 lack MADV_POPULATE_READ: touch one byte per page instead.
+  volatile uint8_t sink = 0;
+  for (uintptr_t p = begin; p < end; p += page) sink = sink + *reinterpret_cast<const volatile uint8_t*>(p);
+}
+
 MappedFile::~MappedFile() {
   if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
 }

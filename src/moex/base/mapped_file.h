@@ -17,6 +17,10 @@ class MappedFile {
   MappedFile& operator=(const MappedFile&) = delete;
 
   const uint8_t* data() const { return data_; }
+  // Maps [data, data + bytes) into the page tables now, so the first forward pass measures compute,
+  // not page faults. Only the ranges a process uses are touched: a rank holding 1/N of the experts
+  // keeps 1/N of the file resident.
+  static void prefault(const void* data, size_t bytes);
   size_t size() const { return size_; }
   const std::string& path() const { return path_; }
 

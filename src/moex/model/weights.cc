@@ -11,6 +11,7 @@ TensorView expect(const WeightStore& store, const std::string& name, Shape shape
                    shape.str());
   MOEX_CHECK_INPUT(view.dtype == DType::kBF16 || view.dtype == DType::kF32, "tensor \"", name, "\" has dtype ",
                    dtype_name(view.dtype), " (MoEX loads BF16 and F32 weights)");
+  MappedFile::prefault(view.data, view.bytes());
   return view;
 }
 
