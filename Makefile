@@ -5,7 +5,7 @@ MODEL ?= models/mini
 PROMPT ?= The quick brown fox
 N ?= 32
 
-.PHONY: all deps build run test unit asan fuzz clean
+.PHONY: all deps build run test asan fuzz clean
 
 all: build
 
@@ -32,6 +32,15 @@ asan: deps
 	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOEX_SANITIZE=ON
 	cmake --build build-asan -j$(JOBS) --target moex_unit_tests moex
 	cd build-asan && ctest --output-on-failure -L sanitize
+
+# libFuzzer on the safetensors reader (clang from Debian); FUZZ_SECONDS bounds the run.
+FUZZ_SECONDS ?= 30
+fuzz: deps
+	mkdir -p build-fuzz/corpus
+	clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -Isrc tests/fuzz/safetensors_fuzz.cc \
+	  src/moex/model/safetensors.cc src/moex/base/error.cc src/moex/base/dtype.cc src/moex/base/tensor.cc \
+	  src/moex/base/mapped_file.cc -o build-fuzz/safetensors_fuzz
+	build-fuzz/safetensors_fuzz -max_total_time=$(FUZZ_SECONDS) -max_len=4096 build-fuzz/corpus tests/fuzz/seeds
 
 clean:
 	rm -rf $(BUILD) build-asan
