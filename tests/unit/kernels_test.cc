@@ -57,6 +57,25 @@ INSTANTIATE_TEST_SUITE_P(Shapes, MatmulTest,
                                            MatmulCase{4, 16, 16}, MatmulCase{5, 70, 100}, MatmulCase{9, 129, 33},
                                            MatmulCase{64, 96, 256}));
 
+TEST(Matmul, ColumnSliceEqualsACopiedSlice) {
+  // A TP rank's part of w2 is W[:, begin:end): a strided view must give what a contiguous copy gives.
+  const int64_t n = 19, k = 70, begin = 13, end = 51, tokens = 5;
+  std::vector<float> w = random_floats(n * k, 9), x = random_floats(tokens * (end - begin), 10);
+  std::vector<float> copy;
+  for (int64_t r = 0; r < n; ++r) copy.insert(copy.end(), w.begin() + r * k + begin, w.begin() + r * k + end);
+  const TensorView full{w.data(), DType::kF32, Shape{n, k}};
+  const TensorView slice = full.columns(begin, end), copied{copy.data(), DType::kF32, Shape{n, end - begin}};
+  for (bool x86 : {false, true}) {
+    set_use_x86_kernels(x86);
+    std::vector<float> a(tokens * n), b(tokens * n);
+    kernels::matmul(x.data(), tokens, slice, a.data());
+    kernels::matmul(x.data(), tokens, copied, b.data());
+    EXPECT_EQ(a, b) << (x86 ? "x86" : "ref");
+  }
+  set_use_x86_kernels(true);
+  EXPECT_EQ(full.rows(3, 5).as<float>(), w.data() + 3 * k);
+}
+
 TEST(Matmul, ZeroTokensWritesNothing) {
   float w[4] = {1, 2, 3, 4}, y = 42.0f;
   kernels::matmul(nullptr, 0, TensorView{w, DType::kF32, Shape{2, 2}}, &y);

@@ -39,6 +39,10 @@ struct TensorView {
   void* data = nullptr;
   DType dtype = DType::kF32;
   Shape shape;
+  // Elements between consecutive rows of a rank-2 view; 0 means contiguous (shape[1]). A column slice of
+  // a weight (a TP rank's part of w2 or o_proj) is a strided view into the mapping, never a copy.
+  int64_t row_stride = 0;
+  int64_t stride0() const { return row_stride ? row_stride : shape[1]; }
 
   int64_t numel() const { return shape.numel(); }
   size_t bytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype); }
@@ -46,6 +50,9 @@ struct TensorView {
   T* as() const { return static_cast<T*>(data); }
   // Row i of a rank>=2 view, as a view of the remaining dims.
   TensorView row(int64_t i) const;
+  // Rows [begin, end) of a rank-2 view / columns [begin, end) of a rank-2 view (strided).
+  TensorView rows(int64_t begin, int64_t end) const;
+  TensorView columns(int64_t begin, int64_t end) const;
 };
 
 }  // namespace moex
