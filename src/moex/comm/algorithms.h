@@ -1,0 +1,71 @@
+// Shared pieces of the algorithm files (one file per algorithm). Internal to comm.
+// Every all-reduce algorithm works on an fp32 buffer data [count]; `wire` says what is copied between
+// ranks. Lossy wire formats (bf16, fp8) follow two rules: a rank that finishes a value keeps
+// decode(encode(value)) so every rank ends bit-identical, and buffers are cut at multiples of
+// wire_granule() so re-encoding a received block gives back the same bytes.
+#pragma once
+#include <span>
+#include <vector>
+
+#include "moex/base/error.h"
+
+#include "moex/comm/codec.h"
+#include "moex/comm/mpi_communicator.h"
+#include "moex/comm/selector.h"
+
+namespace moex::comm::detail {
+
+// `count` elements cut into `parts` nearly equal pieces whose edges fall on multiples of `granule`.
+struct Partition {
+  size_t count;
+  size_t granule;
+  int parts;
+  size_t begin(int part) const {
+    const size_t units = (count + granule - 1) / granule;
+    const size_t unit = units * static_cast<size_t>(part) / static_cast<size_t>(parts);
+    return std::min(count, unit * granule);
+  }
+  size_t end(int part) const { return begin(part + 1); }
+  size_t size(int part) const { return end(part) - begin(part); }
+};
+
+struct Range {
+  size_t begin = 0, count = 0;  // elements
+};
+
+// Pieces [first, first + n) of a partition, taken cyclically (mod parts): one or two element ranges.
+int cyclic_ranges(const Partition& partition, int first, int n, Range out[2]);
+
+// Sends data[send_ranges] to `dest` while receiving data[recv_ranges] from `src`; the received values are
+// added into data (add = true, a reduce step) or overwrite it (an all-gather step). Either side may be
+// empty (dest/src < 0 or no ranges).
+void exchange(MpiCommunicator& comm, WireFormat wire, float* data, std::span<const Range> send_ranges, int dest,
+              std::span<const Range> recv_ranges, int src, bool add);
+
+// Scratch slots used by the algorithms (slot 0 belongs to the dispatcher's bf16 working copy).
+enum ScratchSlot : int { kScratchWork = 0, kScratchSend = 1, kScratchRecv = 2, kScratchExtra = 3 };
+
+void allreduce_ring(MpiCommunicator& comm, float* data, size_t count, WireFormat wire);
+void allreduce_recursive_doubling(MpiCommunicator& comm, float* data, size_t count, WireFormat wire);
+void allreduce_rabenseifner(MpiCommunicator& comm, float* data, size_t count, WireFormat wire);
+void allreduce_nhr(MpiCommunicator& comm, float* data, size_t count, WireFormat wire);
+void allreduce_mesh(MpiCommunicator& comm, float* data, size_t count, WireFormat wire);
+void allreduce_shm(MpiCommunicator& comm, float* data, size_t count, WireFormat wire);
+void allreduce_mpi(MpiCommunicator& comm, float* data, size_t count);
+
+struct AlltoallArgs {
+  const std::byte* send;
+  std::span<const size_t> send_counts, send_offsets;  // elements
+  std::byte* recv;
+  std::span<const size_t> recv_counts, recv_offsets;  // elements
+  size_t elem_bytes;
+};
+void alltoall_pairwise(MpiCommunicator& comm, const AlltoallArgs& args);
+void alltoall_bruck(MpiCommunicator& comm, const AlltoallArgs& args);
+void alltoall_mpi(MpiCommunicator& comm, const AlltoallArgs& args);
+
+// Node-local copy bandwidth between ranks 0 and 1 through the shared window (bytes/s), pipelined in
+// chunks: the "peak" bench-comm compares shm busbw against. Collective; other ranks just wait.
+double measure_shm_copy_bandwidth(MpiCommunicator& comm, size_t bytes, int iters);
+
+}  // namespace moex::comm::detail

@@ -1,0 +1,138 @@
+// Shared-memory all-reduce for ranks on one node, through an MPI-3 shared window (MPI_Win_allocate_shared
+// on the MPI_COMM_TYPE_SHARED communicator) and flag barriers that never enter MPI.
+//  - one-shot (small): every rank writes its buffer into its slot; after one barrier every rank sums all
+//    slots in rank order (so all ranks get bit-identical sums). Latency: one barrier.
+//  - two-shot (large), in segments that stay cache-resident: each rank writes the chunks other ranks own,
+//    barrier, reduces its own chunk from every slot and publishes it, barrier, copies the others' chunks.
+//    Per rank this moves ~2(p-1)n/p bytes through the window instead of one-shot's p*n reads.
+// Each slot has two halves used alternately, so no barrier is needed at the end of a step.
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "moex/comm/algorithms.h"
+
+namespace moex::comm::detail {
+namespace {
+
+size_t env_bytes(const char* name, size_t fallback) {
+  const char* text = std::getenv(name);
+  return text && *text ? std::strtoull(text, nullptr, 10) : fallback;
+}
+
+// Below this many buffer bytes, one-shot (1 barrier, p*n reads) beats two-shot (2 barriers per segment).
+size_t one_shot_max_bytes() {
+  static const size_t bytes = env_bytes("MOEX_SHM_ONESHOT_BYTES", 64 << 10);
+  return bytes;
+}
+// Two-shot segment: small enough that what one rank writes is still in cache when its peers read it.
+size_t segment_elems() {
+  static const size_t elems = std::max<size_t>(env_bytes("MOEX_SHM_SEGMENT_BYTES", 1 << 20) / 4, kF8BlockElems);
+  return elems / kF8BlockElems * kF8BlockElems;
+}
+
+void encode_into(WireFormat wire, const float* src, size_t count, std::byte* dst) {
+  wire_encode(wire, src, count, dst);  // for f32 this is the memcpy into the window
+}
+
+void one_shot(MpiCommunicator& comm, float* data, size_t count, WireFormat wire) {
+  const int p = comm.size(), r = comm.rank();
+  const size_t bytes = wire_bytes(wire, count);
+  ShmWindow& window = comm.shm_window(2 * bytes);
+  const size_t half_offset = window.next_half() * (window.capacity() / 2);
+  auto& stats = comm.stats();
+  encode_into(wire, data, count, window.slot(r) + half_offset);
+  stats.bytes_sent += bytes;
+  window.barrier(stats);
+  wire_decode(wire, window.slot(0) + half_offset, count, data);
+  for (int j = 1; j < p; ++j) wire_decode_add(wire, window.slot(j) + half_offset, count, data);
+  stats.bytes_received += (p - 1) * bytes;
+}
+
+void two_shot(MpiCommunicator& comm, float* data, size_t count, WireFormat wire) {
+  const int p = comm.size(), r = comm.rank();
+  const size_t segment = segment_elems();
+  const size_t segment_bytes = wire_bytes(wire, segment) + p * 4 * 2;  // + per-chunk partial-block scales
+  ShmWindow& window = comm.shm_window(2 * segment_bytes);
+  auto& stats = comm.stats();
+  const bool lossless = wire_is_lossless(wire);
+  for (size_t base = 0; base < count; base += segment) {
+    const size_t n = std::min(segment, count - base);
+    float* values = data + base;  // [n]
+    const Partition chunks{n, wire_granule(wire), p};
+    // Chunk j sits in every slot at the same offset: where its encoded bytes start.
+    auto offset_of = [&](int j) { return wire_bytes(wire, chunks.begin(j)); };  // chunks start on block edges
+    const size_t half_offset = window.next_half() * (window.capacity() / 2);
+    std::byte* own = window.slot(r) + half_offset;
+    for (int j = 0; j < p; ++j) {
+      if (j == r) continue;
+      encode_into(wire, values + chunks.begin(j), chunks.size(j), own + offset_of(j));
+      stats.bytes_sent += wire_bytes(wire, chunks.size(j));
+    }
+    window.barrier(stats);
+    float* mine = values + chunks.begin(r);
+    for (int j = 0; j < p; ++j) {
+      if (j == r) continue;
+      wire_decode_add(wire, window.slot(j) + half_offset + offset_of(r), chunks.size(r), mine);
+      stats.bytes_received += wire_bytes(wire, chunks.size(r));
+    }
+    if (!lossless) wire_round_trip(wire, mine, chunks.size(r));
+    encode_into(wire, mine, chunks.size(r), own + offset_of(r));
+    stats.bytes_sent += wire_bytes(wire, chunks.size(r));
+    window.barrier(stats);
+    for (int j = 0; j < p; ++j) {
+      if (j == r) continue;
+      wire_decode(wire, window.slot(j) + half_offset + offset_of(j), chunks.size(j), values + chunks.begin(j));
+      stats.bytes_received += wire_bytes(wire, chunks.size(j));
+    }
+  }
+}
+
+}  // namespace
+
+void allreduce_shm(MpiCommunicator& comm, float* data, size_t count, WireFormat wire) {
+  if (count * 4 <= one_shot_max_bytes()) {
+    one_shot(comm, data, count, wire);
+  } else {
+    two_shot(comm, data, count, wire);
+  }
+}
+
+double measure_shm_copy_bandwidth(MpiCommunicator& comm, size_t bytes, int iters) {
+  if (comm.size() < 2 || !comm.all_on_one_node()) return 0.0;
+  const size_t chunk = std::min<size_t>(segment_elems() * 4, bytes);
+  ShmWindow& window = comm.shm_window(2 * chunk);
+  const int r = comm.rank();
+  auto* source = static_cast<std::byte*>(comm.scratch(kScratchSend, bytes));  // [bytes] rank 0's private data
+  auto* target = static_cast<std::byte*>(comm.scratch(kScratchRecv, bytes));  // [bytes] rank 1's private copy
+  std::memset(r == 0 ? source : target, r, bytes);
+  CollectiveStats stats{"copy-bandwidth"};
+  double best_s = 1e30;
+  for (int iter = 0; iter < iters; ++iter) {
+    window.barrier(stats);
+    const int64_t start = steady_now_ns();
+    const uint64_t base = window.own_post();  // ranks 0 and 1 post equally often, so their counters agree
+    const size_t chunks = (bytes + chunk - 1) / chunk;
+    for (size_t i = 0; i < chunks; ++i) {
+      const size_t offset = i * chunk, n = std::min(chunk, bytes - offset);
+      std::byte* buffer = window.slot(0) + (i & 1) * chunk;
+      if (r == 0) {
+        if (i >= 2) window.wait_for(1, base + i - 1, stats);  // rank 1 has drained this buffer
+        std::memcpy(buffer, source + offset, n);
+        window.post(base + i + 1);
+      } else if (r == 1) {
+        window.wait_for(0, base + i + 1, stats);
+        std::memcpy(target + offset, buffer, n);
+        window.post(base + i + 1);
+      }
+    }
+    if (r == 0) window.wait_for(1, base + chunks, stats);  // the copy is done when rank 1 has it
+    if (r <= 1) best_s = std::min(best_s, (steady_now_ns() - start) * 1e-9);
+  }
+  window.barrier(stats);
+  double seconds = r == 0 ? best_s : 0.0;
+  MPI_Bcast(&seconds, 1, MPI_DOUBLE, 0, comm.mpi_comm());
+  return bytes / seconds;
+}
+
+}  // namespace moex::comm::detail

@@ -1,0 +1,377 @@
+#include "moex/comm/communicator.h"
+
+#include <sched.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+
+#include "moex/base/error.h"
+#include "moex/base/log.h"
+#include "moex/comm/mpi_communicator.h"
+#include "moex/comm/selector.h"
+
+namespace moex::comm {
+namespace {
+
+std::atomic<bool> g_comm_failed{false};
+std::atomic<double> g_timeout_s{-1.0};
+bool g_mpi_started_here = false;
+std::unique_ptr<Communicator> g_world;
+std::mutex g_world_mutex;
+
+double env_double(const char* name, double fallback) {
+  const char* text = std::getenv(name);
+  if (!text || !*text) return fallback;
+  char* end = nullptr;
+  const double value = std::strtod(text, &end);
+  MOEX_CHECK_INPUT(end && *end == '\0' && value > 0, name, "='", text, "' is not a positive number of seconds");
+  return value;
+}
+
+// Spin briefly (a peer on another core answers within microseconds), then yield the core: with more
+// ranks than cores the peer we wait for may need this very core to make progress.
+inline void backoff(uint64_t spins) {
+  if (spins < 256) {
+    __builtin_ia32_pause();
+  } else {
+    sched_yield();
+  }
+}
+
+// A size-1 group that never touches MPI: what a rank started without mpirun gets.
+class SelfCommunicator final : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  std::string_view backend() const override { return "self"; }
+  std::unique_ptr<Communicator> split(int, int) override { return std::make_unique<SelfCommunicator>(); }
+  void barrier() override {}
+  P2PRequest isend(const void*, size_t, int peer, int) override { bad_peer(peer); }
+  P2PRequest irecv(void*, size_t, int peer, int) override { bad_peer(peer); }
+  void wait_all(std::span<P2PRequest>) override {}
+  void allreduce(void* data, size_t count, CommDType dtype, AllreduceAlgo algo) override {
+    // Nothing crosses a wire, so nothing is quantised; the event still reports the call.
+    const int64_t now = steady_now_ns();
+    CollectiveEvent event{Collective::kAllreduce, algo_name(algo), dtype, 1, count * comm_dtype_buffer_size(dtype),
+                          0, 0, now, now, 0};
+    if (has_event_observer()) notify_event(event);
+  }
+  void alltoallv(const void* send, std::span<const size_t> send_counts, std::span<const size_t> send_offsets,
+                 void* recv, std::span<const size_t> recv_counts, std::span<const size_t> recv_offsets,
+                 size_t elem_bytes, AlltoallAlgo) override {
+    MOEX_CHECK(send_counts.size() == 1 && recv_counts.size() == 1 && send_counts[0] == recv_counts[0]);
+    std::memmove(static_cast<std::byte*>(recv) + recv_offsets[0] * elem_bytes,
+                 static_cast<const std::byte*>(send) + send_offsets[0] * elem_bytes, send_counts[0] * elem_bytes);
+  }
+  void allgather(const void* send, size_t bytes, void* recv) override {
+    if (send != recv) std::memmove(recv, send, bytes);
+  }
+  void reduce_scatter(const void* send, void* recv, size_t count, CommDType dtype) override {
+    if (send != recv) std::memmove(recv, send, count * comm_dtype_buffer_size(dtype));
+  }
+  void broadcast(void*, size_t, int root) override { bad_peer(root); }
+  CommHandle start(std::function<void(Communicator&)> op) override {
+    op(*this);  // nothing to overlap with: run now
+    return CommHandle::completed();
+  }
+
+ private:
+  [[noreturn]] static void bad_peer(int peer) {
+    throw_error(ErrorKind::kInternal, ::moex::detail::concat("rank ", peer, " does not exist in a group of 1 rank"));
+  }
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------------
+// start-up and shutdown
+
+bool launched_by_mpi_launcher() {
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE", "MPI_LOCALNRANKS"})
+    if (std::getenv(name)) return true;
+  return false;
+}
+
+double comm_timeout_seconds() {
+  double value = g_timeout_s.load();
+  if (value <= 0) {
+    value = env_double("MOEX_COMM_TIMEOUT", 60.0);
+    g_timeout_s.store(value);
+  }
+  return value;
+}
+
+void set_comm_timeout_seconds(double seconds) { g_timeout_s.store(seconds); }
+
+void mark_comm_failed() { g_comm_failed.store(true); }
+
+void throw_comm_error(const std::string& message) {
+  mark_comm_failed();
+  throw_error(ErrorKind::kComm, message);
+}
+
+Communicator& world() {
+  std::lock_guard lock(g_world_mutex);
+  if (g_world) return *g_world;
+  const char* force = std::getenv("MOEX_COMM_FORCE_MPI");
+  if (!launched_by_mpi_launcher() && !(force && std::strcmp(force, "1") == 0)) {
+    g_world = std::make_unique<SelfCommunicator>();
+    return *g_world;
+  }
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) {
+    int provided = 0;
+    // THREAD_MULTIPLE: the progress thread calls MPI while the caller's thread does too (other contexts).
+    MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
+    g_mpi_started_here = true;
+    std::atexit(finalize);
+    if (provided < MPI_THREAD_MULTIPLE) MOEX_LOG(kWarn, "MPI gives no MPI_THREAD_MULTIPLE: async collectives run inline");
+  }
+  MPI_Comm world_dup;
+  MPI_Comm_dup(MPI_COMM_WORLD, &world_dup);  // our own context: never mixes with other MPI users
+  g_world = std::make_unique<MpiCommunicator>(world_dup);
+  return *g_world;
+}
+
+Communicator& init() { return world(); }
+
+void finalize() {
+  {
+    std::lock_guard lock(g_world_mutex);
+    if (!g_comm_failed.load()) g_world.reset();  // after a failure, destructors could wait on dead peers
+  }
+  if (!g_mpi_started_here) return;
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return;
+  if (g_comm_failed.load()) {
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 3);  // kills the peers still waiting in a collective
+  }
+  MPI_Finalize();
+}
+
+// ---------------------------------------------------------------------------------------------------
+// MpiCommunicator: set-up, point-to-point, scratch
+
+static bool mpi_thread_multiple() {
+  int level = MPI_THREAD_SINGLE;
+  MPI_Query_thread(&level);
+  return level >= MPI_THREAD_MULTIPLE;
+}
+
+MpiCommunicator::MpiCommunicator(MPI_Comm comm) : comm_(comm) {
+  MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);  // errors come back to us, become one clear line
+  MPI_Comm_rank(comm_, &rank_);
+  MPI_Comm_size(comm_, &size_);
+  MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node_comm_);
+  int node_size = 0;
+  MPI_Comm_size(node_comm_, &node_size);
+  all_on_one_node_ = node_size == size_;
+  scratch_.resize(4);
+}
+
+MpiCommunicator::~MpiCommunicator() {
+  progress_.reset();  // drains started operations first
+  async_twin_.reset();
+  shm_.reset();
+  if (node_comm_ != MPI_COMM_NULL) MPI_Comm_free(&node_comm_);
+  if (comm_ != MPI_COMM_WORLD) MPI_Comm_free(&comm_);
+}
+
+void MpiCommunicator::check(int rc, const char* call) const {
+  if (rc == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  MPI_Error_string(rc, text, &length);
+  throw_comm_error(::moex::detail::concat(stats_.operation, ": ", call, " failed on rank ", rank_, ": ",
+                                  std::string(text, length)));
+}
+
+std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key) {
+  MPI_Comm sub;
+  check(MPI_Comm_split(comm_, color, key, &sub), "MPI_Comm_split");
+  return std::make_unique<MpiCommunicator>(sub);
+}
+
+void MpiCommunicator::barrier() { check(MPI_Barrier(comm_), "MPI_Barrier"); }
+
+static_assert(sizeof(MPI_Request) <= sizeof(uint64_t));
+static MPI_Request to_mpi(P2PRequest request) {
+  MPI_Request out;
+  std::memcpy(&out, &request.opaque, sizeof(out));
+  return out;
+}
+static P2PRequest from_mpi(MPI_Request request) {
+  P2PRequest out;
+  std::memcpy(&out.opaque, &request, sizeof(request));
+  return out;
+}
+
+P2PRequest MpiCommunicator::isend(const void* data, size_t bytes, int peer, int tag) {
+  MOEX_CHECK(bytes <= static_cast<size_t>(INT32_MAX), "message of ", bytes, " bytes: split it below 2 GiB");
+  MPI_Request request;
+  check(MPI_Isend(data, static_cast<int>(bytes), MPI_BYTE, peer, tag, comm_, &request), "MPI_Isend");
+  stats_.bytes_sent += bytes;
+  return from_mpi(request);
+}
+
+P2PRequest MpiCommunicator::irecv(void* data, size_t bytes, int peer, int tag) {
+  MOEX_CHECK(bytes <= static_cast<size_t>(INT32_MAX), "message of ", bytes, " bytes: split it below 2 GiB");
+  MPI_Request request;
+  check(MPI_Irecv(data, static_cast<int>(bytes), MPI_BYTE, peer, tag, comm_, &request), "MPI_Irecv");
+  stats_.bytes_received += bytes;
+  return from_mpi(request);
+}
+
+void MpiCommunicator::wait_all(std::span<P2PRequest> requests) {
+  if (requests.empty()) return;
+  MPI_Request mpi_requests[64];
+  std::vector<MPI_Request> many;
+  MPI_Request* handles = mpi_requests;
+  if (requests.size() > 64) {
+    many.resize(requests.size());
+    handles = many.data();
+  }
+  for (size_t i = 0; i < requests.size(); ++i) handles[i] = to_mpi(requests[i]);
+  const int64_t start = steady_now_ns();
+  const int64_t limit_ns = static_cast<int64_t>(comm_timeout_seconds() * 1e9);
+  for (uint64_t spins = 0;; ++spins) {
+    int done = 0;
+    check(MPI_Testall(static_cast<int>(requests.size()), handles, &done, MPI_STATUSES_IGNORE), "MPI_Testall");
+    if (done) break;
+    backoff(spins);
+    if ((spins & 1023) == 1023 && steady_now_ns() - start > limit_ns) {
+      throw_comm_error(::moex::detail::concat(
+          stats_.operation, ": rank ", rank_, " of ", size_, " waited ", comm_timeout_seconds(),
+          " s with no progress from its peers; a rank has died or stopped calling collectives in the same "
+          "order (MOEX_COMM_TIMEOUT sets the limit)"));
+    }
+  }
+  stats_.wait_ns += steady_now_ns() - start;
+  for (auto& request : requests) request = from_mpi(MPI_REQUEST_NULL);
+}
+
+void MpiCommunicator::sendrecv(const void* send, size_t send_bytes, int dest, void* recv, size_t recv_bytes,
+                               int src) {
+  P2PRequest requests[2];
+  int n = 0;
+  if (src >= 0) requests[n++] = irecv(recv, recv_bytes, src, 0);
+  if (dest >= 0) requests[n++] = isend(send, send_bytes, dest, 0);
+  wait_all({requests, static_cast<size_t>(n)});
+}
+
+void* MpiCommunicator::scratch(int slot, size_t bytes) {
+  auto& buffer = scratch_[slot];
+  if (buffer.size() < bytes) {
+    buffer.clear();
+    buffer.shrink_to_fit();
+    buffer.resize(bytes + bytes / 4);  // headroom so slowly growing sizes do not reallocate every call
+  }
+  return buffer.data();
+}
+
+ShmWindow& MpiCommunicator::shm_window(size_t capacity) {
+  MOEX_CHECK(all_on_one_node_, "the shm algorithm needs every rank on one node");
+  if (!shm_ || shm_->capacity() < capacity) {
+    size_t rounded = 1 << 16;
+    while (rounded < capacity) rounded <<= 1;
+    if (shm_) shm_->barrier(stats_);  // nobody still reads the old window
+    shm_.reset();
+    shm_ = std::make_unique<ShmWindow>(node_comm_, rounded);
+  }
+  return *shm_;
+}
+
+CommHandle MpiCommunicator::start(std::function<void(Communicator&)> op) {
+  if (!mpi_thread_multiple()) {
+    op(*this);
+    return CommHandle::completed();
+  }
+  if (!async_twin_) {  // first start(): collective, so every rank dups here at the same point
+    MPI_Comm twin;
+    check(MPI_Comm_dup(comm_, &twin), "MPI_Comm_dup");
+    async_twin_ = std::make_unique<MpiCommunicator>(twin);
+    progress_ = std::make_unique<ProgressThread>();
+  }
+  MpiCommunicator* twin = async_twin_.get();
+  return progress_->submit([twin, op = std::move(op)] { op(*twin); });
+}
+
+// ---------------------------------------------------------------------------------------------------
+// ShmWindow
+
+namespace {
+constexpr size_t kCacheLine = 64;
+constexpr size_t kControlBytes = 4096;  // two flag lines, padded to a page so data slots stay aligned
+}  // namespace
+
+ShmWindow::ShmWindow(MPI_Comm node_comm, size_t capacity) : capacity_(capacity) {
+  MPI_Comm_rank(node_comm, &rank_);
+  MPI_Comm_size(node_comm, &size_);
+  std::byte* own = nullptr;
+  MPI_Info info;
+  MPI_Info_create(&info);
+  MPI_Info_set(info, "alloc_shared_noncontig", "true");  // each rank's part on its own pages (first touch)
+  const int rc = MPI_Win_allocate_shared(static_cast<MPI_Aint>(kControlBytes + capacity), 1, info, node_comm, &own,
+                                         &window_);
+  MPI_Info_free(&info);
+  if (rc != MPI_SUCCESS)
+    throw_comm_error(::moex::detail::concat("MPI_Win_allocate_shared of ", capacity, " bytes per rank failed"));
+  std::memset(own, 0, kControlBytes);
+  slots_.resize(size_);
+  flags_.resize(size_);
+  posts_.resize(size_);
+  for (int peer = 0; peer < size_; ++peer) {
+    MPI_Aint size = 0;
+    int disp_unit = 0;
+    std::byte* base = nullptr;
+    MPI_Win_shared_query(window_, peer, &size, &disp_unit, &base);
+    flags_[peer] = reinterpret_cast<uint64_t*>(base);
+    posts_[peer] = reinterpret_cast<uint64_t*>(base + kCacheLine);
+    slots_[peer] = base + kControlBytes;
+  }
+  MPI_Barrier(node_comm);  // every rank's flags are zeroed before anyone uses them
+}
+
+ShmWindow::~ShmWindow() {
+  if (window_ != MPI_WIN_NULL) MPI_Win_free(&window_);
+}
+
+void ShmWindow::barrier(CollectiveStats& stats) {
+  const uint64_t epoch = next_epoch();
+  std::atomic_ref<uint64_t>(*flags_[rank_]).store(epoch, std::memory_order_release);
+  const int64_t start = steady_now_ns();
+  for (int peer = 0; peer < size_; ++peer) {
+    std::atomic_ref<uint64_t> flag(*flags_[peer]);
+    for (uint64_t spins = 0; flag.load(std::memory_order_acquire) < epoch; ++spins) {
+      backoff(spins);
+      if ((spins & 4095) == 4095 && steady_now_ns() - start > static_cast<int64_t>(comm_timeout_seconds() * 1e9))
+        throw_comm_error(::moex::detail::concat(stats.operation, ": rank ", rank_, " waited ", comm_timeout_seconds(),
+                                        " s for node rank ", peer,
+                                        " at a shared-memory barrier; that rank has died or is stuck"));
+    }
+  }
+  stats.wait_ns += steady_now_ns() - start;
+}
+
+void ShmWindow::post(uint64_t value) {
+  std::atomic_ref<uint64_t>(*posts_[rank_]).store(value, std::memory_order_release);
+}
+
+void ShmWindow::wait_for(int peer, uint64_t value, CollectiveStats& stats) {
+  const int64_t start = steady_now_ns();
+  std::atomic_ref<uint64_t> flag(*posts_[peer]);
+  for (uint64_t spins = 0; flag.load(std::memory_order_acquire) < value; ++spins) {
+    backoff(spins);
+    if ((spins & 4095) == 4095 && steady_now_ns() - start > static_cast<int64_t>(comm_timeout_seconds() * 1e9))
+      throw_comm_error(::moex::detail::concat(stats.operation, ": rank ", rank_, " waited ", comm_timeout_seconds(),
+                                      " s for node rank ", peer, " in a shared-memory copy"));
+  }
+  stats.wait_ns += steady_now_ns() - start;
+}
+
+}  // namespace moex::comm

@@ -1,0 +1,80 @@
+// Communicator: the only way the engine talks to other ranks. A group of ranks (the world, or a TP/EP
+// sub-group made by split()) with collectives, point-to-point, and non-blocking handles for overlap.
+// MpiCommunicator implements it over MPI; a rank launched without mpirun gets a size-1 SelfCommunicator
+// that never touches MPI (fast start, no orted). A future accelerator backend implements the same class.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string_view>
+
+#include "moex/comm/async.h"
+#include "moex/comm/types.h"
+
+namespace moex::comm {
+
+// One outstanding point-to-point transfer; opaque so this header does not need mpi.h.
+struct P2PRequest {
+  uint64_t opaque = 0;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string_view backend() const = 0;  // "mpi", "self"
+
+  // Ranks passing the same color form one new communicator, ordered by key then by old rank. Collective.
+  virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
+  virtual void barrier() = 0;
+
+  // ---- point to point (bytes) ----
+  virtual P2PRequest isend(const void* data, size_t bytes, int peer, int tag) = 0;
+  virtual P2PRequest irecv(void* data, size_t bytes, int peer, int tag) = 0;
+  // Blocks until all complete; a peer that makes no progress for the comm timeout is an error (exit 3).
+  virtual void wait_all(std::span<P2PRequest> requests) = 0;
+
+  // ---- collectives (blocking; every rank of the group calls them in the same order) ----
+  // data [count] of dtype (fp32 for kF32/kF8, uint16_t bf16 for kBF16); in place, sum.
+  virtual void allreduce(void* data, size_t count, CommDType dtype, AllreduceAlgo algo = AllreduceAlgo::kAuto) = 0;
+  // Uneven all-to-all: rank r sends send_counts[j] elements from send + send_offsets[j] to rank j, and
+  // receives recv_counts[j] elements into recv + recv_offsets[j]. Counts and offsets in elements.
+  virtual void alltoallv(const void* send, std::span<const size_t> send_counts,
+                         std::span<const size_t> send_offsets, void* recv, std::span<const size_t> recv_counts,
+                         std::span<const size_t> recv_offsets, size_t elem_bytes,
+                         AlltoallAlgo algo = AlltoallAlgo::kAuto) = 0;
+  // send [bytes] from every rank -> recv [size() * bytes], rank order.
+  virtual void allgather(const void* send, size_t bytes, void* recv) = 0;
+  // send [size() * count] of dtype -> recv [count]: this rank's slice of the sum.
+  virtual void reduce_scatter(const void* send, void* recv, size_t count, CommDType dtype) = 0;
+  // data [bytes] from root to all.
+  virtual void broadcast(void* data, size_t bytes, int root) = 0;
+
+  // ---- overlap ----
+  // Runs `op` on this group's progress thread, against a private twin of this communicator (its own MPI
+  // context, so it never mixes with blocking calls made meanwhile). Every rank must start the same ops in
+  // the same order. The buffers `op` touches must stay alive and untouched until the handle is waited on.
+  virtual CommHandle start(std::function<void(Communicator&)> op) = 0;
+
+  CommHandle start_allreduce(void* data, size_t count, CommDType dtype, AllreduceAlgo algo = AllreduceAlgo::kAuto);
+};
+
+// The world, created on first use (MPI_Init_thread with MPI_THREAD_MULTIPLE when launched by mpirun).
+// MOEX_COMM_FORCE_MPI=1 uses MPI even without a launcher (an OpenMPI singleton).
+Communicator& world();
+// Explicit start-up (optional): same as world(); returns it.
+Communicator& init();
+// Finalizes MPI if it was started (also registered with atexit). After a comm error it aborts the job
+// instead, so peers stuck in a collective are killed rather than left waiting.
+void finalize();
+// True when this process was started by mpirun/srun (a PMI/PMIx rank variable is set).
+bool launched_by_mpi_launcher();
+
+// Seconds a wait may go without progress before it is an error: MOEX_COMM_TIMEOUT (default 60).
+double comm_timeout_seconds();
+void set_comm_timeout_seconds(double seconds);
+
+}  // namespace moex::comm

@@ -1,0 +1,267 @@
+#include "moex/comm/selector.h"
+
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+
+#include "moex/base/error.h"
+
+namespace moex::comm {
+namespace {
+
+std::mutex g_options_mutex;
+CommOptions g_options;
+std::shared_ptr<const TuningTable> g_table;  // loaded from g_options.tuning_path
+bool g_options_initialised = false;
+std::atomic<uint64_t> g_options_generation{1};  // bumped by set_comm_options: invalidates decision caches
+
+std::string trim(std::string_view text) {
+  while (!text.empty() && (text.front() == ' ' || text.front() == '\t')) text.remove_prefix(1);
+  while (!text.empty() && (text.back() == ' ' || text.back() == '\t')) text.remove_suffix(1);
+  return std::string(text);
+}
+
+// First use without set_comm_options(): take the environment alone.
+void ensure_options() {
+  if (g_options_initialised) return;
+  g_options_initialised = true;
+  CommOptions options;
+  if (const char* spec = std::getenv("MOEX_COMM_ALGO")) parse_algo_spec(spec, &options);
+  if (const char* path = std::getenv("MOEX_COMM_TUNING")) options.tuning_path = path;
+  g_options = options;
+  if (!options.tuning_path.empty()) g_table = std::make_shared<TuningTable>(TuningTable::load(options.tuning_path));
+}
+
+std::shared_ptr<const TuningTable> current_table() {
+  std::lock_guard lock(g_options_mutex);
+  ensure_options();
+  return g_table;
+}
+
+}  // namespace
+
+AllreduceAlgo parse_allreduce_algo(std::string_view name, std::string_view source) {
+  const auto algo = allreduce_algo_from_name(trim(name));
+  MOEX_CHECK_INPUT(algo.has_value(), source, ": unknown all-reduce algorithm '", name,
+                   "'; valid names: ", allreduce_algo_names());
+  return *algo;
+}
+
+AlltoallAlgo parse_alltoall_algo(std::string_view name, std::string_view source) {
+  const auto algo = alltoall_algo_from_name(trim(name));
+  MOEX_CHECK_INPUT(algo.has_value(), source, ": unknown all-to-all algorithm '", name,
+                   "'; valid names: ", alltoall_algo_names());
+  return *algo;
+}
+
+void parse_algo_spec(std::string_view spec, CommOptions* options) {
+  size_t pos = 0;
+  while (pos <= spec.size()) {
+    const size_t end = std::min(spec.find(';', pos), spec.size());
+    const std::string item = trim(spec.substr(pos, end - pos));
+    pos = end + 1;
+    if (item.empty()) continue;
+    const size_t equals = item.find('=');
+    MOEX_CHECK_INPUT(equals != std::string::npos, "MOEX_COMM_ALGO: '", item,
+                     "' is not KEY=NAME (expected e.g. \"allreduce=nhr;alltoall=pairwise\")");
+    const std::string key = trim(std::string_view(item).substr(0, equals));
+    const std::string value = trim(std::string_view(item).substr(equals + 1));
+    if (key == "allreduce") {
+      options->allreduce_algo = parse_allreduce_algo(value, "MOEX_COMM_ALGO allreduce");
+    } else if (key == "alltoall") {
+      options->alltoall_algo = parse_alltoall_algo(value, "MOEX_COMM_ALGO alltoall");
+    } else {
+      MOEX_CHECK_INPUT(false, "MOEX_COMM_ALGO: unknown collective '", key, "'; valid keys: allreduce, alltoall");
+    }
+  }
+}
+
+CommOptions comm_options_from_flags(std::string_view allreduce_flag, std::string_view alltoall_flag,
+                                    std::string_view tuning_flag) {
+  CommOptions options;
+  if (const char* spec = std::getenv("MOEX_COMM_ALGO")) parse_algo_spec(spec, &options);
+  if (const char* path = std::getenv("MOEX_COMM_TUNING")) options.tuning_path = path;
+  if (!allreduce_flag.empty()) options.allreduce_algo = parse_allreduce_algo(allreduce_flag);
+  if (!alltoall_flag.empty()) options.alltoall_algo = parse_alltoall_algo(alltoall_flag);
+  if (!tuning_flag.empty()) options.tuning_path = tuning_flag;
+  return options;
+}
+
+void set_comm_options(const CommOptions& options) {
+  auto table = options.tuning_path.empty() ? nullptr
+                                           : std::make_shared<const TuningTable>(TuningTable::load(options.tuning_path));
+  std::lock_guard lock(g_options_mutex);
+  g_options_initialised = true;
+  g_options = options;
+  g_table = std::move(table);
+  g_options_generation.fetch_add(1);
+}
+
+const CommOptions& comm_options() {
+  std::lock_guard lock(g_options_mutex);
+  ensure_options();
+  return g_options;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// tuning table
+
+TuningTable TuningTable::load(const std::string& path) {
+  std::ifstream in(path);
+  MOEX_CHECK_INPUT(in.good(), "comm tuning table ", path, ": cannot open (make one with `moex tune-comm --out ",
+                   path, "`)");
+  TuningTable table;
+  try {
+    const nlohmann::json doc = nlohmann::json::parse(in);
+    for (const auto& item : doc.at("entries")) {
+      TuningEntry entry;
+      const auto collective = collective_from_name(item.at("collective").get<std::string>());
+      const auto dtype = comm_dtype_from_name(item.value("dtype", std::string("f32")));
+      MOEX_CHECK_INPUT(collective && dtype, "comm tuning table ", path, ": bad collective or dtype in ", item.dump());
+      entry.collective = *collective;
+      entry.dtype = *dtype;
+      entry.group_size = item.at("group_size").get<int>();
+      entry.bytes = item.at("bytes").get<uint64_t>();
+      entry.algo = item.at("algo").get<std::string>();
+      entry.time_us = item.value("time_us", 0.0);
+      if (entry.collective == Collective::kAllreduce) parse_allreduce_algo(entry.algo, path);
+      if (entry.collective == Collective::kAlltoall) parse_alltoall_algo(entry.algo, path);
+      table.add(std::move(entry));
+    }
+  } catch (const nlohmann::json::exception& e) {
+    MOEX_CHECK_INPUT(false, "comm tuning table ", path, ": ", e.what());
+  }
+  return table;
+}
+
+void TuningTable::save(const std::string& path) const {
+  nlohmann::json entries = nlohmann::json::array();
+  for (const auto& entry : entries_) {
+    entries.push_back({{"collective", collective_name(entry.collective)},
+                       {"group_size", entry.group_size},
+                       {"dtype", comm_dtype_name(entry.dtype)},
+                       {"bytes", entry.bytes},
+                       {"algo", entry.algo},
+                       {"time_us", entry.time_us}});
+  }
+  std::ofstream out(path);
+  MOEX_CHECK_INPUT(out.good(), "cannot write ", path);
+  out << nlohmann::json{{"version", 1}, {"entries", entries}}.dump(1) << "\n";
+}
+
+std::optional<std::string> TuningTable::lookup(Collective collective, int group_size, CommDType dtype,
+                                               uint64_t bytes) const {
+  for (CommDType want : {dtype, CommDType::kF32}) {
+    const TuningEntry* best = nullptr;
+    double best_distance = std::numeric_limits<double>::infinity();
+    for (const auto& entry : entries_) {
+      if (entry.collective != collective || entry.group_size != group_size || entry.dtype != want) continue;
+      const double distance = std::fabs(std::log2(static_cast<double>(std::max<uint64_t>(entry.bytes, 1))) -
+                                        std::log2(static_cast<double>(std::max<uint64_t>(bytes, 1))));
+      if (distance < best_distance) best_distance = distance, best = &entry;
+    }
+    if (best) return best->algo;
+  }
+  return std::nullopt;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// cost model (DESIGN.md §3)
+
+double allreduce_cost_seconds(AllreduceAlgo algo, int group_size, uint64_t bytes, const CostModel& model) {
+  const double p = group_size, n = static_cast<double>(bytes);
+  if (group_size <= 1) return 0.0;
+  const double log_p = std::ceil(std::log2(p));
+  const bool pof2 = (group_size & (group_size - 1)) == 0;
+  const double fold = pof2 ? 0.0 : model.alpha_s + n * model.beta_s_per_byte;  // non-power-of-two extra step
+  const double reduce_scatter_bytes = (p - 1) / p * n;
+  switch (algo) {
+    case AllreduceAlgo::kRing:
+      return 2 * (p - 1) * model.alpha_s + 2 * reduce_scatter_bytes * model.beta_s_per_byte +
+             reduce_scatter_bytes * model.gamma_s_per_byte;
+    case AllreduceAlgo::kRecursiveDoubling:
+      return std::floor(std::log2(p)) * (model.alpha_s + n * (model.beta_s_per_byte + model.gamma_s_per_byte)) +
+             2 * fold;
+    case AllreduceAlgo::kRabenseifner:
+      return 2 * std::floor(std::log2(p)) * model.alpha_s + 2 * reduce_scatter_bytes * model.beta_s_per_byte +
+             reduce_scatter_bytes * model.gamma_s_per_byte + 2 * fold;
+    case AllreduceAlgo::kNhr:
+      return 2 * log_p * model.alpha_s + 2 * reduce_scatter_bytes * model.beta_s_per_byte +
+             reduce_scatter_bytes * model.gamma_s_per_byte;
+    case AllreduceAlgo::kMesh:  // all peers at once: latency of 2 steps, but p-1 messages share one CPU
+      return 2 * model.alpha_s * (1 + 0.25 * (p - 2)) + 2 * reduce_scatter_bytes * model.beta_s_per_byte +
+             reduce_scatter_bytes * model.gamma_s_per_byte;
+    case AllreduceAlgo::kShm:  // window copies cost about half a network byte; one or two barriers
+      return (n <= 64 * 1024 ? model.shm_alpha_s + (p - 1) * n * model.gamma_s_per_byte
+                             : 2 * model.shm_alpha_s * std::ceil(n / (1 << 20)) +
+                                   reduce_scatter_bytes * (model.beta_s_per_byte + model.gamma_s_per_byte));
+    case AllreduceAlgo::kMpi:  // unknown internals: assume a tuned Rabenseifner plus a library overhead
+      return 1.2 * allreduce_cost_seconds(AllreduceAlgo::kRabenseifner, group_size, bytes, model);
+    case AllreduceAlgo::kAuto: break;
+  }
+  return std::numeric_limits<double>::infinity();
+}
+
+namespace {
+
+AllreduceAlgo select_allreduce_uncached(int group_size, CommDType dtype, uint64_t bytes, bool shm_available) {
+  if (comm_options().allreduce_algo != AllreduceAlgo::kAuto) return comm_options().allreduce_algo;
+  if (auto table = current_table()) {
+    if (auto name = table->lookup(Collective::kAllreduce, group_size, dtype, bytes)) {
+      const AllreduceAlgo algo = *allreduce_algo_from_name(*name);
+      if (algo != AllreduceAlgo::kShm || shm_available) return algo;
+    }
+  }
+  AllreduceAlgo best = AllreduceAlgo::kRing;
+  double best_cost = std::numeric_limits<double>::infinity();
+  for (AllreduceAlgo algo : all_allreduce_algos()) {
+    if (algo == AllreduceAlgo::kShm && !shm_available) continue;
+    if (algo == AllreduceAlgo::kMpi && dtype != CommDType::kF32) continue;  // it would not compress
+    const double cost = allreduce_cost_seconds(algo, group_size, bytes, CostModel{});
+    if (cost < best_cost) best_cost = cost, best = algo;
+  }
+  return best;
+}
+}  // namespace
+
+AllreduceAlgo select_allreduce(AllreduceAlgo requested, int group_size, CommDType dtype, uint64_t bytes,
+                               bool shm_available) {
+  if (requested != AllreduceAlgo::kAuto) return requested;
+  // The engine repeats the same few sizes: remember recent decisions (a lookup costs ~0.3 us, a small
+  // all-reduce ~1 us).
+  struct Decision {
+    uint64_t generation = 0, bytes = 0;
+    int group_size = 0;
+    CommDType dtype = CommDType::kF32;
+    bool shm = false;
+    AllreduceAlgo algo = AllreduceAlgo::kAuto;
+  };
+  static thread_local Decision recent[8];
+  static thread_local unsigned next_slot = 0;
+  const uint64_t generation = g_options_generation.load(std::memory_order_relaxed);
+  for (const Decision& d : recent)
+    if (d.generation == generation && d.bytes == bytes && d.group_size == group_size && d.dtype == dtype &&
+        d.shm == shm_available)
+      return d.algo;
+  const AllreduceAlgo algo = select_allreduce_uncached(group_size, dtype, bytes, shm_available);
+  recent[next_slot++ % 8] = Decision{generation, bytes, group_size, dtype, shm_available, algo};
+  return algo;
+}
+
+AlltoallAlgo select_alltoall(AlltoallAlgo requested, int group_size, uint64_t bytes_per_peer) {
+  if (requested != AlltoallAlgo::kAuto) return requested;
+  if (comm_options().alltoall_algo != AlltoallAlgo::kAuto) return comm_options().alltoall_algo;
+  if (auto table = current_table()) {
+    if (auto name = table->lookup(Collective::kAlltoall, group_size, CommDType::kF32, bytes_per_peer))
+      return *alltoall_algo_from_name(*name);
+  }
+  // Bruck moves each byte ~log2(p)/2 times but takes log2(p) steps instead of p-1: small messages only.
+  return group_size > 2 && bytes_per_peer <= 1024 ? AlltoallAlgo::kBruck : AlltoallAlgo::kPairwise;
+}
+
+}  // namespace moex::comm

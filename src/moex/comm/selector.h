@@ -1,0 +1,75 @@
+// Which algorithm runs: an explicit choice (argument, --allreduce-algo flag or MOEX_COMM_ALGO) wins; else
+// `auto` looks up the tuning table that `moex tune-comm` measured on this machine; else the alpha-beta
+// cost model of DESIGN.md §3 decides. Every rank must decide the same, so inputs are only the group
+// size and the byte count (identical on all ranks) and the table (same file).
+#pragma once
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "moex/comm/types.h"
+
+namespace moex::comm {
+
+// Process-wide comm settings. Tools fill this from their flags (CLI11 stays out of the library).
+struct CommOptions {
+  AllreduceAlgo allreduce_algo = AllreduceAlgo::kAuto;
+  AlltoallAlgo alltoall_algo = AlltoallAlgo::kAuto;
+  std::string tuning_path;  // JSON written by `moex tune-comm`; empty: MOEX_COMM_TUNING, else the cost model
+};
+
+// "nhr" -> kNhr; anything else throws Error(kInvalidInput) listing the valid names (exit 2).
+AllreduceAlgo parse_allreduce_algo(std::string_view name, std::string_view source = "--allreduce-algo");
+AlltoallAlgo parse_alltoall_algo(std::string_view name, std::string_view source = "--alltoall-algo");
+// "allreduce=nhr;alltoall=pairwise" (either part optional) into options; bad keys/names throw (exit 2).
+void parse_algo_spec(std::string_view spec, CommOptions* options);
+
+// MOEX_COMM_ALGO and MOEX_COMM_TUNING first, then the flags (an empty flag leaves the env's choice).
+CommOptions comm_options_from_flags(std::string_view allreduce_flag, std::string_view alltoall_flag,
+                                    std::string_view tuning_flag);
+// Installs the options every communicator uses from now on (loads the table; a bad file throws, exit 2).
+void set_comm_options(const CommOptions& options);
+const CommOptions& comm_options();
+
+// One measured winner: for `collective` on `group_size` ranks with `dtype`, at message size `bytes`.
+struct TuningEntry {
+  Collective collective = Collective::kAllreduce;
+  int group_size = 0;
+  CommDType dtype = CommDType::kF32;
+  uint64_t bytes = 0;
+  std::string algo;
+  double time_us = 0;
+};
+
+class TuningTable {
+ public:
+  static TuningTable load(const std::string& path);  // throws Error(kInvalidInput) on a bad file
+  void save(const std::string& path) const;
+  void add(TuningEntry entry) { entries_.push_back(std::move(entry)); }
+  const std::vector<TuningEntry>& entries() const { return entries_; }
+  // The winner measured at the size nearest to `bytes` (log scale) for this collective, group and
+  // dtype (falling back to f32 entries); nullopt when the table has nothing for the group size.
+  std::optional<std::string> lookup(Collective collective, int group_size, CommDType dtype, uint64_t bytes) const;
+
+ private:
+  std::vector<TuningEntry> entries_;
+};
+
+// Alpha-beta(-gamma) constants for this kind of machine (defaults measured on a 2-core shared-memory VM).
+struct CostModel {
+  double alpha_s = 4e-6;           // per message step through MPI
+  double beta_s_per_byte = 2e-10;  // per byte moved (~5 GB/s)
+  double gamma_s_per_byte = 1e-10; // per byte reduced (~10 GB/s of fp32 adds)
+  double shm_alpha_s = 1e-6;       // one shared-memory barrier
+};
+double allreduce_cost_seconds(AllreduceAlgo algo, int group_size, uint64_t bytes, const CostModel& model = {});
+
+// Resolves kAuto (and the process-wide override) to a concrete algorithm. `wire_bytes` is the bytes of the
+// caller's buffer; shm is only chosen when all ranks share a node.
+AllreduceAlgo select_allreduce(AllreduceAlgo requested, int group_size, CommDType dtype, uint64_t bytes,
+                               bool shm_available);
+// bytes_per_peer: the largest per-peer message any rank sends (all ranks must pass the same value).
+AlltoallAlgo select_alltoall(AlltoallAlgo requested, int group_size, uint64_t bytes_per_peer);
+
+}  // namespace moex::comm

@@ -1,0 +1,222 @@
+// Multi-rank tests of every collective algorithm; run under mpirun with 1..8 ranks (tests/mpi/CMakeLists.txt).
+// Every algorithm x dtype x count (0, 1, p-1, p+1, not divisible by p, one-shot and multi-segment shm sizes).
+// fp32 integer data must be exact; bf16 and fp8 errors are bounded; all ranks must end bit-identical.
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "moex/base/dtype.h"
+#include "moex/comm/communicator.h"
+#include "moex/comm/selector.h"
+
+using namespace moex::comm;
+
+namespace {
+
+int g_failures = 0;
+int g_rank = 0;
+
+#define EXPECT(cond, ...)                                        \
+  do {                                                           \
+    if (!(cond)) {                                               \
+      ++g_failures;                                              \
+      std::fprintf(stderr, "rank %d: FAIL %s:%d: ", g_rank, __FILE__, __LINE__); \
+      std::fprintf(stderr, __VA_ARGS__);                         \
+      std::fputc('\n', stderr);                                  \
+    }                                                            \
+  } while (0)
+
+// Rank `rank`'s input element i: integer-valued (exact sums) or random in [-1, 1].
+float input_value(int rank, size_t i, bool integer) {
+  if (integer) return static_cast<float>(static_cast<int>((i * 7 + rank * 13) % 17) - 8);
+  uint64_t h = (static_cast<uint64_t>(rank) << 40) ^ (i * 0x9e3779b97f4a7c15ull);  // splitmix64: cheap, stateless
+  h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ull;
+  h = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
+  h ^= h >> 31;
+  return static_cast<float>(h >> 40) / static_cast<float>(1 << 23) - 1.0f;  // [-1, 1)
+}
+
+uint64_t hash_bytes(const void* data, size_t bytes) {
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < bytes; ++i) h = (h ^ static_cast<const uint8_t*>(data)[i]) * 1099511628211ull;
+  return h;
+}
+
+// Error allowed relative to sum_j |x_j| (the scale of the reduction); log-step algorithms re-round partial
+// sums up to ceil(log2 p) times, the others round each contribution once plus the result once.
+double tolerance(CommDType dtype, AllreduceAlgo algo, int p) {
+  const double unit = dtype == CommDType::kBF16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -4);
+  const bool log_steps = algo == AllreduceAlgo::kRecursiveDoubling || algo == AllreduceAlgo::kRabenseifner ||
+                         algo == AllreduceAlgo::kNhr;
+  return unit * (2.0 + (log_steps ? std::ceil(std::log2(std::max(p, 2))) : 0.0));
+}
+
+void test_allreduce(Communicator& comm, AllreduceAlgo algo, CommDType dtype, size_t count, bool integer) {
+  const int p = comm.size(), r = comm.rank();
+  std::vector<float> values(count);
+  std::vector<uint16_t> values_bf16(count);
+  std::vector<double> exact(count, 0.0), scale(count, 0.0);
+  for (size_t i = 0; i < count; ++i) {
+    for (int j = 0; j < p; ++j) {
+      float x = input_value(j, i, integer);
+      if (dtype == CommDType::kBF16) x = moex::bf16_to_f32(moex::f32_to_bf16(x));
+      exact[i] += x;
+      scale[i] += std::fabs(x);
+    }
+    values[i] = input_value(r, i, integer);
+    values_bf16[i] = moex::f32_to_bf16(values[i]);
+  }
+  void* buffer = dtype == CommDType::kBF16 ? static_cast<void*>(values_bf16.data()) : values.data();
+  comm.allreduce(buffer, count, dtype, algo);
+  double worst = 0.0;
+  for (size_t i = 0; i < count; ++i) {
+    const double got = dtype == CommDType::kBF16 ? moex::bf16_to_f32(values_bf16[i]) : values[i];
+    worst = std::max(worst, std::fabs(got - exact[i]) / std::max(scale[i], 1e-30));
+  }
+  const bool exact_expected = integer && dtype == CommDType::kF32;
+  const double allowed = exact_expected ? 0.0 : tolerance(dtype, algo, p);
+  EXPECT(worst <= allowed, "allreduce %s %s p=%d count=%zu: error %.3g > %.3g", std::string(algo_name(algo)).c_str(),
+         std::string(comm_dtype_name(dtype)).c_str(), p, count, worst, allowed);
+  // Bit-identical on every rank (TP ranks must not drift apart).
+  uint64_t h = hash_bytes(buffer, count * comm_dtype_buffer_size(dtype));
+  std::vector<uint64_t> all(p);
+  comm.allgather(&h, sizeof(h), all.data());
+  for (int j = 0; j < p; ++j)
+    EXPECT(all[j] == h, "allreduce %s %s p=%d count=%zu: rank %d differs", std::string(algo_name(algo)).c_str(),
+           std::string(comm_dtype_name(dtype)).c_str(), p, count, j);
+}
+
+void test_alltoallv(Communicator& comm, AlltoallAlgo algo) {
+  const int p = comm.size(), r = comm.rank();
+  // Uneven: rank s sends (s + 2d) % 5 elements to rank d (some zero).
+  auto count_of = [](int s, int d) { return static_cast<size_t>((s + 2 * d) % 5); };
+  std::vector<size_t> send_counts(p), send_offsets(p), recv_counts(p), recv_offsets(p);
+  size_t send_total = 0, recv_total = 0;
+  for (int j = 0; j < p; ++j) {
+    send_counts[j] = count_of(r, j), send_offsets[j] = send_total, send_total += send_counts[j];
+    recv_counts[j] = count_of(j, r), recv_offsets[j] = recv_total, recv_total += recv_counts[j];
+  }
+  std::vector<int32_t> send(send_total), recv(recv_total + 1, -1);
+  for (int j = 0; j < p; ++j)
+    for (size_t k = 0; k < send_counts[j]; ++k) send[send_offsets[j] + k] = r * 100000 + j * 100 + static_cast<int>(k);
+  comm.alltoallv(send.data(), send_counts, send_offsets, recv.data(), recv_counts, recv_offsets, 4, algo);
+  for (int j = 0; j < p; ++j)
+    for (size_t k = 0; k < recv_counts[j]; ++k)
+      EXPECT(recv[recv_offsets[j] + k] == j * 100000 + r * 100 + static_cast<int>(k), "alltoallv %s p=%d from %d",
+             std::string(algo_name(algo)).c_str(), p, j);
+}
+
+void test_other_collectives(Communicator& comm) {
+  const int p = comm.size(), r = comm.rank();
+  // all-gather
+  std::vector<int32_t> mine = {r, r * 10, r * 100}, all(3 * p);
+  comm.allgather(mine.data(), mine.size() * 4, all.data());
+  for (int j = 0; j < p; ++j) EXPECT(all[3 * j + 1] == j * 10, "allgather p=%d", p);
+  // reduce-scatter, 5 elements per rank, all dtypes
+  for (CommDType dtype : {CommDType::kF32, CommDType::kBF16, CommDType::kF8}) {
+    const size_t count = 5;
+    std::vector<float> send(p * count), recv(count);
+    std::vector<uint16_t> send16(p * count), recv16(count);
+    for (size_t i = 0; i < p * count; ++i) send[i] = static_cast<float>(i % 7 + r), send16[i] = moex::f32_to_bf16(send[i]);
+    if (dtype == CommDType::kBF16) {
+      comm.reduce_scatter(send16.data(), recv16.data(), count, dtype);
+    } else {
+      comm.reduce_scatter(send.data(), recv.data(), count, dtype);
+    }
+    for (size_t k = 0; k < count; ++k) {
+      const size_t i = r * count + k;
+      const double want = p * static_cast<double>(i % 7) + p * (p - 1) / 2.0;
+      const double got = dtype == CommDType::kBF16 ? moex::bf16_to_f32(recv16[k]) : recv[k];
+      EXPECT(std::fabs(got - want) <= (dtype == CommDType::kF32 ? 0 : want * 0.07 + 0.5), "reduce_scatter %s p=%d",
+             std::string(comm_dtype_name(dtype)).c_str(), p);
+    }
+  }
+  // broadcast from the last rank
+  int64_t value = r == p - 1 ? 4242 : 0;
+  comm.broadcast(&value, sizeof(value), p - 1);
+  EXPECT(value == 4242, "broadcast p=%d", p);
+  // point to point ring
+  int32_t out = r, in = -1;
+  P2PRequest requests[2] = {comm.irecv(&in, 4, (r + p - 1) % p, 5), comm.isend(&out, 4, (r + 1) % p, 5)};
+  comm.wait_all(requests);
+  EXPECT(in == (r + p - 1) % p, "p2p p=%d", p);
+}
+
+void test_groups_and_async(Communicator& comm) {
+  const int p = comm.size(), r = comm.rank();
+  // TP x EP style split: two groups by parity, ordered by rank.
+  auto group = comm.split(r % 2, r);
+  const int group_size = (p - r % 2 + 1) / 2;
+  EXPECT(group->size() == group_size && group->rank() == r / 2, "split p=%d", p);
+  float x = 1.0f;
+  group->allreduce(&x, 1, CommDType::kF32, AllreduceAlgo::kRing);
+  EXPECT(x == static_cast<float>(group_size), "split allreduce p=%d: %f", p, x);
+
+  // Non-blocking: start, do other work (a blocking collective on the same communicator), wait.
+  std::vector<float> data(10007, 1.0f);
+  CommHandle handle = comm.start_allreduce(data.data(), data.size(), CommDType::kF32, AllreduceAlgo::kNhr);
+  float y = 2.0f;
+  comm.allreduce(&y, 1, CommDType::kF32, AllreduceAlgo::kMesh);
+  handle.wait();
+  EXPECT(data[10006] == static_cast<float>(p) && y == 2.0f * p, "async p=%d", p);
+
+  // Pipelined compute + reduce.
+  std::vector<float> out(5000, 0.0f);
+  pipelined_allreduce(comm, out.data(), out.size(), CommDType::kF32, 4, [&](size_t begin, size_t end) {
+    for (size_t i = begin; i < end; ++i) out[i] = static_cast<float>(i % 3);
+  });
+  bool ok = true;
+  for (size_t i = 0; i < out.size(); ++i) ok &= out[i] == static_cast<float>((i % 3) * p);
+  EXPECT(ok, "pipelined_allreduce p=%d", p);
+
+  // Events: a collective reports its bytes; fp8 puts about half the bytes of bf16 on the wire.
+  uint64_t sent_bf16 = 0, sent_fp8 = 0;
+  std::vector<float> f(1 << 14, 0.5f);
+  std::vector<uint16_t> h(1 << 14, moex::f32_to_bf16(0.5f));
+  set_event_observer([&](const CollectiveEvent& event) {
+    (event.dtype == CommDType::kF8 ? sent_fp8 : sent_bf16) += event.bytes_sent;
+  });
+  comm.allreduce(h.data(), h.size(), CommDType::kBF16, AllreduceAlgo::kRing);
+  comm.allreduce(f.data(), f.size(), CommDType::kF8, AllreduceAlgo::kRing);
+  set_event_observer({});
+  if (p > 1)
+    EXPECT(sent_fp8 <= 0.53 * sent_bf16 && sent_fp8 > 0, "fp8 bytes %llu vs bf16 %llu",
+           static_cast<unsigned long long>(sent_fp8), static_cast<unsigned long long>(sent_bf16));
+}
+
+}  // namespace
+
+int main() {
+  try {
+    Communicator& comm = init();
+    g_rank = comm.rank();
+    const int p = comm.size();
+    const std::vector<size_t> counts = {0, 1, static_cast<size_t>(std::max(p - 1, 1)), static_cast<size_t>(p + 1),
+                                        1000 * static_cast<size_t>(p) + 3, 128 * static_cast<size_t>(p) + 5,
+                                        20011 /* shm two-shot */, 300007 /* several shm segments */};
+    for (AllreduceAlgo algo : all_allreduce_algos()) {
+      for (CommDType dtype : {CommDType::kF32, CommDType::kBF16, CommDType::kF8}) {
+        for (size_t count : counts) {
+          test_allreduce(comm, algo, dtype, count, /*integer=*/true);
+          if (dtype != CommDType::kF32 && count < 100000) test_allreduce(comm, algo, dtype, count, false);
+        }
+      }
+    }
+    for (AlltoallAlgo algo : all_alltoall_algos()) test_alltoallv(comm, algo);
+    test_alltoallv(comm, AlltoallAlgo::kAuto);
+    test_allreduce(comm, AllreduceAlgo::kAuto, CommDType::kF32, 4099, true);
+    test_other_collectives(comm);
+    test_groups_and_async(comm);
+    int failures = g_failures, total = 0;
+    std::vector<int> all(p);
+    comm.allgather(&failures, sizeof(int), all.data());
+    for (int f : all) total += f;
+    if (comm.rank() == 0) std::printf("comm_collectives_test: %d ranks, %d failures\n", p, total);
+    return total == 0 ? 0 : 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "rank %d: error: %s\n", g_rank, e.what());
+    return 3;
+  }
+}

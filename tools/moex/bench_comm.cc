@@ -1,0 +1,208 @@
+// `moex bench-comm`: nccl-tests for MoEX's collectives. For each algorithm and size (doubling) it prints
+// time, algbw and busbw (nccl-tests formulas), busbw as % of the peak copy bandwidth between two ranks
+// measured in the same run, and auto's choice against the fastest. Every result is checked; a wrong one
+// fails the run (exit 1). Run it under mpirun: mpirun -np 4 moex bench-comm.
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "moex/base/error.h"
+#include "moex/comm/communicator.h"
+#include "moex/comm/measure.h"
+#include "moex/comm/selector.h"
+#include "tools/moex/command.h"
+
+namespace moex::tools {
+namespace {
+
+struct BenchCommFlags {
+  std::string collective = "allreduce";
+  std::string dtype = "f32";
+  std::string algos;  // comma list; empty: all
+  std::string min_bytes = "8", max_bytes = "256M";
+  int iters = 20, warmup = 3;
+  bool json = false;
+  std::string plot;
+  std::string tuning;
+  std::string allreduce_algo, alltoall_algo;
+};
+
+std::string human_bytes(uint64_t bytes) {
+  char text[32];
+  if (bytes >= (1ull << 20)) std::snprintf(text, sizeof(text), "%lluM", static_cast<unsigned long long>(bytes >> 20));
+  else if (bytes >= (1ull << 10)) std::snprintf(text, sizeof(text), "%lluK", static_cast<unsigned long long>(bytes >> 10));
+  else std::snprintf(text, sizeof(text), "%llu", static_cast<unsigned long long>(bytes));
+  return text;
+}
+
+struct Row {
+  uint64_t bytes;
+  std::string algo;
+  double time_us, algbw_gbps, busbw_gbps, pct_peak;
+  bool correct;
+  double max_error;
+  uint64_t bytes_sent;
+  std::string chosen;  // for auto: what ran
+};
+
+void write_plot(const std::string& path, const std::vector<Row>& rows, const std::vector<std::string>& algos,
+                const std::string& title, double peak_gbps) {
+  const std::string data_path = path + ".dat", script_path = path + ".gp";
+  std::ofstream data(data_path);
+  for (const auto& algo : algos) {
+    data << "# " << algo << "\n";
+    for (const auto& row : rows)
+      if (row.algo == algo && row.bytes > 0) data << row.bytes << " " << row.busbw_gbps << "\n";
+    data << "\n\n";
+  }
+  data.close();
+  std::ofstream script(script_path);
+  script << "set terminal pngcairo size 1100,650 noenhanced\nset output '" << path << "'\n"
+         << "set title '" << title << "'\nset logscale x 2\nset format x '%.0b%B'\n"
+         << "set xlabel 'message size (bytes)'\nset ylabel 'busbw (GB/s)'\nset key top left\nset grid\n";
+  if (peak_gbps > 0) script << "set arrow from graph 0, first " << peak_gbps << " to graph 1, first " << peak_gbps
+                            << " nohead dt 2\nset label 'peak copy " << peak_gbps << " GB/s' at graph 0.02, first "
+                            << peak_gbps * 1.03 << "\n";
+  script << "plot ";
+  for (size_t i = 0; i < algos.size(); ++i)
+    script << (i ? ", " : "") << "'" << data_path << "' index " << i << " using 1:2 with linespoints title '"
+           << algos[i] << "'";
+  script << "\n";
+  script.close();
+  const std::string command = "gnuplot '" + script_path + "' 2>&1";
+  MOEX_CHECK_INPUT(std::system(command.c_str()) == 0, "--plot: gnuplot failed on ", script_path,
+                   " (is gnuplot installed? apt-get install gnuplot-nox)");
+}
+
+void run_bench_comm(const BenchCommFlags& flags) {
+  comm::set_comm_options(comm::comm_options_from_flags(flags.allreduce_algo, flags.alltoall_algo, flags.tuning));
+  comm::Communicator& world = comm::init();
+  const int p = world.size();
+  const bool leader = world.rank() == 0;
+  const auto collective = comm::collective_from_name(flags.collective);
+  MOEX_CHECK_INPUT(collective == comm::Collective::kAllreduce || collective == comm::Collective::kAlltoall,
+                   "--collective: '", flags.collective, "' is not benchmarked; use allreduce or alltoall");
+  const auto dtype = comm::comm_dtype_from_name(flags.dtype);
+  MOEX_CHECK_INPUT(dtype.has_value(), "--dtype: '", flags.dtype, "' is not one of f32, bf16, fp8");
+  const bool is_allreduce = collective == comm::Collective::kAllreduce;
+  const uint64_t min_bytes = std::max<uint64_t>(comm::parse_byte_size(flags.min_bytes, "--min-bytes"), 1);
+  const uint64_t max_bytes = comm::parse_byte_size(flags.max_bytes, "--max-bytes");
+  MOEX_CHECK_INPUT(min_bytes <= max_bytes, "--min-bytes must not exceed --max-bytes");
+  MOEX_CHECK_INPUT(flags.iters >= 1 && flags.warmup >= 0, "--iters must be >= 1 and --warmup >= 0");
+
+  std::vector<std::string> algos;
+  if (flags.algos.empty()) {
+    if (is_allreduce) for (auto a : comm::all_allreduce_algos()) algos.emplace_back(comm::algo_name(a));
+    else for (auto a : comm::all_alltoall_algos()) algos.emplace_back(comm::algo_name(a));
+  } else {
+    size_t pos = 0;
+    while (pos <= flags.algos.size()) {
+      const size_t comma = std::min(flags.algos.find(',', pos), flags.algos.size());
+      algos.push_back(flags.algos.substr(pos, comma - pos));
+      pos = comma + 1;
+    }
+    for (const auto& name : algos) {
+      if (is_allreduce) comm::parse_allreduce_algo(name, "--algos");
+      else comm::parse_alltoall_algo(name, "--algos");
+    }
+  }
+  algos.erase(std::remove(algos.begin(), algos.end(), "auto"), algos.end());
+  std::vector<std::string> measured = algos;
+  measured.push_back("auto");
+
+  const double peak = p >= 2 ? comm::measure_peak_copy_bandwidth(world, std::max<uint64_t>(max_bytes, 16 << 20) > (64ull << 20) ? 64ull << 20 : std::max<uint64_t>(max_bytes, 16 << 20)) : 0.0;
+  const double peak_gbps = peak / 1e9;
+  const size_t elem = is_allreduce ? comm::comm_dtype_buffer_size(*dtype) : 1;
+  const double bus_factor = is_allreduce ? 2.0 * (p - 1) / p : static_cast<double>(p - 1) / p;
+  if (leader && !flags.json) {
+    std::printf("# moex bench-comm: %s, %d ranks, dtype %s, iters %d (fewer above 16M), warmup %d\n",
+                flags.collective.c_str(), p, flags.dtype.c_str(), flags.iters, flags.warmup);
+    std::printf("# peak copy bandwidth between two ranks (shared memory, pipelined memcpy): %.2f GB/s\n", peak_gbps);
+    std::printf("# busbw = algbw * %s; time is the median over iterations of the slowest rank\n",
+                is_allreduce ? "2(p-1)/p" : "(p-1)/p");
+    std::printf("%10s %-13s %11s %9s %9s %7s %6s %11s %s\n", "bytes", "algo", "time(us)", "algbw", "busbw",
+                "%peak", "check", "sent(B)", "note");
+  }
+  std::vector<Row> rows;
+  bool all_correct = true;
+  for (uint64_t bytes = min_bytes; bytes <= max_bytes; bytes *= 2) {
+    const size_t count = is_allreduce ? bytes / elem : bytes / p;  // alltoall: bytes per rank, split over peers
+    const uint64_t actual = is_allreduce ? count * elem : count * p;
+    const int iters = bytes >= (16u << 20) ? std::max(3, std::min(flags.iters, static_cast<int>((1ull << 30) / bytes))) : flags.iters;
+    double fastest_us = 1e300;
+    std::string fastest;
+    for (const auto& name : measured) {
+      comm::Measurement m;
+      if (is_allreduce) {
+        m = comm::measure_allreduce(world, *comm::allreduce_algo_from_name(name), *dtype, count, flags.warmup, iters);
+      } else {
+        m = comm::measure_alltoall(world, *comm::alltoall_algo_from_name(name), count, flags.warmup, iters);
+      }
+      Row row{actual, name, m.seconds * 1e6, 0, 0, 0, m.correct, m.max_error, m.bytes_sent, std::string(m.algorithm)};
+      row.algbw_gbps = m.seconds > 0 ? actual / m.seconds / 1e9 : 0;
+      row.busbw_gbps = row.algbw_gbps * bus_factor;
+      row.pct_peak = peak_gbps > 0 ? 100.0 * row.busbw_gbps / peak_gbps : 0;
+      all_correct &= m.correct;
+      if (name != "auto" && row.time_us < fastest_us) fastest_us = row.time_us, fastest = name;
+      if (leader && !flags.json) {
+        std::string note = name == "auto" ? "-> " + row.chosen : "";
+        if (name == "auto") {
+          char text[96];
+          std::snprintf(text, sizeof(text), ", fastest %s %.1f us, auto/fastest %.3f", fastest.c_str(), fastest_us,
+                        row.time_us / fastest_us);
+          note += text;
+        }
+        std::printf("%10s %-13s %11.1f %9.3f %9.3f %7.1f %6s %11llu %s\n", human_bytes(actual).c_str(), name.c_str(),
+                    row.time_us, row.algbw_gbps, row.busbw_gbps, row.pct_peak, m.correct ? "ok" : "WRONG",
+                    static_cast<unsigned long long>(m.bytes_sent), note.c_str());
+        std::fflush(stdout);
+      }
+      rows.push_back(std::move(row));
+    }
+  }
+  if (leader && flags.json) {
+    nlohmann::json results = nlohmann::json::array();
+    for (const auto& row : rows)
+      results.push_back({{"bytes", row.bytes}, {"algo", row.algo}, {"ran", row.chosen}, {"time_us", row.time_us},
+                         {"algbw_GBps", row.algbw_gbps}, {"busbw_GBps", row.busbw_gbps}, {"pct_peak", row.pct_peak},
+                         {"correct", row.correct}, {"max_error", row.max_error}, {"bytes_sent", row.bytes_sent}});
+    nlohmann::json doc = {{"collective", flags.collective}, {"ranks", p}, {"dtype", flags.dtype},
+                          {"peak_copy_GBps", peak_gbps}, {"results", results}};
+    std::printf("%s\n", doc.dump(1).c_str());
+  }
+  if (leader && !flags.plot.empty()) {
+    char title[160];
+    std::snprintf(title, sizeof(title), "moex bench-comm %s, %d ranks, %s", flags.collective.c_str(), p,
+                  flags.dtype.c_str());
+    write_plot(flags.plot, rows, measured, title, peak_gbps);
+    if (!flags.json) std::printf("# plot written to %s\n", flags.plot.c_str());
+  }
+  if (!all_correct) throw_error(ErrorKind::kInternal, "bench-comm: some results were WRONG (see the check column)");
+}
+
+void setup_bench_comm(CLI::App& app) {
+  auto flags = std::make_shared<BenchCommFlags>();
+  auto* cmd = app.add_subcommand("bench-comm", "Benchmark collective algorithms like nccl-tests (run under mpirun)");
+  cmd->add_option("--collective", flags->collective, "allreduce or alltoall")->capture_default_str();
+  cmd->add_option("--dtype", flags->dtype, "f32, bf16 or fp8 (all-reduce)")->capture_default_str();
+  cmd->add_option("--algos", flags->algos, "comma list of algorithms (default: all)");
+  cmd->add_option("--min-bytes", flags->min_bytes, "smallest size (8, 64K, 1M, ...)")->capture_default_str();
+  cmd->add_option("--max-bytes", flags->max_bytes, "largest size")->capture_default_str();
+  cmd->add_option("--iters", flags->iters, "timed iterations per size")->capture_default_str();
+  cmd->add_option("--warmup", flags->warmup, "untimed iterations per size")->capture_default_str();
+  cmd->add_flag("--json", flags->json, "print JSON instead of the table");
+  cmd->add_option("--plot", flags->plot, "write busbw vs size to this PNG (gnuplot)");
+  cmd->add_option("--comm-tuning", flags->tuning, "tuning table from `moex tune-comm` for auto");
+  cmd->add_option("--allreduce-algo", flags->allreduce_algo, "force auto's all-reduce choice");
+  cmd->add_option("--alltoall-algo", flags->alltoall_algo, "force auto's all-to-all choice");
+  cmd->callback([flags] { run_bench_comm(*flags); });
+}
+MOEX_REGISTER_COMMAND(setup_bench_comm);
+
+}  // namespace
+}  // namespace moex::tools
