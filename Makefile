@@ -27,11 +27,11 @@ run: build $(MODEL)/config.json
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j1
 
-# Unit tests once under AddressSanitizer + UndefinedBehaviorSanitizer (CI runs this too).
+# Unit and bad-input tests once more under AddressSanitizer + UndefinedBehaviorSanitizer (CI runs this too).
 asan: deps
 	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOEX_SANITIZE=ON
 	cmake --build build-asan -j$(JOBS) --target moex_unit_tests moex
-	cd build-asan && ctest --output-on-failure -L sanitize
+	cd build-asan && ctest --output-on-failure -L 'unit|cli'
 
 # libFuzzer on the safetensors reader (clang from Debian); FUZZ_SECONDS bounds the run.
 FUZZ_SECONDS ?= 30

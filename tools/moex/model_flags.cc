@@ -1,6 +1,7 @@
 #include "tools/moex/model_flags.h"
 
 #include "moex/base/threads.h"
+#include "moex/comm/selector.h"
 
 namespace moex::tools {
 
@@ -12,17 +13,40 @@ void ModelFlags::add_to(CLI::App* cmd) {
   cmd->add_option("--router-fusion", router_fusion, "Router: none | topk_softmax | full")->capture_default_str();
   cmd->add_option("--capacity-factor", capacity_factor, "Expert capacity factor; <= 0 is dropless")
       ->capture_default_str();
-  cmd->add_option("--threads", threads, "Threads (0: all cores)")->capture_default_str();
+  cmd->add_option("--threads", threads, "Threads per rank (0: all cores)")->capture_default_str();
+  cmd->add_option("--moe-parallel", plan.moe, "MoE over ranks: tp | ep | tpxep")->capture_default_str();
+  cmd->add_option("--attn-parallel", plan.attn, "Attention over ranks: tp (heads) | dp (sequences)")
+      ->capture_default_str();
+  cmd->add_option("--tp", plan.tp, "TP group size (tpxep; default derived)");
+  cmd->add_option("--ep", plan.ep, "EP group size (tpxep; default derived)");
+  cmd->add_option("--comm-dtype", plan.comm_dtype, "Activations between ranks: fp32 | bf16 | fp8")
+      ->capture_default_str();
+  cmd->add_flag("--overlap", plan.overlap, "Overlap the MoE all-reduce with the expert computation (chunked)");
+  cmd->add_option("--allreduce-algo", allreduce_algo, "auto | ring | rd | rabenseifner | nhr | mesh | shm | mpi");
+  cmd->add_option("--alltoall-algo", alltoall_algo, "auto | pairwise | bruck | mpi");
+  cmd->add_option("--comm-tuning", comm_tuning, "Tuning table from `moex tune-comm` (JSON)");
+}
+
+comm::Communicator& ModelFlags::world() const {
+  comm::set_comm_options(comm::comm_options_from_flags(allreduce_algo, alltoall_algo, comm_tuning));
+  return comm::world();
 }
 
 std::unique_ptr<MixtralModel> ModelFlags::load(int batch) const {
   set_num_threads(threads);
+  comm::Communicator& comm = world();
+  const ModelConfig config = load_model_config(model_dir + "/config.json");
   ModelOptions options;
   options.max_seq_len = max_seq_len;
   options.max_batch = batch;
   options.max_step_tokens = max_step_tokens;
   options.router_fusion = router_fusion_from_name(router_fusion);
   options.capacity_factor = capacity_factor;
+  options.plan = make_parallel_plan(plan,
+                                    {config.num_attention_heads, config.num_key_value_heads, config.num_local_experts,
+                                     config.intermediate_size},
+                                    comm.size(), comm.rank());
+  options.comm = &comm;
   return std::make_unique<MixtralModel>(model_dir, options);
 }
 

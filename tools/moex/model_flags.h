@@ -1,10 +1,12 @@
-// Flags every command that loads a model shares (--model, --max-seq-len, --router-fusion, ...).
+// Flags every command that loads a model shares (--model, --max-seq-len, --router-fusion, the parallel
+// plan and the collectives' algorithms), and the model they build on this rank.
 #pragma once
 #include <memory>
 #include <string>
 
 #include <CLI/CLI.hpp>
 
+#include "moex/comm/communicator.h"
 #include "moex/model/mixtral.h"
 
 namespace moex::tools {
@@ -16,10 +18,21 @@ struct ModelFlags {
   std::string router_fusion = "full";
   float capacity_factor = 0.0f;
   int threads = 0;
+  // Parallel execution over the ranks mpirun started (a single process is world size 1).
+  PlanRequest plan;
+  std::string allreduce_algo, alltoall_algo, comm_tuning;
 
   void add_to(CLI::App* cmd);
-  // Applies --threads and builds the model for `batch` sequences.
+  // The world communicator, with --allreduce-algo / --alltoall-algo / MOEX_COMM_ALGO applied.
+  comm::Communicator& world() const;
+  // Applies --threads, builds the plan for this rank and loads its share of the model for `batch`
+  // sequence slots.
   std::unique_ptr<MixtralModel> load(int batch) const;
 };
+
+// Sequences are dealt to ranks round-robin under attention DP; everything else sees every sequence.
+inline bool rank_serves_sequence(const ParallelPlan& plan, int sequence) {
+  return plan.attn == AttnParallel::kTP || plan.single() || sequence % plan.world == plan.rank;
+}
 
 }  // namespace moex::tools

@@ -6,15 +6,16 @@
 #include "moex/base/error.h"
 #include "moex/base/threads.h"
 #include "moex/kernels/matmul.h"
+#include "moex/comm/codec.h"
 #include "moex/kernels/ops.h"
 #include "moex/profile/profile.h"
 
 namespace moex {
 
-KvCache::KvCache(const ModelConfig& c, int max_batch, int max_seq_len)
+KvCache::KvCache(const ModelConfig& c, int kv_heads, int max_batch, int max_seq_len)
     : max_batch_(max_batch),
       max_seq_len_(max_seq_len),
-      slot_floats_(static_cast<size_t>(c.num_key_value_heads) * max_seq_len * c.head_dim) {
+      slot_floats_(static_cast<size_t>(kv_heads) * max_seq_len * c.head_dim) {
   const size_t total = static_cast<size_t>(c.num_hidden_layers) * max_batch * slot_floats_;
   keys_.resize(total);
   values_.resize(total);
@@ -23,35 +24,36 @@ KvCache::KvCache(const ModelConfig& c, int max_batch, int max_seq_len)
 static const ModelOptions& validated(const ModelOptions& options) {
   MOEX_CHECK_INPUT(options.max_seq_len > 0 && options.max_batch > 0 && options.max_step_tokens > 0,
                    "--max-seq-len, --batch and the step size must be positive");
+  MOEX_CHECK(options.plan.world == 1 || (options.comm && options.comm->size() == options.plan.world),
+             "the parallel plan needs a communicator of its world size");
   return options;
 }
 
 MixtralModel::MixtralModel(const std::string& model_dir, const ModelOptions& options)
     : config_(load_model_config(model_dir + "/config.json")),
       options_(options),
-      weights_(load_mixtral_weights(model_dir, config_)),
-      kv_cache_(config_, validated(options).max_batch, options.max_seq_len),
-      router_(config_.num_local_experts, config_.num_experts_per_tok, options.router_fusion, config_.norm_topk_prob),
-      batcher_(config_.num_local_experts, config_.num_experts_per_tok, options.capacity_factor),
+      weights_(load_mixtral_weights(model_dir, config_, validated(options).plan)),
+      kv_cache_(config_, weights_.kv_heads_local, options.max_batch, options.max_seq_len),
+      moe_(MoELayerShape{config_.hidden_size, weights_.intermediate_local, config_.num_local_experts,
+                         config_.num_experts_per_tok, config_.norm_topk_prob},
+           options.plan, options.comm, options.router_fusion, options.capacity_factor, options.max_step_tokens),
       moe_stats_(config_.num_hidden_layers) {
   const ModelConfig& c = config_;
-  const size_t T = options.max_step_tokens, d = c.hidden_size, k = c.num_experts_per_tok;
+  const size_t T = options.max_step_tokens, d = c.hidden_size;
+  const size_t q_local = static_cast<size_t>(weights_.heads_local) * c.head_dim,
+               kv_local = static_cast<size_t>(weights_.kv_heads_local) * c.head_dim;
   rope_cos_.resize(static_cast<size_t>(options.max_seq_len) * c.head_dim / 2);
   rope_sin_.resize(rope_cos_.size());
   kernels::rope_tables(options.max_seq_len, c.head_dim, c.rope_theta, rope_cos_.data(), rope_sin_.data());
   hidden_.resize(T * d);
   normed_.resize(T * d);
-  q_.resize(T * c.q_dim());
-  k_.resize(T * c.kv_dim());
-  v_.resize(T * c.kv_dim());
-  attn_out_.resize(T * c.q_dim());
+  q_.resize(T * q_local);
+  k_.resize(T * kv_local);
+  v_.resize(T * kv_local);
+  attn_out_.resize(T * q_local);
   attn_scratch_.resize(static_cast<size_t>(num_threads()) * options.max_seq_len);
-  expert_ids_.resize(T * k);
-  expert_weights_.resize(T * k);
-  gathered_.resize(T * k * d);
-  hidden_gate_.resize(T * k * c.intermediate_size);
-  hidden_up_.resize(T * k * c.intermediate_size);
-  expert_out_.resize(T * k * d);
+  if (tensor_parallel_attention()) attn_partial_.resize(T * d);
+  if (options.plan.comm_dtype == comm::CommDType::kBF16) bf16_buffer_.resize(T * d);
   final_rows_.resize(T * d);
 }
 
@@ -60,9 +62,9 @@ int64_t MixtralModel::weight_bytes_per_token() const {
   int64_t total = bytes(weights_.embed) / config_.vocab_size + bytes(weights_.final_norm) + bytes(weights_.lm_head);
   for (const LayerWeights& l : weights_.layers) {
     total += bytes(l.input_norm) + bytes(l.wq) + bytes(l.wk) + bytes(l.wv) + bytes(l.wo) + bytes(l.post_norm) +
-             bytes(l.gate);
-    const ExpertWeights& e = l.experts[0];
-    total += config_.num_experts_per_tok * (bytes(e.w1) + bytes(e.w3) + bytes(e.w2));
+             bytes(l.moe.gate);
+    const ExpertWeights& e = l.moe.local[0];  // per rank: k experts' slices at most
+    total += std::min(config_.num_experts_per_tok, l.moe.experts.count) * (bytes(e.w1) + bytes(e.w3) + bytes(e.w2));
   }
   return total;
 }
@@ -70,8 +72,9 @@ int64_t MixtralModel::weight_bytes_per_token() const {
 void MixtralModel::forward(const StepInput& step, float* logits) {
   const ModelConfig& c = config_;
   const int64_t T = step.num_tokens, d = c.hidden_size;
-  MOEX_CHECK_INPUT(T > 0 && T <= options_.max_step_tokens, "a step holds 1..", options_.max_step_tokens, " tokens, got ",
-                   T);
+  const bool may_be_empty = options_.plan.attn == AttnParallel::kDP && !options_.plan.single();
+  MOEX_CHECK_INPUT((T > 0 || may_be_empty) && T <= options_.max_step_tokens, "a step holds 1..",
+                   options_.max_step_tokens, " tokens, got ", T);
   for (int64_t t = 0; t < T; ++t) {
     MOEX_CHECK_INPUT(step.tokens[t] >= 0 && step.tokens[t] < c.vocab_size, "token id ", step.tokens[t],
                      " is outside the vocabulary (0..", c.vocab_size - 1, ")");
@@ -91,7 +94,8 @@ void MixtralModel::forward(const StepInput& step, float* logits) {
     attention_block(l, step);
     kernels::rmsnorm(hidden_.data(), T, d, lw.post_norm.data, lw.post_norm.dtype == DType::kBF16, c.rms_norm_eps,
                      normed_.data());
-    moe_block(l, T);
+    moe_.forward(l, lw.moe, normed_.data(), T, hidden_.data());
+    moe_stats_[l] = moe_.stats();
   }
 
   // Final norm and lm_head, only for the rows whose logits are wanted.
@@ -124,7 +128,7 @@ void MixtralModel::embed(const StepInput& step) {
 void MixtralModel::attention_block(int layer, const StepInput& step) {
   const ModelConfig& c = config_;
   const LayerWeights& lw = weights_.layers[layer];
-  const int64_t T = step.num_tokens, hd = c.head_dim, H = c.num_attention_heads, KV = c.num_key_value_heads;
+  const int64_t T = step.num_tokens, hd = c.head_dim, H = weights_.heads_local, KV = weights_.kv_heads_local;
   const int64_t max_seq = options_.max_seq_len;
   MOEX_ZONE_LAYER(kAttention, layer);
   kernels::matmul(normed_.data(), T, lw.wq, q_.data());  // [T, H*hd]
@@ -151,37 +155,26 @@ void MixtralModel::attention_block(int layer, const StepInput& step) {
                                    step.positions[t] + 1, attn_out_.data() + t * H * hd, scratch);
     }
   });
-  kernels::matmul(attn_out_.data(), T, lw.wo, hidden_.data(), /*accumulate=*/true);  // residual add
-}
-
-void MixtralModel::moe_block(int layer, int64_t tokens) {
-  const ModelConfig& c = config_;
-  const LayerWeights& lw = weights_.layers[layer];
-  const int64_t d = c.hidden_size, I = c.intermediate_size;
-  {
-    MOEX_ZONE_LAYER(kRouter, layer);
-    router_.route(normed_.data(), tokens, lw.gate, expert_ids_.data(), expert_weights_.data());
+  if (!tensor_parallel_attention()) {
+    kernels::matmul(attn_out_.data(), T, lw.wo, hidden_.data(), /*accumulate=*/true);  // residual add
+    return;
   }
+  // Attention TP: each rank's heads give a share of o_proj's output; one all-reduce sums them.
+  const int64_t d = c.hidden_size;
+  kernels::matmul(attn_out_.data(), T, lw.wo, attn_partial_.data());
   {
-    MOEX_ZONE_LAYER(kDispatch, layer);
-    batcher_.plan(expert_ids_.data(), tokens);
-    batcher_.gather(normed_.data(), d, gathered_.data());
-  }
-  {
-    MOEX_ZONE_LAYER(kExperts, layer);
-    const auto& offsets = batcher_.expert_offsets();
-    for (int e = 0; e < c.num_local_experts; ++e) {
-      const int64_t begin = offsets[e], rows = offsets[e + 1] - begin;
-      expert_ffn(lw.experts[e], gathered_.data() + begin * d, rows, hidden_gate_.data() + begin * I,
-                 hidden_up_.data() + begin * I, expert_out_.data() + begin * d);
+    MOEX_ZONE_LAYER(kAllReduce, layer);
+    const size_t count = static_cast<size_t>(T * d);
+    if (options_.plan.comm_dtype == comm::CommDType::kBF16) {
+      comm::f32_to_bf16_span(attn_partial_.data(), count, bf16_buffer_.data());
+      options_.comm->allreduce(bf16_buffer_.data(), count, comm::CommDType::kBF16);
+      comm::bf16_to_f32_span(bf16_buffer_.data(), count, attn_partial_.data());
+    } else {
+      options_.comm->allreduce(attn_partial_.data(), count, options_.plan.comm_dtype);
     }
   }
-  {
-    MOEX_ZONE_LAYER(kCombine, layer);
-    batcher_.combine(expert_out_.data(), expert_weights_.data(), tokens, d, hidden_.data(), /*accumulate=*/true);
-  }
-  moe_stats_[layer] = batcher_.stats();
-  profile::add_tokens_per_expert(layer, moe_stats_[layer].tokens_per_expert.data(), c.num_local_experts);
+  for (int64_t i = 0; i < T * d; ++i) hidden_[i] += attn_partial_[i];
 }
+
 
 }  // namespace moex

@@ -7,8 +7,11 @@
 
 #include "moex/model/config.h"
 #include "moex/model/weights.h"
+#include "moex/comm/communicator.h"
 #include "moex/moe/dynamic_batch.h"
 #include "moex/moe/gating.h"
+#include "moex/moe/moe_layer.h"
+#include "moex/moe/parallel_plan.h"
 
 namespace moex {
 
@@ -18,6 +21,8 @@ struct ModelOptions {
   int max_step_tokens = 512;      // tokens in one forward call (longer prompts are split by the caller)
   RouterFusion router_fusion = RouterFusion::kFull;
   float capacity_factor = 0.0f;   // <= 0: dropless
+  ParallelPlan plan;              // single rank unless set
+  comm::Communicator* comm = nullptr;  // required when plan.world > 1
 };
 
 // One forward call. Token t is tokens[t] of cache slot seq_slots[t] at position positions[t]; a slot's
@@ -33,9 +38,10 @@ struct StepInput {
 };
 
 // KV cache preallocated for max_batch x max_seq_len: [layer][slot][kv_head][position][head_dim], F32.
+// Under attention TP a rank caches only its KV heads.
 class KvCache {
  public:
-  KvCache(const ModelConfig& config, int max_batch, int max_seq_len);
+  KvCache(const ModelConfig& config, int kv_heads, int max_batch, int max_seq_len);
   float* k(int layer, int slot) { return keys_.data() + offset(layer, slot); }
   float* v(int layer, int slot) { return values_.data() + offset(layer, slot); }
   int max_seq_len() const { return max_seq_len_; }
@@ -58,7 +64,8 @@ class MixtralModel {
   const MixtralWeights& weights() const { return weights_; }
   const KvCache& kv_cache() const { return kv_cache_; }
 
-  // Runs one step; writes logits [num_logit_rows (or num_tokens), vocab] to `logits`.
+  // Runs one step; writes logits [num_logit_rows (or num_tokens), vocab] to `logits`. Under attention DP a
+  // rank may pass 0 tokens (its sequences are done) and still takes part in the step's collectives.
   // Throws Error(kInvalidInput) for a token id, slot or position out of range.
   void forward(const StepInput& step, float* logits);
 
@@ -68,30 +75,28 @@ class MixtralModel {
   int64_t weight_bytes_per_token() const;
 
  private:
+  bool tensor_parallel_attention() const {
+    return options_.plan.attn == AttnParallel::kTP && !options_.plan.single();
+  }
   void embed(const StepInput& step);
   void attention_block(int layer, const StepInput& step);
-  void moe_block(int layer, int64_t tokens);
 
   ModelConfig config_;
   ModelOptions options_;
   MixtralWeights weights_;
   KvCache kv_cache_;
-  GatingTopK router_;
-  MoEDynamicBatch batcher_;
+  MoELayer moe_;
   std::vector<MoELoadStats> moe_stats_;
 
   // Activations, preallocated for max_step_tokens (T below): nothing on the step path allocates.
   std::vector<float> rope_cos_, rope_sin_;  // [max_seq_len, hd/2]
   std::vector<float> hidden_;       // [T, d] residual stream
   std::vector<float> normed_;       // [T, d]
-  std::vector<float> q_, k_, v_;    // [T, H*hd], [T, KV*hd], [T, KV*hd]
-  std::vector<float> attn_out_;     // [T, H*hd]
+  std::vector<float> q_, k_, v_;    // [T, H_local*hd], [T, KV_local*hd], [T, KV_local*hd]
+  std::vector<float> attn_out_;     // [T, H_local*hd]
   std::vector<float> attn_scratch_; // [threads, max_seq_len] softmax rows
-  std::vector<int32_t> expert_ids_; // [T, k]
-  std::vector<float> expert_weights_;  // [T, k]
-  std::vector<float> gathered_;     // [T*k, d]
-  std::vector<float> hidden_gate_, hidden_up_;  // [T*k, I]
-  std::vector<float> expert_out_;   // [T*k, d]
+  std::vector<float> attn_partial_; // [T, d] this rank's o_proj share before the all-reduce (attention TP)
+  std::vector<uint16_t> bf16_buffer_;  // [T*d] bf16 all-reduce payload
   std::vector<float> final_rows_;   // [T, d] normed rows that need logits
 };
 

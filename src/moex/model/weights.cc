@@ -11,39 +11,64 @@ TensorView expect(const WeightStore& store, const std::string& name, Shape shape
                    shape.str());
   MOEX_CHECK_INPUT(view.dtype == DType::kBF16 || view.dtype == DType::kF32, "tensor \"", name, "\" has dtype ",
                    dtype_name(view.dtype), " (MoEX loads BF16 and F32 weights)");
-  MappedFile::prefault(view.data, view.bytes());
+  return view;
+}
+
+// Pages in exactly the bytes a (possibly strided) view covers.
+TensorView resident(const TensorView& view) {
+  if (view.row_stride == 0 || view.shape.rank != 2) {
+    MappedFile::prefault(view.data, view.bytes());
+  } else {
+    const size_t row_bytes = static_cast<size_t>(view.shape[1]) * dtype_size(view.dtype);
+    const size_t stride_bytes = static_cast<size_t>(view.row_stride) * dtype_size(view.dtype);
+    for (int64_t r = 0; r < view.shape[0]; ++r)
+      MappedFile::prefault(static_cast<const char*>(view.data) + r * stride_bytes, row_bytes);
+  }
   return view;
 }
 
 }  // namespace
 
-MixtralWeights load_mixtral_weights(const std::string& model_dir, const ModelConfig& c) {
+MixtralWeights load_mixtral_weights(const std::string& model_dir, const ModelConfig& c, const ParallelPlan& plan) {
   MixtralWeights w;
   w.store = std::make_unique<WeightStore>(model_dir);
   const WeightStore& s = *w.store;
-  const int64_t d = c.hidden_size, V = c.vocab_size, I = c.intermediate_size;
-  w.embed = expect(s, "model.embed_tokens.weight", {V, d});
-  w.final_norm = expect(s, "model.norm.weight", {d});
-  if (s.contains("lm_head.weight"))
-    w.lm_head = expect(s, "lm_head.weight", {V, d});
-  else {
+  const int64_t d = c.hidden_size, V = c.vocab_size, I = c.intermediate_size, hd = c.head_dim;
+  const SliceRange heads = local_heads(plan, c.num_attention_heads);
+  const SliceRange kv_heads = local_kv_heads(plan, c.num_attention_heads, c.num_key_value_heads);
+  const ExpertRange experts = local_experts(plan, c.num_local_experts);
+  const SliceRange inter = local_intermediate(plan, I);
+  w.heads_local = static_cast<int>(heads.end - heads.begin);
+  w.kv_heads_local = static_cast<int>(kv_heads.end - kv_heads.begin);
+  w.intermediate_local = inter.end - inter.begin;
+
+  w.embed = expect(s, "model.embed_tokens.weight", {V, d});  // rows are read on demand: not paged in
+  w.final_norm = resident(expect(s, "model.norm.weight", {d}));
+  if (s.contains("lm_head.weight")) {
+    w.lm_head = resident(expect(s, "lm_head.weight", {V, d}));
+  } else {
     MOEX_CHECK_INPUT(c.tie_word_embeddings, "checkpoint has no tensor \"lm_head.weight\" and tie_word_embeddings is false");
-    w.lm_head = w.embed;
+    w.lm_head = resident(w.embed);
   }
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     LayerWeights lw;
-    lw.input_norm = expect(s, p + "input_layernorm.weight", {d});
-    lw.wq = expect(s, p + "self_attn.q_proj.weight", {c.q_dim(), d});
-    lw.wk = expect(s, p + "self_attn.k_proj.weight", {c.kv_dim(), d});
-    lw.wv = expect(s, p + "self_attn.v_proj.weight", {c.kv_dim(), d});
-    lw.wo = expect(s, p + "self_attn.o_proj.weight", {d, c.q_dim()});
-    lw.post_norm = expect(s, p + "post_attention_layernorm.weight", {d});
-    lw.gate = expect(s, p + "block_sparse_moe.gate.weight", {c.num_local_experts, d});
+    lw.input_norm = resident(expect(s, p + "input_layernorm.weight", {d}));
+    lw.wq = resident(expect(s, p + "self_attn.q_proj.weight", {c.q_dim(), d}).rows(heads.begin * hd, heads.end * hd));
+    lw.wk = resident(expect(s, p + "self_attn.k_proj.weight", {c.kv_dim(), d}).rows(kv_heads.begin * hd, kv_heads.end * hd));
+    lw.wv = resident(expect(s, p + "self_attn.v_proj.weight", {c.kv_dim(), d}).rows(kv_heads.begin * hd, kv_heads.end * hd));
+    lw.wo = resident(expect(s, p + "self_attn.o_proj.weight", {d, c.q_dim()}).columns(heads.begin * hd, heads.end * hd));
+    lw.post_norm = resident(expect(s, p + "post_attention_layernorm.weight", {d}));
+    lw.moe.gate = resident(expect(s, p + "block_sparse_moe.gate.weight", {c.num_local_experts, d}));
+    lw.moe.experts = experts;
     for (int e = 0; e < c.num_local_experts; ++e) {
       const std::string q = p + "block_sparse_moe.experts." + std::to_string(e) + ".";
-      lw.experts.push_back({expect(s, q + "w1.weight", {I, d}), expect(s, q + "w3.weight", {I, d}),
-                            expect(s, q + "w2.weight", {d, I})});
+      // Every expert's shapes are checked, but only this rank's experts (and slices) are paged in.
+      const TensorView w1 = expect(s, q + "w1.weight", {I, d}), w3 = expect(s, q + "w3.weight", {I, d}),
+                       w2 = expect(s, q + "w2.weight", {d, I});
+      if (e < experts.first || e >= experts.first + experts.count) continue;
+      lw.moe.local.push_back({resident(w1.rows(inter.begin, inter.end)), resident(w3.rows(inter.begin, inter.end)),
+                              resident(w2.columns(inter.begin, inter.end))});
     }
     w.layers.push_back(std::move(lw));
   }

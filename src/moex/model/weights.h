@@ -1,4 +1,5 @@
-// The Mixtral weights as views into the checkpoint mapping, every shape checked against the config.
+// The Mixtral weights as views into the checkpoint mapping, every shape checked against the config, and
+// sliced to what this rank computes under its ParallelPlan. Only the slices are paged in.
 #pragma once
 #include <memory>
 #include <string>
@@ -7,30 +8,33 @@
 #include "moex/base/tensor.h"
 #include "moex/model/config.h"
 #include "moex/model/safetensors.h"
-#include "moex/moe/dynamic_batch.h"
+#include "moex/moe/moe_layer.h"
+#include "moex/moe/parallel_plan.h"
 
 namespace moex {
 
 struct LayerWeights {
   TensorView input_norm;  // [d]
-  TensorView wq;          // [H*hd, d]
-  TensorView wk;          // [KV*hd, d]
-  TensorView wv;          // [KV*hd, d]
-  TensorView wo;          // [d, H*hd]
+  TensorView wq;          // [H_local*hd, d]   this rank's query heads
+  TensorView wk;          // [KV_local*hd, d]
+  TensorView wv;          // [KV_local*hd, d]
+  TensorView wo;          // [d, H_local*hd]   a column slice under attention TP (strided)
   TensorView post_norm;   // [d]
-  TensorView gate;        // [E, d] router
-  std::vector<ExpertWeights> experts;  // [E]: w1 [I, d], w3 [I, d], w2 [d, I]
+  MoELayerWeights moe;    // router [E, d] and this rank's experts / expert slices
 };
 
 struct MixtralWeights {
   std::unique_ptr<WeightStore> store;  // owns the mappings the views point into
-  TensorView embed;     // [V, d]
+  TensorView embed;       // [V, d]
   std::vector<LayerWeights> layers;
   TensorView final_norm;  // [d]
   TensorView lm_head;     // [V, d] (the embedding when tie_word_embeddings)
+  int heads_local = 0, kv_heads_local = 0;
+  int64_t intermediate_local = 0;
 };
 
 // Throws Error(kInvalidInput) naming the tensor for a missing tensor, a wrong shape or an unsupported dtype.
-MixtralWeights load_mixtral_weights(const std::string& model_dir, const ModelConfig& config);
+MixtralWeights load_mixtral_weights(const std::string& model_dir, const ModelConfig& config,
+                                    const ParallelPlan& plan = ParallelPlan{});
 
 }  // namespace moex

@@ -4,11 +4,17 @@
 #include <cmath>
 #include <cstring>
 
+#include "moex/base/cpu.h"
 #include "moex/base/error.h"
+#include "moex/base/threads.h"
 #include "moex/kernels/matmul.h"
 #include "moex/kernels/ops.h"
 
 namespace moex {
+namespace {
+// Rows (or tokens) of d floats per thread task in gather/combine: below 2 tasks' worth, no fork/join.
+constexpr int64_t kRowsPerTask = 16;
+}  // namespace
 
 double MoELoadStats::max_over_mean() const {
   if (tokens_per_expert.empty()) return 0.0;
@@ -28,6 +34,7 @@ MoEDynamicBatch::MoEDynamicBatch(int num_experts, int top_k, float capacity_fact
   expert_offsets_.assign(num_experts + 1, 0);
   cursor_.assign(num_experts, 0);
   stats_.tokens_per_expert.assign(num_experts, 0);
+  stats_.drops_per_expert.assign(num_experts, 0);
 }
 
 int64_t MoEDynamicBatch::capacity_for(int64_t tokens, int num_experts, int top_k, float capacity_factor) {
@@ -44,6 +51,7 @@ void MoEDynamicBatch::plan(const int32_t* expert_ids, int64_t tokens) {
   assignment_row_.assign(assignments, -1);
   std::vector<int>& counts = stats_.tokens_per_expert;
   std::fill(counts.begin(), counts.end(), 0);
+  std::fill(stats_.drops_per_expert.begin(), stats_.drops_per_expert.end(), 0);
   stats_.drops = 0;
 
   // Pass 1, priority order (choice-major): decide which assignments fit. 0 marks "kept" for now.
@@ -53,6 +61,7 @@ void MoEDynamicBatch::plan(const int32_t* expert_ids, int64_t tokens) {
       MOEX_CHECK(e >= 0 && e < E, "expert id ", e, " out of range");
       if (capacity > 0 && counts[e] >= capacity) {
         ++stats_.drops;
+        ++stats_.drops_per_expert[e];
         continue;
       }
       ++counts[e];
@@ -82,33 +91,50 @@ void MoEDynamicBatch::plan(const int32_t* expert_ids, int64_t tokens) {
 
 void MoEDynamicBatch::gather(const float* x, int64_t d, float* gathered) const {
   const int64_t rows = static_cast<int64_t>(row_token_.size());
-  for (int64_t r = 0; r < rows; ++r) std::memcpy(gathered + r * d, x + int64_t{row_token_[r]} * d, d * sizeof(float));
+  parallel_for(rows, kRowsPerTask, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r)
+      std::memcpy(gathered + r * d, x + int64_t{row_token_[r]} * d, d * sizeof(float));
+  });
 }
 
 void MoEDynamicBatch::combine(const float* expert_out, const float* expert_weights, int64_t tokens, int64_t d,
                               float* out, bool accumulate) const {
   const int k = top_k_;
-  for (int64_t t = 0; t < tokens; ++t) {
-    float* y = out + t * d;
-    if (!accumulate) std::fill(y, y + d, 0.0f);
-    for (int j = 0; j < k; ++j) {
-      const int32_t row = assignment_row_[t * k + j];
-      if (row < 0) continue;  // dropped: contributes zero, the token keeps its residual
-      const float weight = expert_weights[t * k + j];
-      const float* src = expert_out + int64_t{row} * d;
-      for (int64_t i = 0; i < d; ++i) y[i] += weight * src[i];
+  parallel_for(tokens, kRowsPerTask, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      float* y = out + t * d;
+      if (!accumulate) std::fill(y, y + d, 0.0f);
+      for (int j = 0; j < k; ++j) {
+        const int32_t row = assignment_row_[t * k + j];
+        if (row < 0) continue;  // dropped: contributes zero, the token keeps its residual
+        const float weight = expert_weights[t * k + j];
+        const float* src = expert_out + int64_t{row} * d;
+        for (int64_t i = 0; i < d; ++i) y[i] += weight * src[i];
+      }
     }
-  }
+  });
 }
+
+namespace experts {
+void matmul(const float* x, int64_t rows, const TensorView& w, float* y) {
+  MOEX_CHECK(w.shape.rank == 2 && (w.dtype == DType::kBF16 || w.dtype == DType::kF32), "expert weight ",
+             w.shape.str());
+  if (rows < kBlockedMinRows || !use_x86_kernels()) {
+    kernels::matmul(x, rows, w, y);
+    return;
+  }
+  parallel_for(w.shape[0], 32, [&](int64_t begin, int64_t end) { x86::matmul_rows_avx512(x, rows, w, y, begin, end); });
+}
+}  // namespace experts
 
 void expert_ffn(const ExpertWeights& w, const float* x, int64_t rows, float* hidden_gate, float* hidden_up,
                 float* out) {
   if (rows == 0) return;
   const int64_t intermediate = w.w1.shape[0];
-  kernels::matmul(x, rows, w.w1, hidden_gate);  // [rows, I]
-  kernels::matmul(x, rows, w.w3, hidden_up);    // [rows, I]
+  experts::matmul(x, rows, w.w1, hidden_gate);  // [rows, I]
+  experts::matmul(x, rows, w.w3, hidden_up);    // [rows, I]
   kernels::silu_mul(hidden_gate, hidden_up, rows * intermediate, hidden_gate);
-  kernels::matmul(hidden_gate, rows, w.w2, out);  // [rows, d]
+  experts::matmul(hidden_gate, rows, w.w2, out);  // [rows, d]
 }
 
 }  // namespace moex

@@ -22,6 +22,7 @@ struct ExpertWeights {
 // One MoE layer's load in one step: what the profiler and the benchmarks report.
 struct MoELoadStats {
   std::vector<int> tokens_per_expert;  // [E] assignments kept per expert
+  std::vector<int> drops_per_expert;   // [E] assignments routed to the expert but over its capacity
   int64_t assignments = 0;             // T * k
   int64_t drops = 0;                   // assignments over capacity
   int64_t capacity = 0;                // 0 when dropless
@@ -44,10 +45,10 @@ class MoEDynamicBatch {
   const std::vector<int32_t>& assignment_row() const { return assignment_row_; }
   const MoELoadStats& stats() const { return stats_; }
 
-  // x [T, d] -> gathered [rows, d] in plan order.
+  // x [T, d] -> gathered [rows, d] in plan order. Threads split rows.
   void gather(const float* x, int64_t d, float* gathered) const;
   // out [T, d] = sum_j weight[t, j] * expert_out[row(t, j)], choices added in order j = 0..k-1;
-  // `accumulate` adds onto out instead of overwriting it.
+  // `accumulate` adds onto out instead of overwriting it. Threads split tokens (the order per token is fixed).
   void combine(const float* expert_out, const float* expert_weights, int64_t tokens, int64_t d, float* out,
                bool accumulate) const;
 
@@ -64,6 +65,18 @@ class MoEDynamicBatch {
   std::vector<int64_t> cursor_;
   MoELoadStats stats_;
 };
+
+namespace experts {
+// Rows at which an expert's matmul switches from the GEMV-shaped kernels::matmul to the 4x4-blocked kernel.
+constexpr int64_t kBlockedMinRows = 4;
+// y [rows, N] = x [rows, K] @ w [N, K]^T for an expert's gathered rows; threads split N. Bitwise the same
+// as kernels::matmul, faster once rows >= kBlockedMinRows (4 tokens x 4 weight rows per register block).
+void matmul(const float* x, int64_t rows, const TensorView& w, float* y);
+namespace x86 {
+void matmul_rows_avx512(const float* x, int64_t tokens, const TensorView& w, float* y, int64_t n_begin,
+                        int64_t n_end);
+}  // namespace x86
+}  // namespace experts
 
 // SwiGLU FFN of one expert over `rows` gathered tokens: out [rows, d] = w2(silu(w1 x) * w3 x).
 // hidden_gate/hidden_up are scratch [rows, I].

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "moex/base/cpu.h"
 #include "moex/base/error.h"
 #include "moex/base/threads.h"
 #include "moex/kernels/matmul.h"
@@ -59,6 +60,35 @@ void weights_from_logits(const float* all_logits, int num_experts, int k, bool n
   }
 }
 
+void router_logits(const float* x, int64_t tokens, const TensorView& w_gate, float* logits) {
+  const int64_t d = w_gate.shape[1], E = w_gate.shape[0];
+  const bool simd = use_x86_kernels();
+  parallel_for(tokens, kTokensPerTask, [&](int64_t begin, int64_t end) {
+    if (simd)
+      x86::router_logits_avx512(x + begin * d, end - begin, w_gate, logits + begin * E);
+    else
+      kernels::matmul_single_thread(x + begin * d, end - begin, w_gate, logits + begin * E);
+  });
+}
+
+void route_fused(const float* x, int64_t tokens, const TensorView& w_gate, int k, bool norm_topk_prob,
+                 int32_t* expert_ids, float* expert_weights) {
+  const int E = static_cast<int>(w_gate.shape[0]);
+  const int64_t d = w_gate.shape[1];
+  MOEX_CHECK(E <= kMaxFusedExperts, "fused router: ", E, " experts > ", kMaxFusedExperts);
+  if (use_x86_kernels()) {
+    x86::route_fused_avx512(x, tokens, w_gate, k, norm_topk_prob, expert_ids, expert_weights);
+    return;
+  }
+  // Scalar path: one token's logits at a time on the stack.
+  float logits[kMaxFusedExperts];
+  for (int64_t t = 0; t < tokens; ++t) {
+    kernels::matmul_single_thread(x + t * d, 1, w_gate, logits);
+    top_k(logits, E, k, expert_ids + t * k, expert_weights + t * k);
+    weights_from_logits(logits, E, k, norm_topk_prob, expert_weights + t * k);
+  }
+}
+
 }  // namespace gating
 
 GatingTopK::GatingTopK(int num_experts, int top_k, RouterFusion fusion, bool norm_topk_prob)
@@ -69,33 +99,23 @@ GatingTopK::GatingTopK(int num_experts, int top_k, RouterFusion fusion, bool nor
 
 void GatingTopK::route(const float* x, int64_t tokens, const TensorView& w_gate, int32_t* expert_ids,
                        float* expert_weights) {
-  MOEX_CHECK(w_gate.shape.rank == 2 && w_gate.shape[0] == num_experts_);
+  MOEX_CHECK(w_gate.shape.rank == 2 && w_gate.shape[0] == num_experts_ &&
+                 (w_gate.dtype == DType::kBF16 || w_gate.dtype == DType::kF32),
+             "router gate ", w_gate.shape.str());
+  if (tokens <= 0) return;
   const int64_t d = w_gate.shape[1];
   const int E = num_experts_, k = top_k_;
-  if (fusion_ == RouterFusion::kFull) {
-    // A block of tokens at a time: its [block, E] logits stay on the stack (L1) from matmul to softmax.
-    constexpr int64_t kBlock = 16;
-    parallel_for(tokens, kBlock, [&](int64_t begin, int64_t end) {
-      float block_logits[kBlock * 256];
-      const int64_t block = E <= 256 ? kBlock : 1;
-      std::vector<float> wide(E > 256 ? E : 0);  // more than 256 experts: one token at a time, heap row
-      for (int64_t t0 = begin; t0 < end; t0 += block) {
-        const int64_t n = std::min(block, end - t0);
-        float* logits = E <= 256 ? block_logits : wide.data();
-        kernels::matmul_single_thread(x + t0 * d, n, w_gate, logits);
-        for (int64_t t = 0; t < n; ++t) {
-          int32_t* ids = expert_ids + (t0 + t) * k;
-          float* weights = expert_weights + (t0 + t) * k;
-          gating::top_k(logits + t * E, E, k, ids, weights);
-          gating::weights_from_logits(logits + t * E, E, k, norm_topk_prob_, weights);
-        }
-      }
+  if (fusion_ == RouterFusion::kFull && E <= gating::kMaxFusedExperts) {
+    // Threads take blocks of tokens; T <= kTokensPerTask (decode) runs inline: no fork/join, no allocation.
+    parallel_for(tokens, gating::kTokensPerTask, [&](int64_t begin, int64_t end) {
+      gating::route_fused(x + begin * d, end - begin, w_gate, k, norm_topk_prob_, expert_ids + begin * k,
+                          expert_weights + begin * k);
     });
     return;
   }
-  if (static_cast<int64_t>(logits_.size()) < tokens * E) logits_.resize(tokens * E);
-  kernels::matmul(x, tokens, w_gate, logits_.data());
-  if (fusion_ == RouterFusion::kTopkSoftmax) {
+  if (static_cast<int64_t>(logits_.size()) < tokens * E) logits_.resize(tokens * E);  // grows once
+  gating::router_logits(x, tokens, w_gate, logits_.data());
+  if (fusion_ != RouterFusion::kNone) {  // kTopkSoftmax, or kFull with more experts than the stack holds
     for (int64_t t = 0; t < tokens; ++t) {
       gating::top_k(logits_.data() + t * E, E, k, expert_ids + t * k, expert_weights + t * k);
       gating::weights_from_logits(logits_.data() + t * E, E, k, norm_topk_prob_, expert_weights + t * k);

@@ -37,6 +37,27 @@ class GatingTopK {
 };
 
 namespace gating {
+// Tokens handed to one thread at a time by every mode: the same split for the floor and the fused pass.
+constexpr int64_t kTokensPerTask = 8;
+// Experts up to which the fused pass keeps a token block's logits on the stack (beyond: per-token heap row).
+constexpr int kMaxFusedExperts = 256;
+
+// The bare gating matmul, logits [T, E] = x [T, d] @ w_gate [E, d]^T, threads split tokens (E is too
+// small to split): the floor the fused router is measured against, and the first pass of the unfused modes.
+// The same register kernel as route_fused (all E rows per x load), so it differs only in writing logits.
+void router_logits(const float* x, int64_t tokens, const TensorView& w_gate, float* logits);
+
+// The `full` pass over tokens [0, tokens) on the calling thread: per block of tokens, dot products in
+// registers, then top-k and weights; the block's logits never leave L1. E <= kMaxFusedExperts.
+// Bitwise the same logits as kernels::matmul (same lane order and reduction), so every mode agrees exactly.
+void route_fused(const float* x, int64_t tokens, const TensorView& w_gate, int k, bool norm_topk_prob,
+                 int32_t* expert_ids, float* expert_weights);
+namespace x86 {
+void router_logits_avx512(const float* x, int64_t tokens, const TensorView& w_gate, float* logits);
+void route_fused_avx512(const float* x, int64_t tokens, const TensorView& w_gate, int k, bool norm_topk_prob,
+                        int32_t* expert_ids, float* expert_weights);
+}  // namespace x86
+
 // Top-k of one token's E logits, best first, lower index on ties. ids [k], values [k].
 void top_k(const float* logits, int num_experts, int k, int32_t* ids, float* values);
 // From the chosen logits to routing weights, in place (see the header comment for both variants).

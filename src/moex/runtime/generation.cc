@@ -1,5 +1,6 @@
 #include "moex/runtime/generation.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "moex/base/error.h"
@@ -45,52 +46,99 @@ void prefill(MixtralModel& model, int slot, const std::vector<int>& prompt, floa
   }
 }
 
+int64_t prefill_steps(const MixtralModel& model, int64_t length) {
+  const int64_t chunk = model.options().max_step_tokens;
+  return (length + chunk - 1) / chunk;
+}
+
+void idle_step(MixtralModel& model) {
+  StepInput step;  // zero tokens
+  model.forward(step, nullptr);
+}
+
+namespace {
+
+// Every rank's value of `local`, in rank order (the communicator's all-gather; one rank: just local).
+std::vector<int64_t> gather_counts(const MixtralModel& model, int64_t local) {
+  const ParallelPlan& plan = model.options().plan;
+  std::vector<int64_t> all(plan.world, local);
+  if (!plan.single()) model.options().comm->allgather(&local, sizeof(local), all.data());
+  return all;
+}
+
+int64_t max_of(const std::vector<int64_t>& values) { return *std::max_element(values.begin(), values.end()); }
+int64_t sum_of(const std::vector<int64_t>& values) {
+  int64_t total = 0;
+  for (int64_t v : values) total += v;
+  return total;
+}
+
+}  // namespace
+
 GenerationResult generate(MixtralModel& model, const std::vector<std::vector<int>>& prompts,
                           const GenerationOptions& options, const std::function<void(int, int)>& on_token) {
   const int batch = static_cast<int>(prompts.size());
   const int vocab = model.config().vocab_size;
-  MOEX_CHECK_INPUT(batch >= 1 && batch <= model.options().max_batch, "batch of ", batch,
+  const ParallelPlan& plan = model.options().plan;
+  const bool data_parallel = plan.attn == AttnParallel::kDP && !plan.single();
+  // The sequences this rank serves, each in its own cache slot.
+  std::vector<int> mine;
+  for (int s = 0; s < batch; ++s)
+    if (!data_parallel || s % plan.world == plan.rank) mine.push_back(s);
+  const int local = static_cast<int>(mine.size());
+  MOEX_CHECK_INPUT(batch >= 1 && local <= model.options().max_batch, "batch of ", batch,
                    " sequences does not fit: the model was set up for ", model.options().max_batch);
   Sampler sampler(options.sampler);
   GenerationResult result;
   result.new_tokens.resize(batch);
-  std::vector<float> logits(static_cast<size_t>(batch) * vocab);
-  std::vector<int32_t> next(batch), lengths(batch);
-  std::vector<bool> live(batch, true);
+  std::vector<float> logits(static_cast<size_t>(std::max(local, 1)) * vocab);
+  std::vector<int32_t> next(local), lengths(local);
+  std::vector<bool> live(local, true);
 
   auto start = std::chrono::steady_clock::now();
-  for (int s = 0; s < batch; ++s) {
-    prefill(model, s, prompts[s], logits.data() + static_cast<size_t>(s) * vocab);
-    lengths[s] = static_cast<int32_t>(prompts[s].size());
-    result.prefill_tokens += lengths[s];
+  int64_t my_prefill_steps = 0, my_prefill_tokens = 0;
+  for (int i = 0; i < local; ++i) {
+    prefill(model, i, prompts[mine[i]], logits.data() + static_cast<size_t>(i) * vocab);
+    lengths[i] = static_cast<int32_t>(prompts[mine[i]].size());
+    my_prefill_tokens += lengths[i];
+    my_prefill_steps += prefill_steps(model, lengths[i]);
   }
+  if (data_parallel)
+    for (int64_t i = my_prefill_steps; i < max_of(gather_counts(model, my_prefill_steps)); ++i) idle_step(model);
   result.prefill_seconds = seconds_since(start);
+  result.prefill_tokens = data_parallel ? sum_of(gather_counts(model, my_prefill_tokens)) : my_prefill_tokens;
 
-  const auto accept = [&](int s, int token) {
+  const auto accept = [&](int i, int token) {
+    const int s = mine[i];
     result.new_tokens[s].push_back(token);
     if (on_token) on_token(s, token);
     if ((options.stop_at_eos && token == model.config().eos_token_id) ||
         static_cast<int>(result.new_tokens[s].size()) >= options.max_new_tokens ||
-        lengths[s] >= model.options().max_seq_len)
-      live[s] = false;
-    next[s] = token;
+        lengths[i] >= model.options().max_seq_len)
+      live[i] = false;
+    next[i] = token;
   };
-  if (options.max_new_tokens <= 0) return result;
-  for (int s = 0; s < batch; ++s) accept(s, sampler.sample(logits.data() + static_cast<size_t>(s) * vocab, vocab));
+  if (options.max_new_tokens > 0) {
+    for (int i = 0; i < local; ++i) accept(i, sampler.sample(logits.data() + static_cast<size_t>(i) * vocab, vocab));
+  } else {
+    std::fill(live.begin(), live.end(), false);
+  }
 
   start = std::chrono::steady_clock::now();
   std::vector<int32_t> tokens, slots, positions;
+  int64_t my_decode_tokens = 0;
   while (true) {
     tokens.clear();
     slots.clear();
     positions.clear();
-    for (int s = 0; s < batch; ++s) {
-      if (!live[s]) continue;
-      tokens.push_back(next[s]);
-      slots.push_back(s);
-      positions.push_back(lengths[s]++);
+    for (int i = 0; i < local; ++i) {
+      if (!live[i]) continue;
+      tokens.push_back(next[i]);
+      slots.push_back(i);
+      positions.push_back(lengths[i]++);
     }
-    if (tokens.empty()) break;
+    // Under DP the ranks agree each step whether anyone still decodes (one small all-gather).
+    if (data_parallel ? max_of(gather_counts(model, static_cast<int64_t>(tokens.size()))) == 0 : tokens.empty()) break;
     profile::ScopedStep profiled_step(profile::Phase::kDecode, static_cast<int>(tokens.size()));
     StepInput step;
     step.tokens = tokens.data();
@@ -99,11 +147,21 @@ GenerationResult generate(MixtralModel& model, const std::vector<std::vector<int
     step.num_tokens = static_cast<int64_t>(tokens.size());
     model.forward(step, logits.data());
     ++result.decode_steps;
-    result.decode_tokens += step.num_tokens;
+    my_decode_tokens += step.num_tokens;
     MOEX_ZONE(kSampling);
     for (size_t i = 0; i < slots.size(); ++i) accept(slots[i], sampler.sample(logits.data() + i * vocab, vocab));
   }
   result.decode_seconds = seconds_since(start);
+  result.decode_tokens = data_parallel ? sum_of(gather_counts(model, my_decode_tokens)) : my_decode_tokens;
+  if (data_parallel) {  // every rank learns every sequence's tokens from its owner
+    for (int s = 0; s < batch; ++s) {
+      const int owner = s % plan.world;
+      int64_t count = static_cast<int64_t>(result.new_tokens[s].size());
+      model.options().comm->broadcast(&count, sizeof(count), owner);
+      result.new_tokens[s].resize(count);
+      if (count) model.options().comm->broadcast(result.new_tokens[s].data(), count * sizeof(int), owner);
+    }
+  }
   return result;
 }
 

@@ -13,6 +13,10 @@ namespace moex {
 // all_logits ([len, V]) when it is non-null, and the last position's to last_logits ([V]).
 void prefill(MixtralModel& model, int slot, const std::vector<int>& prompt, float* last_logits,
              float* all_logits = nullptr);
+// Forward calls a prompt of `length` tokens takes (one per step-sized chunk).
+int64_t prefill_steps(const MixtralModel& model, int64_t length);
+// A step with no tokens of this rank's own: keeps it in step with the others' collectives (attention DP).
+void idle_step(MixtralModel& model);
 
 struct GenerationOptions {
   int max_new_tokens = 32;
@@ -28,6 +32,9 @@ struct GenerationResult {
 };
 
 // Prompts go to slots 0..B-1 (B <= the model's max_batch). `on_token(seq, token)` streams the output.
+// Under a parallel plan every rank calls this with the same prompts: with attention DP each rank serves
+// sequences s % world == rank and the ranks step in lockstep (a rank with nothing left still joins each
+// step's collectives); at the end every rank holds every sequence's tokens and the totals of all ranks.
 GenerationResult generate(MixtralModel& model, const std::vector<std::vector<int>>& prompts,
                           const GenerationOptions& options,
                           const std::function<void(int, int)>& on_token = nullptr);

@@ -1,0 +1,295 @@
+#include "moex/moe/moe_layer.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "moex/base/error.h"
+#include "moex/comm/codec.h"
+#include "moex/kernels/matmul.h"
+#include "moex/kernels/ops.h"
+#include "moex/profile/profile.h"
+
+namespace moex {
+
+MoELayer::MoELayer(const MoELayerShape& shape, const ParallelPlan& plan, comm::Communicator* comm,
+                   RouterFusion fusion, float capacity_factor, int64_t max_tokens)
+    : shape_(shape),
+      plan_(plan),
+      comm_(comm),
+      router_(shape.experts, shape.top_k, fusion, shape.norm_topk_prob),
+      batcher_(shape.experts, shape.top_k, capacity_factor) {
+  MOEX_CHECK(plan.single() || comm != nullptr, "a parallel plan needs a communicator");
+  const size_t T = max_tokens, k = shape.top_k, d = shape.hidden, I = shape.intermediate_local;
+  expert_ids_.resize(T * k);
+  expert_weights_.resize(T * k);
+  gathered_.resize(T * k * d);
+  hidden_up_.resize(T * k * I);
+  act_.resize(T * k * I);
+  expert_out_.resize(T * k * d);
+  if (!plan.single()) partial_.resize(T * d);
+  if (plan.overlap) column_chunk_.resize(k * d);
+  if (plan.comm_dtype == comm::CommDType::kBF16) bf16_buffer_.resize(T * d);
+}
+
+void MoELayer::run_expert_up(const ExpertWeights& w, const float* rows_in, int64_t rows, float* act) {
+  const int64_t I = shape_.intermediate_local;
+  float* up = hidden_up_.data();
+  kernels::matmul(rows_in, rows, w.w1, act);  // [rows, I] gate projection
+  kernels::matmul(rows_in, rows, w.w3, up);   // [rows, I] up projection
+  kernels::silu_mul(act, up, rows * I, act);
+}
+
+void MoELayer::forward(int layer, const MoELayerWeights& w, const float* x, int64_t tokens, float* residual) {
+  last_bytes_sent_ = 0;
+  if (plan_.attn == AttnParallel::kDP && !plan_.single())
+    forward_dispatch(layer, w, x, tokens, residual);
+  else
+    forward_replicated(layer, w, x, tokens, residual);
+  profile::add_tokens_per_expert(layer, batcher_.stats().tokens_per_expert.data(), shape_.experts);
+}
+
+void MoELayer::allreduce_sum(float* data, size_t count) {
+  switch (plan_.comm_dtype) {
+    case comm::CommDType::kF32:
+    case comm::CommDType::kF8:  // fp32 buffer; the codec quantises what travels, sums stay fp32
+      comm_->allreduce(data, count, plan_.comm_dtype);
+      break;
+    case comm::CommDType::kBF16:
+      comm::f32_to_bf16_span(data, count, bf16_buffer_.data());
+      comm_->allreduce(bf16_buffer_.data(), count, comm::CommDType::kBF16);
+      comm::bf16_to_f32_span(bf16_buffer_.data(), count, data);
+      break;
+  }
+}
+
+// Tokens are the same on every rank: each computes its experts (or expert slices) for all of them, and
+// one all-reduce per layer sums the shares. Single rank: the same path with no reduction.
+void MoELayer::forward_replicated(int layer, const MoELayerWeights& w, const float* x, int64_t tokens,
+                                  float* residual) {
+  const int64_t d = shape_.hidden, I = shape_.intermediate_local;
+  const int k = shape_.top_k;
+  {
+    MOEX_ZONE_LAYER(kRouter, layer);
+    router_.route(x, tokens, w.gate, expert_ids_.data(), expert_weights_.data());
+  }
+  const auto& offsets = batcher_.expert_offsets();
+  const int first = w.experts.first, last = w.experts.first + w.experts.count;
+  int64_t row_begin = 0, row_end = 0;
+  {
+    MOEX_ZONE_LAYER(kDispatch, layer);
+    batcher_.plan(expert_ids_.data(), tokens);
+    row_begin = offsets[first];
+    row_end = offsets[last];
+    const auto& row_token = batcher_.row_token();
+    for (int64_t r = row_begin; r < row_end; ++r)  // only the rows of this rank's experts
+      std::memcpy(gathered_.data() + (r - row_begin) * d, x + int64_t{row_token[r]} * d, d * sizeof(float));
+  }
+  {
+    MOEX_ZONE_LAYER(kExperts, layer);
+    for (int e = first; e < last; ++e) {
+      const int64_t begin = offsets[e] - row_begin, rows = offsets[e + 1] - offsets[e];
+      if (rows > 0) run_expert_up(w.local[e - first], gathered_.data() + begin * d, rows, act_.data() + begin * I);
+    }
+  }
+  const auto& assignment_row = batcher_.assignment_row();
+  // w2 and the weighted combine for tokens [t0, t1) or output columns [c0, c1) (one token: split d).
+  const auto down_and_combine = [&](int64_t t0, int64_t t1, int64_t c0, int64_t c1, float* out, bool accumulate) {
+    {
+      MOEX_ZONE_LAYER(kExperts, layer);
+      for (int e = first; e < last; ++e) {
+        // Rows of an expert are in token order, so tokens [t0, t1) are one contiguous run of its rows.
+        const auto& row_token = batcher_.row_token();
+        int64_t r0 = offsets[e], r1 = offsets[e + 1];
+        while (r0 < r1 && row_token[r0] < t0) ++r0;
+        int64_t r_end = r0;
+        while (r_end < r1 && row_token[r_end] < t1) ++r_end;
+        if (r_end == r0) continue;
+        const TensorView w2 = c0 == 0 && c1 == d ? w.local[e - first].w2 : w.local[e - first].w2.rows(c0, c1);
+        if (c0 == 0 && c1 == d) {
+          kernels::matmul(act_.data() + (r0 - row_begin) * I, r_end - r0, w2, expert_out_.data() + (r0 - row_begin) * d);
+        } else {  // single token: columns [c0, c1) of its rows' outputs
+          std::vector<float>& tmp = column_chunk_;
+          kernels::matmul(act_.data() + (r0 - row_begin) * I, r_end - r0, w2, tmp.data());
+          for (int64_t r = r0; r < r_end; ++r)
+            std::memcpy(expert_out_.data() + (r - row_begin) * d + c0, tmp.data() + (r - r0) * (c1 - c0),
+                        (c1 - c0) * sizeof(float));
+        }
+      }
+    }
+    MOEX_ZONE_LAYER(kCombine, layer);
+    for (int64_t t = t0; t < t1; ++t) {
+      float* y = out + t * d;
+      if (!accumulate) std::fill(y + c0, y + c1, 0.0f);
+      for (int j = 0; j < k; ++j) {
+        const int32_t row = assignment_row[t * k + j];
+        if (row < row_begin || row >= row_end) continue;  // dropped, or another rank's expert
+        const float weight = expert_weights_[t * k + j];
+        const float* src = expert_out_.data() + (row - row_begin) * d;
+        for (int64_t i = c0; i < c1; ++i) y[i] += weight * src[i];
+      }
+    }
+  };
+
+  if (plan_.single()) {
+    down_and_combine(0, tokens, 0, d, residual, /*accumulate=*/true);
+    return;
+  }
+  float* partial = partial_.data();
+  const bool overlap = plan_.overlap && plan_.comm_dtype != comm::CommDType::kBF16;
+  if (!overlap) {
+    down_and_combine(0, tokens, 0, d, partial, /*accumulate=*/false);
+    MOEX_ZONE_LAYER(kAllReduce, layer);
+    allreduce_sum(partial, static_cast<size_t>(tokens * d));
+  } else {
+    // Chunked: reduce chunk i on the progress thread while chunk i+1 is computed. Chunks are token
+    // ranges, or column ranges of the single token at decode batch 1.
+    constexpr int kChunks = 4;
+    std::vector<comm::CommHandle> handles;
+    for (int c = 0; c < kChunks; ++c) {
+      int64_t t0 = 0, t1 = tokens, c0 = 0, c1 = d;
+      if (tokens >= kChunks) {
+        t0 = tokens * c / kChunks;
+        t1 = tokens * (c + 1) / kChunks;
+      } else {
+        c0 = d * c / kChunks;
+        c1 = d * (c + 1) / kChunks;
+        if (tokens == 0) c1 = c0;
+      }
+      down_and_combine(t0, t1, c0, c1, partial, /*accumulate=*/false);
+      float* chunk = tokens >= kChunks ? partial + t0 * d : partial + c0;
+      const size_t count = tokens >= kChunks ? static_cast<size_t>((t1 - t0) * d) : static_cast<size_t>(c1 - c0);
+      handles.push_back(comm_->start_allreduce(chunk, tokens == 0 ? 0 : count, plan_.comm_dtype));
+    }
+    MOEX_ZONE_LAYER(kAllReduce, layer);  // what remains after the last chunk's compute: the exposed wait
+    for (auto& h : handles) h.wait();
+  }
+  for (int64_t i = 0; i < tokens * d; ++i) residual[i] += partial[i];
+  last_bytes_sent_ = static_cast<uint64_t>(tokens * d) * comm::wire_bytes(comm::wire_format_for(plan_.comm_dtype), 1);
+}
+
+// dp attention + ep: each rank routes its own tokens, sends every assignment's row to the rank owning
+// the expert (all-to-all(v)), computes its experts over all rows that arrive, and sends the outputs back.
+void MoELayer::forward_dispatch(int layer, const MoELayerWeights& w, const float* x, int64_t tokens,
+                                float* residual) {
+  const int64_t d = shape_.hidden, I = shape_.intermediate_local;
+  const int E = shape_.experts, per_rank = w.experts.count, P = plan_.world;
+  const comm::WireFormat format = comm::wire_format_for(plan_.comm_dtype);
+  {
+    MOEX_ZONE_LAYER(kRouter, layer);
+    router_.route(x, tokens, w.gate, expert_ids_.data(), expert_weights_.data());
+  }
+  const auto& offsets = batcher_.expert_offsets();
+  std::vector<size_t> send_counts(P), send_offsets(P), recv_counts(P), recv_offsets(P);
+  std::vector<int32_t> send_expert_rows(E), recv_expert_rows(static_cast<size_t>(P) * per_rank);
+  {
+    MOEX_ZONE_LAYER(kDispatch, layer);
+    batcher_.plan(expert_ids_.data(), tokens);
+    batcher_.gather(x, d, gathered_.data());  // plan order = expert order = destination-rank order
+    for (int e = 0; e < E; ++e) send_expert_rows[e] = static_cast<int32_t>(offsets[e + 1] - offsets[e]);
+  }
+  // 1. How many rows of each of its experts every rank will receive (E/P counts per pair).
+  {
+    MOEX_ZONE_LAYER(kAllToAll, layer);
+    std::vector<size_t> counts(P, per_rank), displs(P);
+    for (int p = 0; p < P; ++p) displs[p] = static_cast<size_t>(p) * per_rank;
+    comm_->alltoallv(send_expert_rows.data(), counts, displs, recv_expert_rows.data(), counts, displs, sizeof(int32_t));
+  }
+  // 2. The rows themselves, encoded in the comm dtype, one block per destination.
+  int64_t recv_rows = 0;
+  std::vector<int64_t> rows_from(P);
+  for (int p = 0; p < P; ++p) {
+    int64_t rows = 0;
+    for (int le = 0; le < per_rank; ++le) rows += recv_expert_rows[p * per_rank + le];
+    rows_from[p] = rows;
+    recv_rows += rows;
+  }
+  size_t send_bytes = 0, recv_bytes = 0;
+  for (int p = 0; p < P; ++p) {
+    const int64_t rows = offsets[(p + 1) * per_rank] - offsets[p * per_rank];
+    send_offsets[p] = send_bytes;
+    send_counts[p] = comm::wire_bytes(format, static_cast<size_t>(rows * d));
+    send_bytes += send_counts[p];
+    recv_offsets[p] = recv_bytes;
+    recv_counts[p] = comm::wire_bytes(format, static_cast<size_t>(rows_from[p] * d));
+    recv_bytes += recv_counts[p];
+  }
+  send_wire_.resize(std::max<size_t>(send_bytes, 1));
+  recv_wire_.resize(std::max<size_t>(recv_bytes, 1));
+  received_.resize(std::max<int64_t>(recv_rows * d, 1));
+  by_expert_.resize(std::max<int64_t>(recv_rows * d, 1));
+  if (static_cast<int64_t>(act_.size()) < recv_rows * I) {  // arrivals can exceed T*k under skew
+    act_.resize(recv_rows * I);
+    hidden_up_.resize(recv_rows * I);
+  }
+  {
+    MOEX_ZONE_LAYER(kAllToAll, layer);
+    for (int p = 0; p < P; ++p) {
+      const int64_t row0 = offsets[p * per_rank];
+      comm::wire_encode(format, gathered_.data() + row0 * d, static_cast<size_t>((offsets[(p + 1) * per_rank] - row0) * d),
+                        send_wire_.data() + send_offsets[p]);
+    }
+    comm_->alltoallv(send_wire_.data(), send_counts, send_offsets, recv_wire_.data(), recv_counts, recv_offsets, 1);
+    int64_t row = 0;
+    for (int p = 0; p < P; ++p) {
+      comm::wire_decode(format, recv_wire_.data() + recv_offsets[p], static_cast<size_t>(rows_from[p] * d),
+                        received_.data() + row * d);
+      row += rows_from[p];
+    }
+  }
+  last_bytes_sent_ = send_bytes;
+  // 3. Regroup arrivals by local expert (they come grouped by source, then expert), run each expert once.
+  std::vector<int64_t> source_row(static_cast<size_t>(P) * per_rank), expert_begin(per_rank + 1, 0);
+  {
+    int64_t row = 0;
+    for (int p = 0; p < P; ++p)
+      for (int le = 0; le < per_rank; ++le) {
+        source_row[p * per_rank + le] = row;
+        row += recv_expert_rows[p * per_rank + le];
+        expert_begin[le + 1] += recv_expert_rows[p * per_rank + le];
+      }
+    for (int le = 0; le < per_rank; ++le) expert_begin[le + 1] += expert_begin[le];
+  }
+  const auto regroup = [&](const float* from, float* to, bool to_expert_order) {
+    for (int le = 0; le < per_rank; ++le) {
+      int64_t dst = expert_begin[le];
+      for (int p = 0; p < P; ++p) {
+        const int64_t n = recv_expert_rows[p * per_rank + le], src = source_row[p * per_rank + le];
+        if (to_expert_order) std::memcpy(to + dst * d, from + src * d, n * d * sizeof(float));
+        else std::memcpy(to + src * d, from + dst * d, n * d * sizeof(float));
+        dst += n;
+      }
+    }
+  };
+  {
+    MOEX_ZONE_LAYER(kExperts, layer);
+    regroup(received_.data(), by_expert_.data(), true);
+    for (int le = 0; le < per_rank; ++le) {
+      const int64_t begin = expert_begin[le], rows = expert_begin[le + 1] - begin;
+      if (rows == 0) continue;
+      run_expert_up(w.local[le], by_expert_.data() + begin * d, rows, act_.data());
+      kernels::matmul(act_.data(), rows, w.local[le].w2, by_expert_.data() + begin * d);  // in place: rows done
+    }
+    regroup(by_expert_.data(), received_.data(), false);
+  }
+  // 4. Outputs go back the way they came; the sender combines them with its routing weights.
+  {
+    MOEX_ZONE_LAYER(kAllToAll, layer);
+    int64_t row = 0;
+    for (int p = 0; p < P; ++p) {
+      comm::wire_encode(format, received_.data() + row * d, static_cast<size_t>(rows_from[p] * d),
+                        recv_wire_.data() + recv_offsets[p]);
+      row += rows_from[p];
+    }
+    comm_->alltoallv(recv_wire_.data(), recv_counts, recv_offsets, send_wire_.data(), send_counts, send_offsets, 1);
+    for (int p = 0; p < P; ++p) {
+      const int64_t row0 = offsets[p * per_rank], rows = offsets[(p + 1) * per_rank] - row0;
+      comm::wire_decode(format, send_wire_.data() + send_offsets[p], static_cast<size_t>(rows * d),
+                        expert_out_.data() + row0 * d);
+    }
+    last_bytes_sent_ += recv_bytes;
+  }
+  MOEX_ZONE_LAYER(kCombine, layer);
+  batcher_.combine(expert_out_.data(), expert_weights_.data(), tokens, d, residual, /*accumulate=*/true);
+}
+
+}  // namespace moex

@@ -1,0 +1,71 @@
+// MoELayer: one Mixtral MoE block under a ParallelPlan: route (GatingTopK), group by expert
+// (MoEDynamicBatch), run this rank's experts (or expert slices), and bring the results back - by one
+// all-reduce when tokens are replicated (tp attention), or by all-to-all(v) dispatch and combine when
+// each rank serves its own tokens (dp attention + ep).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "moex/comm/communicator.h"
+#include "moex/moe/dynamic_batch.h"
+#include "moex/moe/gating.h"
+#include "moex/moe/parallel_plan.h"
+
+namespace moex {
+
+struct MoELayerWeights {
+  TensorView gate;                     // [E, d] router (every rank)
+  ExpertRange experts;                 // the global experts this rank computes
+  std::vector<ExpertWeights> local;    // [experts.count]: w1/w3 [I_local, d], w2 [d, I_local] (strided under TP)
+};
+
+struct MoELayerShape {
+  int64_t hidden = 0;              // d
+  int64_t intermediate_local = 0;  // I / tp
+  int experts = 0, top_k = 0;
+  bool norm_topk_prob = true;
+};
+
+class MoELayer {
+ public:
+  MoELayer(const MoELayerShape& shape, const ParallelPlan& plan, comm::Communicator* comm, RouterFusion fusion,
+           float capacity_factor, int64_t max_tokens);
+
+  // x [T, d]: this rank's normalised tokens (T may be 0 under dp attention: the rank still takes part in
+  // the collectives). Adds the layer's output onto residual [T, d].
+  void forward(int layer, const MoELayerWeights& w, const float* x, int64_t tokens, float* residual);
+
+  // The last call's load (this rank's tokens; identical on every rank under tp attention).
+  const MoELoadStats& stats() const { return batcher_.stats(); }
+  // Bytes this rank put on the wire in the last call (for the parallel sweep).
+  uint64_t last_bytes_sent() const { return last_bytes_sent_; }
+
+ private:
+  void forward_replicated(int layer, const MoELayerWeights& w, const float* x, int64_t tokens, float* residual);
+  void forward_dispatch(int layer, const MoELayerWeights& w, const float* x, int64_t tokens, float* residual);
+  // Expert e (local index) over `rows` gathered rows; the w2 output rows go to out.
+  void run_expert_up(const ExpertWeights& w, const float* rows_in, int64_t rows, float* act);
+  void allreduce_sum(float* data, size_t count);
+
+  MoELayerShape shape_;
+  ParallelPlan plan_;
+  comm::Communicator* comm_;
+  GatingTopK router_;
+  MoEDynamicBatch batcher_;
+  uint64_t last_bytes_sent_ = 0;
+
+  std::vector<int32_t> expert_ids_;    // [T, k]
+  std::vector<float> expert_weights_;  // [T, k]
+  std::vector<float> gathered_;        // [T*k, d] rows in plan order (dispatch: also what arrives)
+  std::vector<float> hidden_up_;       // [T*k, I_local]
+  std::vector<float> act_;             // [T*k, I_local]
+  std::vector<float> expert_out_;      // [T*k, d]
+  std::vector<float> partial_;         // [T, d] this rank's share of the output, before the all-reduce
+  std::vector<float> column_chunk_;    // [k, d] w2 outputs of one token's column chunk (overlap at T=1)
+  std::vector<uint16_t> bf16_buffer_;  // [T*d] bf16 all-reduce payload
+  // Dispatch path (dp attention): wire buffers and per-source bookkeeping.
+  std::vector<uint8_t> send_wire_, recv_wire_;
+  std::vector<float> received_, by_expert_;
+};
+
+}  // namespace moex

@@ -1,0 +1,64 @@
+// ParallelPlan: how N ranks share one Mixtral model (DESIGN.md §1, issue 6).
+//   attention  tp: query heads split over all N ranks (KV heads split, or replicated when there are fewer
+//                  KV heads than ranks), one all-reduce after o_proj; every rank sees every token.
+//              dp: every rank holds all of attention and serves its own sequences (slot % N == rank).
+//   MoE        tp: every expert's intermediate dim split N ways (w1/w3 by rows, w2 by columns).
+//              ep: whole experts per rank (E/N each).
+//              tpxep: ep groups of experts, each expert split across the tp ranks of its group.
+// With tp attention (tokens replicated) every MoE plan computes its share and ends in ONE all-reduce per
+// MoE layer (the sum over experts and over slices is linear, so one reduction serves all experts - not
+// one per expert, as the field report has it). With dp attention, tokens travel to their experts' ranks
+// by all-to-all(v) and come back the same way.
+#pragma once
+#include <string>
+
+#include "moex/comm/types.h"
+
+namespace moex {
+
+enum class MoEParallel { kTP, kEP, kTPxEP };
+enum class AttnParallel { kTP, kDP };
+
+struct ParallelPlan {
+  int world = 1, rank = 0;
+  MoEParallel moe = MoEParallel::kTP;
+  AttnParallel attn = AttnParallel::kTP;
+  int tp = 1, ep = 1;  // MoE: tp * ep == world; rank = ep_rank * tp + tp_rank
+  comm::CommDType comm_dtype = comm::CommDType::kF32;
+  bool overlap = false;
+
+  int tp_rank() const { return rank % tp; }
+  int ep_rank() const { return rank / tp; }
+  bool single() const { return world == 1; }
+  std::string describe() const;  // "tp=2 x ep=2, attention tp, comm f32"
+};
+
+// Sizes the plan splits; validated against the constraints with one error line naming the one broken.
+struct PlanShape {
+  int heads, kv_heads, experts, intermediate;
+};
+
+struct PlanRequest {
+  std::string moe = "tp";   // tp | ep | tpxep
+  std::string attn = "tp";  // tp | dp
+  int tp = 0, ep = 0;       // 0: derived (tp: tp = N; ep: ep = N; tpxep: both needed, or tp = 2)
+  std::string comm_dtype = "f32";
+  bool overlap = false;
+};
+
+ParallelPlan make_parallel_plan(const PlanRequest& request, const PlanShape& shape, int world, int rank);
+
+// What one rank holds.
+struct ExpertRange {
+  int first = 0, count = 0;  // global experts [first, first + count)
+};
+ExpertRange local_experts(const ParallelPlan& plan, int experts);
+struct SliceRange {
+  int64_t begin = 0, end = 0;
+};
+SliceRange local_intermediate(const ParallelPlan& plan, int64_t intermediate);
+// Attention TP: query heads [begin, end) and the KV heads they read.
+SliceRange local_heads(const ParallelPlan& plan, int heads);
+SliceRange local_kv_heads(const ParallelPlan& plan, int heads, int kv_heads);
+
+}  // namespace moex
