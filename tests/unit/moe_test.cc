@@ -396,24 +396,6 @@ TEST(MoEDynamicBatch, ThreadCountDoesNotChangeCombine) {
   EXPECT_EQ(one, many);
 }
 
-TEST(MoEDynamicBatch, ExpertMatmulIsBitwiseKernelsMatmul) {
-  // Token blocks of 4 with 1..3 left over, row blocks of 4 with 1..3 left over, a masked K tail, both dtypes.
-  for (int64_t rows : {1, 3, 4, 5, 7, 8, 17}) {
-    for (int64_t N : {37, 64}) {
-      for (int64_t K : {48, 70}) {
-        const auto wv = random_values(N * K, 31, 0.2f), x = random_values(rows * K, 32);
-        for (DType dtype : {DType::kBF16, DType::kF32}) {
-          const Gate w(wv, N, K, dtype);
-          std::vector<float> ours(rows * N), generic(rows * N);
-          experts::matmul(x.data(), rows, w.view, ours.data());
-          kernels::matmul(x.data(), rows, w.view, generic.data());
-          EXPECT_EQ(ours, generic) << "rows " << rows << " N " << N << " K " << K;
-        }
-      }
-    }
-  }
-}
-
 TEST(MoEDynamicBatch, ExpertFfnMatchesScalarSwiGlu) {
   const int64_t d = 72, I = 100, rows = 6;  // 6 rows: one blocked token block and a tail of 2
   const auto w1v = random_values(I * d, 21, 0.1f), w3v = random_values(I * d, 22, 0.1f),

@@ -115,26 +115,14 @@ void MoEDynamicBatch::combine(const float* expert_out, const float* expert_weigh
   });
 }
 
-namespace experts {
-void matmul(const float* x, int64_t rows, const TensorView& w, float* y) {
-  MOEX_CHECK(w.shape.rank == 2 && (w.dtype == DType::kBF16 || w.dtype == DType::kF32), "expert weight ",
-             w.shape.str());
-  if (rows < kBlockedMinRows || !use_x86_kernels()) {
-    kernels::matmul(x, rows, w, y);
-    return;
-  }
-  parallel_for(w.shape[0], 32, [&](int64_t begin, int64_t end) { x86::matmul_rows_avx512(x, rows, w, y, begin, end); });
-}
-}  // namespace experts
-
 void expert_ffn(const ExpertWeights& w, const float* x, int64_t rows, float* hidden_gate, float* hidden_up,
                 float* out) {
   if (rows == 0) return;
   const int64_t intermediate = w.w1.shape[0];
-  experts::matmul(x, rows, w.w1, hidden_gate);  // [rows, I]
-  experts::matmul(x, rows, w.w3, hidden_up);    // [rows, I]
+  kernels::matmul(x, rows, w.w1, hidden_gate);  // [rows, I]
+  kernels::matmul(x, rows, w.w3, hidden_up);    // [rows, I]
   kernels::silu_mul(hidden_gate, hidden_up, rows * intermediate, hidden_gate);
-  experts::matmul(hidden_gate, rows, w.w2, out);  // [rows, d]
+  kernels::matmul(hidden_gate, rows, w.w2, out);  // [rows, d]
 }
 
 }  // namespace moex

@@ -66,18 +66,6 @@ class MoEDynamicBatch {
   MoELoadStats stats_;
 };
 
-namespace experts {
-// Rows at which an expert's matmul switches from the GEMV-shaped kernels::matmul to the 4x4-blocked kernel.
-constexpr int64_t kBlockedMinRows = 4;
-// y [rows, N] = x [rows, K] @ w [N, K]^T for an expert's gathered rows; threads split N. Bitwise the same
-// as kernels::matmul, faster once rows >= kBlockedMinRows (4 tokens x 4 weight rows per register block).
-void matmul(const float* x, int64_t rows, const TensorView& w, float* y);
-namespace x86 {
-void matmul_rows_avx512(const float* x, int64_t tokens, const TensorView& w, float* y, int64_t n_begin,
-                        int64_t n_end);
-}  // namespace x86
-}  // namespace experts
-
 // SwiGLU FFN of one expert over `rows` gathered tokens: out [rows, d] = w2(silu(w1 x) * w3 x).
 // hidden_gate/hidden_up are scratch [rows, I].
 void expert_ffn(const ExpertWeights& w, const float* x, int64_t rows, float* hidden_gate, float* hidden_up,

@@ -61,7 +61,7 @@ inline void row_block(const float* x, int64_t k_in, int64_t ld, const W* w, floa
 template <typename W, int TB>
 void token_block(const float* x, int64_t k_in, int64_t ld, const W* w, float* y, int64_t n_out, int64_t n_begin,
                  int64_t n_end, bool accumulate) {
-  constexpr int R = TB == 1 ? 8 : (TB == 2 ? 4 : 2);  // TB * R accumulators: 8..12 of the 32 registers
+  constexpr int R = TB == 1 ? 8 : (TB == 3 ? 2 : 4);  // TB * R accumulators: 6..16 of the 32 registers
   int64_t n = n_begin;
   for (; n + R <= n_end; n += R) row_block<W, TB, R>(x, k_in, ld, w, y, n_out, n, accumulate);
   for (; n < n_end; ++n) row_block<W, TB, 1>(x, k_in, ld, w, y, n_out, n, accumulate);
