@@ -21,6 +21,8 @@ class MappedFile {
   // not page faults. Only the ranges a process uses are touched: a rank holding 1/N of the experts
   // keeps 1/N of the file resident.
   static void prefault(const void* data, size_t bytes);
+  // Drops the whole pages inside [data, data + bytes) from this process (the page cache keeps them).
+  static void release(const void* data, size_t bytes);
   size_t size() const { return size_; }
   const std::string& path() const { return path_; }
 

@@ -1,5 +1,7 @@
 #include "moex/model/weights.h"
 
+#include <cstring>
+
 #include "moex/base/error.h"
 
 namespace moex {
@@ -25,6 +27,21 @@ TensorView resident(const TensorView& view) {
       MappedFile::prefault(static_cast<const char*>(view.data) + r * stride_bytes, row_bytes);
   }
   return view;
+}
+
+// A column slice as a contiguous copy; the mapping's pages it read are dropped from this process again.
+TensorView owned_copy(const TensorView& slice, std::vector<std::vector<uint8_t>>& owned) {
+  if (slice.row_stride == 0 || slice.row_stride == slice.shape[1]) return resident(slice);
+  const size_t elem = dtype_size(slice.dtype), row_bytes = static_cast<size_t>(slice.shape[1]) * elem;
+  const size_t stride_bytes = static_cast<size_t>(slice.row_stride) * elem;
+  std::vector<uint8_t>& buffer = owned.emplace_back(row_bytes * slice.shape[0]);
+  const auto* src = static_cast<const uint8_t*>(slice.data);
+  for (int64_t r = 0; r < slice.shape[0]; ++r) std::memcpy(buffer.data() + r * row_bytes, src + r * stride_bytes, row_bytes);
+  MappedFile::release(src, stride_bytes * (slice.shape[0] - 1) + row_bytes);
+  TensorView copy = slice;
+  copy.data = buffer.data();
+  copy.row_stride = 0;
+  return copy;
 }
 
 }  // namespace
@@ -57,7 +74,8 @@ MixtralWeights load_mixtral_weights(const std::string& model_dir, const ModelCon
     lw.wq = resident(expect(s, p + "self_attn.q_proj.weight", {c.q_dim(), d}).rows(heads.begin * hd, heads.end * hd));
     lw.wk = resident(expect(s, p + "self_attn.k_proj.weight", {c.kv_dim(), d}).rows(kv_heads.begin * hd, kv_heads.end * hd));
     lw.wv = resident(expect(s, p + "self_attn.v_proj.weight", {c.kv_dim(), d}).rows(kv_heads.begin * hd, kv_heads.end * hd));
-    lw.wo = resident(expect(s, p + "self_attn.o_proj.weight", {d, c.q_dim()}).columns(heads.begin * hd, heads.end * hd));
+    lw.wo = owned_copy(expect(s, p + "self_attn.o_proj.weight", {d, c.q_dim()}).columns(heads.begin * hd, heads.end * hd),
+                       w.owned);
     lw.post_norm = resident(expect(s, p + "post_attention_layernorm.weight", {d}));
     lw.moe.gate = resident(expect(s, p + "block_sparse_moe.gate.weight", {c.num_local_experts, d}));
     lw.moe.experts = experts;
@@ -68,7 +86,7 @@ MixtralWeights load_mixtral_weights(const std::string& model_dir, const ModelCon
                        w2 = expect(s, q + "w2.weight", {d, I});
       if (e < experts.first || e >= experts.first + experts.count) continue;
       lw.moe.local.push_back({resident(w1.rows(inter.begin, inter.end)), resident(w3.rows(inter.begin, inter.end)),
-                              resident(w2.columns(inter.begin, inter.end))});
+                              owned_copy(w2.columns(inter.begin, inter.end), w.owned)});
     }
     w.layers.push_back(std::move(lw));
   }

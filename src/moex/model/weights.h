@@ -25,6 +25,9 @@ struct LayerWeights {
 
 struct MixtralWeights {
   std::unique_ptr<WeightStore> store;  // owns the mappings the views point into
+  // Column slices under TP (w2, o_proj) copied out of the mapping: a strided slice would keep whole pages
+  // of the other ranks' columns resident, so a rank's memory would not fall as 1/N.
+  std::vector<std::vector<uint8_t>> owned;
   TensorView embed;       // [V, d]
   std::vector<LayerWeights> layers;
   TensorView final_norm;  // [d]
