@@ -29,7 +29,7 @@ test: build
 
 # Unit and bad-input tests once more under AddressSanitizer + UndefinedBehaviorSanitizer (CI runs this too).
 asan: deps
-	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOEX_SANITIZE=ON
+	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-O1 -g" -DMOEX_SANITIZE=ON
 	cmake --build build-asan -j$(JOBS) --target moex_unit_tests moex
 	cd build-asan && ctest --output-on-failure -L 'unit|cli'
 

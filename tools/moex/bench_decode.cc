@@ -14,6 +14,7 @@
 #include "moex/runtime/generation.h"
 #include "tools/moex/bench.h"
 #include "tools/moex/model_flags.h"
+#include "tools/moex/profile_flags.h"
 
 namespace moex::tools {
 namespace {
@@ -56,6 +57,7 @@ struct DecodeFlags {
   int repeats = 5;
   size_t roofline_mb = 2048;
   bool json = false;
+  ProfileFlags profile;
 };
 
 void run_decode(DecodeFlags& f) {
@@ -71,10 +73,12 @@ void run_decode(DecodeFlags& f) {
   options.max_new_tokens = f.steps;
   options.stop_at_eos = false;
   std::vector<double> step_seconds;
+  f.profile.start();
   // Median over repeats of the mean decode step time (each repeat re-prefills: same positions, same work).
   const double seconds = median_seconds(f.repeats, [&] {
     const GenerationResult r = generate(*model, prompts, options);
     step_seconds.push_back(r.decode_seconds / std::max<int64_t>(r.decode_steps, 1));
+    if (step_seconds.size() == 1) f.profile.after_warmup();  // the profile covers the timed runs only
   });
   (void)seconds;
   std::vector<double> sorted(step_seconds.begin() + 1, step_seconds.end());  // drop the warm-up run
@@ -91,6 +95,7 @@ void run_decode(DecodeFlags& f) {
                                        {"read_gb_per_s", bandwidth / 1e9},
                                        {"achieved_gb_per_s", bytes / step / 1e9},
                                        {"roofline_fraction", roofline_step / step}}.dump().c_str());
+    f.profile.finish(stderr);  // stdout stays one JSON line
     return;
   }
   std::printf("decode batch %d: %.2f ms/step, %.1f tokens/s (median of %d runs of %d steps)\n", f.batch, step * 1e3,
@@ -100,6 +105,7 @@ void run_decode(DecodeFlags& f) {
   std::printf("achieved %.2f GB/s of a %.2f GB/s measured read roofline = %.0f%% of roofline\n", bytes / step / 1e9,
               bandwidth / 1e9, 100.0 * roofline_step / step);
   if (f.batch > 1) std::printf("(batch > 1 may touch more than k experts per layer: the percentage is a lower bound)\n");
+  f.profile.finish();
 }
 
 void setup_decode_benches(CLI::App& bench) {
@@ -120,6 +126,7 @@ void setup_decode_benches(CLI::App& bench) {
   d->add_option("--repeats", decode->repeats, "Runs (median reported)")->capture_default_str();
   d->add_option("--roofline-mb", decode->roofline_mb, "Roofline probe buffer")->capture_default_str();
   d->add_flag("--json", decode->json, "Machine-readable output");
+  decode->profile.add_to(d);
   d->callback([decode] { run_decode(*decode); });
 }
 MOEX_REGISTER_BENCH(setup_decode_benches);

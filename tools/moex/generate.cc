@@ -1,5 +1,6 @@
 // `moex generate`: text in, text out, then prefill and decode throughput.
 #include <cstdio>
+#include <exception>
 
 #include "moex/runtime/generation.h"
 #include "moex/runtime/tokenizer.h"
@@ -35,7 +36,16 @@ void run_generate(const GenerateFlags& flags) {
   options.stop_at_eos = !flags.ignore_eos;
   options.sampler = {flags.temperature, flags.top_k, flags.top_p, flags.seed};
   flags.profile.start();
+  // finish() is collective under mpirun: every rank runs it on the way out (rank 0 after printing the text).
+  struct FinishProfile {
+    const ProfileFlags& profile;
+    ~FinishProfile() noexcept(false) {  // a bad --trace path is an error like any other
+      if (std::uncaught_exceptions() == 0) profile.finish();
+    }
+  } finish_profile{flags.profile};
   const GenerationResult result = generate(*model, prompts, options);
+  if (model->options().plan.rank != 0) return;  // every rank has the results; one prints them
+  if (!model->options().plan.single()) std::printf("plan: %s\n", model->options().plan.describe().c_str());
   for (size_t s = 0; s < prompts.size(); ++s) {
     if (prompts.size() > 1) std::printf("[%zu] ", s);
     // Decode prompt + continuation together: SentencePiece drops a piece's leading space at the start of
@@ -50,7 +60,6 @@ void run_generate(const GenerateFlags& flags) {
               static_cast<long long>(result.decode_tokens), result.decode_seconds,
               result.decode_tokens / std::max(result.decode_seconds, 1e-9), static_cast<long long>(result.decode_steps),
               prompts.size());
-  flags.profile.finish();
 }
 
 void setup_generate(CLI::App& app) {

@@ -81,12 +81,17 @@ class ScopedZone {
 
 #define MOEX_PROFILE_CONCAT_INNER(a, b) a##b
 #define MOEX_PROFILE_CONCAT(a, b) MOEX_PROFILE_CONCAT_INNER(a, b)
+#ifndef MOEX_PROFILE_ZONES_OFF
 // MOEX_ZONE(kRouter); times the rest of the enclosing scope.
 #define MOEX_ZONE(zone) \
   ::moex::profile::ScopedZone MOEX_PROFILE_CONCAT(moex_zone_, __LINE__)(::moex::profile::Zone::zone)
 // MOEX_ZONE_LAYER(kAttention, layer); the same, tagged with a layer index for the "us per layer" column.
 #define MOEX_ZONE_LAYER(zone, layer) \
   ::moex::profile::ScopedZone MOEX_PROFILE_CONCAT(moex_zone_, __LINE__)(::moex::profile::Zone::zone, (layer))
+#else  // cmake -DMOEX_PROFILE_ZONES=OFF: zones compiled out (the layer expression is not evaluated)
+#define MOEX_ZONE(zone) static_assert(true)
+#define MOEX_ZONE_LAYER(zone, layer) static_assert(true)
+#endif
 
 // Bytes this process put on and took off the wire for one collective, counted per zone and phase.
 void add_comm_bytes(Zone zone, uint64_t sent, uint64_t received);

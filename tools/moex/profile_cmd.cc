@@ -1,0 +1,104 @@
+// `moex profile`: where a step's time goes. Runs B synthetic prompts of P tokens and N decode steps after a
+// warm-up that is not recorded, then prints the breakdown table (prefill and decode apart) and the expert
+// load per layer; --json for machines, --trace for Perfetto. Under mpirun every rank runs and rank 0 prints.
+#include <cstdio>
+
+#include <nlohmann/json.hpp>
+
+#include "moex/base/threads.h"
+#include "moex/comm/communicator.h"
+#include "moex/runtime/generation.h"
+#include "tools/moex/command.h"
+#include "tools/moex/model_flags.h"
+#include "tools/moex/profile_flags.h"
+
+namespace moex::tools {
+namespace {
+
+struct ProfileCommandFlags {
+  ModelFlags model;
+  int batch = 1;
+  int prompt_len = 64;
+  int steps = 32;
+  int warmup = 4;
+  std::string trace;
+  bool json = false;
+};
+
+void run_profile(ProfileCommandFlags& f) {
+  MOEX_CHECK_INPUT(f.batch >= 1 && f.prompt_len >= 1 && f.steps >= 1, "--batch, --prompt-len and --steps must be >= 1");
+  MOEX_CHECK_INPUT(f.warmup >= 0, "--warmup must be >= 0");
+  // +1: generate() samples the first new token from the prefill logits, so N decode steps make N+1 tokens.
+  f.model.max_seq_len = std::max(f.model.max_seq_len, f.prompt_len + std::max(f.steps, f.warmup) + 2);
+  auto model = f.model.load(f.batch);
+  const ModelConfig& c = model->config();
+  std::vector<std::vector<int>> prompts(f.batch);  // the same synthetic ids as `bench decode`
+  for (int s = 0; s < f.batch; ++s)
+    for (int i = 0; i < f.prompt_len; ++i) prompts[s].push_back((1 + 7919 * (i + 31 * s)) % c.vocab_size);
+
+  ProfileFlags profile;
+  profile.record = true;
+  profile.table = !f.json;
+  profile.trace = f.trace;
+  profile.start();
+  if (f.warmup > 0) {  // pages in the weights and sizes the buffers; the same shape, shorter
+    GenerationOptions warm;
+    warm.max_new_tokens = f.warmup + 1;
+    warm.stop_at_eos = false;
+    generate(*model, prompts, warm);
+  }
+  profile.after_warmup();
+  GenerationOptions options;
+  options.max_new_tokens = f.steps + 1;
+  options.stop_at_eos = false;
+  const GenerationResult result = generate(*model, prompts, options);
+
+  const bool rank0 = comm::world().rank() == 0;
+  if (!f.json && rank0) {
+    std::printf("moex profile: %s, batch %d, prompt %d tokens, %lld decode steps, threads %d, ranks %d\n",
+                f.model.model_dir.c_str(), f.batch, f.prompt_len, static_cast<long long>(result.decode_steps),
+                num_threads(), comm::world().size());
+    std::printf("model: %d layers, hidden %d, %d experts (top %d), router fusion %s; warm-up of %d decode steps "
+                "not counted\n\n",
+                c.num_hidden_layers, c.hidden_size, c.num_local_experts, c.num_experts_per_tok,
+                f.model.router_fusion.c_str(), f.warmup);
+  }
+  nlohmann::json report = profile.finish(stdout, /*expert_detail=*/true);
+  if (f.json && rank0) {
+    const nlohmann::json out = {{"model", f.model.model_dir},
+                                {"batch", f.batch},
+                                {"prompt_len", f.prompt_len},
+                                {"steps", result.decode_steps},
+                                {"warmup", f.warmup},
+                                {"threads", num_threads()},
+                                {"world", comm::world().size()},
+                                {"num_layers", c.num_hidden_layers},
+                                {"num_experts", c.num_local_experts},
+                                {"top_k", c.num_experts_per_tok},
+#ifdef MOEX_PROFILE_ZONES_OFF
+                                {"zones_compiled", false},
+#else
+                                {"zones_compiled", true},
+#endif
+                                {"profile", std::move(report)}};
+    std::printf("%s\n", out.dump().c_str());
+  }
+}
+
+void setup_profile(CLI::App& app) {
+  auto flags = std::make_shared<ProfileCommandFlags>();
+  auto* cmd = app.add_subcommand("profile", "Where a step's time goes: zones per phase, expert load, trace");
+  flags->model.add_to(cmd);
+  cmd->add_option("--batch", flags->batch, "Sequences decoded together")->capture_default_str();
+  cmd->add_option("--prompt-len", flags->prompt_len, "Synthetic prompt tokens per sequence")->capture_default_str();
+  cmd->add_option("--steps", flags->steps, "Decode steps measured")->capture_default_str();
+  cmd->add_option("--warmup", flags->warmup, "Decode steps of an unrecorded warm-up run (0: none)")
+      ->capture_default_str();
+  cmd->add_option("--trace", flags->trace, "Write a Chrome trace (JSON; open in ui.perfetto.dev) to this file");
+  cmd->add_flag("--json", flags->json, "Machine-readable output");
+  cmd->callback([flags] { run_profile(*flags); });
+}
+MOEX_REGISTER_COMMAND(setup_profile);
+
+}  // namespace
+}  // namespace moex::tools
