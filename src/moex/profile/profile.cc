@@ -227,9 +227,9 @@ void add_tokens_per_expert(int layer, const int* counts, int num_experts) {
   for (int e = 0; e < num_experts; ++e) per_expert[e] += static_cast<uint64_t>(std::max(counts[e], 0));
 }
 
-void mark_step(Phase phase, int64_t wall_ns, int tokens) {
-  if (!enabled()) return;
-  const int64_t end = now_ns();
+namespace {
+// One step ending at `end` (steady-clock ns): counted for the table and kept as a trace slice.
+void record_step(Phase phase, int64_t end, int64_t wall_ns, int tokens) {
   detail::ThreadBuffer& buffer = detail::this_thread_buffer();
   buffer.marks_steps = true;
   detail::PhaseCounters& counters = buffer.phases[static_cast<int>(phase)];
@@ -238,6 +238,11 @@ void mark_step(Phase phase, int64_t wall_ns, int tokens) {
   counters.tokens += std::max(tokens, 0);
   buffer.steps.push_back({end - std::max<int64_t>(wall_ns, 0), end, phase, tokens});
 }
+}  // namespace
+
+void mark_step(Phase phase, int64_t wall_ns, int tokens) {
+  if (enabled()) record_step(phase, now_ns(), wall_ns, tokens);
+}
 
 ScopedStep::ScopedStep(Phase phase, int tokens) : phase_(phase), tokens_(tokens), begin_ns_(-1) {
   set_phase(phase);
@@ -245,7 +250,11 @@ ScopedStep::ScopedStep(Phase phase, int tokens) : phase_(phase), tokens_(tokens)
 }
 
 ScopedStep::~ScopedStep() {
-  if (begin_ns_ >= 0) mark_step(phase_, now_ns() - begin_ns_, tokens_);
+  // The step's own end time, so its slice starts exactly where its first zone can begin.
+  if (begin_ns_ >= 0 && enabled()) {
+    const int64_t end = now_ns();
+    record_step(phase_, end, end - begin_ns_, tokens_);
+  }
 }
 
 void reset() {
