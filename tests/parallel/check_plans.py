@@ -73,6 +73,20 @@ def main():
                           (n, f"ep-dp-attention-{dtype}", ["--moe-parallel", "ep", "--attn-parallel", "dp",
                                                            "--comm-dtype", dtype])]
     passed = failed = 0
+    # Plans the model cannot take: a clear error naming the constraint, a non-zero exit, no hang.
+    impossible = [(3, ["--moe-parallel", "ep", "--attn-parallel", "dp"], "cannot be split evenly over 3 EP ranks"),
+                  (3, ["--moe-parallel", "tp"], "cannot be split evenly over 3 TP ranks"),
+                  (2, ["--moe-parallel", "tpxep", "--tp", "2", "--ep", "2"], "must equal the number of ranks"),
+                  (2, ["--moe-parallel", "tp", "--attn-parallel", "dp"], "--attn-parallel dp needs --moe-parallel ep")]
+    for n, extra, needle in impossible:
+        ok, text = run([*MPIRUN, "-np", str(n), moex, *common, "--out", os.path.join(args.workdir, "x.npy"), *extra],
+                       timeout=120)
+        if ok is False and needle in text:
+            passed += 1
+            print(f"ok   np={n} {' '.join(extra)}: refused ({needle})")
+        else:
+            failed += 1
+            print(f"FAIL np={n} {' '.join(extra)}: expected an error mentioning {needle!r}\n{(text or '')[-1000:]}")
     for n, name, extra in plans:
         got, tokens, text = logits(f"np{n}-{name}", [*MPIRUN, "-np", str(n)], extra)
         lossy = "-bf16" in name or "-fp8" in name
