@@ -1,5 +1,7 @@
 #include "moex/comm/communicator.h"
 
+#include "moex/comm/codec.h"
+
 #include <sched.h>
 
 #include <atomic>
@@ -110,6 +112,17 @@ void mark_comm_failed() { g_comm_failed.store(true); }
 void throw_comm_error(const std::string& message) {
   mark_comm_failed();
   throw_error(ErrorKind::kComm, message);
+}
+
+void allreduce_f32(Communicator& comm, float* data, size_t count, CommDType wire, std::vector<uint16_t>& bf16_scratch) {
+  if (wire != CommDType::kBF16) {
+    comm.allreduce(data, count, wire);
+    return;
+  }
+  if (bf16_scratch.size() < count) bf16_scratch.resize(count);
+  f32_to_bf16_span(data, count, bf16_scratch.data());
+  comm.allreduce(bf16_scratch.data(), count, CommDType::kBF16);
+  bf16_to_f32_span(bf16_scratch.data(), count, data);
 }
 
 Communicator& world() {

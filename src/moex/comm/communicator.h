@@ -9,6 +9,7 @@
 #include <memory>
 #include <span>
 #include <string_view>
+#include <vector>
 
 #include "moex/comm/async.h"
 #include "moex/comm/types.h"
@@ -61,6 +62,10 @@ class Communicator {
 
   CommHandle start_allreduce(void* data, size_t count, CommDType dtype, AllreduceAlgo algo = AllreduceAlgo::kAuto);
 };
+
+// Sums fp32 activations over the group with `wire` as the payload type: fp32 and fp8 take the fp32 buffer
+// as it is; bf16 goes through `bf16_scratch` (grown as needed). What the engine calls after a TP matmul.
+void allreduce_f32(Communicator& comm, float* data, size_t count, CommDType wire, std::vector<uint16_t>& bf16_scratch);
 
 // The world, created on first use (MPI_Init_thread with MPI_THREAD_MULTIPLE when launched by mpirun).
 // MOEX_COMM_FORCE_MPI=1 uses MPI even without a launcher (an OpenMPI singleton).

@@ -6,7 +6,6 @@
 #include "moex/base/error.h"
 #include "moex/base/threads.h"
 #include "moex/kernels/matmul.h"
-#include "moex/comm/codec.h"
 #include "moex/kernels/ops.h"
 #include "moex/profile/profile.h"
 
@@ -164,14 +163,8 @@ void MixtralModel::attention_block(int layer, const StepInput& step) {
   kernels::matmul(attn_out_.data(), T, lw.wo, attn_partial_.data());
   {
     MOEX_ZONE_LAYER(kAllReduce, layer);
-    const size_t count = static_cast<size_t>(T * d);
-    if (options_.plan.comm_dtype == comm::CommDType::kBF16) {
-      comm::f32_to_bf16_span(attn_partial_.data(), count, bf16_buffer_.data());
-      options_.comm->allreduce(bf16_buffer_.data(), count, comm::CommDType::kBF16);
-      comm::bf16_to_f32_span(bf16_buffer_.data(), count, attn_partial_.data());
-    } else {
-      options_.comm->allreduce(attn_partial_.data(), count, options_.plan.comm_dtype);
-    }
+    comm::allreduce_f32(*options_.comm, attn_partial_.data(), static_cast<size_t>(T * d), options_.plan.comm_dtype,
+                        bf16_buffer_);
   }
   for (int64_t i = 0; i < T * d; ++i) hidden_[i] += attn_partial_[i];
 }

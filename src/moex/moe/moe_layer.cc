@@ -48,20 +48,6 @@ void MoELayer::forward(int layer, const MoELayerWeights& w, const float* x, int6
   profile::add_tokens_per_expert(layer, batcher_.stats().tokens_per_expert.data(), shape_.experts);
 }
 
-void MoELayer::allreduce_sum(float* data, size_t count) {
-  switch (plan_.comm_dtype) {
-    case comm::CommDType::kF32:
-    case comm::CommDType::kF8:  // fp32 buffer; the codec quantises what travels, sums stay fp32
-      comm_->allreduce(data, count, plan_.comm_dtype);
-      break;
-    case comm::CommDType::kBF16:
-      comm::f32_to_bf16_span(data, count, bf16_buffer_.data());
-      comm_->allreduce(bf16_buffer_.data(), count, comm::CommDType::kBF16);
-      comm::bf16_to_f32_span(bf16_buffer_.data(), count, data);
-      break;
-  }
-}
-
 // Tokens are the same on every rank: each computes its experts (or expert slices) for all of them, and
 // one all-reduce per layer sums the shares. Single rank: the same path with no reduction.
 void MoELayer::forward_replicated(int layer, const MoELayerWeights& w, const float* x, int64_t tokens,
@@ -139,7 +125,7 @@ void MoELayer::forward_replicated(int layer, const MoELayerWeights& w, const flo
   if (!overlap) {
     down_and_combine(0, tokens, 0, d, partial, /*accumulate=*/false);
     MOEX_ZONE_LAYER(kAllReduce, layer);
-    allreduce_sum(partial, static_cast<size_t>(tokens * d));
+    comm::allreduce_f32(*comm_, partial, static_cast<size_t>(tokens * d), plan_.comm_dtype, bf16_buffer_);
   } else {
     // Chunked: reduce chunk i on the progress thread while chunk i+1 is computed. Chunks are token
     // ranges, or column ranges of the single token at decode batch 1.

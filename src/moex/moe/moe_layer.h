@@ -45,7 +45,6 @@ class MoELayer {
   void forward_dispatch(int layer, const MoELayerWeights& w, const float* x, int64_t tokens, float* residual);
   // Expert e (local index) over `rows` gathered rows; the w2 output rows go to out.
   void run_expert_up(const ExpertWeights& w, const float* rows_in, int64_t rows, float* act);
-  void allreduce_sum(float* data, size_t count);
 
   MoELayerShape shape_;
   ParallelPlan plan_;
