@@ -160,7 +160,7 @@ void setup_parallel_sweep(CLI::App& bench) {
   auto flags = std::make_shared<SweepFlags>();
   auto* cmd = bench.add_subcommand("parallel-sweep", "Every parallel plan side by side (run under mpirun)");
   flags->model.add_to(cmd);
-  cmd->add_option("--batches", flags->batches, "Decode batch sizes")->capture_default_str();
+  cmd->add_option("--batches", flags->batches, "Decode batch sizes, comma-separated")->delimiter(',')->capture_default_str();
   cmd->add_option("--prompt-len", flags->prompt_len, "Prompt tokens per sequence before decoding")->capture_default_str();
   cmd->add_option("--prefill-len", flags->prefill_len, "Prompt tokens of the prefill workload")->capture_default_str();
   cmd->add_option("--steps", flags->steps, "Decode steps per measurement")->capture_default_str();

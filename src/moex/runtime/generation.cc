@@ -97,14 +97,16 @@ GenerationResult generate(MixtralModel& model, const std::vector<std::vector<int
 
   auto start = std::chrono::steady_clock::now();
   int64_t my_prefill_steps = 0, my_prefill_tokens = 0;
+  for (int i = 0; i < local; ++i) my_prefill_steps += prefill_steps(model, static_cast<int64_t>(prompts[mine[i]].size()));
+  // Every rank runs as many prefill steps as the busiest one; agreed before any step, since each step's
+  // collectives need every rank inside a forward call at the same time.
+  const int64_t prefill_step_count = data_parallel ? max_of(gather_counts(model, my_prefill_steps)) : my_prefill_steps;
   for (int i = 0; i < local; ++i) {
     prefill(model, i, prompts[mine[i]], logits.data() + static_cast<size_t>(i) * vocab);
     lengths[i] = static_cast<int32_t>(prompts[mine[i]].size());
     my_prefill_tokens += lengths[i];
-    my_prefill_steps += prefill_steps(model, lengths[i]);
   }
-  if (data_parallel)
-    for (int64_t i = my_prefill_steps; i < max_of(gather_counts(model, my_prefill_steps)); ++i) idle_step(model);
+  for (int64_t i = my_prefill_steps; i < prefill_step_count; ++i) idle_step(model);
   result.prefill_seconds = seconds_since(start);
   result.prefill_tokens = data_parallel ? sum_of(gather_counts(model, my_prefill_tokens)) : my_prefill_tokens;
 
