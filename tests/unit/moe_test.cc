@@ -374,7 +374,9 @@ TEST(MoEDynamicBatch, GatherAndCombineMatchAScalarLoop) {
         for (int64_t i = 0; i < d; ++i) EXPECT_EQ(out[t * d + i], residual[t * d + i]);
       }
     }
-    if (factor > 0) EXPECT_GT(batcher.stats().drops, 0);
+    if (factor > 0) {
+      EXPECT_GT(batcher.stats().drops, 0);
+    }
   }
 }
 
