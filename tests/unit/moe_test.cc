@@ -274,7 +274,9 @@ TEST(MoEDynamicBatch, DroplessPlanGroupsEveryAssignmentInTokenOrder) {
       const int32_t t = batcher.row_token()[r], j = batcher.row_choice()[r];
       EXPECT_EQ(ids[t * k + j], e);
       EXPECT_EQ(batcher.assignment_row()[t * k + j], r);
-      if (r > offsets[e]) EXPECT_LT(batcher.row_token()[r - 1], t) << "token order within expert " << e;
+      if (r > offsets[e]) {
+        EXPECT_LT(batcher.row_token()[r - 1], t) << "token order within expert " << e;
+      }
     }
   }
 }

@@ -115,13 +115,17 @@ void MoEDynamicBatch::combine(const float* expert_out, const float* expert_weigh
   });
 }
 
+void expert_up(const ExpertWeights& w, const float* x, int64_t rows, float* act, float* hidden_up) {
+  if (rows == 0) return;
+  kernels::matmul(x, rows, w.w1, act);        // [rows, I] gate projection
+  kernels::matmul(x, rows, w.w3, hidden_up);  // [rows, I] up projection
+  kernels::silu_mul(act, hidden_up, rows * w.w1.shape[0], act);
+}
+
 void expert_ffn(const ExpertWeights& w, const float* x, int64_t rows, float* hidden_gate, float* hidden_up,
                 float* out) {
   if (rows == 0) return;
-  const int64_t intermediate = w.w1.shape[0];
-  kernels::matmul(x, rows, w.w1, hidden_gate);  // [rows, I]
-  kernels::matmul(x, rows, w.w3, hidden_up);    // [rows, I]
-  kernels::silu_mul(hidden_gate, hidden_up, rows * intermediate, hidden_gate);
+  expert_up(w, x, rows, hidden_gate, hidden_up);
   kernels::matmul(hidden_gate, rows, w.w2, out);  // [rows, d]
 }
 

@@ -66,6 +66,9 @@ class MoEDynamicBatch {
   MoELoadStats stats_;
 };
 
+// The first half of one expert's SwiGLU over `rows` gathered tokens: act [rows, I] = silu(w1 x) * w3 x.
+// hidden_up is scratch [rows, I]. Split from w2 so a caller can run w2 in chunks (the TP overlap).
+void expert_up(const ExpertWeights& w, const float* x, int64_t rows, float* act, float* hidden_up);
 // SwiGLU FFN of one expert over `rows` gathered tokens: out [rows, d] = w2(silu(w1 x) * w3 x).
 // hidden_gate/hidden_up are scratch [rows, I].
 void expert_ffn(const ExpertWeights& w, const float* x, int64_t rows, float* hidden_gate, float* hidden_up,

@@ -1,6 +1,7 @@
 #include "moex/moe/moe_layer.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 
 #include "moex/base/error.h"
@@ -29,14 +30,19 @@ MoELayer::MoELayer(const MoELayerShape& shape, const ParallelPlan& plan, comm::C
   if (!plan.single()) partial_.resize(T * d);
   if (plan.overlap) column_chunk_.resize(k * d);
   if (plan.comm_dtype == comm::CommDType::kBF16) bf16_buffer_.resize(T * d);
-}
-
-void MoELayer::run_expert_up(const ExpertWeights& w, const float* rows_in, int64_t rows, float* act) {
-  const int64_t I = shape_.intermediate_local;
-  float* up = hidden_up_.data();
-  kernels::matmul(rows_in, rows, w.w1, act);  // [rows, I] gate projection
-  kernels::matmul(rows_in, rows, w.w3, up);   // [rows, I] up projection
-  kernels::silu_mul(act, up, rows * I, act);
+  if (plan.attn == AttnParallel::kDP && !plan.single()) {
+    const size_t P = plan.world, per_rank = shape.experts / plan.ep;
+    for (auto* v : {&dispatch_.send_counts, &dispatch_.send_offsets, &dispatch_.recv_counts, &dispatch_.recv_offsets})
+      v->resize(P);
+    dispatch_.count_per_peer.assign(P, per_rank);
+    dispatch_.count_displs.resize(P);
+    for (size_t p = 0; p < P; ++p) dispatch_.count_displs[p] = p * per_rank;
+    dispatch_.send_expert_rows.resize(shape.experts);
+    dispatch_.recv_expert_rows.resize(P * per_rank);
+    dispatch_.rows_from.resize(P);
+    dispatch_.source_row.resize(P * per_rank);
+    dispatch_.expert_begin.resize(per_rank + 1);
+  }
 }
 
 void MoELayer::forward(int layer, const MoELayerWeights& w, const float* x, int64_t tokens, float* residual) {
@@ -74,7 +80,7 @@ void MoELayer::forward_replicated(int layer, const MoELayerWeights& w, const flo
     MOEX_ZONE_LAYER(kExperts, layer);
     for (int e = first; e < last; ++e) {
       const int64_t begin = offsets[e] - row_begin, rows = offsets[e + 1] - offsets[e];
-      if (rows > 0) run_expert_up(w.local[e - first], gathered_.data() + begin * d, rows, act_.data() + begin * I);
+      expert_up(w.local[e - first], gathered_.data() + begin * d, rows, act_.data() + begin * I, hidden_up_.data());
     }
   }
   const auto& assignment_row = batcher_.assignment_row();
@@ -130,7 +136,7 @@ void MoELayer::forward_replicated(int layer, const MoELayerWeights& w, const flo
     // Chunked: reduce chunk i on the progress thread while chunk i+1 is computed. Chunks are token
     // ranges, or column ranges of the single token at decode batch 1.
     constexpr int kChunks = 4;
-    std::vector<comm::CommHandle> handles;
+    std::array<comm::CommHandle, kChunks> handles;
     for (int c = 0; c < kChunks; ++c) {
       int64_t t0 = 0, t1 = tokens, c0 = 0, c1 = d;
       if (tokens >= kChunks) {
@@ -144,7 +150,7 @@ void MoELayer::forward_replicated(int layer, const MoELayerWeights& w, const flo
       down_and_combine(t0, t1, c0, c1, partial, /*accumulate=*/false);
       float* chunk = tokens >= kChunks ? partial + t0 * d : partial + c0;
       const size_t count = tokens >= kChunks ? static_cast<size_t>((t1 - t0) * d) : static_cast<size_t>(c1 - c0);
-      handles.push_back(comm_->start_allreduce(chunk, tokens == 0 ? 0 : count, plan_.comm_dtype));
+      handles[c] = comm_->start_allreduce(chunk, tokens == 0 ? 0 : count, plan_.comm_dtype);
     }
     MOEX_ZONE_LAYER(kAllReduce, layer);  // what remains after the last chunk's compute: the exposed wait
     for (auto& h : handles) h.wait();
@@ -165,8 +171,10 @@ void MoELayer::forward_dispatch(int layer, const MoELayerWeights& w, const float
     router_.route(x, tokens, w.gate, expert_ids_.data(), expert_weights_.data());
   }
   const auto& offsets = batcher_.expert_offsets();
-  std::vector<size_t> send_counts(P), send_offsets(P), recv_counts(P), recv_offsets(P);
-  std::vector<int32_t> send_expert_rows(E), recv_expert_rows(static_cast<size_t>(P) * per_rank);
+  DispatchPlan& dp = dispatch_;  // sized once in the constructor: nothing here allocates per step
+  auto &send_counts = dp.send_counts, &send_offsets = dp.send_offsets, &recv_counts = dp.recv_counts,
+       &recv_offsets = dp.recv_offsets;
+  auto &send_expert_rows = dp.send_expert_rows, &recv_expert_rows = dp.recv_expert_rows;
   {
     MOEX_ZONE_LAYER(kDispatch, layer);
     batcher_.plan(expert_ids_.data(), tokens);
@@ -176,13 +184,12 @@ void MoELayer::forward_dispatch(int layer, const MoELayerWeights& w, const float
   // 1. How many rows of each of its experts every rank will receive (E/P counts per pair).
   {
     MOEX_ZONE_LAYER(kAllToAll, layer);
-    std::vector<size_t> counts(P, per_rank), displs(P);
-    for (int p = 0; p < P; ++p) displs[p] = static_cast<size_t>(p) * per_rank;
-    comm_->alltoallv(send_expert_rows.data(), counts, displs, recv_expert_rows.data(), counts, displs, sizeof(int32_t));
+    comm_->alltoallv(send_expert_rows.data(), dp.count_per_peer, dp.count_displs, recv_expert_rows.data(),
+                     dp.count_per_peer, dp.count_displs, sizeof(int32_t));
   }
   // 2. The rows themselves, encoded in the comm dtype, one block per destination.
   int64_t recv_rows = 0;
-  std::vector<int64_t> rows_from(P);
+  auto& rows_from = dp.rows_from;
   for (int p = 0; p < P; ++p) {
     int64_t rows = 0;
     for (int le = 0; le < per_rank; ++le) rows += recv_expert_rows[p * per_rank + le];
@@ -224,7 +231,8 @@ void MoELayer::forward_dispatch(int layer, const MoELayerWeights& w, const float
   }
   last_bytes_sent_ = send_bytes;
   // 3. Regroup arrivals by local expert (they come grouped by source, then expert), run each expert once.
-  std::vector<int64_t> source_row(static_cast<size_t>(P) * per_rank), expert_begin(per_rank + 1, 0);
+  auto &source_row = dp.source_row, &expert_begin = dp.expert_begin;
+  std::fill(expert_begin.begin(), expert_begin.end(), 0);
   {
     int64_t row = 0;
     for (int p = 0; p < P; ++p)
@@ -252,7 +260,7 @@ void MoELayer::forward_dispatch(int layer, const MoELayerWeights& w, const float
     for (int le = 0; le < per_rank; ++le) {
       const int64_t begin = expert_begin[le], rows = expert_begin[le + 1] - begin;
       if (rows == 0) continue;
-      run_expert_up(w.local[le], by_expert_.data() + begin * d, rows, act_.data());
+      expert_up(w.local[le], by_expert_.data() + begin * d, rows, act_.data(), hidden_up_.data());
       kernels::matmul(act_.data(), rows, w.local[le].w2, by_expert_.data() + begin * d);  // in place: rows done
     }
     regroup(by_expert_.data(), received_.data(), false);

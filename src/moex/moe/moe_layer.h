@@ -43,8 +43,6 @@ class MoELayer {
  private:
   void forward_replicated(int layer, const MoELayerWeights& w, const float* x, int64_t tokens, float* residual);
   void forward_dispatch(int layer, const MoELayerWeights& w, const float* x, int64_t tokens, float* residual);
-  // Expert e (local index) over `rows` gathered rows; the w2 output rows go to out.
-  void run_expert_up(const ExpertWeights& w, const float* rows_in, int64_t rows, float* act);
 
   MoELayerShape shape_;
   ParallelPlan plan_;
@@ -64,6 +62,15 @@ class MoELayer {
   std::vector<uint16_t> bf16_buffer_;  // [T*d] bf16 all-reduce payload
   // Dispatch path (dp attention): wire buffers and per-source bookkeeping.
   std::vector<uint8_t> send_wire_, recv_wire_;
+  struct DispatchPlan {
+    std::vector<size_t> send_counts, send_offsets, recv_counts, recv_offsets;  // [P] bytes on the wire
+    std::vector<size_t> count_per_peer, count_displs;                        // [P] E/P counts each
+    std::vector<int32_t> send_expert_rows;   // [E] rows this rank sends to each expert
+    std::vector<int32_t> recv_expert_rows;   // [P, E/P] rows arriving from each source for each local expert
+    std::vector<int64_t> rows_from;          // [P]
+    std::vector<int64_t> source_row;         // [P, E/P] first arriving row of (source, local expert)
+    std::vector<int64_t> expert_begin;       // [E/P + 1] local experts' rows after regrouping
+  } dispatch_;
   std::vector<float> received_, by_expert_;
 };
 
