@@ -25,7 +25,7 @@ struct BenchCommFlags {
   std::string dtype = "f32";
   std::string algos;  // comma list; empty: all
   std::string min_bytes = "8", max_bytes = "256M";
-  int iters = 20, warmup = 3;
+  int iters = 15, warmup = 2;
   bool json = false;
   std::string plot;
   std::string tuning;
@@ -48,6 +48,9 @@ struct Row {
   double max_error;
   uint64_t bytes_sent;
   std::string chosen;  // for auto: what ran
+  int batch;           // calls per timed sample
+  double vs_fastest;   // auto: time / the fastest algorithm's time at this size
+  double pct_copy = 0;  // busbw / the interleaved copy's bandwidth at this size
 };
 
 void write_plot(const std::string& path, const std::vector<Row>& rows, const std::vector<std::string>& algos,
@@ -115,62 +118,105 @@ void run_bench_comm(const BenchCommFlags& flags) {
   std::vector<std::string> measured = algos;
   measured.push_back("auto");
 
-  const double peak = p >= 2 ? comm::measure_peak_copy_bandwidth(world, std::max<uint64_t>(max_bytes, 16 << 20) > (64ull << 20) ? 64ull << 20 : std::max<uint64_t>(max_bytes, 16 << 20)) : 0.0;
-  const double peak_gbps = peak / 1e9;
+  // The peak copy: 64 MB (or --max-bytes if larger than 16 MB and smaller), best pipeline chunk.
+  const uint64_t peak_bytes = std::clamp<uint64_t>(max_bytes, 16ull << 20, 64ull << 20);
+  const comm::PeakCopy peak = p >= 2 ? comm::measure_peak_copy_bandwidth(world, peak_bytes) : comm::PeakCopy{};
+  const double peak_gbps = peak.bytes_per_second / 1e9;
   const size_t elem = is_allreduce ? comm::comm_dtype_buffer_size(*dtype) : 1;
   const double bus_factor = is_allreduce ? 2.0 * (p - 1) / p : static_cast<double>(p - 1) / p;
   if (leader && !flags.json) {
-    std::printf("# moex bench-comm: %s, %d ranks, dtype %s, iters %d (fewer above 16M), warmup %d\n",
+    std::printf("# moex bench-comm: %s, %d ranks, dtype %s, %d samples per algorithm and size (fewer above 16M), "
+                "algorithms interleaved sample by sample, warmup %d\n",
                 flags.collective.c_str(), p, flags.dtype.c_str(), flags.iters, flags.warmup);
-    std::printf("# peak copy bandwidth between two ranks (shared memory, pipelined memcpy): %.2f GB/s\n", peak_gbps);
-    std::printf("# busbw = algbw * %s; time is the median over iterations of the slowest rank\n",
+    std::printf("# peak copy bandwidth between two ranks (shared memory, pipelined memcpy, best chunk %s): %.2f GB/s\n",
+                human_bytes(peak.chunk_bytes).c_str(), peak_gbps);
+    std::printf("# busbw = algbw * %s; time is one call: the slowest rank's median sample (a sample times `batch` "
+                "back-to-back calls)\n",
                 is_allreduce ? "2(p-1)/p" : "(p-1)/p");
-    std::printf("%10s %-13s %11s %9s %9s %7s %6s %11s %s\n", "bytes", "algo", "time(us)", "algbw", "busbw",
-                "%peak", "check", "sent(B)", "note");
+    std::printf("# %%copy = busbw / the bandwidth of a two-process copy of the same bytes (rank 0 -> 1 through shared "
+                "memory, pipelined), timed interleaved with the algorithms (the 'copy' row)\n");
+    std::printf("%10s %-13s %11s %9s %9s %7s %7s %6s %11s %5s %s\n", "bytes", "algo", "time(us)", "algbw", "busbw",
+                "%peak", "%copy", "check", "sent(B)", "batch", "note");
   }
   std::vector<Row> rows;
   bool all_correct = true;
+  double worst_ratio = 0;
+  uint64_t worst_bytes = 0;
+  int sizes = 0, within = 0;
+  double shm_large_min_pct = 1e300;
+  std::string shm_large_pcts;  // "16M 85%, 32M 80%, ..."
   for (uint64_t bytes = min_bytes; bytes <= max_bytes; bytes *= 2) {
     const size_t count = is_allreduce ? bytes / elem : bytes / p;  // alltoall: bytes per rank, split over peers
     const uint64_t actual = is_allreduce ? count * elem : count * p;
-    const int iters = bytes >= (16u << 20) ? std::max(3, std::min(flags.iters, static_cast<int>((1ull << 30) / bytes))) : flags.iters;
+    comm::MeasureOptions options;
+    options.warmup = flags.warmup;
+    options.copy_probe = true;
+    options.copy_chunk_bytes = peak.chunk_bytes;
+    options.samples = bytes >= (16u << 20) ? std::max(5, std::min(flags.iters, static_cast<int>((2ull << 30) / bytes)))
+                                           : flags.iters;
+    std::vector<comm::Measurement> results;
+    if (is_allreduce) {
+      std::vector<comm::AllreduceAlgo> list;
+      for (const auto& name : measured) list.push_back(*comm::allreduce_algo_from_name(name));
+      results = comm::measure_allreduce(world, list, *dtype, count, options);
+    } else {
+      std::vector<comm::AlltoallAlgo> list;
+      for (const auto& name : measured) list.push_back(*comm::alltoall_algo_from_name(name));
+      results = comm::measure_alltoall(world, list, count, options);
+    }
     double fastest_us = 1e300;
     std::string fastest;
-    for (const auto& name : measured) {
-      comm::Measurement m;
-      if (is_allreduce) {
-        m = comm::measure_allreduce(world, *comm::allreduce_algo_from_name(name), *dtype, count, flags.warmup, iters);
-      } else {
-        m = comm::measure_alltoall(world, *comm::alltoall_algo_from_name(name), count, flags.warmup, iters);
-      }
-      Row row{actual, name, m.seconds * 1e6, 0, 0, 0, m.correct, m.max_error, m.bytes_sent, std::string(m.algorithm)};
+    for (size_t i = 0; i + 1 < measured.size(); ++i)
+      if (results[i].seconds * 1e6 < fastest_us) fastest_us = results[i].seconds * 1e6, fastest = measured[i];
+    const bool has_copy = results.size() > measured.size();
+    const double copy_gbps = has_copy && results.back().seconds > 0 ? actual / results.back().seconds / 1e9 : 0;
+    for (size_t i = 0; i < results.size(); ++i) {
+      const std::string name = i < measured.size() ? measured[i] : "copy";
+      const comm::Measurement& m = results[i];
+      Row row{actual, name, m.seconds * 1e6, 0, 0, 0, m.correct, m.max_error, m.bytes_sent, std::string(m.algorithm),
+              m.batch, 0};
       row.algbw_gbps = m.seconds > 0 ? actual / m.seconds / 1e9 : 0;
-      row.busbw_gbps = row.algbw_gbps * bus_factor;
+      row.busbw_gbps = row.algbw_gbps * (name == "copy" ? 1.0 : bus_factor);
       row.pct_peak = peak_gbps > 0 ? 100.0 * row.busbw_gbps / peak_gbps : 0;
+      row.pct_copy = copy_gbps > 0 ? 100.0 * row.busbw_gbps / copy_gbps : 0;
+      if (name == "shm" && actual >= (16u << 20) && row.pct_copy > 0) {
+        shm_large_min_pct = std::min(shm_large_min_pct, row.pct_copy);
+        shm_large_pcts += (shm_large_pcts.empty() ? "" : ", ") + human_bytes(actual) + " " +
+                          std::to_string(static_cast<int>(row.pct_copy + 0.5)) + "%";
+      }
       all_correct &= m.correct;
-      if (name != "auto" && row.time_us < fastest_us) fastest_us = row.time_us, fastest = name;
+      if (name == "auto" && !fastest.empty()) {
+        row.vs_fastest = row.time_us / fastest_us;
+        ++sizes;
+        within += row.vs_fastest <= 1.05;
+        if (row.vs_fastest > worst_ratio) worst_ratio = row.vs_fastest, worst_bytes = actual;
+      }
       if (leader && !flags.json) {
-        std::string note = name == "auto" ? "-> " + row.chosen : "";
-        if (name == "auto") {
-          char text[96];
-          std::snprintf(text, sizeof(text), ", fastest %s %.1f us, auto/fastest %.3f", fastest.c_str(), fastest_us,
-                        row.time_us / fastest_us);
-          note += text;
-        }
-        std::printf("%10s %-13s %11.1f %9.3f %9.3f %7.1f %6s %11llu %s\n", human_bytes(actual).c_str(), name.c_str(),
-                    row.time_us, row.algbw_gbps, row.busbw_gbps, row.pct_peak, m.correct ? "ok" : "WRONG",
-                    static_cast<unsigned long long>(m.bytes_sent), note.c_str());
+        char note[128] = "";
+        if (name == "auto" && !fastest.empty())
+          std::snprintf(note, sizeof(note), "-> %s, fastest %s %.1f us, auto/fastest %.3f", row.chosen.c_str(),
+                        fastest.c_str(), fastest_us, row.vs_fastest);
+        std::printf("%10s %-13s %11.2f %9.3f %9.3f %7.1f %7.1f %6s %11llu %5d %s\n", human_bytes(actual).c_str(),
+                    name.c_str(), row.time_us, row.algbw_gbps, row.busbw_gbps, row.pct_peak, row.pct_copy,
+                    m.correct ? "ok" : "WRONG", static_cast<unsigned long long>(m.bytes_sent), m.batch, note);
         std::fflush(stdout);
       }
       rows.push_back(std::move(row));
     }
   }
+  if (leader && !flags.json && sizes > 0)
+    std::printf("# auto within 5%% of the fastest at %d of %d sizes; worst auto/fastest %.3f at %s\n", within, sizes,
+                worst_ratio, human_bytes(worst_bytes).c_str());
+  if (leader && !flags.json && !shm_large_pcts.empty())
+    std::printf("# shm busbw vs the interleaved copy at >= 16M: %s (min %.1f%%)\n", shm_large_pcts.c_str(),
+                shm_large_min_pct);
   if (leader && flags.json) {
     nlohmann::json results = nlohmann::json::array();
     for (const auto& row : rows)
       results.push_back({{"bytes", row.bytes}, {"algo", row.algo}, {"ran", row.chosen}, {"time_us", row.time_us},
-                         {"algbw_GBps", row.algbw_gbps}, {"busbw_GBps", row.busbw_gbps}, {"pct_peak", row.pct_peak},
-                         {"correct", row.correct}, {"max_error", row.max_error}, {"bytes_sent", row.bytes_sent}});
+                         {"algbw_GBps", row.algbw_gbps}, {"busbw_GBps", row.busbw_gbps}, {"pct_peak", row.pct_peak}, {"pct_copy", row.pct_copy},
+                         {"correct", row.correct}, {"max_error", row.max_error}, {"bytes_sent", row.bytes_sent},
+                         {"batch", row.batch}, {"auto_vs_fastest", row.vs_fastest}});
     nlohmann::json doc = {{"collective", flags.collective}, {"ranks", p}, {"dtype", flags.dtype},
                           {"peak_copy_GBps", peak_gbps}, {"results", results}};
     std::printf("%s\n", doc.dump(1).c_str());
@@ -179,7 +225,9 @@ void run_bench_comm(const BenchCommFlags& flags) {
     char title[160];
     std::snprintf(title, sizeof(title), "moex bench-comm %s, %d ranks, %s", flags.collective.c_str(), p,
                   flags.dtype.c_str());
-    write_plot(flags.plot, rows, measured, title, peak_gbps);
+    std::vector<std::string> plotted = measured;
+    if (std::any_of(rows.begin(), rows.end(), [](const Row& row) { return row.algo == "copy"; })) plotted.push_back("copy");
+    write_plot(flags.plot, rows, plotted, title, peak_gbps);
     if (!flags.json) std::printf("# plot written to %s\n", flags.plot.c_str());
   }
   if (!all_correct) throw_error(ErrorKind::kInternal, "bench-comm: some results were WRONG (see the check column)");
@@ -193,7 +241,7 @@ void setup_bench_comm(CLI::App& app) {
   cmd->add_option("--algos", flags->algos, "comma list of algorithms (default: all)");
   cmd->add_option("--min-bytes", flags->min_bytes, "smallest size (8, 64K, 1M, ...)")->capture_default_str();
   cmd->add_option("--max-bytes", flags->max_bytes, "largest size")->capture_default_str();
-  cmd->add_option("--iters", flags->iters, "timed iterations per size")->capture_default_str();
+  cmd->add_option("--iters", flags->iters, "timed samples per algorithm and size")->capture_default_str();
   cmd->add_option("--warmup", flags->warmup, "untimed iterations per size")->capture_default_str();
   cmd->add_flag("--json", flags->json, "print JSON instead of the table");
   cmd->add_option("--plot", flags->plot, "write busbw vs size to this PNG (gnuplot)");

@@ -17,7 +17,7 @@ struct TuneCommFlags {
   std::string out;
   std::string dtypes = "f32,bf16,fp8";
   std::string max_bytes = "64M";
-  int iters = 10;
+  int iters = 11;
   bool alltoall = true;
 };
 
@@ -27,6 +27,13 @@ void run_tune_comm(const TuneCommFlags& flags) {
   const bool leader = world.rank() == 0;
   comm::TuningTable table;
   const uint64_t max_bytes = comm::parse_byte_size(flags.max_bytes, "--max-bytes");
+  // Fewer samples for large messages (each call takes milliseconds there); interleaved like bench-comm.
+  auto options_for = [&](uint64_t bytes) {
+    comm::MeasureOptions options;
+    options.samples = bytes >= (16u << 20) ? std::max(5, std::min(flags.iters, static_cast<int>((1ull << 30) / bytes)))
+                                           : flags.iters;
+    return options;
+  };
   size_t pos = 0;
   while (pos <= flags.dtypes.size()) {
     const size_t comma = std::min(flags.dtypes.find(',', pos), flags.dtypes.size());
@@ -35,40 +42,43 @@ void run_tune_comm(const TuneCommFlags& flags) {
     const auto dtype = comm::comm_dtype_from_name(name);
     MOEX_CHECK_INPUT(dtype.has_value(), "--dtypes: '", name, "' is not one of f32, bf16, fp8");
     const size_t elem = comm::comm_dtype_buffer_size(*dtype);
+    std::vector<comm::AllreduceAlgo> candidates;
+    for (comm::AllreduceAlgo algo : comm::all_allreduce_algos())
+      if (algo != comm::AllreduceAlgo::kMpi || *dtype == comm::CommDType::kF32) candidates.push_back(algo);  // mpi: no compression
     for (uint64_t bytes = 8; bytes <= max_bytes; bytes *= 2) {
-      const int iters = bytes >= (16u << 20) ? 3 : flags.iters;
-      std::string best;
-      double best_s = 1e300;
-      for (comm::AllreduceAlgo algo : comm::all_allreduce_algos()) {
-        if (algo == comm::AllreduceAlgo::kMpi && *dtype != comm::CommDType::kF32) continue;  // no compression
-        const auto m = comm::measure_allreduce(world, algo, *dtype, bytes / elem, 2, iters);
-        MOEX_CHECK(m.correct, "tune-comm: ", comm::algo_name(algo), " gave a wrong all-reduce at ", bytes, " bytes");
-        if (m.seconds < best_s) best_s = m.seconds, best = std::string(comm::algo_name(algo));
+      const auto results = comm::measure_allreduce(world, candidates, *dtype, bytes / elem, options_for(bytes));
+      size_t best = 0;
+      for (size_t i = 0; i < candidates.size(); ++i) {
+        MOEX_CHECK(results[i].correct, "tune-comm: ", comm::algo_name(candidates[i]), " gave a wrong all-reduce at ",
+                   bytes, " bytes");
+        if (results[i].seconds < results[best].seconds) best = i;
       }
-      table.add({comm::Collective::kAllreduce, p, *dtype, bytes, best, best_s * 1e6});
-      if (leader) std::printf("allreduce %-4s %10llu B: %-13s %10.1f us\n", name.c_str(),
-                              static_cast<unsigned long long>(bytes), best.c_str(), best_s * 1e6);
+      const std::string winner(comm::algo_name(candidates[best]));
+      table.add({comm::Collective::kAllreduce, p, *dtype, bytes, winner, results[best].seconds * 1e6});
+      if (leader) std::printf("allreduce %-4s %10llu B: %-13s %10.2f us\n", name.c_str(),
+                              static_cast<unsigned long long>(bytes), winner.c_str(), results[best].seconds * 1e6);
     }
   }
+  const auto alltoall_candidates = comm::all_alltoall_algos();
   for (uint64_t per_peer = 1; flags.alltoall && per_peer * p <= max_bytes; per_peer *= 2) {
-    const int iters = per_peer * p >= (16u << 20) ? 3 : flags.iters;
-    std::string best;
-    double best_s = 1e300;
-    for (comm::AlltoallAlgo algo : comm::all_alltoall_algos()) {
-      const auto m = comm::measure_alltoall(world, algo, per_peer, 2, iters);
-      MOEX_CHECK(m.correct, "tune-comm: ", comm::algo_name(algo), " gave a wrong all-to-all");
-      if (m.seconds < best_s) best_s = m.seconds, best = std::string(comm::algo_name(algo));
+    const auto results = comm::measure_alltoall(world, alltoall_candidates, per_peer, options_for(per_peer * p));
+    size_t best = 0;
+    for (size_t i = 0; i < alltoall_candidates.size(); ++i) {
+      MOEX_CHECK(results[i].correct, "tune-comm: ", comm::algo_name(alltoall_candidates[i]), " gave a wrong all-to-all");
+      if (results[i].seconds < results[best].seconds) best = i;
     }
-    table.add({comm::Collective::kAlltoall, p, comm::CommDType::kF32, per_peer, best, best_s * 1e6});
-    if (leader) std::printf("alltoall %10llu B/peer: %-9s %10.1f us\n", static_cast<unsigned long long>(per_peer),
-                            best.c_str(), best_s * 1e6);
+    const std::string winner(comm::algo_name(alltoall_candidates[best]));
+    table.add({comm::Collective::kAlltoall, p, comm::CommDType::kF32, per_peer, winner, results[best].seconds * 1e6});
+    if (leader) std::printf("alltoall %10llu B/peer: %-9s %10.2f us\n", static_cast<unsigned long long>(per_peer),
+                            winner.c_str(), results[best].seconds * 1e6);
   }
   if (leader) {
     // Merge: keep other group sizes already in the file, replace this one.
     comm::TuningTable merged;
     if (FILE* existing = std::fopen(flags.out.c_str(), "r")) {
       std::fclose(existing);
-      for (const auto& entry : comm::TuningTable::load(flags.out).entries())
+      const comm::TuningTable previous = comm::TuningTable::load(flags.out);  // named: entries() must outlive the loop
+      for (const auto& entry : previous.entries())
         if (entry.group_size != p) merged.add(entry);
     }
     for (const auto& entry : table.entries()) merged.add(entry);
@@ -83,7 +93,7 @@ void setup_tune_comm(CLI::App& app) {
   cmd->add_option("--out", flags->out, "JSON table to write (merged with other group sizes)")->required();
   cmd->add_option("--dtypes", flags->dtypes, "comma list of f32, bf16, fp8")->capture_default_str();
   cmd->add_option("--max-bytes", flags->max_bytes, "largest message size (64K, 16M, ...)")->capture_default_str();
-  cmd->add_option("--iters", flags->iters, "timed iterations per size")->capture_default_str();
+  cmd->add_option("--iters", flags->iters, "timed samples per algorithm and size")->capture_default_str();
   cmd->callback([flags] { run_tune_comm(*flags); });
 }
 MOEX_REGISTER_COMMAND(setup_tune_comm);

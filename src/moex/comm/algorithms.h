@@ -64,8 +64,16 @@ void alltoall_pairwise(MpiCommunicator& comm, const AlltoallArgs& args);
 void alltoall_bruck(MpiCommunicator& comm, const AlltoallArgs& args);
 void alltoall_mpi(MpiCommunicator& comm, const AlltoallArgs& args);
 
-// Node-local copy bandwidth between ranks 0 and 1 through the shared window (bytes/s), pipelined in
-// chunks: the "peak" bench-comm compares shm busbw against. Collective; other ranks just wait.
-double measure_shm_copy_bandwidth(MpiCommunicator& comm, size_t bytes, int iters);
+// The reference copy bench-comm compares against: `bytes` from rank 0's private `source` to rank 1's
+// private `target` through the shared window, pipelined in `chunk_bytes` pieces (rank 0 copies chunk i+1 in
+// while rank 1 copies chunk i out). Ranks other than 0 and 1 return at once. Collective (the window may grow).
+void shm_copy(MpiCommunicator& comm, const std::byte* source, std::byte* target, size_t bytes, size_t chunk_bytes);
+struct CopyBandwidth {
+  double bytes_per_second = 0;
+  size_t chunk_bytes = 0;
+};
+// Best of `iters` shm_copy calls of `bytes` at each chunk size from 64 KB to 4 MB (on every rank); zero when
+// fewer than 2 ranks share a node.
+CopyBandwidth measure_shm_copy_bandwidth(MpiCommunicator& comm, size_t bytes, int iters);
 
 }  // namespace moex::comm::detail

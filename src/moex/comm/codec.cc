@@ -108,6 +108,10 @@ void add_f32(const float* __restrict src, size_t count, float* __restrict dst) {
   for (size_t i = 0; i < count; ++i) dst[i] += src[i];
 }
 
+void add_f32_publish(const float* __restrict src, size_t count, float* __restrict dst, float* __restrict copy) {
+  for (size_t i = 0; i < count; ++i) copy[i] = dst[i] += src[i];
+}
+
 void bf16_to_f32_span(const uint16_t* src, size_t count, float* dst) {
   for (size_t i = 0; i < count; ++i) dst[i] = bf16_to_f32(src[i]);
 }

@@ -34,6 +34,9 @@ void wire_round_trip(WireFormat format, float* data, size_t count);
 
 // dst [count] += src [count]
 void add_f32(const float* src, size_t count, float* dst);
+// dst [count] += src [count], and the sums also written to copy [count]: the last reduction step of a rank
+// that publishes its result (one pass over dst instead of an add and then a copy).
+void add_f32_publish(const float* src, size_t count, float* dst, float* copy);
 // bf16 buffer <-> fp32 working buffer
 void bf16_to_f32_span(const uint16_t* src, size_t count, float* dst);
 void f32_to_bf16_span(const float* src, size_t count, uint16_t* dst);

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 
 #include "moex/base/dtype.h"
 #include "moex/comm/algorithms.h"
@@ -20,13 +21,63 @@ float pattern(int rank, size_t i, bool random_data) {
   return static_cast<float>(h >> 40) / static_cast<float>(1 << 23) - 1.0f;
 }
 
-// Median of this rank's per-iteration times, then the slowest rank's median.
-double slowest_median(Communicator& comm, std::vector<double>& times) {
-  std::sort(times.begin(), times.end());
-  double median = times.empty() ? 0.0 : times[times.size() / 2];
-  std::vector<double> all(comm.size());
-  comm.allgather(&median, sizeof(double), all.data());
-  return *std::max_element(all.begin(), all.end());
+// Elementwise maximum over ranks.
+std::vector<double> max_over_ranks(Communicator& comm, const std::vector<double>& mine) {
+  const size_t n = mine.size();
+  std::vector<double> all(n * comm.size());
+  comm.allgather(mine.data(), n * sizeof(double), all.data());
+  std::vector<double> result(n, 0.0);
+  for (int j = 0; j < comm.size(); ++j)
+    for (size_t i = 0; i < n; ++i) result[i] = std::max(result[i], all[j * n + i]);
+  return result;
+}
+
+// Median of this rank's samples for each algorithm, then the slowest rank's median.
+std::vector<double> slowest_medians(Communicator& comm, std::vector<std::vector<double>>& samples) {
+  const size_t n = samples.size();
+  std::vector<double> medians(n);
+  for (size_t i = 0; i < n; ++i) {
+    auto& times = samples[i];
+    std::sort(times.begin(), times.end());
+    medians[i] = times.empty() ? 0.0 : times.size() % 2 ? times[times.size() / 2]
+                                                        : 0.5 * (times[times.size() / 2 - 1] + times[times.size() / 2]);
+  }
+  return max_over_ranks(comm, medians);
+}
+
+// The timing loop of measure.h for `n` algorithms: run(i) makes one call of algorithm i, restore() puts
+// the input back. Returns seconds per call for each algorithm; batches[i] = calls per sample.
+std::vector<double> time_interleaved(Communicator& comm, size_t n, const std::function<void(size_t)>& run,
+                                     const std::function<void()>& restore, const MeasureOptions& options,
+                                     std::vector<int>& batches) {
+  std::vector<double> estimate(n, 0.0);
+  for (size_t i = 0; i < n; ++i) {
+    for (int w = 0; w < std::max(1, options.warmup); ++w) {
+      restore();
+      comm.barrier();
+      const int64_t start = steady_now_ns();
+      run(i);
+      estimate[i] = (steady_now_ns() - start) * 1e-9;  // the last warm-up call: caches and windows are warm
+    }
+  }
+  estimate = max_over_ranks(comm, estimate);  // every rank must use the same batch
+  batches.assign(n, 1);
+  for (size_t i = 0; i < n; ++i) {
+    const double calls = options.target_sample_us * 1e-6 / std::max(estimate[i], 1e-9);
+    batches[i] = static_cast<int>(std::clamp(std::ceil(calls), 1.0, static_cast<double>(std::max(1, options.max_batch))));
+  }
+  std::vector<std::vector<double>> samples(n);
+  for (int s = 0; s < options.samples; ++s) {
+    for (size_t k = 0; k < n; ++k) {
+      const size_t i = (k + s) % n;  // rotate who goes first
+      restore();
+      comm.barrier();
+      const int64_t start = steady_now_ns();
+      for (int b = 0; b < batches[i]; ++b) run(i);
+      samples[i].push_back((steady_now_ns() - start) * 1e-9 / batches[i]);
+    }
+  }
+  return slowest_medians(comm, samples);
 }
 
 bool all_true(Communicator& comm, bool value) {
@@ -36,10 +87,16 @@ bool all_true(Communicator& comm, bool value) {
   return std::all_of(all.begin(), all.end(), [](int v) { return v == 1; });
 }
 
+// The copy probe of MeasureOptions, or nullptr when this group cannot run it.
+MpiCommunicator* copy_probe_comm(Communicator& comm, const MeasureOptions& options) {
+  auto* mpi = dynamic_cast<MpiCommunicator*>(&comm);
+  return options.copy_probe && mpi && mpi->size() >= 2 && mpi->all_on_one_node() ? mpi : nullptr;
+}
+
 }  // namespace
 
-Measurement measure_allreduce(Communicator& comm, AllreduceAlgo algo, CommDType dtype, size_t count, int warmup,
-                              int iters, bool random_data) {
+std::vector<Measurement> measure_allreduce(Communicator& comm, std::span<const AllreduceAlgo> algos, CommDType dtype,
+                                           size_t count, const MeasureOptions& options, bool random_data) {
   const int p = comm.size(), r = comm.rank();
   const size_t elem = comm_dtype_buffer_size(dtype);
   std::vector<std::byte> input(count * elem), buffer(count * elem);
@@ -51,68 +108,86 @@ Measurement measure_allreduce(Communicator& comm, AllreduceAlgo algo, CommDType 
       reinterpret_cast<float*>(input.data())[i] = x;
     }
   }
-  Measurement result;
-  set_event_observer([&](const CollectiveEvent& event) {
-    result.bytes_sent = event.bytes_sent;
-    result.algorithm = event.algorithm;
-  });
-  std::memcpy(buffer.data(), input.data(), buffer.size());
-  comm.allreduce(buffer.data(), count, dtype, algo);
-  set_event_observer({});
-  // Check against the exact sum (computed in double from every rank's pattern).
-  const double unit = dtype == CommDType::kF32 ? 0.0 : dtype == CommDType::kBF16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -4);
-  const double bound = unit * (2.0 + std::ceil(std::log2(std::max(p, 2))));
+  // The exact sum (in double, from every rank's pattern) and the error bound of the dtype.
+  std::vector<double> exact(count), scale(count);
   for (size_t i = 0; i < count; ++i) {
-    double exact = 0, scale = 0;
     for (int j = 0; j < p; ++j) {
       float x = pattern(j, i, random_data);
       if (dtype == CommDType::kBF16) x = bf16_to_f32(f32_to_bf16(x));
-      exact += x, scale += std::fabs(x);
+      exact[i] += x, scale[i] += std::fabs(x);
     }
-    const double got = dtype == CommDType::kBF16 ? bf16_to_f32(reinterpret_cast<uint16_t*>(buffer.data())[i])
-                                                 : reinterpret_cast<float*>(buffer.data())[i];
-    result.max_error = std::max(result.max_error, std::fabs(got - exact) / std::max(scale, 1e-30));
   }
-  result.correct = all_true(comm, result.max_error <= bound);
-  std::vector<double> times;
-  for (int iter = 0; iter < warmup + iters; ++iter) {
+  const double unit = dtype == CommDType::kF32 ? 0.0 : dtype == CommDType::kBF16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -4);
+  const double bound = unit * (2.0 + std::ceil(std::log2(std::max(p, 2))));
+  std::vector<Measurement> results(algos.size());
+  for (size_t a = 0; a < algos.size(); ++a) {
+    Measurement& result = results[a];
+    set_event_observer([&](const CollectiveEvent& event) {
+      result.bytes_sent = event.bytes_sent;
+      result.algorithm = event.algorithm;
+    });
     std::memcpy(buffer.data(), input.data(), buffer.size());
-    comm.barrier();
-    const int64_t start = steady_now_ns();
-    comm.allreduce(buffer.data(), count, dtype, algo);
-    if (iter >= warmup) times.push_back((steady_now_ns() - start) * 1e-9);
+    comm.allreduce(buffer.data(), count, dtype, algos[a]);
+    set_event_observer({});
+    for (size_t i = 0; i < count; ++i) {
+      const double got = dtype == CommDType::kBF16 ? bf16_to_f32(reinterpret_cast<uint16_t*>(buffer.data())[i])
+                                                   : reinterpret_cast<float*>(buffer.data())[i];
+      result.max_error = std::max(result.max_error, std::fabs(got - exact[i]) / std::max(scale[i], 1e-30));
+    }
+    result.correct = all_true(comm, result.max_error <= bound);
   }
-  result.seconds = slowest_median(comm, times);
-  return result;
+  MpiCommunicator* probe = copy_probe_comm(comm, options);
+  std::vector<std::byte> copy_target(probe && r == 1 ? buffer.size() : 0);
+  if (probe) results.push_back(Measurement{.algorithm = "copy"});
+  std::vector<int> batches;
+  const auto seconds = time_interleaved(
+      comm, results.size(),
+      [&](size_t a) {
+        if (a < algos.size()) comm.allreduce(buffer.data(), count, dtype, algos[a]);
+        else detail::shm_copy(*probe, input.data(), copy_target.data(), buffer.size(), options.copy_chunk_bytes);
+      },
+      [&] { std::memcpy(buffer.data(), input.data(), buffer.size()); }, options, batches);
+  for (size_t a = 0; a < results.size(); ++a) results[a].seconds = seconds[a], results[a].batch = batches[a];
+  return results;
 }
 
-Measurement measure_alltoall(Communicator& comm, AlltoallAlgo algo, size_t bytes_per_peer, int warmup, int iters) {
+std::vector<Measurement> measure_alltoall(Communicator& comm, std::span<const AlltoallAlgo> algos,
+                                          size_t bytes_per_peer, const MeasureOptions& options) {
   const int p = comm.size(), r = comm.rank();
   std::vector<size_t> counts(p, bytes_per_peer), offsets(p);
   for (int j = 0; j < p; ++j) offsets[j] = j * bytes_per_peer;
   std::vector<uint8_t> send(p * bytes_per_peer), recv(p * bytes_per_peer);
   for (int j = 0; j < p; ++j)
     for (size_t k = 0; k < bytes_per_peer; ++k) send[j * bytes_per_peer + k] = static_cast<uint8_t>(r * 31 + j * 7 + k);
-  Measurement result;
-  set_event_observer([&](const CollectiveEvent& event) {
-    result.bytes_sent = event.bytes_sent;
-    result.algorithm = event.algorithm;
-  });
-  comm.alltoallv(send.data(), counts, offsets, recv.data(), counts, offsets, 1, algo);
-  set_event_observer({});
-  bool ok = true;
-  for (int j = 0; j < p; ++j)
-    for (size_t k = 0; k < bytes_per_peer; ++k) ok &= recv[j * bytes_per_peer + k] == static_cast<uint8_t>(j * 31 + r * 7 + k);
-  result.correct = all_true(comm, ok);
-  std::vector<double> times;
-  for (int iter = 0; iter < warmup + iters; ++iter) {
-    comm.barrier();
-    const int64_t start = steady_now_ns();
-    comm.alltoallv(send.data(), counts, offsets, recv.data(), counts, offsets, 1, algo);
-    if (iter >= warmup) times.push_back((steady_now_ns() - start) * 1e-9);
+  std::vector<Measurement> results(algos.size());
+  for (size_t a = 0; a < algos.size(); ++a) {
+    Measurement& result = results[a];
+    set_event_observer([&](const CollectiveEvent& event) {
+      result.bytes_sent = event.bytes_sent;
+      result.algorithm = event.algorithm;
+    });
+    std::fill(recv.begin(), recv.end(), uint8_t{0});
+    comm.alltoallv(send.data(), counts, offsets, recv.data(), counts, offsets, 1, algos[a]);
+    set_event_observer({});
+    bool ok = true;
+    for (int j = 0; j < p; ++j)
+      for (size_t k = 0; k < bytes_per_peer; ++k)
+        ok &= recv[j * bytes_per_peer + k] == static_cast<uint8_t>(j * 31 + r * 7 + k);
+    result.correct = all_true(comm, ok);
   }
-  result.seconds = slowest_median(comm, times);
-  return result;
+  MpiCommunicator* probe = copy_probe_comm(comm, options);
+  if (probe) results.push_back(Measurement{.algorithm = "copy"});
+  std::vector<int> batches;
+  const auto seconds = time_interleaved(
+      comm, results.size(),
+      [&](size_t a) {
+        if (a < algos.size()) comm.alltoallv(send.data(), counts, offsets, recv.data(), counts, offsets, 1, algos[a]);
+        else detail::shm_copy(*probe, reinterpret_cast<const std::byte*>(send.data()),
+                              reinterpret_cast<std::byte*>(recv.data()), send.size(), options.copy_chunk_bytes);
+      },
+      [] {}, options, batches);
+  for (size_t a = 0; a < results.size(); ++a) results[a].seconds = seconds[a], results[a].batch = batches[a];
+  return results;
 }
 
 uint64_t parse_byte_size(const std::string& text, const char* flag) {
@@ -128,10 +203,11 @@ uint64_t parse_byte_size(const std::string& text, const char* flag) {
   return static_cast<uint64_t>(value * scale);
 }
 
-double measure_peak_copy_bandwidth(Communicator& comm, size_t bytes) {
+PeakCopy measure_peak_copy_bandwidth(Communicator& comm, size_t bytes) {
   auto* mpi = dynamic_cast<MpiCommunicator*>(&comm);
-  if (!mpi) return 0.0;
-  return detail::measure_shm_copy_bandwidth(*mpi, bytes, 5);
+  if (!mpi) return {};
+  const auto best = detail::measure_shm_copy_bandwidth(*mpi, bytes, 5);
+  return best.bytes_per_second > 0 ? PeakCopy{best.bytes_per_second, best.chunk_bytes} : PeakCopy{};
 }
 
 }  // namespace moex::comm

@@ -1,6 +1,16 @@
 // Timing and checking helpers shared by `moex bench-comm` and `moex tune-comm` (collective calls).
+//
+// How a size is timed (the same way for every algorithm, so a comparison inside one run is fair):
+//  - each algorithm runs once on integer-valued data and is checked against the exact answer;
+//  - warm-up calls estimate one call's time (slowest rank), which fixes a batch: enough back-to-back calls
+//    that one timed sample lasts ~target_sample_us (sub-microsecond collectives are not timed one by one);
+//  - samples are interleaved: algorithm A's sample, then B's, ..., then A's again (the starting algorithm
+//    rotates), so a change in machine load during the run hits every algorithm alike;
+//  - a sample starts after a barrier with the input restored (untimed); its time is batch time / batch;
+//  - the result is each rank's median sample, then the slowest rank's median.
 #pragma once
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -9,22 +19,40 @@
 namespace moex::comm {
 
 struct Measurement {
-  double seconds = 0;          // median over iterations of the slowest rank's time
-  bool correct = true;         // the first call's result matched the exact answer (within the dtype's bound)
+  double seconds = 0;          // one call: the slowest rank's median over samples
+  bool correct = true;         // the checked call matched the exact answer (within the dtype's bound) on all ranks
   double max_error = 0;        // max |result - exact| / sum_j |x_j| over elements (0 for exact)
   uint64_t bytes_sent = 0;     // by this rank in one call (from the collective's event)
   std::string_view algorithm;  // what actually ran (auto resolved)
+  int batch = 1;               // calls per timed sample
 };
 
-// All-reduce of `count` elements: one checked call on integer-valued data, then `warmup` + `iters`
-// timed calls, each started together after a barrier with the input restored (untimed).
-Measurement measure_allreduce(Communicator& comm, AllreduceAlgo algo, CommDType dtype, size_t count, int warmup,
-                              int iters, bool random_data = false);
-// Uniform all-to-all: `bytes_per_peer` to each rank (as alltoallv), checked, then timed like above.
-Measurement measure_alltoall(Communicator& comm, AlltoallAlgo algo, size_t bytes_per_peer, int warmup, int iters);
+struct MeasureOptions {
+  int samples = 15;                 // timed samples per algorithm
+  int warmup = 2;                   // untimed calls per algorithm (also the time estimate)
+  double target_sample_us = 1000.0; // aim for samples at least this long
+  bool copy_probe = false;          // also time a plain two-process copy of the same bytes (see below)
+  size_t copy_chunk_bytes = 256 << 10;  // the probe's pipeline chunk (PeakCopy::chunk_bytes)
+  int max_batch = 32;             // in-place sums grow p-fold per call: p^32 stays finite in fp32 for p <= 8
+};
+
+// All-reduce of `count` elements with each of `algos` (kAuto allowed), timed as described above.
+// Returns one Measurement per entry of `algos`, in order; with options.copy_probe and at least two ranks on
+// one node, one more (algorithm "copy"): rank 0 -> rank 1 through shared memory, pipelined (detail::shm_copy),
+// interleaved with the algorithms' samples so the reference copy sees the same machine state.
+std::vector<Measurement> measure_allreduce(Communicator& comm, std::span<const AllreduceAlgo> algos, CommDType dtype,
+                                           size_t count, const MeasureOptions& options, bool random_data = false);
+// Uniform all-to-all: `bytes_per_peer` to each rank (through alltoallv), checked, then timed like above.
+std::vector<Measurement> measure_alltoall(Communicator& comm, std::span<const AlltoallAlgo> algos,
+                                          size_t bytes_per_peer, const MeasureOptions& options);
 // "8", "64K", "16M", "1G" -> bytes; anything else throws Error(kInvalidInput) naming `flag` (exit 2).
 uint64_t parse_byte_size(const std::string& text, const char* flag);
-// Peak copy bandwidth between two ranks of this node through shared memory (bytes/s); 0 if impossible.
-double measure_peak_copy_bandwidth(Communicator& comm, size_t bytes);
+// Peak copy bandwidth between two ranks of this node through shared memory: the best pipeline chunk from
+// 64 KB to 4 MB, best of 5 copies of `bytes` each. Zero when fewer than two ranks share a node.
+struct PeakCopy {
+  double bytes_per_second = 0;
+  size_t chunk_bytes = 256 << 10;
+};
+PeakCopy measure_peak_copy_bandwidth(Communicator& comm, size_t bytes);
 
 }  // namespace moex::comm
