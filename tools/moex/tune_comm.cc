@@ -1,7 +1,12 @@
-// `moex tune-comm --out FILE`: measures every algorithm at each size (doubling) on this group of ranks and
-// saves the fastest per (collective, group size, dtype, size) as the JSON table `auto` reads
-// (--comm-tuning FILE or MOEX_COMM_TUNING). Run under mpirun with the group size the engine will use.
+// `moex tune-comm [--out FILE]`: measures every algorithm at each size (doubling) on this group of ranks and
+// saves the fastest per (collective, group size, dtype, size) as the JSON table `auto` reads (--comm-tuning
+// FILE, MOEX_COMM_TUNING, or by default comm::default_tuning_path()). Run under mpirun with each group size
+// the engine will use (the TP/EP group sizes); runs merge into one file.
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <tuple>
 #include <string>
 
 #include "moex/base/error.h"
@@ -73,24 +78,34 @@ void run_tune_comm(const TuneCommFlags& flags) {
                             winner.c_str(), results[best].seconds * 1e6);
   }
   if (leader) {
-    // Merge: keep other group sizes already in the file, replace this one.
+    // Merge: what this run measured (collective, group size, dtype) replaces the same keys in the file;
+    // other group sizes and dtypes already there stay.
+    const std::string out = flags.out.empty() ? comm::default_tuning_path() : flags.out;
+    MOEX_CHECK_INPUT(!out.empty(), "tune-comm: no --out and no cache directory (set HOME or MOEX_CACHE_DIR)");
+    auto key = [](const comm::TuningEntry& e) { return std::tuple(e.collective, e.group_size, e.dtype); };
+    std::set<decltype(key(table.entries().front()))> measured;
+    for (const auto& entry : table.entries()) measured.insert(key(entry));
     comm::TuningTable merged;
-    if (FILE* existing = std::fopen(flags.out.c_str(), "r")) {
-      std::fclose(existing);
-      const comm::TuningTable previous = comm::TuningTable::load(flags.out);  // named: entries() must outlive the loop
+    if (std::ifstream(out).good()) {
+      const comm::TuningTable previous = comm::TuningTable::load(out);  // named: entries() must outlive the loop
       for (const auto& entry : previous.entries())
-        if (entry.group_size != p) merged.add(entry);
+        if (!measured.count(key(entry))) merged.add(entry);
     }
     for (const auto& entry : table.entries()) merged.add(entry);
-    merged.save(flags.out);
-    std::printf("wrote %s (%zu entries for %d ranks)\n", flags.out.c_str(), table.entries().size(), p);
+    const auto dir = std::filesystem::path(out).parent_path();
+    std::error_code error;
+    if (!dir.empty()) std::filesystem::create_directories(dir, error);
+    merged.save(out);
+    std::printf("wrote %s (%zu entries for %d ranks)\n", out.c_str(), table.entries().size(), p);
   }
 }
 
 void setup_tune_comm(CLI::App& app) {
   auto flags = std::make_shared<TuneCommFlags>();
   auto* cmd = app.add_subcommand("tune-comm", "Measure collective algorithms and save auto's tuning table");
-  cmd->add_option("--out", flags->out, "JSON table to write (merged with other group sizes)")->required();
+  cmd->add_option("--out", flags->out,
+                  "JSON table to write, merged with what it holds (default: the table auto reads, " +
+                      comm::default_tuning_path() + ")");
   cmd->add_option("--dtypes", flags->dtypes, "comma list of f32, bf16, fp8")->capture_default_str();
   cmd->add_option("--max-bytes", flags->max_bytes, "largest message size (64K, 16M, ...)")->capture_default_str();
   cmd->add_option("--iters", flags->iters, "timed samples per algorithm and size")->capture_default_str();

@@ -26,6 +26,21 @@ std::string trim(std::string_view text) {
   return std::string(text);
 }
 
+bool file_exists(const std::string& path) { return std::ifstream(path).good(); }
+
+// "none" -> "", empty -> the default table when it exists: the path to load, or "" for the cost model.
+std::string resolve_tuning_path(const std::string& named) {
+  if (named == "none") return "";
+  if (!named.empty()) return named;
+  const std::string fallback = default_tuning_path();
+  return !fallback.empty() && file_exists(fallback) ? fallback : "";
+}
+
+std::shared_ptr<const TuningTable> load_table(const std::string& named) {
+  const std::string path = resolve_tuning_path(named);
+  return path.empty() ? nullptr : std::make_shared<const TuningTable>(TuningTable::load(path));
+}
+
 // First use without set_comm_options(): take the environment alone.
 void ensure_options() {
   if (g_options_initialised) return;
@@ -34,7 +49,7 @@ void ensure_options() {
   if (const char* spec = std::getenv("MOEX_COMM_ALGO")) parse_algo_spec(spec, &options);
   if (const char* path = std::getenv("MOEX_COMM_TUNING")) options.tuning_path = path;
   g_options = options;
-  if (!options.tuning_path.empty()) g_table = std::make_shared<TuningTable>(TuningTable::load(options.tuning_path));
+  g_table = load_table(options.tuning_path);
 }
 
 std::shared_ptr<const TuningTable> current_table() {
@@ -92,9 +107,19 @@ CommOptions comm_options_from_flags(std::string_view allreduce_flag, std::string
   return options;
 }
 
+std::string default_tuning_path() {
+  auto env = [](const char* name) -> std::string {
+    const char* value = std::getenv(name);
+    return value && *value ? value : "";
+  };
+  std::string dir = env("MOEX_CACHE_DIR");
+  if (dir.empty() && !env("XDG_CACHE_HOME").empty()) dir = env("XDG_CACHE_HOME") + "/moex";
+  if (dir.empty() && !env("HOME").empty()) dir = env("HOME") + "/.cache/moex";
+  return dir.empty() ? "" : dir + "/comm-tuning.json";
+}
+
 void set_comm_options(const CommOptions& options) {
-  auto table = options.tuning_path.empty() ? nullptr
-                                           : std::make_shared<const TuningTable>(TuningTable::load(options.tuning_path));
+  auto table = load_table(options.tuning_path);
   std::lock_guard lock(g_options_mutex);
   g_options_initialised = true;
   g_options = options;
@@ -129,8 +154,9 @@ TuningTable TuningTable::load(const std::string& path) {
       entry.bytes = item.at("bytes").get<uint64_t>();
       entry.algo = item.at("algo").get<std::string>();
       entry.time_us = item.value("time_us", 0.0);
-      if (entry.collective == Collective::kAllreduce) parse_allreduce_algo(entry.algo, path);
-      if (entry.collective == Collective::kAlltoall) parse_alltoall_algo(entry.algo, path);
+      const std::string source = "comm tuning table " + path;
+      if (entry.collective == Collective::kAllreduce) parse_allreduce_algo(entry.algo, source);
+      if (entry.collective == Collective::kAlltoall) parse_alltoall_algo(entry.algo, source);
       table.add(std::move(entry));
     }
   } catch (const nlohmann::json::exception& e) {

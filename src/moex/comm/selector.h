@@ -16,8 +16,12 @@ namespace moex::comm {
 struct CommOptions {
   AllreduceAlgo allreduce_algo = AllreduceAlgo::kAuto;
   AlltoallAlgo alltoall_algo = AlltoallAlgo::kAuto;
-  std::string tuning_path;  // JSON written by `moex tune-comm`; empty: MOEX_COMM_TUNING, else the cost model
+  std::string tuning_path;  // JSON written by `moex tune-comm`; "none": cost model only; empty: the cost model
 };
+
+// Where `moex tune-comm` saves and `auto` looks when neither --comm-tuning nor MOEX_COMM_TUNING names a
+// table: $MOEX_CACHE_DIR, else $XDG_CACHE_HOME/moex, else $HOME/.cache/moex, + "/comm-tuning.json".
+std::string default_tuning_path();
 
 // "nhr" -> kNhr; anything else throws Error(kInvalidInput) listing the valid names (exit 2).
 AllreduceAlgo parse_allreduce_algo(std::string_view name, std::string_view source = "--allreduce-algo");
@@ -25,7 +29,8 @@ AlltoallAlgo parse_alltoall_algo(std::string_view name, std::string_view source 
 // "allreduce=nhr;alltoall=pairwise" (either part optional) into options; bad keys/names throw (exit 2).
 void parse_algo_spec(std::string_view spec, CommOptions* options);
 
-// MOEX_COMM_ALGO and MOEX_COMM_TUNING first, then the flags (an empty flag leaves the env's choice).
+// MOEX_COMM_ALGO and MOEX_COMM_TUNING first, then the flags (an empty flag leaves the env's choice); with
+// no table named, default_tuning_path() if that file exists. "none" (flag or env) means no table.
 CommOptions comm_options_from_flags(std::string_view allreduce_flag, std::string_view alltoall_flag,
                                     std::string_view tuning_flag);
 // Installs the options every communicator uses from now on (loads the table; a bad file throws, exit 2).
