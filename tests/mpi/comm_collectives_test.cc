@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "moex/base/dtype.h"
@@ -53,7 +54,8 @@ double tolerance(CommDType dtype, AllreduceAlgo algo, int p) {
   return unit * (2.0 + (log_steps ? std::ceil(std::log2(std::max(p, 2))) : 0.0));
 }
 
-void test_allreduce(Communicator& comm, AllreduceAlgo algo, CommDType dtype, size_t count, bool integer) {
+void test_allreduce(Communicator& comm, AllreduceAlgo algo, CommDType dtype, size_t count, bool integer,
+                    bool registered = false) {
   const int p = comm.size(), r = comm.rank();
   std::vector<float> values(count);
   std::vector<uint16_t> values_bf16(count);
@@ -69,7 +71,23 @@ void test_allreduce(Communicator& comm, AllreduceAlgo algo, CommDType dtype, siz
     values_bf16[i] = moex::f32_to_bf16(values[i]);
   }
   void* buffer = dtype == CommDType::kBF16 ? static_cast<void*>(values_bf16.data()) : values.data();
-  comm.allreduce(buffer, count, dtype, algo);
+  // Registered memory: the same values at a 64-byte offset inside a registered allocation.
+  const size_t elem = comm_dtype_buffer_size(dtype);
+  std::byte* shared = registered ? static_cast<std::byte*>(comm.alloc_registered(count * elem + 64)) : nullptr;
+  std::string_view ran;
+  set_event_observer([&](const CollectiveEvent& event) { ran = event.algorithm; });
+  if (shared) {
+    std::memcpy(shared + 64, buffer, count * elem);
+    comm.allreduce(shared + 64, count, dtype, algo);
+    std::memcpy(buffer, shared + 64, count * elem);
+    comm.free_registered(shared);
+  } else {
+    comm.allreduce(buffer, count, dtype, algo);
+  }
+  set_event_observer({});
+  if (registered && algo == AllreduceAlgo::kShm && dtype == CommDType::kF32 && p > 1 && count * 4 > (64 << 10))
+    EXPECT(ran == "shm-registered", "registered shm p=%d count=%zu ran %s, not the zero-copy path", p, count,
+           std::string(ran).c_str());
   double worst = 0.0;
   for (size_t i = 0; i < count; ++i) {
     const double got = dtype == CommDType::kBF16 ? moex::bf16_to_f32(values_bf16[i]) : values[i];
@@ -204,6 +222,11 @@ int main() {
         }
       }
     }
+    // Registered memory works with every algorithm; shm reads peers' buffers in place above 64 KB.
+    for (AllreduceAlgo algo : all_allreduce_algos())
+      for (size_t count : {size_t{1}, static_cast<size_t>(p + 1), size_t{20011}, size_t{300007}})
+        test_allreduce(comm, algo, CommDType::kF32, count, /*integer=*/true, /*registered=*/true);
+    test_allreduce(comm, AllreduceAlgo::kShm, CommDType::kF8, 20011, /*integer=*/true, /*registered=*/true);
     for (AlltoallAlgo algo : all_alltoall_algos()) test_alltoallv(comm, algo);
     test_alltoallv(comm, AlltoallAlgo::kAuto);
     test_allreduce(comm, AllreduceAlgo::kAuto, CommDType::kF32, 4099, true);

@@ -27,6 +27,7 @@ struct BenchCommFlags {
   std::string min_bytes = "8", max_bytes = "256M";
   int iters = 15, warmup = 2;
   bool json = false;
+  bool registered = false;
   std::string plot;
   std::string tuning;
   std::string allreduce_algo, alltoall_algo;
@@ -125,9 +126,10 @@ void run_bench_comm(const BenchCommFlags& flags) {
   const size_t elem = is_allreduce ? comm::comm_dtype_buffer_size(*dtype) : 1;
   const double bus_factor = is_allreduce ? 2.0 * (p - 1) / p : static_cast<double>(p - 1) / p;
   if (leader && !flags.json) {
-    std::printf("# moex bench-comm: %s, %d ranks, dtype %s, %d samples per algorithm and size (fewer above 16M), "
+    std::printf("# moex bench-comm: %s, %d ranks, dtype %s%s, %d samples per algorithm and size (fewer above 16M), "
                 "algorithms interleaved sample by sample, warmup %d\n",
-                flags.collective.c_str(), p, flags.dtype.c_str(), flags.iters, flags.warmup);
+                flags.collective.c_str(), p, flags.dtype.c_str(), flags.registered ? ", registered buffers" : "",
+                flags.iters, flags.warmup);
     std::printf("# peak copy bandwidth between two ranks (shared memory, pipelined memcpy, best chunk %s): %.2f GB/s\n",
                 human_bytes(peak.chunk_bytes).c_str(), peak_gbps);
     std::printf("# busbw = algbw * %s; time is one call: the slowest rank's median sample (a sample times `batch` "
@@ -135,8 +137,9 @@ void run_bench_comm(const BenchCommFlags& flags) {
                 is_allreduce ? "2(p-1)/p" : "(p-1)/p");
     std::printf("# %%copy = busbw / the bandwidth of a two-process copy of the same bytes (rank 0 -> 1 through shared "
                 "memory, pipelined), timed interleaved with the algorithms (the 'copy' row)\n");
-    std::printf("%10s %-13s %11s %9s %9s %7s %7s %6s %11s %5s %s\n", "bytes", "algo", "time(us)", "algbw", "busbw",
-                "%peak", "%copy", "check", "sent(B)", "batch", "note");
+    std::printf("# error: max |result - exact sum| / sum |inputs| over elements (0 for exact)\n");
+    std::printf("%10s %-13s %11s %9s %9s %7s %7s %6s %8s %11s %5s %s\n", "bytes", "algo", "time(us)", "algbw",
+                "busbw", "%peak", "%copy", "check", "error", "sent(B)", "batch", "note");
   }
   std::vector<Row> rows;
   bool all_correct = true;
@@ -151,6 +154,7 @@ void run_bench_comm(const BenchCommFlags& flags) {
     comm::MeasureOptions options;
     options.warmup = flags.warmup;
     options.copy_probe = true;
+    options.registered = flags.registered;
     options.copy_chunk_bytes = peak.chunk_bytes;
     options.samples = bytes >= (16u << 20) ? std::max(5, std::min(flags.iters, static_cast<int>((2ull << 30) / bytes)))
                                            : flags.iters;
@@ -196,9 +200,10 @@ void run_bench_comm(const BenchCommFlags& flags) {
         if (name == "auto" && !fastest.empty())
           std::snprintf(note, sizeof(note), "-> %s, fastest %s %.1f us, auto/fastest %.3f", row.chosen.c_str(),
                         fastest.c_str(), fastest_us, row.vs_fastest);
-        std::printf("%10s %-13s %11.2f %9.3f %9.3f %7.1f %7.1f %6s %11llu %5d %s\n", human_bytes(actual).c_str(),
-                    name.c_str(), row.time_us, row.algbw_gbps, row.busbw_gbps, row.pct_peak, row.pct_copy,
-                    m.correct ? "ok" : "WRONG", static_cast<unsigned long long>(m.bytes_sent), m.batch, note);
+        std::printf("%10s %-13s %11.2f %9.3f %9.3f %7.1f %7.1f %6s %8.1e %11llu %5d %s\n",
+                    human_bytes(actual).c_str(), name.c_str(), row.time_us, row.algbw_gbps, row.busbw_gbps,
+                    row.pct_peak, row.pct_copy, m.correct ? "ok" : "WRONG", m.max_error,
+                    static_cast<unsigned long long>(m.bytes_sent), m.batch, note);
         std::fflush(stdout);
       }
       rows.push_back(std::move(row));
@@ -218,7 +223,8 @@ void run_bench_comm(const BenchCommFlags& flags) {
                          {"correct", row.correct}, {"max_error", row.max_error}, {"bytes_sent", row.bytes_sent},
                          {"batch", row.batch}, {"auto_vs_fastest", row.vs_fastest}});
     nlohmann::json doc = {{"collective", flags.collective}, {"ranks", p}, {"dtype", flags.dtype},
-                          {"peak_copy_GBps", peak_gbps}, {"results", results}};
+                          {"registered", flags.registered}, {"peak_copy_GBps", peak_gbps},
+                          {"peak_copy_chunk_bytes", peak.chunk_bytes}, {"results", results}};
     std::printf("%s\n", doc.dump(1).c_str());
   }
   if (leader && !flags.plot.empty()) {
@@ -244,6 +250,8 @@ void setup_bench_comm(CLI::App& app) {
   cmd->add_option("--iters", flags->iters, "timed samples per algorithm and size")->capture_default_str();
   cmd->add_option("--warmup", flags->warmup, "untimed iterations per size")->capture_default_str();
   cmd->add_flag("--json", flags->json, "print JSON instead of the table");
+  cmd->add_flag("--registered", flags->registered,
+                "all-reduce on registered memory (Communicator::alloc_registered; shm reads peers in place)");
   cmd->add_option("--plot", flags->plot, "write busbw vs size to this PNG (gnuplot)");
   cmd->add_option("--comm-tuning", flags->tuning, "tuning table from `moex tune-comm` for auto");
   cmd->add_option("--allreduce-algo", flags->allreduce_algo, "force auto's all-reduce choice");

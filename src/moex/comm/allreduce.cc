@@ -85,6 +85,7 @@ void MpiCommunicator::allreduce(void* data, size_t count, CommDType dtype, Allre
                                                "allreduce(shm)", "allreduce(mpi)"};  // AllreduceAlgo order
   stats_ = CollectiveStats{kOperation[static_cast<int>(algo)]};
   const int64_t start = steady_now_ns();
+  bool zero_copy = false;
   if (size_ > 1 && count > 0) {
     float* work = static_cast<float*>(data);
     if (dtype == CommDType::kBF16) {  // accumulate in fp32: a working copy, converted back at the end
@@ -98,14 +99,24 @@ void MpiCommunicator::allreduce(void* data, size_t count, CommDType dtype, Allre
       case AllreduceAlgo::kRabenseifner: detail::allreduce_rabenseifner(*this, work, count, wire); break;
       case AllreduceAlgo::kNhr: detail::allreduce_nhr(*this, work, count, wire); break;
       case AllreduceAlgo::kMesh: detail::allreduce_mesh(*this, work, count, wire); break;
-      case AllreduceAlgo::kShm: detail::allreduce_shm(*this, work, count, wire); break;
+      case AllreduceAlgo::kShm: {
+        size_t offset = 0;
+        ShmWindow* registered = dtype == CommDType::kF32 && buffer_bytes >= detail::shm_zero_copy_min_bytes()
+                                    ? registered_window(data, buffer_bytes, &offset)
+                                    : nullptr;
+        if (registered) detail::allreduce_shm_registered(*this, *registered, offset, work, count);
+        else detail::allreduce_shm(*this, work, count, wire);
+        zero_copy = registered != nullptr;
+        break;
+      }
       case AllreduceAlgo::kMpi: detail::allreduce_mpi(*this, work, count); break;
       case AllreduceAlgo::kAuto: MOEX_CHECK(false, "auto was not resolved");
     }
     if (dtype == CommDType::kBF16) f32_to_bf16_span(work, count, static_cast<uint16_t*>(data));
   }
   if (has_event_observer()) {
-    notify_event(CollectiveEvent{Collective::kAllreduce, algo_name(algo), dtype, size_, buffer_bytes,
+    notify_event(CollectiveEvent{Collective::kAllreduce, zero_copy ? "shm-registered" : algo_name(algo), dtype, size_,
+                                 buffer_bytes,
                                  stats_.bytes_sent, stats_.bytes_received, start, steady_now_ns(), stats_.wait_ns});
   }
 }

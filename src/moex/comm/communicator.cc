@@ -50,6 +50,13 @@ class SelfCommunicator final : public Communicator {
   std::string_view backend() const override { return "self"; }
   std::unique_ptr<Communicator> split(int, int) override { return std::make_unique<SelfCommunicator>(); }
   void barrier() override {}
+  void* alloc_registered(size_t bytes) override {
+    buffers_.push_back(std::make_unique<std::byte[]>(std::max<size_t>(bytes, 1)));
+    return buffers_.back().get();
+  }
+  void free_registered(void* buffer) override {
+    std::erase_if(buffers_, [&](const auto& b) { return b.get() == buffer; });
+  }
   P2PRequest isend(const void*, size_t, int peer, int) override { bad_peer(peer); }
   P2PRequest irecv(void*, size_t, int peer, int) override { bad_peer(peer); }
   void wait_all(std::span<P2PRequest>) override {}
@@ -83,6 +90,7 @@ class SelfCommunicator final : public Communicator {
   [[noreturn]] static void bad_peer(int peer) {
     throw_error(ErrorKind::kInternal, ::moex::detail::concat("rank ", peer, " does not exist in a group of 1 rank"));
   }
+  std::vector<std::unique_ptr<std::byte[]>> buffers_;
 };
 
 }  // namespace
@@ -312,6 +320,37 @@ CommHandle MpiCommunicator::start(std::function<void(Communicator&)> op) {
   }
   MpiCommunicator* twin = async_twin_.get();
   return progress_->submit([twin, op = std::move(op)] { op(*twin); });
+}
+
+void* MpiCommunicator::alloc_registered(size_t bytes) {
+  if (!all_on_one_node_ || size_ == 1) {
+    registered_plain_.push_back(std::make_unique<std::byte[]>(std::max<size_t>(bytes, 1)));
+    return registered_plain_.back().get();
+  }
+  registered_.push_back(std::make_unique<ShmWindow>(node_comm_, std::max<size_t>(bytes, 64)));
+  return registered_.back()->slot(rank_);
+}
+
+void MpiCommunicator::free_registered(void* buffer) {
+  std::erase_if(registered_plain_, [&](const auto& b) { return b.get() == buffer; });
+  for (auto it = registered_.begin(); it != registered_.end(); ++it) {
+    if ((*it)->slot(rank_) != buffer) continue;
+    (*it)->barrier(stats_);  // no peer still reads it
+    registered_.erase(it);   // MPI_Win_free: collective
+    return;
+  }
+}
+
+ShmWindow* MpiCommunicator::registered_window(const void* data, size_t bytes, size_t* offset) const {
+  const auto* address = static_cast<const std::byte*>(data);
+  for (const auto& window : registered_) {
+    const std::byte* base = window->slot(rank_);
+    if (address >= base && address + bytes <= base + window->capacity()) {
+      *offset = static_cast<size_t>(address - base);
+      return window.get();
+    }
+  }
+  return nullptr;
 }
 
 // ---------------------------------------------------------------------------------------------------

@@ -54,6 +54,14 @@ class Communicator {
   // data [bytes] from root to all.
   virtual void broadcast(void* data, size_t bytes, int root) = 0;
 
+  // ---- registered memory (like NCCL's ncclMemAlloc + buffer registration) ----
+  // Collective: `bytes` of memory that every rank of this group can read directly — a slice of an MPI-3
+  // shared window when all ranks share a node, else ordinary memory. An fp32 all-reduce on registered
+  // memory, at the same offset on every rank, lets the shm algorithm read peers' buffers in place instead
+  // of copying them into its window first (zero-copy two-shot). Kept until free_registered or destruction.
+  virtual void* alloc_registered(size_t bytes) = 0;
+  virtual void free_registered(void* buffer) = 0;  // collective
+
   // ---- overlap ----
   // Runs `op` on this group's progress thread, against a private twin of this communicator (its own MPI
   // context, so it never mixes with blocking calls made meanwhile). Every rank must start the same ops in

@@ -99,7 +99,15 @@ std::vector<Measurement> measure_allreduce(Communicator& comm, std::span<const A
                                            size_t count, const MeasureOptions& options, bool random_data) {
   const int p = comm.size(), r = comm.rank();
   const size_t elem = comm_dtype_buffer_size(dtype);
-  std::vector<std::byte> input(count * elem), buffer(count * elem);
+  std::vector<std::byte> input(count * elem), plain(options.registered ? 0 : count * elem);
+  // The buffer the collective works on: plain memory, or registered memory (freed collectively at the end).
+  struct Registered {
+    Communicator& comm;
+    void* data;
+    ~Registered() { if (data) comm.free_registered(data); }
+  } registered{comm, options.registered ? comm.alloc_registered(count * elem) : nullptr};
+  const std::span<std::byte> buffer(options.registered ? static_cast<std::byte*>(registered.data) : plain.data(),
+                                    count * elem);
   for (size_t i = 0; i < count; ++i) {
     const float x = pattern(r, i, random_data);
     if (dtype == CommDType::kBF16) {

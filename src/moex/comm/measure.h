@@ -33,6 +33,7 @@ struct MeasureOptions {
   double target_sample_us = 1000.0; // aim for samples at least this long
   bool copy_probe = false;          // also time a plain two-process copy of the same bytes (see below)
   size_t copy_chunk_bytes = 256 << 10;  // the probe's pipeline chunk (PeakCopy::chunk_bytes)
+  bool registered = false;          // all-reduce buffer from Communicator::alloc_registered (shm: zero-copy)
   int max_batch = 32;             // in-place sums grow p-fold per call: p^32 stays finite in fp32 for p <= 8
 };
 

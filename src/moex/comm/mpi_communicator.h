@@ -84,8 +84,13 @@ class MpiCommunicator final : public Communicator {
   void reduce_scatter(const void* send, void* recv, size_t count, CommDType dtype) override;
   void broadcast(void* data, size_t bytes, int root) override;
   CommHandle start(std::function<void(Communicator&)> op) override;
+  void* alloc_registered(size_t bytes) override;
+  void free_registered(void* buffer) override;
 
   // ---- for the algorithm files ----
+  // The shared window holding [data, data + bytes) when it is registered memory (offset from the window's
+  // start in *offset), else nullptr.
+  ShmWindow* registered_window(const void* data, size_t bytes, size_t* offset) const;
   MPI_Comm mpi_comm() const { return comm_; }
   CollectiveStats& stats() { return stats_; }
   // A reusable buffer per slot: grows, never shrinks, so steady-state calls do not allocate.
@@ -107,6 +112,8 @@ class MpiCommunicator final : public Communicator {
   CollectiveStats stats_;
   std::vector<std::vector<std::byte>> scratch_;
   std::unique_ptr<ShmWindow> shm_;
+  std::vector<std::unique_ptr<ShmWindow>> registered_;          // alloc_registered on one node
+  std::vector<std::unique_ptr<std::byte[]>> registered_plain_;  // alloc_registered across nodes
   std::unique_ptr<MpiCommunicator> async_twin_;  // MPI_Comm_dup'ed, driven by progress_
   std::unique_ptr<ProgressThread> progress_;
 };
