@@ -130,8 +130,9 @@ void run_bench_comm(const BenchCommFlags& flags) {
                 "algorithms interleaved sample by sample, warmup %d\n",
                 flags.collective.c_str(), p, flags.dtype.c_str(), flags.registered ? ", registered buffers" : "",
                 flags.iters, flags.warmup);
-    std::printf("# peak copy bandwidth between two ranks (shared memory, pipelined memcpy, best chunk %s): %.2f GB/s\n",
-                human_bytes(peak.chunk_bytes).c_str(), peak_gbps);
+    std::printf("# peak copy bandwidth between two ranks (shared memory, pipelined, best of chunk 64K..4M x streaming "
+                "stores or not: %s%s): %.2f GB/s\n",
+                human_bytes(peak.chunk_bytes).c_str(), peak.streaming ? " streaming" : "", peak_gbps);
     std::printf("# busbw = algbw * %s; time is one call: the slowest rank's median sample (a sample times `batch` "
                 "back-to-back calls)\n",
                 is_allreduce ? "2(p-1)/p" : "(p-1)/p");
@@ -156,6 +157,7 @@ void run_bench_comm(const BenchCommFlags& flags) {
     options.copy_probe = true;
     options.registered = flags.registered;
     options.copy_chunk_bytes = peak.chunk_bytes;
+    options.copy_streaming = peak.streaming;
     options.samples = bytes >= (16u << 20) ? std::max(5, std::min(flags.iters, static_cast<int>((2ull << 30) / bytes)))
                                            : flags.iters;
     std::vector<comm::Measurement> results;
@@ -224,7 +226,8 @@ void run_bench_comm(const BenchCommFlags& flags) {
                          {"batch", row.batch}, {"auto_vs_fastest", row.vs_fastest}});
     nlohmann::json doc = {{"collective", flags.collective}, {"ranks", p}, {"dtype", flags.dtype},
                           {"registered", flags.registered}, {"peak_copy_GBps", peak_gbps},
-                          {"peak_copy_chunk_bytes", peak.chunk_bytes}, {"results", results}};
+                          {"peak_copy_chunk_bytes", peak.chunk_bytes},
+                          {"peak_copy_streaming", peak.streaming}, {"results", results}};
     std::printf("%s\n", doc.dump(1).c_str());
   }
   if (leader && !flags.plot.empty()) {

@@ -10,7 +10,9 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "moex/base/cpu.h"
 #include "moex/comm/algorithms.h"
+#include "moex/comm/x86/memory_avx512.h"
 
 namespace moex::comm::detail {
 namespace {
@@ -30,6 +32,13 @@ size_t segment_elems() {
   static const size_t elems = std::max<size_t>(env_bytes("MOEX_SHM_SEGMENT_BYTES", 1 << 20) / 4, kF8BlockElems);
   return elems / kF8BlockElems * kF8BlockElems;
 }
+
+// fp32 buffers from this size up are written by the copies out with non-temporal stores: they exceed the
+// caches and are not read again inside the call (MOEX_SHM_STREAM_BYTES; 0 = never).
+const size_t kStreamingMinBytes = [] {
+  const size_t bytes = env_bytes("MOEX_SHM_STREAM_BYTES", 1 << 20);
+  return bytes == 0 ? SIZE_MAX : bytes;
+}();
 
 void encode_into(WireFormat wire, const float* src, size_t count, std::byte* dst) {
   wire_encode(wire, src, count, dst);  // for f32 this is the memcpy into the window
@@ -56,6 +65,8 @@ void two_shot(MpiCommunicator& comm, float* data, size_t count, WireFormat wire)
   ShmWindow& window = comm.shm_window(2 * segment_bytes);
   auto& stats = comm.stats();
   const bool lossless = wire_is_lossless(wire);
+  // fp32 into a buffer beyond the caches: the copies out use streaming stores.
+  const bool stream_out = lossless && count * 4 >= kStreamingMinBytes && use_x86_kernels() && cpu_features().avx512f;
   for (size_t base = 0; base < count; base += segment) {
     const size_t n = std::min(segment, count - base);
     float* values = data + base;  // [n]
@@ -91,13 +102,19 @@ void two_shot(MpiCommunicator& comm, float* data, size_t count, WireFormat wire)
     window.barrier(stats);
     for (int j = 0; j < p; ++j) {
       if (j == r) continue;
-      wire_decode(wire, window.slot(j) + half_offset + offset_of(j), chunks.size(j), values + chunks.begin(j));
+      const std::byte* piece = window.slot(j) + half_offset + offset_of(j);
+      if (stream_out) {
+        x86::copy_f32_streaming(values + chunks.begin(j), reinterpret_cast<const float*>(piece), chunks.size(j));
+      } else {
+        wire_decode(wire, piece, chunks.size(j), values + chunks.begin(j));
+      }
       stats.bytes_received += wire_bytes(wire, chunks.size(j));
     }
   }
 }
 
 }  // namespace
+
 
 size_t shm_zero_copy_min_bytes() { return one_shot_max_bytes() + 1; }
 
@@ -112,18 +129,26 @@ void allreduce_shm_registered(MpiCommunicator& comm, ShmWindow& window, size_t o
   auto buffer_of = [&](int j) { return reinterpret_cast<const float*>(window.slot(j) + offset); };
   const Partition chunks{count, 16, p};  // 64-byte granules: no two ranks write one cache line
   window.barrier(stats);                 // every rank's input is complete
+  static const bool avx512 = use_x86_kernels() && cpu_features().avx512f;
   constexpr size_t kBlock = 2048;
   const size_t begin = chunks.begin(r), n = chunks.size(r);
   for (size_t b = 0; b < n; b += kBlock) {
     const size_t m = std::min(kBlock, n - b);
-    for (int j = 0; j < p; ++j)
-      if (j != r) add_f32(buffer_of(j) + begin + b, m, data + begin + b);
+    for (int j = 0; j < p; ++j) {
+      if (j == r) continue;
+      if (avx512) x86::add_f32(buffer_of(j) + begin + b, m, data + begin + b);
+      else add_f32(buffer_of(j) + begin + b, m, data + begin + b);
+    }
   }
   stats.bytes_received += (p - 1) * n * 4;
   window.barrier(stats);
   for (int j = 0; j < p; ++j) {
     if (j == r) continue;
-    std::memcpy(data + chunks.begin(j), buffer_of(j) + chunks.begin(j), chunks.size(j) * 4);
+    // Large pieces with streaming stores (the destination is beyond the caches and not read here).
+    float* dst = data + chunks.begin(j);
+    const float* src = buffer_of(j) + chunks.begin(j);
+    if (avx512 && count * 4 >= kStreamingMinBytes) x86::copy_f32_streaming(dst, src, chunks.size(j));
+    else std::memcpy(dst, src, chunks.size(j) * 4);
     stats.bytes_received += chunks.size(j) * 4;
   }
   stats.bytes_sent += (count - n) * 4 + (p - 1) * n * 4;  // what peers read from this rank's buffer
@@ -138,7 +163,8 @@ void allreduce_shm(MpiCommunicator& comm, float* data, size_t count, WireFormat 
   }
 }
 
-void shm_copy(MpiCommunicator& comm, const std::byte* source, std::byte* target, size_t bytes, size_t chunk_bytes) {
+void shm_copy(MpiCommunicator& comm, const std::byte* source, std::byte* target, size_t bytes, size_t chunk_bytes,
+              bool streaming) {
   const int r = comm.rank();
   if (bytes == 0) return;
   const size_t chunk = std::min<size_t>(std::max<size_t>(chunk_bytes, 4096), bytes);
@@ -156,7 +182,11 @@ void shm_copy(MpiCommunicator& comm, const std::byte* source, std::byte* target,
       window.post(base + i + 1);
     } else {
       window.wait_for(0, base + i + 1, stats);
-      std::memcpy(target + offset, buffer, n);
+      if (streaming && n % 4 == 0) {
+        x86::copy_f32_streaming(reinterpret_cast<float*>(target + offset), reinterpret_cast<const float*>(buffer), n / 4);
+      } else {
+        std::memcpy(target + offset, buffer, n);
+      }
       window.post(base + i + 1);
     }
   }
@@ -171,20 +201,24 @@ CopyBandwidth measure_shm_copy_bandwidth(MpiCommunicator& comm, size_t bytes, in
   std::memset(r == 0 ? source : target, r, bytes);
   CollectiveStats stats{"copy-bandwidth"};
   CopyBandwidth best;
-  // The pipeline's chunk decides where the handoff lives (L2 for small chunks, L3/DRAM for large): take
-  // the best, so the reference is the fastest copy this method can make, not an arbitrary one.
-  for (size_t chunk = 64 << 10; chunk <= (4u << 20); chunk *= 2) {
-    double best_s = 1e30;
-    for (int iter = 0; iter < iters; ++iter) {
-      comm.shm_window(2 * std::min(chunk, bytes)).barrier(stats);
-      const int64_t start = steady_now_ns();
-      shm_copy(comm, source, target, bytes, chunk);
-      if (r <= 1) best_s = std::min(best_s, (steady_now_ns() - start) * 1e-9);
+  // The pipeline's chunk decides where the handoff lives (L2 for small chunks, L3/DRAM for large), and
+  // streaming stores may speed the copy out: take the best, so the reference is the fastest copy this
+  // method makes, not an arbitrary one.
+  const bool can_stream = use_x86_kernels() && cpu_features().avx512f;
+  for (int streaming = 0; streaming <= (can_stream ? 1 : 0); ++streaming) {
+    for (size_t chunk = 64 << 10; chunk <= (4u << 20); chunk *= 2) {
+      double best_s = 1e30;
+      for (int iter = 0; iter < iters; ++iter) {
+        comm.shm_window(2 * std::min(chunk, bytes)).barrier(stats);
+        const int64_t start = steady_now_ns();
+        shm_copy(comm, source, target, bytes, chunk, streaming);
+        if (r <= 1) best_s = std::min(best_s, (steady_now_ns() - start) * 1e-9);
+      }
+      comm.shm_window(0).barrier(stats);
+      double seconds = r == 0 ? best_s : 0.0;
+      MPI_Bcast(&seconds, 1, MPI_DOUBLE, 0, comm.mpi_comm());
+      if (bytes / seconds > best.bytes_per_second) best = {bytes / seconds, chunk, streaming == 1};
     }
-    comm.shm_window(0).barrier(stats);
-    double seconds = r == 0 ? best_s : 0.0;
-    MPI_Bcast(&seconds, 1, MPI_DOUBLE, 0, comm.mpi_comm());
-    if (bytes / seconds > best.bytes_per_second) best = {bytes / seconds, chunk};
   }
   return best;
 }

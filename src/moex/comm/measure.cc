@@ -152,7 +152,8 @@ std::vector<Measurement> measure_allreduce(Communicator& comm, std::span<const A
       comm, results.size(),
       [&](size_t a) {
         if (a < algos.size()) comm.allreduce(buffer.data(), count, dtype, algos[a]);
-        else detail::shm_copy(*probe, input.data(), copy_target.data(), buffer.size(), options.copy_chunk_bytes);
+        else detail::shm_copy(*probe, input.data(), copy_target.data(), buffer.size(), options.copy_chunk_bytes,
+                                   options.copy_streaming);
       },
       [&] { std::memcpy(buffer.data(), input.data(), buffer.size()); }, options, batches);
   for (size_t a = 0; a < results.size(); ++a) results[a].seconds = seconds[a], results[a].batch = batches[a];
@@ -191,7 +192,8 @@ std::vector<Measurement> measure_alltoall(Communicator& comm, std::span<const Al
       [&](size_t a) {
         if (a < algos.size()) comm.alltoallv(send.data(), counts, offsets, recv.data(), counts, offsets, 1, algos[a]);
         else detail::shm_copy(*probe, reinterpret_cast<const std::byte*>(send.data()),
-                              reinterpret_cast<std::byte*>(recv.data()), send.size(), options.copy_chunk_bytes);
+                              reinterpret_cast<std::byte*>(recv.data()), send.size(), options.copy_chunk_bytes,
+                              options.copy_streaming);
       },
       [] {}, options, batches);
   for (size_t a = 0; a < results.size(); ++a) results[a].seconds = seconds[a], results[a].batch = batches[a];
@@ -215,7 +217,7 @@ PeakCopy measure_peak_copy_bandwidth(Communicator& comm, size_t bytes) {
   auto* mpi = dynamic_cast<MpiCommunicator*>(&comm);
   if (!mpi) return {};
   const auto best = detail::measure_shm_copy_bandwidth(*mpi, bytes, 5);
-  return best.bytes_per_second > 0 ? PeakCopy{best.bytes_per_second, best.chunk_bytes} : PeakCopy{};
+  return best.bytes_per_second > 0 ? PeakCopy{best.bytes_per_second, best.chunk_bytes, best.streaming} : PeakCopy{};
 }
 
 }  // namespace moex::comm

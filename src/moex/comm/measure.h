@@ -33,6 +33,7 @@ struct MeasureOptions {
   double target_sample_us = 1000.0; // aim for samples at least this long
   bool copy_probe = false;          // also time a plain two-process copy of the same bytes (see below)
   size_t copy_chunk_bytes = 256 << 10;  // the probe's pipeline chunk (PeakCopy::chunk_bytes)
+  bool copy_streaming = false;          // the probe copies out with streaming stores (PeakCopy::streaming)
   bool registered = false;          // all-reduce buffer from Communicator::alloc_registered (shm: zero-copy)
   int max_batch = 32;             // in-place sums grow p-fold per call: p^32 stays finite in fp32 for p <= 8
 };
@@ -49,10 +50,11 @@ std::vector<Measurement> measure_alltoall(Communicator& comm, std::span<const Al
 // "8", "64K", "16M", "1G" -> bytes; anything else throws Error(kInvalidInput) naming `flag` (exit 2).
 uint64_t parse_byte_size(const std::string& text, const char* flag);
 // Peak copy bandwidth between two ranks of this node through shared memory: the best pipeline chunk from
-// 64 KB to 4 MB, best of 5 copies of `bytes` each. Zero when fewer than two ranks share a node.
+// 64 KB to 4 MB, with and without streaming stores, best of 5 copies of `bytes` each. Zero when fewer than two ranks share a node.
 struct PeakCopy {
   double bytes_per_second = 0;
   size_t chunk_bytes = 256 << 10;
+  bool streaming = false;  // the copy out used non-temporal stores
 };
 PeakCopy measure_peak_copy_bandwidth(Communicator& comm, size_t bytes);
 

@@ -51,7 +51,8 @@ MixtralModel::MixtralModel(const std::string& model_dir, const ModelOptions& opt
   v_.resize(T * kv_local);
   attn_out_.resize(T * q_local);
   attn_scratch_.resize(static_cast<size_t>(num_threads()) * options.max_seq_len);
-  if (tensor_parallel_attention()) attn_partial_.resize(T * d);
+  if (tensor_parallel_attention())
+    attn_partial_ = static_cast<float*>(options.comm->alloc_registered(T * d * sizeof(float)));
   if (options.plan.comm_dtype == comm::CommDType::kBF16) bf16_buffer_.resize(T * d);
   final_rows_.resize(T * d);
 }
@@ -160,10 +161,10 @@ void MixtralModel::attention_block(int layer, const StepInput& step) {
   }
   // Attention TP: each rank's heads give a share of o_proj's output; one all-reduce sums them.
   const int64_t d = c.hidden_size;
-  kernels::matmul(attn_out_.data(), T, lw.wo, attn_partial_.data());
+  kernels::matmul(attn_out_.data(), T, lw.wo, attn_partial_);
   {
     MOEX_ZONE_LAYER(kAllReduce, layer);
-    comm::allreduce_f32(*options_.comm, attn_partial_.data(), static_cast<size_t>(T * d), options_.plan.comm_dtype,
+    comm::allreduce_f32(*options_.comm, attn_partial_, static_cast<size_t>(T * d), options_.plan.comm_dtype,
                         bf16_buffer_);
   }
   for (int64_t i = 0; i < T * d; ++i) hidden_[i] += attn_partial_[i];

@@ -95,7 +95,9 @@ class MixtralModel {
   std::vector<float> q_, k_, v_;    // [T, H_local*hd], [T, KV_local*hd], [T, KV_local*hd]
   std::vector<float> attn_out_;     // [T, H_local*hd]
   std::vector<float> attn_scratch_; // [threads, max_seq_len] softmax rows
-  std::vector<float> attn_partial_; // [T, d] this rank's o_proj share before the all-reduce (attention TP)
+  // [T, d] this rank's o_proj share before the all-reduce (attention TP); registered memory of the
+  // communicator (owned by it), so the shm all-reduce reads it in place.
+  float* attn_partial_ = nullptr;
   std::vector<uint16_t> bf16_buffer_;  // [T*d] bf16 all-reduce payload
   std::vector<float> final_rows_;   // [T, d] normed rows that need logits
 };

@@ -27,7 +27,7 @@ MoELayer::MoELayer(const MoELayerShape& shape, const ParallelPlan& plan, comm::C
   hidden_up_.resize(T * k * I);
   act_.resize(T * k * I);
   expert_out_.resize(T * k * d);
-  if (!plan.single()) partial_.resize(T * d);
+  if (!plan.single()) partial_ = static_cast<float*>(comm->alloc_registered(T * d * sizeof(float)));
   if (plan.overlap) column_chunk_.resize(k * d);
   if (plan.comm_dtype == comm::CommDType::kBF16) bf16_buffer_.resize(T * d);
   if (plan.attn == AttnParallel::kDP && !plan.single()) {
@@ -126,7 +126,7 @@ void MoELayer::forward_replicated(int layer, const MoELayerWeights& w, const flo
     down_and_combine(0, tokens, 0, d, residual, /*accumulate=*/true);
     return;
   }
-  float* partial = partial_.data();
+  float* partial = partial_;
   const bool overlap = plan_.overlap && plan_.comm_dtype != comm::CommDType::kBF16;
   if (!overlap) {
     down_and_combine(0, tokens, 0, d, partial, /*accumulate=*/false);

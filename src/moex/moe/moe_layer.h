@@ -57,7 +57,9 @@ class MoELayer {
   std::vector<float> hidden_up_;       // [T*k, I_local]
   std::vector<float> act_;             // [T*k, I_local]
   std::vector<float> expert_out_;      // [T*k, d]
-  std::vector<float> partial_;         // [T, d] this rank's share of the output, before the all-reduce
+  // [T, d] this rank's share of the output, before the all-reduce. Registered memory of comm_ (owned by it):
+  // the shm all-reduce reads it in place instead of copying it into its window.
+  float* partial_ = nullptr;
   std::vector<float> column_chunk_;    // [k, d] w2 outputs of one token's column chunk (overlap at T=1)
   std::vector<uint16_t> bf16_buffer_;  // [T*d] bf16 all-reduce payload
   // Dispatch path (dp attention): wire buffers and per-source bookkeeping.

@@ -1,0 +1,12 @@
+// AVX-512 memory loops of the shared-memory all-reduce (memory_avx512.cc); callers check the CPU first.
+#pragma once
+#include <cstddef>
+
+namespace moex::comm::x86 {
+
+// dst [count] = src [count] with non-temporal stores (dst is not brought into the cache), then a store fence.
+void copy_f32_streaming(float* dst, const float* src, size_t count);
+// dst [count] += src [count]
+void add_f32(const float* src, size_t count, float* dst);
+
+}  // namespace moex::comm::x86
