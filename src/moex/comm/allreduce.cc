@@ -79,7 +79,12 @@ void exchange(MpiCommunicator& comm, WireFormat wire, float* data, std::span<con
 
 void MpiCommunicator::allreduce(void* data, size_t count, CommDType dtype, AllreduceAlgo requested) {
   const size_t buffer_bytes = count * comm_dtype_buffer_size(dtype);
-  const AllreduceAlgo algo = select_allreduce(requested, size_, dtype, buffer_bytes, all_on_one_node_);
+  size_t registered_offset = 0;
+  ShmWindow* registered =
+      dtype == CommDType::kF32 && !registered_.empty() ? registered_window(data, buffer_bytes, &registered_offset)
+                                                       : nullptr;
+  const AllreduceAlgo algo =
+      select_allreduce(requested, size_, dtype, buffer_bytes, all_on_one_node_, registered != nullptr);
   static constexpr const char* kOperation[] = {"allreduce(auto)", "allreduce(ring)", "allreduce(rd)",
                                                "allreduce(rabenseifner)", "allreduce(nhr)", "allreduce(mesh)",
                                                "allreduce(shm)", "allreduce(mpi)"};  // AllreduceAlgo order
@@ -99,16 +104,11 @@ void MpiCommunicator::allreduce(void* data, size_t count, CommDType dtype, Allre
       case AllreduceAlgo::kRabenseifner: detail::allreduce_rabenseifner(*this, work, count, wire); break;
       case AllreduceAlgo::kNhr: detail::allreduce_nhr(*this, work, count, wire); break;
       case AllreduceAlgo::kMesh: detail::allreduce_mesh(*this, work, count, wire); break;
-      case AllreduceAlgo::kShm: {
-        size_t offset = 0;
-        ShmWindow* registered = dtype == CommDType::kF32 && buffer_bytes >= detail::shm_zero_copy_min_bytes()
-                                    ? registered_window(data, buffer_bytes, &offset)
-                                    : nullptr;
-        if (registered) detail::allreduce_shm_registered(*this, *registered, offset, work, count);
+      case AllreduceAlgo::kShm:
+        zero_copy = registered && buffer_bytes >= detail::shm_zero_copy_min_bytes();
+        if (zero_copy) detail::allreduce_shm_registered(*this, *registered, registered_offset, work, count);
         else detail::allreduce_shm(*this, work, count, wire);
-        zero_copy = registered != nullptr;
         break;
-      }
       case AllreduceAlgo::kMpi: detail::allreduce_mpi(*this, work, count); break;
       case AllreduceAlgo::kAuto: MOEX_CHECK(false, "auto was not resolved");
     }

@@ -154,6 +154,7 @@ TuningTable TuningTable::load(const std::string& path) {
       entry.bytes = item.at("bytes").get<uint64_t>();
       entry.algo = item.at("algo").get<std::string>();
       entry.time_us = item.value("time_us", 0.0);
+      entry.registered = item.value("registered", false);
       const std::string source = "comm tuning table " + path;
       if (entry.collective == Collective::kAllreduce) parse_allreduce_algo(entry.algo, source);
       if (entry.collective == Collective::kAlltoall) parse_alltoall_algo(entry.algo, source);
@@ -173,7 +174,8 @@ void TuningTable::save(const std::string& path) const {
                        {"dtype", comm_dtype_name(entry.dtype)},
                        {"bytes", entry.bytes},
                        {"algo", entry.algo},
-                       {"time_us", entry.time_us}});
+                       {"time_us", entry.time_us},
+                       {"registered", entry.registered}});
   }
   std::ofstream out(path);
   MOEX_CHECK_INPUT(out.good(), "cannot write ", path);
@@ -181,17 +183,21 @@ void TuningTable::save(const std::string& path) const {
 }
 
 std::optional<std::string> TuningTable::lookup(Collective collective, int group_size, CommDType dtype,
-                                               uint64_t bytes) const {
-  for (CommDType want : {dtype, CommDType::kF32}) {
-    const TuningEntry* best = nullptr;
-    double best_distance = std::numeric_limits<double>::infinity();
-    for (const auto& entry : entries_) {
-      if (entry.collective != collective || entry.group_size != group_size || entry.dtype != want) continue;
-      const double distance = std::fabs(std::log2(static_cast<double>(std::max<uint64_t>(entry.bytes, 1))) -
-                                        std::log2(static_cast<double>(std::max<uint64_t>(bytes, 1))));
-      if (distance < best_distance) best_distance = distance, best = &entry;
+                                               uint64_t bytes, bool registered) const {
+  for (CommDType want_dtype : {dtype, CommDType::kF32}) {
+    for (bool want_registered : {registered, !registered}) {
+      const TuningEntry* best = nullptr;
+      double best_distance = std::numeric_limits<double>::infinity();
+      for (const auto& entry : entries_) {
+        if (entry.collective != collective || entry.group_size != group_size || entry.dtype != want_dtype ||
+            entry.registered != want_registered)
+          continue;
+        const double distance = std::fabs(std::log2(static_cast<double>(std::max<uint64_t>(entry.bytes, 1))) -
+                                          std::log2(static_cast<double>(std::max<uint64_t>(bytes, 1))));
+        if (distance < best_distance) best_distance = distance, best = &entry;
+      }
+      if (best) return best->algo;
     }
-    if (best) return best->algo;
   }
   return std::nullopt;
 }
@@ -235,10 +241,11 @@ double allreduce_cost_seconds(AllreduceAlgo algo, int group_size, uint64_t bytes
 
 namespace {
 
-AllreduceAlgo select_allreduce_uncached(int group_size, CommDType dtype, uint64_t bytes, bool shm_available) {
+AllreduceAlgo select_allreduce_uncached(int group_size, CommDType dtype, uint64_t bytes, bool shm_available,
+                                        bool registered) {
   if (comm_options().allreduce_algo != AllreduceAlgo::kAuto) return comm_options().allreduce_algo;
   if (auto table = current_table()) {
-    if (auto name = table->lookup(Collective::kAllreduce, group_size, dtype, bytes)) {
+    if (auto name = table->lookup(Collective::kAllreduce, group_size, dtype, bytes, registered)) {
       const AllreduceAlgo algo = *allreduce_algo_from_name(*name);
       if (algo != AllreduceAlgo::kShm || shm_available) return algo;
     }
@@ -256,7 +263,7 @@ AllreduceAlgo select_allreduce_uncached(int group_size, CommDType dtype, uint64_
 }  // namespace
 
 AllreduceAlgo select_allreduce(AllreduceAlgo requested, int group_size, CommDType dtype, uint64_t bytes,
-                               bool shm_available) {
+                               bool shm_available, bool registered) {
   if (requested != AllreduceAlgo::kAuto) return requested;
   // The engine repeats the same few sizes: remember recent decisions (a lookup costs ~0.3 us, a small
   // all-reduce ~1 us).
@@ -264,7 +271,7 @@ AllreduceAlgo select_allreduce(AllreduceAlgo requested, int group_size, CommDTyp
     uint64_t generation = 0, bytes = 0;
     int group_size = 0;
     CommDType dtype = CommDType::kF32;
-    bool shm = false;
+    bool shm = false, registered = false;
     AllreduceAlgo algo = AllreduceAlgo::kAuto;
   };
   static thread_local Decision recent[8];
@@ -272,10 +279,10 @@ AllreduceAlgo select_allreduce(AllreduceAlgo requested, int group_size, CommDTyp
   const uint64_t generation = g_options_generation.load(std::memory_order_relaxed);
   for (const Decision& d : recent)
     if (d.generation == generation && d.bytes == bytes && d.group_size == group_size && d.dtype == dtype &&
-        d.shm == shm_available)
+        d.shm == shm_available && d.registered == registered)
       return d.algo;
-  const AllreduceAlgo algo = select_allreduce_uncached(group_size, dtype, bytes, shm_available);
-  recent[next_slot++ % 8] = Decision{generation, bytes, group_size, dtype, shm_available, algo};
+  const AllreduceAlgo algo = select_allreduce_uncached(group_size, dtype, bytes, shm_available, registered);
+  recent[next_slot++ % 8] = Decision{generation, bytes, group_size, dtype, shm_available, registered, algo};
   return algo;
 }
 

@@ -45,6 +45,7 @@ struct TuningEntry {
   uint64_t bytes = 0;
   std::string algo;
   double time_us = 0;
+  bool registered = false;  // measured on registered memory (Communicator::alloc_registered)
 };
 
 class TuningTable {
@@ -53,9 +54,11 @@ class TuningTable {
   void save(const std::string& path) const;
   void add(TuningEntry entry) { entries_.push_back(std::move(entry)); }
   const std::vector<TuningEntry>& entries() const { return entries_; }
-  // The winner measured at the size nearest to `bytes` (log scale) for this collective, group and
-  // dtype (falling back to f32 entries); nullopt when the table has nothing for the group size.
-  std::optional<std::string> lookup(Collective collective, int group_size, CommDType dtype, uint64_t bytes) const;
+  // The winner measured at the size nearest to `bytes` (log scale) for this collective, group, dtype and
+  // kind of memory; falling back to the other kind of memory, then to f32 entries; nullopt when the table
+  // has nothing for the group size.
+  std::optional<std::string> lookup(Collective collective, int group_size, CommDType dtype, uint64_t bytes,
+                                    bool registered = false) const;
 
  private:
   std::vector<TuningEntry> entries_;
@@ -72,8 +75,9 @@ double allreduce_cost_seconds(AllreduceAlgo algo, int group_size, uint64_t bytes
 
 // Resolves kAuto (and the process-wide override) to a concrete algorithm. `wire_bytes` is the bytes of the
 // caller's buffer; shm is only chosen when all ranks share a node.
+// `registered`: the buffer is registered memory (the table may hold separate winners for it).
 AllreduceAlgo select_allreduce(AllreduceAlgo requested, int group_size, CommDType dtype, uint64_t bytes,
-                               bool shm_available);
+                               bool shm_available, bool registered = false);
 // bytes_per_peer: the largest per-peer message any rank sends (all ranks must pass the same value).
 AlltoallAlgo select_alltoall(AlltoallAlgo requested, int group_size, uint64_t bytes_per_peer);
 
