@@ -2,11 +2,13 @@
 """`moex tune-comm` and `moex bench-comm` end to end, and that `auto` follows the tuning table.
 
 Under `mpirun -np 2` (small sizes, few samples, so it stays quick on 2 cores):
-  - tune-comm writes a table with one allreduce entry per (dtype, size) and alltoall entries, into --out
+  - tune-comm writes a table with one allreduce entry per (dtype, size) — fp32 once on ordinary and once on
+    registered memory — and alltoall entries, into --out
     or, without --out, into $MOEX_CACHE_DIR/comm-tuning.json;
   - bench-comm --json checks every result (all rows "correct") and reports what auto ran;
-  - with a hand-written table naming ring (then rd) at every size, auto runs exactly that algorithm; from the
-    default location too; MOEX_COMM_TUNING=none ignores the default table;
+  - with a hand-written table naming ring (then rd) at every size, auto runs exactly that algorithm; with
+    separate winners for registered memory, bench-comm --registered runs those; from the default location
+    too; MOEX_COMM_TUNING=none ignores the default table;
   - a corrupt table is one error line naming the file, exit 2.
 """
 import argparse
@@ -47,9 +49,11 @@ def auto_ran(doc):
     return {row["bytes"]: row["ran"] for row in doc["results"] if row["algo"] == "auto"}
 
 
-def write_table(path, algo):
+def write_table(path, algo, registered_algo=None):
     entries = [{"collective": "allreduce", "group_size": 2, "dtype": "f32", "bytes": 8 << k, "algo": algo,
                 "time_us": 1.0} for k in range(10)]
+    if registered_algo:
+        entries += [dict(e, algo=registered_algo, registered=True) for e in entries]
     with open(path, "w") as f:
         json.dump({"version": 1, "entries": entries}, f)
 
@@ -65,16 +69,19 @@ def main():
         check(code == 0, f"tune-comm exits 0 ({err.strip()[-300:]})")
         doc = json.load(open(table)) if code == 0 else {"entries": []}
         allreduce = [e for e in doc["entries"] if e["collective"] == "allreduce"]
-        sizes = sorted({e["bytes"] for e in allreduce if e["dtype"] == "f32"})
-        check(sizes == [8 << k for k in range(10)], f"tune-comm: one f32 entry per size 8..4K (got {sizes})")
+        for registered in (False, True):
+            sizes = [e["bytes"] for e in allreduce if e["dtype"] == "f32" and e["registered"] == registered]
+            check(sorted(sizes) == [8 << k for k in range(10)],
+                  f"tune-comm: one f32 entry per size 8..4K, registered={registered} (got {sizes})")
         check({e["dtype"] for e in allreduce} == {"f32", "fp8"}, "tune-comm: f32 and fp8 entries")
+        check(not any(e["registered"] for e in allreduce if e["dtype"] == "fp8"), "tune-comm: fp8 not registered")
         check(any(e["collective"] == "alltoall" for e in doc["entries"]), "tune-comm: alltoall entries")
         check(all(e["group_size"] == 2 for e in doc["entries"]), "tune-comm: group size 2")
 
         doc = bench(moex, extra=("--comm-tuning", table))
         if doc:
             check(all(row["correct"] for row in doc["results"]), "bench-comm: every result correct")
-            tuned = {e["bytes"]: e["algo"] for e in allreduce if e["dtype"] == "f32"}
+            tuned = {e["bytes"]: e["algo"] for e in allreduce if e["dtype"] == "f32" and not e["registered"]}
             ran = auto_ran(doc)
             check(all(ran[b] == tuned[b] for b in ran), f"auto runs the measured winner: {ran} vs {tuned}")
             check(any(row["algo"] == "copy" for row in doc["results"]), "bench-comm: copy probe rows")
@@ -84,6 +91,14 @@ def main():
             doc = bench(moex, extra=("--comm-tuning", table))
             ran = auto_ran(doc) if doc else {}
             check(ran and set(ran.values()) == {algo}, f"table naming {algo}: auto runs {algo} (got {ran})")
+
+        write_table(table, "ring", registered_algo="rd")
+        doc = bench(moex, extra=("--comm-tuning", table, "--registered"))
+        ran = auto_ran(doc) if doc else {}
+        check(ran and set(ran.values()) == {"rd"}, f"registered memory: auto runs the registered winner (got {ran})")
+        doc = bench(moex, extra=("--comm-tuning", table))
+        ran = auto_ran(doc) if doc else {}
+        check(ran and set(ran.values()) == {"ring"}, f"ordinary memory: auto runs the ordinary winner (got {ran})")
 
         cache = os.path.join(tmp, "cache")
         code, _, err = run([*MPIRUN, moex, "tune-comm", "--max-bytes", "64", "--iters", "2", "--dtypes", "f32"],

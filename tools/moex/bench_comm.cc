@@ -158,8 +158,7 @@ void run_bench_comm(const BenchCommFlags& flags) {
     options.registered = flags.registered;
     options.copy_chunk_bytes = peak.chunk_bytes;
     options.copy_streaming = peak.streaming;
-    options.samples = bytes >= (16u << 20) ? std::max(5, std::min(flags.iters, static_cast<int>((2ull << 30) / bytes)))
-                                           : flags.iters;
+    options.samples = comm::samples_for_size(bytes, flags.iters);
     std::vector<comm::Measurement> results;
     if (is_allreduce) {
       std::vector<comm::AllreduceAlgo> list;

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <span>
 #include <tuple>
 #include <string>
 
@@ -26,6 +27,18 @@ struct TuneCommFlags {
   bool alltoall = true;
 };
 
+// Index of the fastest result; a wrong result (measure.h checks each algorithm once) is an internal error.
+template <class Algo>
+size_t checked_fastest(const std::vector<comm::Measurement>& results, std::span<const Algo> algos, uint64_t bytes) {
+  size_t best = 0;
+  for (size_t i = 0; i < algos.size(); ++i) {
+    MOEX_CHECK(results[i].correct, "tune-comm: ", comm::algo_name(algos[i]), " gave a wrong result at ", bytes,
+               " bytes");
+    if (results[i].seconds < results[best].seconds) best = i;
+  }
+  return best;
+}
+
 void run_tune_comm(const TuneCommFlags& flags) {
   comm::Communicator& world = comm::init();
   const int p = world.size();
@@ -35,8 +48,7 @@ void run_tune_comm(const TuneCommFlags& flags) {
   // Fewer samples for large messages (each call takes milliseconds there); interleaved like bench-comm.
   auto options_for = [&](uint64_t bytes) {
     comm::MeasureOptions options;
-    options.samples = bytes >= (16u << 20) ? std::max(5, std::min(flags.iters, static_cast<int>((1ull << 30) / bytes)))
-                                           : flags.iters;
+    options.samples = comm::samples_for_size(bytes, flags.iters);
     return options;
   };
   size_t pos = 0;
@@ -58,12 +70,7 @@ void run_tune_comm(const TuneCommFlags& flags) {
         auto options = options_for(bytes);
         options.registered = registered;
         const auto results = comm::measure_allreduce(world, candidates, *dtype, bytes / elem, options);
-        size_t best = 0;
-        for (size_t i = 0; i < candidates.size(); ++i) {
-          MOEX_CHECK(results[i].correct, "tune-comm: ", comm::algo_name(candidates[i]),
-                     " gave a wrong all-reduce at ", bytes, " bytes");
-          if (results[i].seconds < results[best].seconds) best = i;
-        }
+        const size_t best = checked_fastest(results, std::span<const comm::AllreduceAlgo>(candidates), bytes);
         const std::string winner(comm::algo_name(candidates[best]));
         table.add({comm::Collective::kAllreduce, p, *dtype, bytes, winner, results[best].seconds * 1e6, registered});
         if (leader)
@@ -75,11 +82,7 @@ void run_tune_comm(const TuneCommFlags& flags) {
   const auto alltoall_candidates = comm::all_alltoall_algos();
   for (uint64_t per_peer = 1; flags.alltoall && per_peer * p <= max_bytes; per_peer *= 2) {
     const auto results = comm::measure_alltoall(world, alltoall_candidates, per_peer, options_for(per_peer * p));
-    size_t best = 0;
-    for (size_t i = 0; i < alltoall_candidates.size(); ++i) {
-      MOEX_CHECK(results[i].correct, "tune-comm: ", comm::algo_name(alltoall_candidates[i]), " gave a wrong all-to-all");
-      if (results[i].seconds < results[best].seconds) best = i;
-    }
+    const size_t best = checked_fastest(results, alltoall_candidates, per_peer * p);
     const std::string winner(comm::algo_name(alltoall_candidates[best]));
     table.add({comm::Collective::kAlltoall, p, comm::CommDType::kF32, per_peer, winner, results[best].seconds * 1e6});
     if (leader) std::printf("alltoall %10llu B/peer: %-9s %10.2f us\n", static_cast<unsigned long long>(per_peer),

@@ -40,6 +40,11 @@ const size_t kStreamingMinBytes = [] {
   return bytes == 0 ? SIZE_MAX : bytes;
 }();
 
+bool have_avx512() {
+  static const bool yes = use_x86_kernels() && cpu_features().avx512f;
+  return yes;
+}
+
 void encode_into(WireFormat wire, const float* src, size_t count, std::byte* dst) {
   wire_encode(wire, src, count, dst);  // for f32 this is the memcpy into the window
 }
@@ -66,7 +71,7 @@ void two_shot(MpiCommunicator& comm, float* data, size_t count, WireFormat wire)
   auto& stats = comm.stats();
   const bool lossless = wire_is_lossless(wire);
   // fp32 into a buffer beyond the caches: the copies out use streaming stores.
-  const bool stream_out = lossless && count * 4 >= kStreamingMinBytes && use_x86_kernels() && cpu_features().avx512f;
+  const bool stream_out = lossless && count * 4 >= kStreamingMinBytes && have_avx512();
   for (size_t base = 0; base < count; base += segment) {
     const size_t n = std::min(segment, count - base);
     float* values = data + base;  // [n]
@@ -129,7 +134,7 @@ void allreduce_shm_registered(MpiCommunicator& comm, ShmWindow& window, size_t o
   auto buffer_of = [&](int j) { return reinterpret_cast<const float*>(window.slot(j) + offset); };
   const Partition chunks{count, 16, p};  // 64-byte granules: no two ranks write one cache line
   window.barrier(stats);                 // every rank's input is complete
-  static const bool avx512 = use_x86_kernels() && cpu_features().avx512f;
+  const bool avx512 = have_avx512();
   constexpr size_t kBlock = 2048;
   const size_t begin = chunks.begin(r), n = chunks.size(r);
   for (size_t b = 0; b < n; b += kBlock) {
@@ -204,7 +209,7 @@ CopyBandwidth measure_shm_copy_bandwidth(MpiCommunicator& comm, size_t bytes, in
   // The pipeline's chunk decides where the handoff lives (L2 for small chunks, L3/DRAM for large), and
   // streaming stores may speed the copy out: take the best, so the reference is the fastest copy this
   // method makes, not an arbitrary one.
-  const bool can_stream = use_x86_kernels() && cpu_features().avx512f;
+  const bool can_stream = have_avx512();
   for (int streaming = 0; streaming <= (can_stream ? 1 : 0); ++streaming) {
     for (size_t chunk = 64 << 10; chunk <= (4u << 20); chunk *= 2) {
       double best_s = 1e30;

@@ -6,6 +6,15 @@
 
 #include "moex/base/dtype.h"
 
+// The codec loops are written branch-free for the auto-vectoriser; comm/ is built for baseline x86-64, so
+// each hot loop is also compiled for AVX2 and AVX-512 and picked at load time (GCC function multi-versioning).
+// Every version computes the same elementwise arithmetic, so results do not depend on the CPU.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define MOEX_CODEC_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define MOEX_CODEC_CLONES
+#endif
+
 namespace moex::comm {
 namespace {
 
@@ -77,7 +86,7 @@ size_t wire_bytes(WireFormat format, size_t count) {
   return 0;
 }
 
-void f8_block_encode(const float* src, size_t count, float* scales, uint8_t* codes) {
+MOEX_CODEC_CLONES void f8_block_encode(const float* src, size_t count, float* scales, uint8_t* codes) {
   for (size_t block = 0; block * kF8BlockElems < count; ++block) {
     const size_t begin = block * kF8BlockElems, end = std::min(count, begin + kF8BlockElems);
     float absmax = 0.0f;
@@ -88,7 +97,7 @@ void f8_block_encode(const float* src, size_t count, float* scales, uint8_t* cod
   }
 }
 
-void f8_block_decode(const float* scales, const uint8_t* codes, size_t count, float* dst) {
+MOEX_CODEC_CLONES void f8_block_decode(const float* scales, const uint8_t* codes, size_t count, float* dst) {
   for (size_t block = 0; block * kF8BlockElems < count; ++block) {
     const size_t begin = block * kF8BlockElems, end = std::min(count, begin + kF8BlockElems);
     const float scale = scales[block];
@@ -96,7 +105,7 @@ void f8_block_decode(const float* scales, const uint8_t* codes, size_t count, fl
   }
 }
 
-static void f8_block_decode_add(const float* scales, const uint8_t* codes, size_t count, float* dst) {
+MOEX_CODEC_CLONES static void f8_block_decode_add(const float* scales, const uint8_t* codes, size_t count, float* dst) {
   for (size_t block = 0; block * kF8BlockElems < count; ++block) {
     const size_t begin = block * kF8BlockElems, end = std::min(count, begin + kF8BlockElems);
     const float scale = scales[block];
@@ -104,19 +113,23 @@ static void f8_block_decode_add(const float* scales, const uint8_t* codes, size_
   }
 }
 
-void add_f32(const float* __restrict src, size_t count, float* __restrict dst) {
+MOEX_CODEC_CLONES void add_f32(const float* __restrict src, size_t count, float* __restrict dst) {
   for (size_t i = 0; i < count; ++i) dst[i] += src[i];
 }
 
-void add_f32_publish(const float* __restrict src, size_t count, float* __restrict dst, float* __restrict copy) {
+MOEX_CODEC_CLONES void add_f32_publish(const float* __restrict src, size_t count, float* __restrict dst, float* __restrict copy) {
   for (size_t i = 0; i < count; ++i) copy[i] = dst[i] += src[i];
 }
 
-void bf16_to_f32_span(const uint16_t* src, size_t count, float* dst) {
+MOEX_CODEC_CLONES static void bf16_decode_add(const uint16_t* __restrict src, size_t count, float* __restrict dst) {
+  for (size_t i = 0; i < count; ++i) dst[i] += bf16_to_f32(src[i]);
+}
+
+MOEX_CODEC_CLONES void bf16_to_f32_span(const uint16_t* src, size_t count, float* dst) {
   for (size_t i = 0; i < count; ++i) dst[i] = bf16_to_f32(src[i]);
 }
 
-void f32_to_bf16_span(const float* src, size_t count, uint16_t* dst) {
+MOEX_CODEC_CLONES void f32_to_bf16_span(const float* src, size_t count, uint16_t* dst) {
   for (size_t i = 0; i < count; ++i) dst[i] = f32_to_bf16(src[i]);
 }
 
@@ -147,11 +160,7 @@ void wire_decode(WireFormat format, const void* src, size_t count, float* dst) {
 void wire_decode_add(WireFormat format, const void* src, size_t count, float* dst) {
   switch (format) {
     case WireFormat::kF32: add_f32(static_cast<const float*>(src), count, dst); return;
-    case WireFormat::kBF16: {
-      const auto* values = static_cast<const uint16_t*>(src);
-      for (size_t i = 0; i < count; ++i) dst[i] += bf16_to_f32(values[i]);
-      return;
-    }
+    case WireFormat::kBF16: bf16_decode_add(static_cast<const uint16_t*>(src), count, dst); return;
     case WireFormat::kF8: {
       const auto* scales = static_cast<const float*>(src);
       f8_block_decode_add(scales, reinterpret_cast<const uint8_t*>(scales + num_blocks(count)), count, dst);

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <random>
 
 #include "moex/base/dtype.h"
 #include "moex/comm/algorithms.h"
@@ -67,9 +68,16 @@ std::vector<double> time_interleaved(Communicator& comm, size_t n, const std::fu
     batches[i] = static_cast<int>(std::clamp(std::ceil(calls), 1.0, static_cast<double>(std::max(1, options.max_batch))));
   }
   std::vector<std::vector<double>> samples(n);
+  std::vector<size_t> order(n);
+  for (size_t i = 0; i < n; ++i) order[i] = i;
   for (int s = 0; s < options.samples; ++s) {
+    // A fresh order each round (the same on every rank: same seed, same binary). A fixed cyclic order is
+    // biased here: a slow large MPI_Allreduce leaves the memory system slow for the next call or two, which
+    // would always be the same algorithm.
+    std::mt19937 rng(static_cast<uint32_t>(s) * 2654435761u + 1u);
+    std::shuffle(order.begin(), order.end(), rng);
     for (size_t k = 0; k < n; ++k) {
-      const size_t i = (k + s) % n;  // rotate who goes first
+      const size_t i = order[k];
       restore();
       comm.barrier();
       const int64_t start = steady_now_ns();
@@ -94,6 +102,11 @@ MpiCommunicator* copy_probe_comm(Communicator& comm, const MeasureOptions& optio
 }
 
 }  // namespace
+
+int samples_for_size(uint64_t bytes, int samples, uint64_t budget_bytes) {
+  if (bytes < (16u << 20)) return samples;
+  return std::max(5, std::min(samples, static_cast<int>(budget_bytes / bytes)));
+}
 
 std::vector<Measurement> measure_allreduce(Communicator& comm, std::span<const AllreduceAlgo> algos, CommDType dtype,
                                            size_t count, const MeasureOptions& options, bool random_data) {

@@ -4,8 +4,9 @@
 //  - each algorithm runs once on integer-valued data and is checked against the exact answer;
 //  - warm-up calls estimate one call's time (slowest rank), which fixes a batch: enough back-to-back calls
 //    that one timed sample lasts ~target_sample_us (sub-microsecond collectives are not timed one by one);
-//  - samples are interleaved: algorithm A's sample, then B's, ..., then A's again (the starting algorithm
-//    rotates), so a change in machine load during the run hits every algorithm alike;
+//  - samples are interleaved: every algorithm's sample once per round, in a shuffled order each round, so a
+//    change in machine load during the run hits every algorithm alike, and no algorithm always follows the
+//    same one (a slow large call can leave the next call slow);
 //  - a sample starts after a barrier with the input restored (untimed); its time is batch time / batch;
 //  - the result is each rank's median sample, then the slowest rank's median.
 #pragma once
@@ -37,6 +38,10 @@ struct MeasureOptions {
   bool registered = false;          // all-reduce buffer from Communicator::alloc_registered (shm: zero-copy)
   int max_batch = 32;             // in-place sums grow p-fold per call: p^32 stays finite in fp32 for p <= 8
 };
+
+// Samples for a message of `bytes`: `samples` below 16 MB; above, fewer (each call takes milliseconds):
+// about `budget_bytes` of traffic per algorithm, but at least 5.
+int samples_for_size(uint64_t bytes, int samples, uint64_t budget_bytes = 2ull << 30);
 
 // All-reduce of `count` elements with each of `algos` (kAuto allowed), timed as described above.
 // Returns one Measurement per entry of `algos`, in order; with options.copy_probe and at least two ranks on
