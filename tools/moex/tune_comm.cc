@@ -49,6 +49,7 @@ void run_tune_comm(const TuneCommFlags& flags) {
   auto options_for = [&](uint64_t bytes) {
     comm::MeasureOptions options;
     options.samples = comm::samples_for_size(bytes, flags.iters);
+    options.min_total_ms = 20;
     return options;
   };
   size_t pos = 0;

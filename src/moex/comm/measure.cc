@@ -33,22 +33,17 @@ std::vector<double> max_over_ranks(Communicator& comm, const std::vector<double>
   return result;
 }
 
-// Median of this rank's samples for each algorithm, then the slowest rank's median.
-std::vector<double> slowest_medians(Communicator& comm, std::vector<std::vector<double>>& samples) {
-  const size_t n = samples.size();
-  std::vector<double> medians(n);
-  for (size_t i = 0; i < n; ++i) {
-    auto& times = samples[i];
-    std::sort(times.begin(), times.end());
-    medians[i] = times.empty() ? 0.0 : times.size() % 2 ? times[times.size() / 2]
-                                                        : 0.5 * (times[times.size() / 2 - 1] + times[times.size() / 2]);
-  }
-  return max_over_ranks(comm, medians);
+double median(std::vector<double> values) {
+  if (values.empty()) return 0.0;
+  std::sort(values.begin(), values.end());
+  const size_t m = values.size() / 2;
+  return values.size() % 2 ? values[m] : 0.5 * (values[m - 1] + values[m]);
 }
 
 // The timing loop of measure.h for `n` algorithms: run(i) makes one call of algorithm i, restore() puts
-// the input back. Returns seconds per call for each algorithm; batches[i] = calls per sample.
-std::vector<double> time_interleaved(Communicator& comm, size_t n, const std::function<void(size_t)>& run,
+// the input back. Returns, per algorithm, seconds per call of each round (the slowest rank's sample);
+// batches[i] = calls per sample.
+std::vector<std::vector<double>> time_interleaved(Communicator& comm, size_t n, const std::function<void(size_t)>& run,
                                      const std::function<void()>& restore, const MeasureOptions& options,
                                      std::vector<int>& batches) {
   std::vector<double> estimate(n, 0.0);
@@ -61,16 +56,25 @@ std::vector<double> time_interleaved(Communicator& comm, size_t n, const std::fu
       estimate[i] = (steady_now_ns() - start) * 1e-9;  // the last warm-up call: caches and windows are warm
     }
   }
-  estimate = max_over_ranks(comm, estimate);  // every rank must use the same batch
-  batches.assign(n, 1);
-  for (size_t i = 0; i < n; ++i) {
-    const double calls = options.target_sample_us * 1e-6 / std::max(estimate[i], 1e-9);
-    batches[i] = static_cast<int>(std::clamp(std::ceil(calls), 1.0, static_cast<double>(std::max(1, options.max_batch))));
+  estimate = max_over_ranks(comm, estimate);  // every rank must use the same batch and sample count
+  // One batch for every algorithm, sized by the fastest: a batch amortises the first, colder call of a
+  // sample, so different batches would bias the comparison.
+  const double fastest = std::max(*std::min_element(estimate.begin(), estimate.end()), 1e-9);
+  const double slowest = *std::max_element(estimate.begin(), estimate.end());
+  const double calls = std::ceil(options.target_sample_us * 1e-6 / fastest);
+  const int batch = static_cast<int>(std::clamp(calls, 1.0, static_cast<double>(std::max(1, options.max_batch))));
+  batches.assign(n, batch);
+  // Cheap sizes get more rounds: at least options.min_total_ms of samples for the slowest algorithm.
+  int rounds = options.samples;
+  if (options.min_total_ms > 0 && slowest > 0) {
+    const double wanted = std::ceil(options.min_total_ms * 1e-3 / (slowest * batch));
+    rounds = static_cast<int>(std::clamp(wanted, static_cast<double>(options.samples),
+                                         static_cast<double>(std::max(options.samples, options.max_samples))));
   }
   std::vector<std::vector<double>> samples(n);
   std::vector<size_t> order(n);
   for (size_t i = 0; i < n; ++i) order[i] = i;
-  for (int s = 0; s < options.samples; ++s) {
+  for (int s = 0; s < rounds; ++s) {
     // A fresh order each round (the same on every rank: same seed, same binary). A fixed cyclic order is
     // biased here: a slow large MPI_Allreduce leaves the memory system slow for the next call or two, which
     // would always be the same algorithm.
@@ -85,7 +89,15 @@ std::vector<double> time_interleaved(Communicator& comm, size_t n, const std::fu
       samples[i].push_back((steady_now_ns() - start) * 1e-9 / batches[i]);
     }
   }
-  return slowest_medians(comm, samples);
+  // Per round, the slowest rank's sample (all ranks took part in the same collective calls).
+  const size_t total = n * static_cast<size_t>(rounds);
+  std::vector<double> flat(total);
+  for (size_t i = 0; i < n; ++i)
+    for (int r = 0; r < rounds; ++r) flat[i * rounds + r] = samples[i][r];
+  flat = max_over_ranks(comm, flat);
+  std::vector<std::vector<double>> result(n);
+  for (size_t i = 0; i < n; ++i) result[i].assign(flat.begin() + i * rounds, flat.begin() + (i + 1) * rounds);
+  return result;
 }
 
 bool all_true(Communicator& comm, bool value) {
@@ -106,6 +118,13 @@ MpiCommunicator* copy_probe_comm(Communicator& comm, const MeasureOptions& optio
 int samples_for_size(uint64_t bytes, int samples, uint64_t budget_bytes) {
   if (bytes < (16u << 20)) return samples;
   return std::max(5, std::min(samples, static_cast<int>(budget_bytes / bytes)));
+}
+
+double paired_ratio(const Measurement& a, const Measurement& b) {
+  std::vector<double> ratios;
+  for (size_t r = 0; r < std::min(a.rounds.size(), b.rounds.size()); ++r)
+    if (b.rounds[r] > 0) ratios.push_back(a.rounds[r] / b.rounds[r]);
+  return ratios.empty() ? (b.seconds > 0 ? a.seconds / b.seconds : 0.0) : median(std::move(ratios));
 }
 
 std::vector<Measurement> measure_allreduce(Communicator& comm, std::span<const AllreduceAlgo> algos, CommDType dtype,
@@ -159,9 +178,9 @@ std::vector<Measurement> measure_allreduce(Communicator& comm, std::span<const A
   }
   MpiCommunicator* probe = copy_probe_comm(comm, options);
   std::vector<std::byte> copy_target(probe && r == 1 ? buffer.size() : 0);
-  if (probe) results.push_back(Measurement{.algorithm = "copy"});
+  if (probe) results.emplace_back().algorithm = "copy";
   std::vector<int> batches;
-  const auto seconds = time_interleaved(
+  auto seconds = time_interleaved(
       comm, results.size(),
       [&](size_t a) {
         if (a < algos.size()) comm.allreduce(buffer.data(), count, dtype, algos[a]);
@@ -169,7 +188,11 @@ std::vector<Measurement> measure_allreduce(Communicator& comm, std::span<const A
                                    options.copy_streaming);
       },
       [&] { std::memcpy(buffer.data(), input.data(), buffer.size()); }, options, batches);
-  for (size_t a = 0; a < results.size(); ++a) results[a].seconds = seconds[a], results[a].batch = batches[a];
+  for (size_t a = 0; a < results.size(); ++a) {
+    results[a].rounds = std::move(seconds[a]);
+    results[a].seconds = median(results[a].rounds);
+    results[a].batch = batches[a];
+  }
   return results;
 }
 
@@ -198,9 +221,9 @@ std::vector<Measurement> measure_alltoall(Communicator& comm, std::span<const Al
     result.correct = all_true(comm, ok);
   }
   MpiCommunicator* probe = copy_probe_comm(comm, options);
-  if (probe) results.push_back(Measurement{.algorithm = "copy"});
+  if (probe) results.emplace_back().algorithm = "copy";
   std::vector<int> batches;
-  const auto seconds = time_interleaved(
+  auto seconds = time_interleaved(
       comm, results.size(),
       [&](size_t a) {
         if (a < algos.size()) comm.alltoallv(send.data(), counts, offsets, recv.data(), counts, offsets, 1, algos[a]);
@@ -209,7 +232,11 @@ std::vector<Measurement> measure_alltoall(Communicator& comm, std::span<const Al
                               options.copy_streaming);
       },
       [] {}, options, batches);
-  for (size_t a = 0; a < results.size(); ++a) results[a].seconds = seconds[a], results[a].batch = batches[a];
+  for (size_t a = 0; a < results.size(); ++a) {
+    results[a].rounds = std::move(seconds[a]);
+    results[a].seconds = median(results[a].rounds);
+    results[a].batch = batches[a];
+  }
   return results;
 }
 

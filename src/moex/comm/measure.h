@@ -2,13 +2,15 @@
 //
 // How a size is timed (the same way for every algorithm, so a comparison inside one run is fair):
 //  - each algorithm runs once on integer-valued data and is checked against the exact answer;
-//  - warm-up calls estimate one call's time (slowest rank), which fixes a batch: enough back-to-back calls
-//    that one timed sample lasts ~target_sample_us (sub-microsecond collectives are not timed one by one);
+//  - warm-up calls estimate one call's time (slowest rank), which fixes one batch for all algorithms: enough
+//    back-to-back calls that the fastest one's sample lasts ~target_sample_us (sub-microsecond collectives
+//    are not timed one by one); cheap sizes get more samples (min_total_ms);
 //  - samples are interleaved: every algorithm's sample once per round, in a shuffled order each round, so a
 //    change in machine load during the run hits every algorithm alike, and no algorithm always follows the
 //    same one (a slow large call can leave the next call slow);
 //  - a sample starts after a barrier with the input restored (untimed); its time is batch time / batch;
-//  - the result is each rank's median sample, then the slowest rank's median.
+//  - per round, the slowest rank's sample; the result is the median over rounds. Two algorithms compare
+//    best by paired_ratio: the median of their per-round ratios (both timed in the same round).
 #pragma once
 #include <cstdint>
 #include <span>
@@ -20,7 +22,8 @@
 namespace moex::comm {
 
 struct Measurement {
-  double seconds = 0;          // one call: the slowest rank's median over samples
+  double seconds = 0;          // one call: median over rounds of the slowest rank's sample
+  std::vector<double> rounds;  // seconds per call in each round (slowest rank), in round order
   bool correct = true;         // the checked call matched the exact answer (within the dtype's bound) on all ranks
   double max_error = 0;        // max |result - exact| / sum_j |x_j| over elements (0 for exact)
   uint64_t bytes_sent = 0;     // by this rank in one call (from the collective's event)
@@ -29,7 +32,9 @@ struct Measurement {
 };
 
 struct MeasureOptions {
-  int samples = 15;                 // timed samples per algorithm
+  int samples = 15;                 // timed samples per algorithm (at least)
+  double min_total_ms = 0;          // more samples (up to max_samples) until the slowest algorithm has this much
+  int max_samples = 101;
   int warmup = 2;                   // untimed calls per algorithm (also the time estimate)
   double target_sample_us = 1000.0; // aim for samples at least this long
   bool copy_probe = false;          // also time a plain two-process copy of the same bytes (see below)
@@ -52,6 +57,8 @@ std::vector<Measurement> measure_allreduce(Communicator& comm, std::span<const A
 // Uniform all-to-all: `bytes_per_peer` to each rank (through alltoallv), checked, then timed like above.
 std::vector<Measurement> measure_alltoall(Communicator& comm, std::span<const AlltoallAlgo> algos,
                                           size_t bytes_per_peer, const MeasureOptions& options);
+// Median over rounds of a.rounds[r] / b.rounds[r]: how much slower a is than b, robust to drift between rounds.
+double paired_ratio(const Measurement& a, const Measurement& b);
 // "8", "64K", "16M", "1G" -> bytes; anything else throws Error(kInvalidInput) naming `flag` (exit 2).
 uint64_t parse_byte_size(const std::string& text, const char* flag);
 // Peak copy bandwidth between two ranks of this node through shared memory: the best pipeline chunk from
