@@ -51,7 +51,8 @@ struct Row {
   std::string chosen;  // for auto: what ran
   int batch;           // calls per timed sample
   double vs_fastest;   // auto: time / the fastest algorithm's time at this size
-  double pct_copy = 0;  // busbw / the interleaved copy's bandwidth at this size
+  double pct_copy = 0;  // busbw / the interleaved copy's bandwidth at this size (paired by round)
+  std::vector<double> round_us;  // one call's time in each round (slowest rank)
 };
 
 void write_plot(const std::string& path, const std::vector<Row>& rows, const std::vector<std::string>& algos,
@@ -137,7 +138,8 @@ void run_bench_comm(const BenchCommFlags& flags) {
                 "back-to-back calls)\n",
                 is_allreduce ? "2(p-1)/p" : "(p-1)/p");
     std::printf("# %%copy = busbw / the bandwidth of a two-process copy of the same bytes (rank 0 -> 1 through shared "
-                "memory, pipelined), timed interleaved with the algorithms (the 'copy' row)\n");
+                "memory, pipelined, best chunk), timed interleaved with the algorithms (the 'copy' row); paired: the "
+                "median over rounds of the ratio within a round\n");
     std::printf("# error: max |result - exact sum| / sum |inputs| over elements (0 for exact); auto/fastest: median "
                 "over rounds of auto's time / the fastest's time in the same round\n");
     std::printf("%10s %-13s %11s %9s %9s %7s %7s %6s %8s %11s %5s %s\n", "bytes", "algo", "time(us)", "algbw",
@@ -171,23 +173,33 @@ void run_bench_comm(const BenchCommFlags& flags) {
       for (const auto& name : measured) list.push_back(*comm::alltoall_algo_from_name(name));
       results = comm::measure_alltoall(world, list, count, options);
     }
+    // MPI_Allreduce has no bf16 or fp8 sum: under --dtype bf16/fp8 the `mpi` row sends fp32 (2x or 4x the
+    // bytes asked for), so it is shown but is not a candidate for "fastest" (auto never picks it either).
+    auto honours_dtype = [&](const std::string& name) {
+      return !is_allreduce || *dtype == comm::CommDType::kF32 || name != "mpi";
+    };
     double fastest_us = 1e300;
     std::string fastest;
     size_t fastest_index = 0;
-    for (size_t i = 0; i + 1 < measured.size(); ++i)
+    for (size_t i = 0; i + 1 < measured.size(); ++i) {
+      if (!honours_dtype(measured[i])) continue;
       if (results[i].seconds * 1e6 < fastest_us)
         fastest_us = results[i].seconds * 1e6, fastest = measured[i], fastest_index = i;
+    }
     const bool has_copy = results.size() > measured.size();
     const double copy_gbps = has_copy && results.back().seconds > 0 ? actual / results.back().seconds / 1e9 : 0;
     for (size_t i = 0; i < results.size(); ++i) {
       const std::string name = i < measured.size() ? measured[i] : "copy";
       const comm::Measurement& m = results[i];
       Row row{actual, name, m.seconds * 1e6, 0, 0, 0, m.correct, m.max_error, m.bytes_sent, std::string(m.algorithm),
-              m.batch, 0};
+              m.batch, 0, 0, {}};
+      for (double seconds : m.rounds) row.round_us.push_back(seconds * 1e6);
       row.algbw_gbps = m.seconds > 0 ? actual / m.seconds / 1e9 : 0;
       row.busbw_gbps = row.algbw_gbps * (name == "copy" ? 1.0 : bus_factor);
       row.pct_peak = peak_gbps > 0 ? 100.0 * row.busbw_gbps / peak_gbps : 0;
-      row.pct_copy = copy_gbps > 0 ? 100.0 * row.busbw_gbps / copy_gbps : 0;
+      // busbw / copy bandwidth = bus factor x copy time / algorithm time, paired round by round like auto/fastest.
+      if (copy_gbps > 0 && m.seconds > 0)
+        row.pct_copy = 100.0 * (name == "copy" ? 1.0 : bus_factor) / comm::paired_ratio(m, results.back());
       if (name == "shm" && actual >= (16u << 20) && row.pct_copy > 0) {
         shm_large_min_pct = std::min(shm_large_min_pct, row.pct_copy);
         shm_large_pcts += (shm_large_pcts.empty() ? "" : ", ") + human_bytes(actual) + " " +
@@ -202,6 +214,7 @@ void run_bench_comm(const BenchCommFlags& flags) {
       }
       if (leader && !flags.json) {
         char note[128] = "";
+        if (!honours_dtype(name)) std::snprintf(note, sizeof(note), "sends fp32: not a %s candidate", flags.dtype.c_str());
         if (name == "auto" && !fastest.empty())
           std::snprintf(note, sizeof(note), "-> %s, fastest %s %.1f us, auto/fastest %.3f", row.chosen.c_str(),
                         fastest.c_str(), fastest_us, row.vs_fastest);
@@ -226,7 +239,7 @@ void run_bench_comm(const BenchCommFlags& flags) {
       results.push_back({{"bytes", row.bytes}, {"algo", row.algo}, {"ran", row.chosen}, {"time_us", row.time_us},
                          {"algbw_GBps", row.algbw_gbps}, {"busbw_GBps", row.busbw_gbps}, {"pct_peak", row.pct_peak}, {"pct_copy", row.pct_copy},
                          {"correct", row.correct}, {"max_error", row.max_error}, {"bytes_sent", row.bytes_sent},
-                         {"batch", row.batch}, {"auto_vs_fastest", row.vs_fastest}});
+                         {"batch", row.batch}, {"auto_vs_fastest", row.vs_fastest}, {"round_us", row.round_us}});
     nlohmann::json doc = {{"collective", flags.collective}, {"ranks", p}, {"dtype", flags.dtype},
                           {"registered", flags.registered}, {"peak_copy_GBps", peak_gbps},
                           {"peak_copy_chunk_bytes", peak.chunk_bytes},

@@ -2,6 +2,7 @@
 // saves the fastest per (collective, group size, dtype, size) as the JSON table `auto` reads (--comm-tuning
 // FILE, MOEX_COMM_TUNING, or by default comm::default_tuning_path()). Run under mpirun with each group size
 // the engine will use (the TP/EP group sizes); runs merge into one file.
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -27,15 +28,22 @@ struct TuneCommFlags {
   bool alltoall = true;
 };
 
-// Index of the fastest result; a wrong result (measure.h checks each algorithm once) is an internal error.
+// Index of the winner; a wrong result (measure.h checks each algorithm once) is an internal error.
+// Hysteresis: the previous size's winner (`previous`, or SIZE_MAX) stays unless another algorithm beats it
+// by more than kSwitchMargin (paired, same rounds) — a table that flips on noise makes auto lose by the
+// flip whenever the noise goes the other way, and neighbouring sizes rarely change the best algorithm.
+constexpr double kSwitchMargin = 1.10;
 template <class Algo>
-size_t checked_fastest(const std::vector<comm::Measurement>& results, std::span<const Algo> algos, uint64_t bytes) {
+size_t checked_winner(const std::vector<comm::Measurement>& results, std::span<const Algo> algos, uint64_t bytes,
+                      size_t previous) {
   size_t best = 0;
   for (size_t i = 0; i < algos.size(); ++i) {
     MOEX_CHECK(results[i].correct, "tune-comm: ", comm::algo_name(algos[i]), " gave a wrong result at ", bytes,
                " bytes");
     if (results[i].seconds < results[best].seconds) best = i;
   }
+  if (previous < algos.size() && comm::paired_ratio(results[previous], results[best]) <= kSwitchMargin)
+    return previous;
   return best;
 }
 
@@ -67,11 +75,14 @@ void run_tune_comm(const TuneCommFlags& flags) {
     // TP buffers are registered and the winners differ.
     for (const bool registered : {false, true}) {
       if (registered && *dtype != comm::CommDType::kF32) continue;
+      size_t previous = SIZE_MAX;
       for (uint64_t bytes = 8; bytes <= max_bytes; bytes *= 2) {
         auto options = options_for(bytes);
         options.registered = registered;
         const auto results = comm::measure_allreduce(world, candidates, *dtype, bytes / elem, options);
-        const size_t best = checked_fastest(results, std::span<const comm::AllreduceAlgo>(candidates), bytes);
+        const size_t best =
+            checked_winner(results, std::span<const comm::AllreduceAlgo>(candidates), bytes, previous);
+        previous = best;
         const std::string winner(comm::algo_name(candidates[best]));
         table.add({comm::Collective::kAllreduce, p, *dtype, bytes, winner, results[best].seconds * 1e6, registered});
         if (leader)
@@ -81,9 +92,11 @@ void run_tune_comm(const TuneCommFlags& flags) {
     }
   }
   const auto alltoall_candidates = comm::all_alltoall_algos();
+  size_t previous_alltoall = SIZE_MAX;
   for (uint64_t per_peer = 1; flags.alltoall && per_peer * p <= max_bytes; per_peer *= 2) {
     const auto results = comm::measure_alltoall(world, alltoall_candidates, per_peer, options_for(per_peer * p));
-    const size_t best = checked_fastest(results, alltoall_candidates, per_peer * p);
+    const size_t best = checked_winner(results, alltoall_candidates, per_peer * p, previous_alltoall);
+    previous_alltoall = best;
     const std::string winner(comm::algo_name(alltoall_candidates[best]));
     table.add({comm::Collective::kAlltoall, p, comm::CommDType::kF32, per_peer, winner, results[best].seconds * 1e6});
     if (leader) std::printf("alltoall %10llu B/peer: %-9s %10.2f us\n", static_cast<unsigned long long>(per_peer),

@@ -89,8 +89,11 @@ size_t wire_bytes(WireFormat format, size_t count) {
 MOEX_CODEC_CLONES void f8_block_encode(const float* src, size_t count, float* scales, uint8_t* codes) {
   for (size_t block = 0; block * kF8BlockElems < count; ++block) {
     const size_t begin = block * kF8BlockElems, end = std::min(count, begin + kF8BlockElems);
-    float absmax = 0.0f;
-    for (size_t i = begin; i < end; ++i) absmax = std::max(absmax, std::fabs(src[i]));
+    // |x| as bits: for non-negative floats integer order is float order, and an integer max reduction
+    // vectorises where a float one (NaN rules) does not. A NaN or inf in the block makes the scale 1.
+    uint32_t absmax_bits = 0;
+    for (size_t i = begin; i < end; ++i) absmax_bits = std::max(absmax_bits, float_bits(src[i]) & 0x7fffffffu);
+    const float absmax = bits_float(absmax_bits);
     const float scale = f8_block_scale(absmax), inverse = 1.0f / scale;  // exact: powers of two
     scales[block] = scale;
     for (size_t i = begin; i < end; ++i) codes[i] = f32_to_e4m3_scaled(src[i] * inverse);
