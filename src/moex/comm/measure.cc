@@ -107,6 +107,23 @@ bool all_true(Communicator& comm, bool value) {
   return std::all_of(all.begin(), all.end(), [](int v) { return v == 1; });
 }
 
+// The checked call's event (bytes sent, the algorithm auto resolved to) goes into `result`.
+void record_events_into(Measurement& result) {
+  set_event_observer([&result](const CollectiveEvent& event) {
+    result.bytes_sent = event.bytes_sent;
+    result.algorithm = event.algorithm;
+  });
+}
+
+void store_rounds(std::vector<Measurement>& results, std::vector<std::vector<double>>& rounds,
+                  const std::vector<int>& batches) {
+  for (size_t a = 0; a < results.size(); ++a) {
+    results[a].rounds = std::move(rounds[a]);
+    results[a].seconds = median(results[a].rounds);
+    results[a].batch = batches[a];
+  }
+}
+
 // The copy probe of MeasureOptions, or nullptr when this group cannot run it.
 MpiCommunicator* copy_probe_comm(Communicator& comm, const MeasureOptions& options) {
   auto* mpi = dynamic_cast<MpiCommunicator*>(&comm);
@@ -162,10 +179,7 @@ std::vector<Measurement> measure_allreduce(Communicator& comm, std::span<const A
   std::vector<Measurement> results(algos.size());
   for (size_t a = 0; a < algos.size(); ++a) {
     Measurement& result = results[a];
-    set_event_observer([&](const CollectiveEvent& event) {
-      result.bytes_sent = event.bytes_sent;
-      result.algorithm = event.algorithm;
-    });
+    record_events_into(result);
     std::memcpy(buffer.data(), input.data(), buffer.size());
     comm.allreduce(buffer.data(), count, dtype, algos[a]);
     set_event_observer({});
@@ -188,11 +202,7 @@ std::vector<Measurement> measure_allreduce(Communicator& comm, std::span<const A
                                    options.copy_streaming);
       },
       [&] { std::memcpy(buffer.data(), input.data(), buffer.size()); }, options, batches);
-  for (size_t a = 0; a < results.size(); ++a) {
-    results[a].rounds = std::move(seconds[a]);
-    results[a].seconds = median(results[a].rounds);
-    results[a].batch = batches[a];
-  }
+  store_rounds(results, seconds, batches);
   return results;
 }
 
@@ -207,10 +217,7 @@ std::vector<Measurement> measure_alltoall(Communicator& comm, std::span<const Al
   std::vector<Measurement> results(algos.size());
   for (size_t a = 0; a < algos.size(); ++a) {
     Measurement& result = results[a];
-    set_event_observer([&](const CollectiveEvent& event) {
-      result.bytes_sent = event.bytes_sent;
-      result.algorithm = event.algorithm;
-    });
+    record_events_into(result);
     std::fill(recv.begin(), recv.end(), uint8_t{0});
     comm.alltoallv(send.data(), counts, offsets, recv.data(), counts, offsets, 1, algos[a]);
     set_event_observer({});
@@ -232,11 +239,7 @@ std::vector<Measurement> measure_alltoall(Communicator& comm, std::span<const Al
                               options.copy_streaming);
       },
       [] {}, options, batches);
-  for (size_t a = 0; a < results.size(); ++a) {
-    results[a].rounds = std::move(seconds[a]);
-    results[a].seconds = median(results[a].rounds);
-    results[a].batch = batches[a];
-  }
+  store_rounds(results, seconds, batches);
   return results;
 }
 
