@@ -175,10 +175,10 @@ void run_bench_comm(const BenchCommFlags& flags) {
       for (const auto& name : measured) list.push_back(*comm::alltoall_algo_from_name(name));
       results = comm::measure_alltoall(world, list, count, options);
     }
-    // MPI_Allreduce has no bf16 or fp8 sum: under --dtype bf16/fp8 the `mpi` row sends fp32 (2x or 4x the
-    // bytes asked for), so it is shown but is not a candidate for "fastest" (auto never picks it either).
+    // Under --dtype bf16/fp8 the `mpi` row sends fp32: shown, but not a candidate for "fastest" (nor for auto).
     auto honours_dtype = [&](const std::string& name) {
-      return !is_allreduce || *dtype == comm::CommDType::kF32 || name != "mpi";
+      const auto algo = comm::allreduce_algo_from_name(name);  // nullopt for the copy row
+      return !is_allreduce || !algo || comm::allreduce_auto_candidate(*algo, *dtype);
     };
     double fastest_us = 1e300;
     std::string fastest;

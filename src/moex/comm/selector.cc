@@ -239,6 +239,10 @@ double allreduce_cost_seconds(AllreduceAlgo algo, int group_size, uint64_t bytes
   return std::numeric_limits<double>::infinity();
 }
 
+bool allreduce_auto_candidate(AllreduceAlgo algo, CommDType dtype) {
+  return algo != AllreduceAlgo::kMpi || dtype == CommDType::kF32;
+}
+
 namespace {
 
 AllreduceAlgo select_allreduce_uncached(int group_size, CommDType dtype, uint64_t bytes, bool shm_available,
@@ -254,7 +258,7 @@ AllreduceAlgo select_allreduce_uncached(int group_size, CommDType dtype, uint64_
   double best_cost = std::numeric_limits<double>::infinity();
   for (AllreduceAlgo algo : all_allreduce_algos()) {
     if (algo == AllreduceAlgo::kShm && !shm_available) continue;
-    if (algo == AllreduceAlgo::kMpi && dtype != CommDType::kF32) continue;  // it would not compress
+    if (!allreduce_auto_candidate(algo, dtype)) continue;
     const double cost = allreduce_cost_seconds(algo, group_size, bytes, CostModel{});
     if (cost < best_cost) best_cost = cost, best = algo;
   }

@@ -73,6 +73,10 @@ struct CostModel {
 };
 double allreduce_cost_seconds(AllreduceAlgo algo, int group_size, uint64_t bytes, const CostModel& model = {});
 
+// Whether `algo` may stand for an all-reduce of `dtype` under auto: `mpi` has no bf16/fp8 sum and sends fp32
+// (2x/4x the bytes asked for), so it is a candidate for fp32 only. The tuner and the bench use the same rule.
+bool allreduce_auto_candidate(AllreduceAlgo algo, CommDType dtype);
+
 // Resolves kAuto (and the process-wide override) to a concrete algorithm. `wire_bytes` is the bytes of the
 // caller's buffer; shm is only chosen when all ranks share a node.
 // `registered`: the buffer is registered memory (the table may hold separate winners for it).
