@@ -10,6 +10,7 @@
 #include "moex/base/error.h"
 #include "moex/comm/codec.h"
 #include "moex/comm/communicator.h"
+#include "moex/comm/measure.h"
 #include "moex/comm/selector.h"
 
 namespace moex::comm {
@@ -112,6 +113,27 @@ TEST(CommWorld, SingleRankWithoutMpirunIsQuick) {
   CommHandle handle = comm.start_allreduce(&x, 1, CommDType::kF32);
   handle.wait();
   EXPECT_EQ(comm.split(0, 0)->size(), 1);
+}
+
+TEST(CommMeasure, PairedRatioIsTheMedianOfPerRoundRatios) {
+  // Round 2 is a machine-wide stall: it slows both, so the paired ratio stays at 1.5, while the ratio of
+  // medians would move with which rounds the stall hits.
+  Measurement a, b;
+  a.rounds = {3.0, 3.3, 30.0, 2.7, 3.0};
+  b.rounds = {2.0, 2.2, 20.0, 1.8, 2.0};
+  a.seconds = 3.0, b.seconds = 2.0;
+  EXPECT_DOUBLE_EQ(paired_ratio(a, b), 1.5);
+  b.rounds = {2.0, 2.0, 2.0, 2.0, 6.0};  // a is faster in one round only: the median ignores it
+  EXPECT_DOUBLE_EQ(paired_ratio(a, b), 1.5);
+  a.rounds.clear();  // no rounds: ratio of the times
+  EXPECT_DOUBLE_EQ(paired_ratio(a, b), 1.5);
+}
+
+TEST(CommMeasure, LargeMessagesGetFewerSamplesButAtLeastFive) {
+  EXPECT_EQ(samples_for_size(1 << 20, 15), 15);
+  EXPECT_EQ(samples_for_size(64 << 20, 15), 15);          // 2 GB budget / 64 MB = 32
+  EXPECT_EQ(samples_for_size(256ull << 20, 15), 8);
+  EXPECT_EQ(samples_for_size(1ull << 30, 15), 5);
 }
 
 }  // namespace
