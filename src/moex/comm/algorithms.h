@@ -51,7 +51,8 @@ void allreduce_rabenseifner(MpiCommunicator& comm, float* data, size_t count, Wi
 void allreduce_nhr(MpiCommunicator& comm, float* data, size_t count, WireFormat wire);
 void allreduce_mesh(MpiCommunicator& comm, float* data, size_t count, WireFormat wire);
 void allreduce_shm(MpiCommunicator& comm, float* data, size_t count, WireFormat wire);
-// fp32 sum over registered memory: `data` sits at `offset` in `window` on every rank (zero-copy two-shot).
+// fp32 sum over registered memory: `data` sits at `offset` in `window` on every rank (zero-copy, one pass:
+// each rank sums its chunk from every buffer and stores the sum into every buffer).
 void allreduce_shm_registered(MpiCommunicator& comm, ShmWindow& window, size_t offset, float* data, size_t count);
 // Registered buffers at least this big take the zero-copy path (smaller ones: one-shot through the window).
 size_t shm_zero_copy_min_bytes();

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "moex/base/cpu.h"
 #include "moex/comm/algorithms.h"
@@ -121,42 +122,36 @@ void two_shot(MpiCommunicator& comm, float* data, size_t count, WireFormat wire)
 }  // namespace
 
 
-size_t shm_zero_copy_min_bytes() { return one_shot_max_bytes() + 1; }
+// Registered buffers of this size and up take the zero-copy path (two barriers, no copies); below it the
+// one-shot's single barrier wins (measured crossover at 2 ranks: 1-2 KB).
+size_t shm_zero_copy_min_bytes() {
+  static const size_t bytes = env_bytes("MOEX_SHM_ZERO_COPY_BYTES", 2048);
+  return bytes;
+}
 
-// Zero-copy two-shot: every rank's buffer is already in the shared window, so nothing is copied in.
-// Rank r sums chunk r from every peer's buffer into its own (blocks of 8 KB, so the partial sum stays in L1
-// while the peers' blocks stream past), then copies every other chunk from its owner's buffer. A closing
-// barrier keeps a rank from returning (and its caller from overwriting the buffer) while peers still read
-// it. Per rank: reads (p-1)n/p + (p-1)n/p, writes n/p + (p-1)n/p — no window traffic at all.
+// Zero-copy, one pass: every rank's buffer is already in the shared window, so nothing is copied in and
+// there is no separate all-gather. Rank r owns chunk r: it reads chunk r from every rank's buffer, sums in
+// rank order, and stores the sum straight back into chunk r of every buffer (the reduce-scatter and the
+// all-gather fused, like NVLink SHARP's load-reduce + multicast store, done by the owning core). No rank
+// reads or writes another's chunk, so the only synchronisation is a barrier before (all inputs complete)
+// and after (all sums stored, so no caller sees its buffer before it is final or overwrites it while a
+// peer still reads). Per rank: n bytes read and n written -- the traffic of a plain copy, where a two-shot
+// (sum own chunk, barrier, copy the others) moves 1.5n read + n written.
 void allreduce_shm_registered(MpiCommunicator& comm, ShmWindow& window, size_t offset, float* data, size_t count) {
   const int p = comm.size(), r = comm.rank();
   auto& stats = comm.stats();
-  auto buffer_of = [&](int j) { return reinterpret_cast<const float*>(window.slot(j) + offset); };
   const Partition chunks{count, 16, p};  // 64-byte granules: no two ranks write one cache line
-  window.barrier(stats);                 // every rank's input is complete
-  const bool avx512 = have_avx512();
-  constexpr size_t kBlock = 2048;
   const size_t begin = chunks.begin(r), n = chunks.size(r);
-  for (size_t b = 0; b < n; b += kBlock) {
-    const size_t m = std::min(kBlock, n - b);
-    for (int j = 0; j < p; ++j) {
-      if (j == r) continue;
-      if (avx512) x86::add_f32(buffer_of(j) + begin + b, m, data + begin + b);
-      else add_f32(buffer_of(j) + begin + b, m, data + begin + b);
-    }
-  }
-  stats.bytes_received += (p - 1) * n * 4;
-  window.barrier(stats);
-  for (int j = 0; j < p; ++j) {
-    if (j == r) continue;
-    // Large pieces with streaming stores (the destination is beyond the caches and not read here).
-    float* dst = data + chunks.begin(j);
-    const float* src = buffer_of(j) + chunks.begin(j);
-    if (avx512 && count * 4 >= kStreamingMinBytes) x86::copy_f32_streaming(dst, src, chunks.size(j));
-    else std::memcpy(dst, src, chunks.size(j) * 4);
-    stats.bytes_received += chunks.size(j) * 4;
-  }
-  stats.bytes_sent += (count - n) * 4 + (p - 1) * n * 4;  // what peers read from this rank's buffer
+  std::vector<float*> buffers(p);
+  for (int j = 0; j < p; ++j) buffers[j] = j == r ? data + begin : reinterpret_cast<float*>(window.slot(j) + offset) + begin;
+  window.barrier(stats);  // every rank's input is complete
+  // Large buffers: streaming stores, since the results go back to memory anyway and nothing reads them
+  // inside the call; below that the lines stay in cache for the caller.
+  const bool stream = count * 4 >= kStreamingMinBytes;
+  if (have_avx512()) x86::sum_to_all_f32(buffers.data(), p, n, stream);
+  else sum_to_all_f32(buffers.data(), p, n);
+  stats.bytes_received += (p - 1) * n * 4;  // chunk r read from every peer
+  stats.bytes_sent += (p - 1) * n * 4;      // and its sum stored into every peer's buffer
   window.barrier(stats);
 }
 

@@ -124,6 +124,14 @@ MOEX_CODEC_CLONES void add_f32_publish(const float* __restrict src, size_t count
   for (size_t i = 0; i < count; ++i) copy[i] = dst[i] += src[i];
 }
 
+MOEX_CODEC_CLONES void sum_to_all_f32(float* const* buffers, int p, size_t count) {
+  for (size_t i = 0; i < count; ++i) {
+    float sum = buffers[0][i];
+    for (int j = 1; j < p; ++j) sum += buffers[j][i];
+    for (int j = 0; j < p; ++j) buffers[j][i] = sum;
+  }
+}
+
 MOEX_CODEC_CLONES static void bf16_decode_add(const uint16_t* __restrict src, size_t count, float* __restrict dst) {
   for (size_t i = 0; i < count; ++i) dst[i] += bf16_to_f32(src[i]);
 }

@@ -57,8 +57,8 @@ class Communicator {
   // ---- registered memory (like NCCL's ncclMemAlloc + buffer registration) ----
   // Collective: `bytes` of memory that every rank of this group can read directly — a slice of an MPI-3
   // shared window when all ranks share a node, else ordinary memory. An fp32 all-reduce on registered
-  // memory, at the same offset on every rank, lets the shm algorithm read peers' buffers in place instead
-  // of copying them into its window first (zero-copy two-shot). Kept until free_registered or destruction.
+  // memory, at the same offset on every rank, lets the shm algorithm sum and store straight into the peers'
+  // buffers instead of copying them through its window (zero-copy, one pass). Kept until free_registered or destruction.
   virtual void* alloc_registered(size_t bytes) = 0;
   virtual void free_registered(void* buffer) = 0;  // collective
 

@@ -37,4 +37,38 @@ void add_f32(const float* src, size_t count, float* dst) {
   for (; i < count; ++i) dst[i] += src[i];
 }
 
+template <bool kStream>
+static void sum_to_all_aligned(float* const* buffers, int p, size_t begin, size_t end) {
+  for (size_t i = begin; i < end; i += 16) {
+    __m512 sum = _mm512_loadu_ps(buffers[0] + i);
+    for (int j = 1; j < p; ++j) sum = _mm512_add_ps(sum, _mm512_loadu_ps(buffers[j] + i));
+    for (int j = 0; j < p; ++j) {
+      if constexpr (kStream) _mm512_stream_ps(buffers[j] + i, sum);
+      else _mm512_storeu_ps(buffers[j] + i, sum);
+    }
+  }
+}
+
+void sum_to_all_f32(float* const* buffers, int p, size_t count, bool streaming) {
+  auto scalar = [&](size_t i) {
+    float sum = buffers[0][i];
+    for (int j = 1; j < p; ++j) sum += buffers[j][i];
+    for (int j = 0; j < p; ++j) buffers[j][i] = sum;
+  };
+  // Streaming stores need 64-byte aligned addresses in every buffer; registered buffers share one offset
+  // in page-aligned slots, so aligning buffers[0] aligns them all (checked, else ordinary stores).
+  size_t i = 0;
+  while (i < count && (reinterpret_cast<uintptr_t>(buffers[0] + i) & 63) != 0) scalar(i++);
+  bool aligned = true;
+  for (int j = 1; j < p; ++j) aligned = aligned && (reinterpret_cast<uintptr_t>(buffers[j] + i) & 63) == 0;
+  const size_t vector_end = i + (count - i) / 16 * 16;
+  if (streaming && aligned) {
+    sum_to_all_aligned<true>(buffers, p, i, vector_end);
+    _mm_sfence();
+  } else {
+    sum_to_all_aligned<false>(buffers, p, i, vector_end);
+  }
+  for (i = vector_end; i < count; ++i) scalar(i);
+}
+
 }  // namespace moex::comm::x86
