@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <numeric>
 #include <random>
 
 #include "moex/base/dtype.h"
@@ -60,15 +61,18 @@ std::vector<std::vector<double>> time_interleaved(Communicator& comm, size_t n, 
   // One batch for every algorithm, sized by the fastest: a batch amortises the first, colder call of a
   // sample, so different batches would bias the comparison.
   const double fastest = std::max(*std::min_element(estimate.begin(), estimate.end()), 1e-9);
-  const double slowest = *std::max_element(estimate.begin(), estimate.end());
   const double calls = std::ceil(options.target_sample_us * 1e-6 / fastest);
   const int batch = static_cast<int>(std::clamp(calls, 1.0, static_cast<double>(std::max(1, options.max_batch))));
   batches.assign(n, batch);
-  // Cheap sizes get more rounds: at least options.min_total_ms of samples for the slowest algorithm.
+  // Cheap sizes get more rounds: at least options.min_total_ms of samples for the *fastest* algorithm (it is
+  // the one every comparison is made against, and a short sample is the noisiest), but a round of all
+  // algorithms may not push the size past options.max_total_ms.
   int rounds = options.samples;
-  if (options.min_total_ms > 0 && slowest > 0) {
-    const double wanted = std::ceil(options.min_total_ms * 1e-3 / (slowest * batch));
-    rounds = static_cast<int>(std::clamp(wanted, static_cast<double>(options.samples),
+  if (options.min_total_ms > 0 && fastest > 0) {
+    const double wanted = std::ceil(options.min_total_ms * 1e-3 / (fastest * batch));
+    const double round_seconds = std::accumulate(estimate.begin(), estimate.end(), 0.0) * batch;
+    const double affordable = std::floor(options.max_total_ms * 1e-3 / std::max(round_seconds, 1e-9));
+    rounds = static_cast<int>(std::clamp(std::min(wanted, affordable), static_cast<double>(options.samples),
                                          static_cast<double>(std::max(options.samples, options.max_samples))));
   }
   std::vector<std::vector<double>> samples(n);

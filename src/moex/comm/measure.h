@@ -4,7 +4,7 @@
 //  - each algorithm runs once on integer-valued data and is checked against the exact answer;
 //  - warm-up calls estimate one call's time (slowest rank), which fixes one batch for all algorithms: enough
 //    back-to-back calls that the fastest one's sample lasts ~target_sample_us (sub-microsecond collectives
-//    are not timed one by one); cheap sizes get more samples (min_total_ms);
+//    are not timed one by one); cheap sizes get more samples (min_total_ms, max_total_ms);
 //  - samples are interleaved: every algorithm's sample once per round, in a shuffled order each round, so a
 //    change in machine load during the run hits every algorithm alike, and no algorithm always follows the
 //    same one (a slow large call can leave the next call slow);
@@ -33,7 +33,8 @@ struct Measurement {
 
 struct MeasureOptions {
   int samples = 15;                 // timed samples per algorithm (at least)
-  double min_total_ms = 0;          // more samples (up to max_samples) until the slowest algorithm has this much
+  double min_total_ms = 0;          // more samples (up to max_samples) until the fastest algorithm has this much
+  double max_total_ms = 3000;       // ... as long as all algorithms' samples at a size stay within this
   int max_samples = 101;
   int warmup = 2;                   // untimed calls per algorithm (also the time estimate)
   double target_sample_us = 1000.0; // aim for samples at least this long
