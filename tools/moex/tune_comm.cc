@@ -28,23 +28,15 @@ struct TuneCommFlags {
   bool alltoall = true;
 };
 
-// Index of the winner; a wrong result (measure.h checks each algorithm once) is an internal error.
-// Hysteresis: the previous size's winner (`previous`, or SIZE_MAX) stays unless another algorithm beats it
-// by more than kSwitchMargin (paired, same rounds) — a table that flips on noise makes auto lose by the
-// flip whenever the noise goes the other way, and neighbouring sizes rarely change the best algorithm.
-constexpr double kSwitchMargin = 1.10;
+// Index of the winner (comm::pick_winner: fastest, with hysteresis against the previous size's winner);
+// a wrong result (measure.h checks each algorithm once) is an internal error.
 template <class Algo>
 size_t checked_winner(const std::vector<comm::Measurement>& results, std::span<const Algo> algos, uint64_t bytes,
                       size_t previous) {
-  size_t best = 0;
-  for (size_t i = 0; i < algos.size(); ++i) {
+  for (size_t i = 0; i < algos.size(); ++i)
     MOEX_CHECK(results[i].correct, "tune-comm: ", comm::algo_name(algos[i]), " gave a wrong result at ", bytes,
                " bytes");
-    if (results[i].seconds < results[best].seconds) best = i;
-  }
-  if (previous < algos.size() && comm::paired_ratio(results[previous], results[best]) <= kSwitchMargin)
-    return previous;
-  return best;
+  return comm::pick_winner(results, previous);
 }
 
 void run_tune_comm(const TuneCommFlags& flags) {

@@ -136,6 +136,14 @@ MpiCommunicator* copy_probe_comm(Communicator& comm, const MeasureOptions& optio
 
 }  // namespace
 
+size_t pick_winner(std::span<const Measurement> results, size_t previous, double switch_margin) {
+  size_t best = 0;
+  for (size_t i = 1; i < results.size(); ++i)
+    if (results[i].seconds < results[best].seconds) best = i;
+  if (previous < results.size() && paired_ratio(results[previous], results[best]) <= switch_margin) return previous;
+  return best;
+}
+
 int samples_for_size(uint64_t bytes, int samples, uint64_t budget_bytes) {
   if (bytes < (16u << 20)) return samples;
   return std::max(5, std::min(samples, static_cast<int>(budget_bytes / bytes)));
