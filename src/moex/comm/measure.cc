@@ -7,6 +7,7 @@
 #include <functional>
 #include <numeric>
 #include <random>
+#include <utility>
 
 #include "moex/base/dtype.h"
 #include "moex/comm/algorithms.h"
@@ -177,15 +178,17 @@ std::vector<Measurement> measure_allreduce(Communicator& comm, std::span<const A
       reinterpret_cast<float*>(input.data())[i] = x;
     }
   }
-  // The exact sum (in double, from every rank's pattern) and the error bound of the dtype.
-  std::vector<double> exact(count), scale(count);
-  for (size_t i = 0; i < count; ++i) {
+  // The exact sum of element i (in double, from every rank's pattern) and the sum of magnitudes that scales
+  // its error bound; recomputed per check (cheap next to the collective) instead of held for every element.
+  auto exact_and_scale = [&](size_t i) {
+    double exact = 0.0, scale = 0.0;
     for (int j = 0; j < p; ++j) {
       float x = pattern(j, i, random_data);
       if (dtype == CommDType::kBF16) x = bf16_to_f32(f32_to_bf16(x));
-      exact[i] += x, scale[i] += std::fabs(x);
+      exact += x, scale += std::fabs(x);
     }
-  }
+    return std::pair{exact, scale};
+  };
   const double unit = dtype == CommDType::kF32 ? 0.0 : dtype == CommDType::kBF16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -4);
   const double bound = unit * (2.0 + std::ceil(std::log2(std::max(p, 2))));
   std::vector<Measurement> results(algos.size());
@@ -198,7 +201,8 @@ std::vector<Measurement> measure_allreduce(Communicator& comm, std::span<const A
     for (size_t i = 0; i < count; ++i) {
       const double got = dtype == CommDType::kBF16 ? bf16_to_f32(reinterpret_cast<uint16_t*>(buffer.data())[i])
                                                    : reinterpret_cast<float*>(buffer.data())[i];
-      result.max_error = std::max(result.max_error, std::fabs(got - exact[i]) / std::max(scale[i], 1e-30));
+      const auto [exact, scale] = exact_and_scale(i);
+      result.max_error = std::max(result.max_error, std::fabs(got - exact) / std::max(scale, 1e-30));
     }
     result.correct = all_true(comm, result.max_error <= bound);
   }
