@@ -2,16 +2,24 @@
 // and the cost model. Multi-rank behaviour is in tests/mpi.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
 #include <vector>
 
+#include "moex/base/cpu.h"
 #include "moex/base/dtype.h"
 #include "moex/base/error.h"
 #include "moex/comm/codec.h"
+#include "moex/comm/codec_ref.h"
 #include "moex/comm/communicator.h"
 #include "moex/comm/measure.h"
 #include "moex/comm/selector.h"
+#include "moex/comm/x86/codec_avx512.h"
 
 namespace moex::comm {
 namespace {
@@ -52,6 +60,217 @@ TEST(CommCodec, DecodeAddAccumulatesInF32) {
   wire_encode(WireFormat::kF8, values.data(), values.size(), wire.data());
   wire_decode_add(WireFormat::kF8, wire.data(), values.size(), acc.data());
   for (float x : acc) EXPECT_EQ(x, 1.5f);
+}
+
+TEST(CommCodec, Fp8DecodeAddRoundsTheProductFirst) {
+  // FLT_MAX encodes as 256 * 2^120, which decodes to inf; added to -FLT_MAX that stays inf, while a fused
+  // multiply-add would give 2^104. Every CPU must give inf, whichever codec version it runs.
+  const float big = std::numeric_limits<float>::max();
+  std::vector<std::byte> wire(wire_bytes(WireFormat::kF8, 1));
+  wire_encode(WireFormat::kF8, &big, 1, wire.data());
+  float sum = -big;
+  wire_decode_add(WireFormat::kF8, wire.data(), 1, &sum);
+  EXPECT_EQ(sum, std::numeric_limits<float>::infinity());
+  const auto* scales = reinterpret_cast<const float*>(wire.data());
+  sum = -big;
+  ref::f8_block_decode_add(scales, reinterpret_cast<const uint8_t*>(scales + 1), 1, &sum);
+  EXPECT_EQ(sum, std::numeric_limits<float>::infinity());
+}
+
+// The AVX-512 fp8 codec against the scalar one: every scale, code and decoded float must have the same bits,
+// because ranks on different CPUs must end with identical sums.
+class CommCodecAvx512 : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!cpu_features().has_avx512_kernels()) GTEST_SKIP() << "no AVX-512 on this CPU";
+  }
+
+  static constexpr size_t kGuard = 40;            // elements past the end that neither codec may write
+  static constexpr uint32_t kSentinel = 0x7fa5a5a5;  // a NaN pattern no decode produces
+
+  template <typename T>
+  static ::testing::AssertionResult same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (std::memcmp(&a[i], &b[i], sizeof(T)) != 0) {
+        uint32_t x = 0, y = 0;
+        std::memcpy(&x, &a[i], sizeof(T));
+        std::memcpy(&y, &b[i], sizeof(T));
+        char bits[64];
+        std::snprintf(bits, sizeof(bits), "ref 0x%x, avx512 0x%x", x, y);
+        return ::testing::AssertionFailure() << "first difference at " << i << ": " << bits;
+      }
+    }
+    return ::testing::AssertionSuccess();
+  }
+
+  // Encodes src with both codecs, then decodes the scalar wire with both, plain and added into dst.
+  // dst may hold NaN: encoded scales are finite, so the decoded values never are, and a sum has one NaN
+  // operand at most (with two, x86 returns the first, an order the compiler picks in the scalar code).
+  static void expect_agree(const std::vector<float>& src, const std::vector<float>& dst, const std::string& what) {
+    const size_t n = src.size(), blocks = (n + kF8BlockElems - 1) / kF8BlockElems;
+    const float sentinel = std::bit_cast<float>(kSentinel);
+    std::vector<float> ref_scales(blocks + kGuard, sentinel), x86_scales = ref_scales;
+    std::vector<uint8_t> ref_codes(n + kGuard, 0xa5), x86_codes = ref_codes;
+    ref::f8_block_encode(src.data(), n, ref_scales.data(), ref_codes.data());
+    x86::f8_block_encode(src.data(), n, x86_scales.data(), x86_codes.data());
+    EXPECT_TRUE(same_bits(ref_scales, x86_scales)) << what << ", count " << n << ": scales";
+    EXPECT_TRUE(same_bits(ref_codes, x86_codes)) << what << ", count " << n << ": codes";
+    for (size_t i = 0; i < kGuard; ++i) {
+      ASSERT_EQ(std::bit_cast<uint32_t>(x86_scales[blocks + i]), kSentinel) << what << ": scale past the end";
+      ASSERT_EQ(x86_codes[n + i], 0xa5) << what << ": code past count " << n;
+    }
+    expect_decodes_agree(ref_scales, ref_codes, n, dst, what);
+  }
+
+  static void expect_decodes_agree(const std::vector<float>& scales, const std::vector<uint8_t>& codes, size_t n,
+                                   std::vector<float> dst, const std::string& what) {
+    const float sentinel = std::bit_cast<float>(kSentinel);
+    std::vector<float> ref_out(n + kGuard, sentinel), x86_out = ref_out;
+    ref::f8_block_decode(scales.data(), codes.data(), n, ref_out.data());
+    x86::f8_block_decode(scales.data(), codes.data(), n, x86_out.data());
+    EXPECT_TRUE(same_bits(ref_out, x86_out)) << what << ", count " << n << ": decode";
+    dst.resize(n);
+    dst.insert(dst.end(), kGuard, sentinel);
+    std::vector<float> ref_sum = dst, x86_sum = dst;
+    ref::f8_block_decode_add(scales.data(), codes.data(), n, ref_sum.data());
+    x86::f8_block_decode_add(scales.data(), codes.data(), n, x86_sum.data());
+    EXPECT_TRUE(same_bits(ref_sum, x86_sum)) << what << ", count " << n << ": decode_add";
+    for (size_t i = n; i < n + kGuard; ++i) {
+      ASSERT_EQ(std::bit_cast<uint32_t>(x86_out[i]), kSentinel) << what << ": decode wrote past count " << n;
+      ASSERT_EQ(std::bit_cast<uint32_t>(x86_sum[i]), kSentinel) << what << ": decode_add wrote past count " << n;
+    }
+  }
+
+  // Accumulators for decode_add: ordinary sums, and the extremes an overflowing or fused product would expose.
+  static std::vector<float> accumulators(size_t n, std::mt19937& rng, bool with_nan) {
+    std::normal_distribution<float> normal(0.0f, 1000.0f);
+    const float specials[] = {-std::numeric_limits<float>::max(), std::numeric_limits<float>::max(),
+                              std::numeric_limits<float>::infinity(), -0.0f, 1e-40f,
+                              with_nan ? std::numeric_limits<float>::quiet_NaN() : 0.0f};
+    std::vector<float> dst(n);
+    for (size_t i = 0; i < n; ++i) dst[i] = i % 7 == 3 ? specials[(i / 7) % std::size(specials)] : normal(rng);
+    return dst;
+  }
+
+  static constexpr size_t kCounts[] = {0, 1, 15, 16, 17, 127, 128, 129, 1000, 4099};
+};
+
+TEST_F(CommCodecAvx512, EncodesEveryHighHalfOfFp32LikeTheScalarCodec) {
+  // All 2^16 top halves of the fp32 bits with low halves that cover round-down, tie and round-up (the E4M3
+  // rounding bit is bit 19, so ties need the low half zero).
+  const uint32_t lows[] = {0x0000, 0x0001, 0x7fff, 0x8000, 0x8001, 0xffff};
+  std::vector<float> in_order, scale_one;
+  for (uint32_t high = 0; high < 0x10000; ++high) {
+    for (uint32_t low : lows) {
+      const float x = std::bit_cast<float>(high << 16 | low);
+      in_order.push_back(x);  // neighbours share a block: every scale rule meets similar values
+      // A non-finite value at the start of each block forces scale 1: the conversion sees x itself, from
+      // fp32 subnormals (to zero) to beyond 448 (saturated).
+      if (scale_one.size() % kF8BlockElems == 0) {
+        const float anchors[] = {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                                 std::numeric_limits<float>::quiet_NaN(), std::bit_cast<float>(0xff800001u)};
+        scale_one.push_back(anchors[scale_one.size() / kF8BlockElems % std::size(anchors)]);
+      }
+      scale_one.push_back(x);
+    }
+  }
+  in_order.resize(in_order.size() + 77, 3.0f);  // and a partial last block
+  std::mt19937 rng(1);
+  expect_agree(in_order, accumulators(in_order.size(), rng, true), "fp32 sweep in order");
+  expect_agree(scale_one, accumulators(scale_one.size(), rng, true), "fp32 sweep at scale 1");
+}
+
+TEST_F(CommCodecAvx512, EncodesRandomBlocksTiesAndSaturationLikeTheScalarCodec) {
+  std::mt19937 rng(2);
+  std::uniform_real_distribution<float> exponent10(-30.0f, 30.0f);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_int_distribution<int> pick(0, 99), code(0, 0x7d);
+  for (size_t count : kCounts) {
+    for (int trial = 0; trial < 8; ++trial) {
+      std::vector<float> src(count);
+      for (size_t begin = 0; begin < count; begin += kF8BlockElems) {
+        // Block size in [1e-30, 1e30]; some blocks pin the scale to exactly 2^e with a 448 * 2^e element,
+        // so that exact E4M3 ties and values just past 448 * 2^e can be placed.
+        const float magnitude = std::pow(10.0f, exponent10(rng));
+        const int e = std::ilogb(magnitude);
+        const bool pinned = pick(rng) < 60;
+        for (size_t i = begin; i < std::min(count, begin + kF8BlockElems); ++i) {
+          const int kind = pick(rng);
+          float x = normal(rng) * magnitude;
+          if (pinned && kind < 30) {  // halfway between two adjacent E4M3 values, subnormal ones included
+            const int c = code(rng);
+            const float below = f8e4m3_to_f32(static_cast<uint8_t>(c));
+            const float above = f8e4m3_to_f32(static_cast<uint8_t>(c + 1));
+            x = std::ldexp((below + above) / 2, e);
+          } else if (pinned && kind < 35) {
+            x = std::ldexp(std::nextafter(448.0f, 1000.0f), e);  // scale 2^(e+1)
+          } else if (kind < 40) {
+            x = std::ldexp(normal(rng), e - 12);  // E4M3 subnormals and underflow
+          }
+          src[i] = kind % 2 == 0 ? -x : x;
+        }
+        if (pinned && begin < count) src[begin] = std::ldexp(448.0f, e);
+      }
+      expect_agree(src, accumulators(count, rng, true), "random blocks, trial " + std::to_string(trial));
+    }
+  }
+}
+
+TEST_F(CommCodecAvx512, EncodesSpecialValuesLikeTheScalarCodec) {
+  using limits = std::numeric_limits<float>;
+  // Zeros, fp32 subnormals, 448 and the tie above it (464, saturates), past E4M3's range, inf, quiet and
+  // signalling NaNs with payloads, E4M3's smallest normal and subnormals, ties at both (0x1p-10f: to zero).
+  const float specials[] = {0.0f, -0.0f, limits::denorm_min(), -std::bit_cast<float>(0x007fffffu),
+                            std::bit_cast<float>(0x00400000u), limits::min(), 448.0f, -448.0f, 464.0f, 480.0f,
+                            -1e30f, limits::max(), -limits::max(), limits::infinity(), -limits::infinity(),
+                            limits::quiet_NaN(), -limits::quiet_NaN(), std::bit_cast<float>(0x7f800001u),
+                            std::bit_cast<float>(0xffc12345u), 0x1p-6f, 0x1p-9f, 0x1p-10f, 0x3p-10f, 0x1.1p-6f,
+                            0x1.18p+0f, -0x1.28p+0f};
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  // Tiny subnormals: max / 448 underflows to zero, the smallest scale (2^-126).
+  std::uniform_int_distribution<uint32_t> subnormal_bits(1, 0x7fffff), tiny_bits(1, 0xff), position(0, 4098);
+  for (size_t count : kCounts) {
+    std::vector<float> cycled(count), zeros(count, 0.0f), negative_zeros(count, -0.0f), subnormals(count),
+        tiny(count), sprinkled(count);
+    for (size_t i = 0; i < count; ++i) {
+      const uint32_t sign = i % 3 == 0 ? 0x80000000u : 0u;
+      cycled[i] = specials[(i * 7) % std::size(specials)];
+      subnormals[i] = std::bit_cast<float>(subnormal_bits(rng) | sign);
+      tiny[i] = std::bit_cast<float>(tiny_bits(rng) | sign);
+      sprinkled[i] = normal(rng) * 10.0f;
+    }
+    // A few specials in otherwise ordinary data: only their blocks fall back to scale 1.
+    for (int k = 0; k < 6 && count > 0; ++k) {
+      sprinkled[position(rng) % count] = specials[position(rng) % std::size(specials)];
+    }
+    const std::vector<std::pair<const char*, const std::vector<float>*>> cases = {
+        {"specials", &cycled}, {"zeros", &zeros}, {"negative zeros", &negative_zeros},
+        {"fp32 subnormals", &subnormals}, {"tiny subnormals", &tiny}, {"sprinkled specials", &sprinkled}};
+    for (const auto& [name, src] : cases) expect_agree(*src, accumulators(count, rng, true), name);
+  }
+}
+
+TEST_F(CommCodecAvx512, DecodesEveryCodeAtEveryScaleLikeTheScalarCodec) {
+  // Scales the encoder writes (every power of two from 2^-126 to 2^127) and ones it never does: zero,
+  // negative, not a power of two, subnormal, inf and NaN.
+  std::vector<float> scales;
+  for (int e = -126; e <= 127; ++e) scales.push_back(std::ldexp(1.0f, e));
+  for (float s : {0.0f, -0.0f, -2.0f, 1.5f, 3e-39f, std::numeric_limits<float>::infinity(),
+                  std::numeric_limits<float>::quiet_NaN()}) {
+    scales.push_back(s);
+  }
+  const size_t n = 2 * kF8BlockElems;  // all 256 codes, in two blocks
+  std::vector<uint8_t> codes(n);
+  for (size_t i = 0; i < n; ++i) codes[i] = static_cast<uint8_t>(i);
+  std::mt19937 rng(4);
+  for (float s : scales) {
+    for (size_t count : {n, n - 1, size_t{17}, size_t{1}}) {
+      // No NaN in dst: a NaN scale makes the decoded values NaN too (see expect_agree).
+      expect_decodes_agree(std::vector<float>{s, s}, codes, count, accumulators(count, rng, false),
+                           "scale bits " + std::to_string(std::bit_cast<uint32_t>(s)));
+    }
+  }
 }
 
 TEST(CommSelector, ParsesNamesAndSpecs) {

@@ -4,15 +4,22 @@
 #include <cmath>
 #include <cstring>
 
+#include "moex/base/cpu.h"
 #include "moex/base/dtype.h"
+#include "moex/comm/codec_ref.h"
+#include "moex/comm/x86/codec_avx512.h"
 
 // The codec loops are written branch-free for the auto-vectoriser; comm/ is built for baseline x86-64, so
 // each hot loop is also compiled for AVX2 and AVX-512 and picked at load time (GCC function multi-versioning).
 // Every version computes the same elementwise arithmetic, so results do not depend on the CPU.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define MOEX_CODEC_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+// The avx512f clone may fuse a product and the sum it feeds into one FMA, which the other clones (no FMA)
+// cannot: a product that overflows then gives a finite sum on one CPU and inf on another.
+#define MOEX_CODEC_NO_FMA __attribute__((optimize("fp-contract=off")))
 #else
 #define MOEX_CODEC_CLONES
+#define MOEX_CODEC_NO_FMA
 #endif
 
 namespace moex::comm {
@@ -66,6 +73,13 @@ inline float e4m3_to_f32(uint8_t code) {
 
 size_t num_blocks(size_t count) { return (count + kF8BlockElems - 1) / kF8BlockElems; }
 
+// The AVX-512 fp8 codec (x86/codec_avx512.cc) gives the same bytes and floats as ref::, several times
+// faster. use_x86_kernels() is false under MOEX_ISA=ref; the x86 codec needs AVX-512 F, BW, VL and FMA.
+bool use_avx512_f8() {
+  static const bool yes = use_x86_kernels() && cpu_features().has_avx512_kernels();
+  return yes;
+}
+
 }  // namespace
 
 WireFormat wire_format_for(CommDType dtype) {
@@ -85,6 +99,8 @@ size_t wire_bytes(WireFormat format, size_t count) {
   }
   return 0;
 }
+
+namespace ref {
 
 MOEX_CODEC_CLONES void f8_block_encode(const float* src, size_t count, float* scales, uint8_t* codes) {
   for (size_t block = 0; block * kF8BlockElems < count; ++block) {
@@ -108,12 +124,30 @@ MOEX_CODEC_CLONES void f8_block_decode(const float* scales, const uint8_t* codes
   }
 }
 
-MOEX_CODEC_CLONES static void f8_block_decode_add(const float* scales, const uint8_t* codes, size_t count, float* dst) {
+MOEX_CODEC_CLONES MOEX_CODEC_NO_FMA void f8_block_decode_add(const float* scales, const uint8_t* codes, size_t count,
+                                                             float* dst) {
   for (size_t block = 0; block * kF8BlockElems < count; ++block) {
     const size_t begin = block * kF8BlockElems, end = std::min(count, begin + kF8BlockElems);
     const float scale = scales[block];
     for (size_t i = begin; i < end; ++i) dst[i] += e4m3_to_f32(codes[i]) * scale;
   }
+}
+
+}  // namespace ref
+
+void f8_block_encode(const float* src, size_t count, float* scales, uint8_t* codes) {
+  if (use_avx512_f8()) return x86::f8_block_encode(src, count, scales, codes);
+  ref::f8_block_encode(src, count, scales, codes);
+}
+
+void f8_block_decode(const float* scales, const uint8_t* codes, size_t count, float* dst) {
+  if (use_avx512_f8()) return x86::f8_block_decode(scales, codes, count, dst);
+  ref::f8_block_decode(scales, codes, count, dst);
+}
+
+static void f8_block_decode_add(const float* scales, const uint8_t* codes, size_t count, float* dst) {
+  if (use_avx512_f8()) return x86::f8_block_decode_add(scales, codes, count, dst);
+  ref::f8_block_decode_add(scales, codes, count, dst);
 }
 
 MOEX_CODEC_CLONES void add_f32(const float* __restrict src, size_t count, float* __restrict dst) {

@@ -1,0 +1,15 @@
+// The scalar fp8 block codec (codec.cc): the fallback on CPUs without AVX-512 and the oracle that
+// x86/codec_avx512 must match bit for bit, because ranks on different CPUs must decode the same floats.
+// codec.h's f8_block_* pick one of the two; tests call these directly to compare them.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace moex::comm::ref {
+
+// Same contracts as codec.h's f8_block_encode / f8_block_decode; decode_add adds into dst instead.
+void f8_block_encode(const float* src, size_t count, float* scales, uint8_t* codes);
+void f8_block_decode(const float* scales, const uint8_t* codes, size_t count, float* dst);
+void f8_block_decode_add(const float* scales, const uint8_t* codes, size_t count, float* dst);
+
+}  // namespace moex::comm::ref
