@@ -143,13 +143,13 @@ void allreduce_shm_registered(MpiCommunicator& comm, ShmWindow& window, size_t o
   const Partition chunks{count, 16, p};  // 64-byte granules: no two ranks write one cache line
   const size_t begin = chunks.begin(r), n = chunks.size(r);
   std::vector<float*> buffers(p);
-  for (int j = 0; j < p; ++j) buffers[j] = j == r ? data + begin : reinterpret_cast<float*>(window.slot(j) + offset) + begin;
+  for (int j = 0; j < p; ++j) buffers[j] = j == r ? data : reinterpret_cast<float*>(window.slot(j) + offset);
   window.barrier(stats);  // every rank's input is complete
   // Large buffers: streaming stores, since the results go back to memory anyway and nothing reads them
   // inside the call; below that the lines stay in cache for the caller.
   const bool stream = count * 4 >= kStreamingMinBytes;
-  if (have_avx512()) x86::sum_to_all_f32(buffers.data(), p, n, stream);
-  else sum_to_all_f32(buffers.data(), p, n);
+  if (have_avx512()) x86::sum_to_all_f32(buffers.data(), p, begin, begin + n, stream);
+  else sum_to_all_f32(buffers.data(), p, begin, begin + n);
   stats.bytes_received += (p - 1) * n * 4;  // chunk r read from every peer
   stats.bytes_sent += (p - 1) * n * 4;      // and its sum stored into every peer's buffer
   window.barrier(stats);

@@ -158,8 +158,8 @@ MOEX_CODEC_CLONES void add_f32_publish(const float* __restrict src, size_t count
   for (size_t i = 0; i < count; ++i) copy[i] = dst[i] += src[i];
 }
 
-MOEX_CODEC_CLONES void sum_to_all_f32(float* const* buffers, int p, size_t count) {
-  for (size_t i = 0; i < count; ++i) {
+MOEX_CODEC_CLONES void sum_to_all_f32(float* const* buffers, int p, size_t begin, size_t end) {
+  for (size_t i = begin; i < end; ++i) {
     float sum = buffers[0][i];
     for (int j = 1; j < p; ++j) sum += buffers[j][i];
     for (int j = 0; j < p; ++j) buffers[j][i] = sum;

@@ -37,8 +37,9 @@ void add_f32(const float* src, size_t count, float* dst);
 // dst [count] += src [count], and the sums also written to copy [count]: the last reduction step of a rank
 // that publishes its result (one pass over dst instead of an add and then a copy).
 void add_f32_publish(const float* src, size_t count, float* dst, float* copy);
-// For i in [0, count): the sum buffers[0][i] + ... + buffers[p-1][i], in that order, stored to every buffer.
-void sum_to_all_f32(float* const* buffers, int p, size_t count);
+// For i in [begin, end): the sum buffers[0][i] + ... + buffers[p-1][i], in that order, stored to every
+// buffers[j][i] (the zero-copy shared-memory all-reduce's one pass).
+void sum_to_all_f32(float* const* buffers, int p, size_t begin, size_t end);
 // bf16 buffer <-> fp32 working buffer
 void bf16_to_f32_span(const uint16_t* src, size_t count, float* dst);
 void f32_to_bf16_span(const float* src, size_t count, uint16_t* dst);

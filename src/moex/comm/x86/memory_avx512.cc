@@ -3,13 +3,17 @@
 // stores write it without first reading every line into the cache (what memcpy's ordinary stores do below
 // its own non-temporal threshold, which is sized for one process and is larger than our chunks).
 // Compiled for AVX-512 by the pragma (comm/ has no per-ISA build flags); called only when the CPU has it.
-#pragma GCC target("avx512f")
 #include <immintrin.h>
 
 #include <cstdint>
 #include <cstring>
 
+#include "moex/comm/codec.h"
 #include "moex/comm/x86/memory_avx512.h"
+
+// After the includes, so inline functions from the headers stay baseline x86-64 (an out-of-line copy the
+// linker may share with other files must not hold AVX-512 instructions).
+#pragma GCC target("avx512f")
 
 namespace moex::comm::x86 {
 
@@ -49,26 +53,23 @@ static void sum_to_all_aligned(float* const* buffers, int p, size_t begin, size_
   }
 }
 
-void sum_to_all_f32(float* const* buffers, int p, size_t count, bool streaming) {
-  auto scalar = [&](size_t i) {
-    float sum = buffers[0][i];
-    for (int j = 1; j < p; ++j) sum += buffers[j][i];
-    for (int j = 0; j < p; ++j) buffers[j][i] = sum;
-  };
+void sum_to_all_f32(float* const* buffers, int p, size_t begin, size_t end, bool streaming) {
   // Streaming stores need 64-byte aligned addresses in every buffer; registered buffers share one offset
-  // in page-aligned slots, so aligning buffers[0] aligns them all (checked, else ordinary stores).
-  size_t i = 0;
-  while (i < count && (reinterpret_cast<uintptr_t>(buffers[0] + i) & 63) != 0) scalar(i++);
+  // in page-aligned slots, so aligning buffers[0] aligns them all (checked, else ordinary stores). The
+  // unaligned head and the short tail take the portable loop.
+  size_t i = begin;
+  while (i < end && (reinterpret_cast<uintptr_t>(buffers[0] + i) & 63) != 0) ++i;
+  comm::sum_to_all_f32(buffers, p, begin, i);
   bool aligned = true;
   for (int j = 1; j < p; ++j) aligned = aligned && (reinterpret_cast<uintptr_t>(buffers[j] + i) & 63) == 0;
-  const size_t vector_end = i + (count - i) / 16 * 16;
+  const size_t vector_end = i + (end - i) / 16 * 16;
   if (streaming && aligned) {
     sum_to_all_aligned<true>(buffers, p, i, vector_end);
     _mm_sfence();
   } else {
     sum_to_all_aligned<false>(buffers, p, i, vector_end);
   }
-  for (i = vector_end; i < count; ++i) scalar(i);
+  comm::sum_to_all_f32(buffers, p, vector_end, end);
 }
 
 }  // namespace moex::comm::x86
