@@ -350,9 +350,10 @@ TEST(CommMeasure, PairedRatioIsTheMedianOfPerRoundRatios) {
 
 TEST(CommMeasure, LargeMessagesGetFewerSamplesButAtLeastFive) {
   EXPECT_EQ(samples_for_size(1 << 20, 15), 15);
-  EXPECT_EQ(samples_for_size(64 << 20, 15), 15);          // 2 GB budget / 64 MB = 32
-  EXPECT_EQ(samples_for_size(256ull << 20, 15), 8);
+  EXPECT_EQ(samples_for_size(256ull << 20, 15), 15);  // 4 GB budget / 256 MB = 16
+  EXPECT_EQ(samples_for_size(512ull << 20, 15), 8);
   EXPECT_EQ(samples_for_size(1ull << 30, 15), 5);
+  EXPECT_EQ(samples_for_size(256ull << 20, 15, 2ull << 30), 8);
 }
 
 }  // namespace

@@ -47,7 +47,10 @@ struct MeasureOptions {
 
 // Samples for a message of `bytes`: `samples` below 16 MB; above, fewer (each call takes milliseconds):
 // about `budget_bytes` of traffic per algorithm, but at least 5.
-int samples_for_size(uint64_t bytes, int samples, uint64_t budget_bytes = 2ull << 30);
+// (4 GB: 15 samples up to 256 MB. The sizes where every algorithm is memory-bound are also where they come
+// closest to each other; a 2 GB budget gave 256 MB 8 samples, and auto's paired ratio there swung by 30%
+// between runs.)
+int samples_for_size(uint64_t bytes, int samples, uint64_t budget_bytes = 4ull << 30);
 
 // All-reduce of `count` elements with each of `algos` (kAuto allowed), timed as described above.
 // Returns one Measurement per entry of `algos`, in order; with options.copy_probe and at least two ranks on
