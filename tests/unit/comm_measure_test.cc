@@ -19,10 +19,10 @@ Measurement timed(std::vector<double> rounds) {
 }
 
 TEST(CommMeasure, PickWinnerKeepsThePreviousWinnerUnlessBeatenByTheMargin) {
-  // b is 5% faster than a in every round.
-  const std::vector<Measurement> close = {timed({1.00, 1.00, 1.00}), timed({0.95, 0.95, 0.95})};
+  // b is 2% faster than a in every round.
+  const std::vector<Measurement> close = {timed({1.00, 1.00, 1.00}), timed({0.98, 0.98, 0.98})};
   EXPECT_EQ(pick_winner(close, SIZE_MAX), 1u);  // no previous winner: the fastest
-  EXPECT_EQ(pick_winner(close, 0), 0u);         // 5% is inside the 10% margin: a stays
+  EXPECT_EQ(pick_winner(close, 0), 0u);         // 2% is inside the 3% margin: a stays
   EXPECT_EQ(pick_winner(close, 0, 1.01), 1u);   // a tighter margin switches
   // c beats a by 25% in every round: it takes over.
   const std::vector<Measurement> far = {timed({1.0, 1.0, 1.0}), timed({0.95, 0.95, 0.95}), timed({0.8, 0.8, 0.8})};

@@ -162,7 +162,11 @@ void run_bench_comm(const BenchCommFlags& flags) {
     options.copy_chunk_bytes = peak.chunk_bytes;
     options.copy_streaming = peak.streaming;
     options.samples = comm::samples_for_size(bytes, flags.iters);
-    options.min_total_ms = 60;
+    // Rounds until the fastest algorithm has >= 1 s of samples (at most 101 rounds, 10 s per size): the
+    // goal is a 5% comparison, and at 128-256 MB single calls vary by 15% here, so 15 rounds left the
+    // median of two runs of the same code ~6% apart.
+    options.min_total_ms = 1000;
+    options.max_total_ms = 10000;
     std::vector<comm::Measurement> results;
     if (is_allreduce) {
       std::vector<comm::AllreduceAlgo> list;
