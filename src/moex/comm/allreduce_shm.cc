@@ -142,7 +142,10 @@ void allreduce_shm_registered(MpiCommunicator& comm, ShmWindow& window, size_t o
   auto& stats = comm.stats();
   const Partition chunks{count, 16, p};  // 64-byte granules: no two ranks write one cache line
   const size_t begin = chunks.begin(r), n = chunks.size(r);
-  std::vector<float*> buffers(p);
+  // Every rank's buffer at the same offset of its slot (data is this rank's). Reused: decode-sized
+  // all-reduces take this path once per layer, and must not allocate.
+  thread_local std::vector<float*> buffers;
+  buffers.resize(p);
   for (int j = 0; j < p; ++j) buffers[j] = j == r ? data : reinterpret_cast<float*>(window.slot(j) + offset);
   window.barrier(stats);  // every rank's input is complete
   // Large buffers: streaming stores, since the results go back to memory anyway and nothing reads them

@@ -1,4 +1,4 @@
-// Streaming copy and add for the shared-memory all-reduce, AVX-512. Hand-written because the copy's
+// Streaming copy and the zero-copy sum for the shared-memory all-reduce, AVX-512. Hand-written because the
 // destination is a buffer far larger than the caches that nobody reads before the call returns: non-temporal
 // stores write it without first reading every line into the cache (what memcpy's ordinary stores do below
 // its own non-temporal threshold, which is sized for one process and is larger than our chunks).
@@ -30,15 +30,6 @@ void copy_f32_streaming(float* dst, const float* src, size_t count) {
   }
   for (; i < count; ++i) dst[i] = src[i];
   _mm_sfence();  // the streamed lines are visible before any flag that says "done"
-}
-
-void add_f32(const float* src, size_t count, float* dst) {
-  size_t i = 0;
-  for (; i + 32 <= count; i += 32) {
-    _mm512_storeu_ps(dst + i, _mm512_add_ps(_mm512_loadu_ps(dst + i), _mm512_loadu_ps(src + i)));
-    _mm512_storeu_ps(dst + i + 16, _mm512_add_ps(_mm512_loadu_ps(dst + i + 16), _mm512_loadu_ps(src + i + 16)));
-  }
-  for (; i < count; ++i) dst[i] += src[i];
 }
 
 template <bool kStream>

@@ -6,8 +6,6 @@ namespace moex::comm::x86 {
 
 // dst [count] = src [count] with non-temporal stores (dst is not brought into the cache), then a store fence.
 void copy_f32_streaming(float* dst, const float* src, size_t count);
-// dst [count] += src [count]
-void add_f32(const float* src, size_t count, float* dst);
 // comm::sum_to_all_f32 (codec.h) for i in [begin, end); streaming stores (and a closing store fence) when
 // `streaming`.
 void sum_to_all_f32(float* const* buffers, int p, size_t begin, size_t end, bool streaming);
