@@ -44,10 +44,10 @@ double median(std::vector<double> values) {
 
 // The timing loop of measure.h for `n` algorithms: run(i) makes one call of algorithm i, restore() puts
 // the input back. Returns, per algorithm, seconds per call of each round (the slowest rank's sample);
-// batches[i] = calls per sample.
+// `batch` = calls per sample (the same for every algorithm).
 std::vector<std::vector<double>> time_interleaved(Communicator& comm, size_t n, const std::function<void(size_t)>& run,
                                      const std::function<void()>& restore, const MeasureOptions& options,
-                                     std::vector<int>& batches) {
+                                     int& batch) {
   std::vector<double> estimate(n, 0.0);
   for (size_t i = 0; i < n; ++i) {
     for (int w = 0; w < std::max(1, options.warmup); ++w) {
@@ -63,8 +63,7 @@ std::vector<std::vector<double>> time_interleaved(Communicator& comm, size_t n, 
   // sample, so different batches would bias the comparison.
   const double fastest = std::max(*std::min_element(estimate.begin(), estimate.end()), 1e-9);
   const double calls = std::ceil(options.target_sample_us * 1e-6 / fastest);
-  const int batch = static_cast<int>(std::clamp(calls, 1.0, static_cast<double>(std::max(1, options.max_batch))));
-  batches.assign(n, batch);
+  batch = static_cast<int>(std::clamp(calls, 1.0, static_cast<double>(std::max(1, options.max_batch))));
   // Cheap sizes get more rounds: at least options.min_total_ms of samples for the *fastest* algorithm (it is
   // the one every comparison is made against, and a short sample is the noisiest), but a round of all
   // algorithms may not push the size past options.max_total_ms.
@@ -81,8 +80,8 @@ std::vector<std::vector<double>> time_interleaved(Communicator& comm, size_t n, 
   for (size_t i = 0; i < n; ++i) order[i] = i;
   for (int s = 0; s < rounds; ++s) {
     // A fresh order each round (the same on every rank: same seed, same binary). A fixed cyclic order is
-    // biased here: a slow large MPI_Allreduce leaves the memory system slow for the next call or two, which
-    // would always be the same algorithm.
+    // biased whenever one algorithm disturbs the next call (a large MPI_Allreduce did, by page-faulting a
+    // fresh temporary, until ranks kept freed memory): the disturbed one would always be the same.
     std::mt19937 rng(static_cast<uint32_t>(s) * 2654435761u + 1u);
     std::shuffle(order.begin(), order.end(), rng);
     for (size_t k = 0; k < n; ++k) {
@@ -90,8 +89,8 @@ std::vector<std::vector<double>> time_interleaved(Communicator& comm, size_t n, 
       restore();
       comm.barrier();
       const int64_t start = steady_now_ns();
-      for (int b = 0; b < batches[i]; ++b) run(i);
-      samples[i].push_back((steady_now_ns() - start) * 1e-9 / batches[i]);
+      for (int b = 0; b < batch; ++b) run(i);
+      samples[i].push_back((steady_now_ns() - start) * 1e-9 / batch);
     }
   }
   // Per round, the slowest rank's sample (all ranks took part in the same collective calls).
@@ -120,12 +119,11 @@ void record_events_into(Measurement& result) {
   });
 }
 
-void store_rounds(std::vector<Measurement>& results, std::vector<std::vector<double>>& rounds,
-                  const std::vector<int>& batches) {
+void store_rounds(std::vector<Measurement>& results, std::vector<std::vector<double>>& rounds, int batch) {
   for (size_t a = 0; a < results.size(); ++a) {
     results[a].rounds = std::move(rounds[a]);
     results[a].seconds = median(results[a].rounds);
-    results[a].batch = batches[a];
+    results[a].batch = batch;
   }
 }
 
@@ -209,7 +207,7 @@ std::vector<Measurement> measure_allreduce(Communicator& comm, std::span<const A
   MpiCommunicator* probe = copy_probe_comm(comm, options);
   std::vector<std::byte> copy_target(probe && r == 1 ? buffer.size() : 0);
   if (probe) results.emplace_back().algorithm = "copy";
-  std::vector<int> batches;
+  int batch = 1;
   auto seconds = time_interleaved(
       comm, results.size(),
       [&](size_t a) {
@@ -217,8 +215,8 @@ std::vector<Measurement> measure_allreduce(Communicator& comm, std::span<const A
         else detail::shm_copy(*probe, input.data(), copy_target.data(), buffer.size(), options.copy_chunk_bytes,
                                    options.copy_streaming);
       },
-      [&] { std::memcpy(buffer.data(), input.data(), buffer.size()); }, options, batches);
-  store_rounds(results, seconds, batches);
+      [&] { std::memcpy(buffer.data(), input.data(), buffer.size()); }, options, batch);
+  store_rounds(results, seconds, batch);
   return results;
 }
 
@@ -245,7 +243,7 @@ std::vector<Measurement> measure_alltoall(Communicator& comm, std::span<const Al
   }
   MpiCommunicator* probe = copy_probe_comm(comm, options);
   if (probe) results.emplace_back().algorithm = "copy";
-  std::vector<int> batches;
+  int batch = 1;
   auto seconds = time_interleaved(
       comm, results.size(),
       [&](size_t a) {
@@ -254,8 +252,8 @@ std::vector<Measurement> measure_alltoall(Communicator& comm, std::span<const Al
                               reinterpret_cast<std::byte*>(recv.data()), send.size(), options.copy_chunk_bytes,
                               options.copy_streaming);
       },
-      [] {}, options, batches);
-  store_rounds(results, seconds, batches);
+      [] {}, options, batch);
+  store_rounds(results, seconds, batch);
   return results;
 }
 
