@@ -1,6 +1,8 @@
 // Multi-rank tests of every collective algorithm; run under mpirun with 1..8 ranks (tests/mpi/CMakeLists.txt).
 // Every algorithm x dtype x count (0, 1, p-1, p+1, not divisible by p, one-shot and multi-segment shm sizes).
 // fp32 integer data must be exact; bf16 and fp8 errors are bounded; all ranks must end bit-identical.
+#include <malloc.h>
+
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -126,6 +128,17 @@ void test_alltoallv(Communicator& comm, AlltoallAlgo algo) {
              std::string(algo_name(algo)).c_str(), p, j);
 }
 
+// Ranks keep freed memory (comm::init): a large allocation comes from the heap, not from a fresh mmap that
+// free() would unmap (each such call page-faults its whole buffer again; MPI_Allreduce makes one per call).
+void test_large_allocations_are_not_mmapped() {
+  if (!launched_by_mpi_launcher()) return;
+  const size_t mapped_before = mallinfo2().hblks;
+  std::vector<char> big(64 << 20, 1);
+  const size_t mapped_during = mallinfo2().hblks;
+  EXPECT(mapped_during == mapped_before, "a 64 MB allocation was mmapped (%zu -> %zu mapped chunks)", mapped_before,
+         mapped_during);
+}
+
 void test_other_collectives(Communicator& comm) {
   const int p = comm.size(), r = comm.rank();
   // all-gather
@@ -211,6 +224,7 @@ int main() {
     Communicator& comm = init();
     g_rank = comm.rank();
     const int p = comm.size();
+    test_large_allocations_are_not_mmapped();
     const std::vector<size_t> counts = {0, 1, static_cast<size_t>(std::max(p - 1, 1)), static_cast<size_t>(p + 1),
                                         1000 * static_cast<size_t>(p) + 3, 128 * static_cast<size_t>(p) + 5,
                                         20011 /* shm two-shot */, 300007 /* several shm segments */};
