@@ -1,0 +1,121 @@
+// Auto's online trial (comm::OnlineChoice): who runs each call, when the trial ends, what it keeps.
+// The ranks' max step is played by a lambda here; tests/mpi runs the same class across ranks.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <vector>
+
+#include "moex/comm/online.h"
+
+namespace moex::comm {
+namespace {
+
+using A = AllreduceAlgo;
+const OnlineChoice::Key kKey{1 << 20, CommDType::kF32, false};
+
+// Runs a whole trial where candidate `algo` takes `seconds[algo]` on this rank; `others` is what the other
+// ranks report (the max step takes it into account). Returns the calls handed out, in order.
+std::vector<A> run_trial(OnlineChoice& online, const std::vector<A>& candidates, std::map<A, double> seconds,
+                         std::map<A, double> others = {}) {
+  std::vector<A> calls;
+  for (int i = 0; i < 1000; ++i) {
+    bool timed = false;
+    const A algo = online.next(kKey, candidates, &timed);
+    if (!timed) break;
+    calls.push_back(algo);
+    if (online.record(kKey, seconds[algo])) {
+      online.settle(kKey, [&](std::span<double> values) {
+        for (size_t c = 0; c < values.size(); ++c) values[c] = std::max(values[c], others[candidates[c]]);
+      });
+    }
+  }
+  return calls;
+}
+
+TEST(CommOnline, OneCandidateIsNeverATrial) {
+  OnlineChoice online;
+  bool timed = true;
+  EXPECT_EQ(online.next(kKey, std::vector<A>{A::kShm}, &timed), A::kShm);
+  EXPECT_FALSE(timed);
+  EXPECT_FALSE(online.pending(kKey, std::vector<A>{A::kShm}));
+}
+
+TEST(CommOnline, CandidatesTakeTurnsThenTheFastestIsKept) {
+  OnlineChoice online;
+  const std::vector<A> candidates = {A::kShm, A::kMpi, A::kRing};
+  EXPECT_TRUE(online.pending(kKey, candidates));
+  const auto calls = run_trial(online, candidates, {{A::kShm, 2e-3}, {A::kMpi, 1e-3}, {A::kRing, 3e-3}});
+  const int rounds = 1 + OnlineChoice::samples_per_candidate(kKey.bytes);
+  ASSERT_EQ(calls.size(), static_cast<size_t>(3 * rounds));
+  for (size_t i = 0; i < calls.size(); ++i) EXPECT_EQ(calls[i], candidates[i % 3]) << i;  // round robin
+  EXPECT_FALSE(online.pending(kKey, candidates));
+  bool timed = true;
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(online.next(kKey, candidates, &timed), A::kMpi);
+  EXPECT_FALSE(timed);
+  ASSERT_EQ(online.results(kKey).size(), 3u);
+  EXPECT_DOUBLE_EQ(online.results(kKey)[1], 1e-3);
+}
+
+TEST(CommOnline, TheSlowestRankDecides) {
+  // Here mpi looks fastest, but another rank saw it take 5 ms: shm (2 ms everywhere) is kept.
+  OnlineChoice online;
+  const std::vector<A> candidates = {A::kShm, A::kMpi};
+  run_trial(online, candidates, {{A::kShm, 2e-3}, {A::kMpi, 1e-3}}, {{A::kMpi, 5e-3}});
+  bool timed = true;
+  EXPECT_EQ(online.next(kKey, candidates, &timed), A::kShm);
+}
+
+TEST(CommOnline, MedianIgnoresOutliersAndTheWarmUpCallIsNotCounted) {
+  OnlineChoice online;
+  const std::vector<A> candidates = {A::kShm, A::kMpi};
+  int shm_calls = 0;
+  std::vector<A> calls;
+  for (;;) {
+    bool timed = false;
+    const A algo = online.next(kKey, candidates, &timed);
+    if (!timed) break;
+    // shm: a 1 s first call (window creation), then 1 ms with two 50 ms outliers; mpi: 1.5 ms always.
+    double seconds = 1.5e-3;
+    if (algo == A::kShm) seconds = shm_calls == 0 ? 1.0 : (shm_calls == 3 || shm_calls == 6) ? 50e-3 : 1e-3;
+    shm_calls += algo == A::kShm;
+    if (online.record(kKey, seconds)) online.settle(kKey, [](std::span<double>) {});
+  }
+  bool timed = true;
+  EXPECT_EQ(online.next(kKey, candidates, &timed), A::kShm);
+  EXPECT_DOUBLE_EQ(online.results(kKey)[0], 1e-3);
+}
+
+TEST(CommOnline, TiesKeepTheTablesWinnerAndKeysAreSeparate) {
+  OnlineChoice online;
+  const std::vector<A> candidates = {A::kRing, A::kNhr};
+  run_trial(online, candidates, {{A::kRing, 1e-3}, {A::kNhr, 1e-3}});
+  bool timed = true;
+  EXPECT_EQ(online.next(kKey, candidates, &timed), A::kRing);
+  // Another size, dtype or kind of memory has a trial of its own.
+  for (const OnlineChoice::Key other : {OnlineChoice::Key{2 << 20, CommDType::kF32, false},
+                                        OnlineChoice::Key{1 << 20, CommDType::kBF16, false},
+                                        OnlineChoice::Key{1 << 20, CommDType::kF32, true}}) {
+    EXPECT_TRUE(online.pending(other, candidates));
+    online.next(other, candidates, &timed);
+    EXPECT_TRUE(timed);
+  }
+}
+
+TEST(CommOnline, NewCandidatesStartANewTrial) {
+  OnlineChoice online;
+  run_trial(online, {A::kRing, A::kNhr}, {{A::kRing, 1e-3}, {A::kNhr, 2e-3}});
+  const std::vector<A> changed = {A::kMesh, A::kNhr};  // a new table (set_comm_options) for the same size
+  EXPECT_TRUE(online.pending(kKey, changed));
+  run_trial(online, changed, {{A::kMesh, 3e-3}, {A::kNhr, 2e-3}});
+  bool timed = true;
+  EXPECT_EQ(online.next(kKey, changed, &timed), A::kNhr);
+}
+
+TEST(CommOnline, LargeMessagesTakeFewerSamples) {
+  EXPECT_EQ(OnlineChoice::samples_per_candidate(4096), 11);
+  EXPECT_EQ(OnlineChoice::samples_per_candidate(8 << 20), 7);
+  EXPECT_EQ(OnlineChoice::samples_per_candidate(256 << 20), 5);
+}
+
+}  // namespace
+}  // namespace moex::comm
