@@ -2,6 +2,7 @@
 // Every algorithm x dtype x count (0, 1, p-1, p+1, not divisible by p, one-shot and multi-segment shm sizes).
 // fp32 integer data must be exact; bf16 and fp8 errors are bounded; all ranks must end bit-identical.
 #include <malloc.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
@@ -12,6 +13,7 @@
 
 #include "moex/base/dtype.h"
 #include "moex/comm/communicator.h"
+#include "moex/comm/online.h"
 #include "moex/comm/selector.h"
 
 using namespace moex::comm;
@@ -217,6 +219,55 @@ void test_groups_and_async(Communicator& comm) {
            static_cast<unsigned long long>(sent_fp8), static_cast<unsigned long long>(sent_bf16));
 }
 
+// Auto's online trial across ranks: a table whose winner (rd) has alternates (ring, shm). During the trial the
+// three take turns, every result exact; then every rank keeps the same one, and at 2 ranks (one per core,
+// where rd is ~1.9x slower than shm at 4 MB) it is not the table's rd.
+void test_online_choice(Communicator& comm) {
+  const int p = comm.size(), r = comm.rank();
+  if (p < 2) return;
+  const size_t count = 1 << 20;
+  const std::string path = "/tmp/moex_online_test." + std::to_string(getpid()) + ".json";
+  TuningTable table;
+  table.add({Collective::kAllreduce, p, CommDType::kF32, count * 4, "rd", 1.0, false, {"ring", "shm"}});
+  table.save(path);
+  CommOptions options;
+  options.tuning_path = path;
+  set_comm_options(options);
+  std::remove(path.c_str());
+  std::vector<float> data(count);
+  std::vector<std::string_view> ran;
+  set_event_observer([&](const CollectiveEvent& event) { ran.push_back(event.algorithm); });
+  const int trial_calls = 3 * (1 + OnlineChoice::samples_per_candidate(count * 4));
+  bool exact = true;
+  for (int call = 0; call < trial_calls + 3; ++call) {
+    for (size_t i = 0; i < count; ++i) data[i] = input_value(r, i, true);
+    comm.allreduce(data.data(), count, CommDType::kF32);
+    for (size_t i = 0; i < count; i += 97) {
+      double want = 0;
+      for (int j = 0; j < p; ++j) want += input_value(j, i, true);
+      exact &= data[i] == static_cast<float>(want);
+    }
+  }
+  set_event_observer({});
+  set_comm_options(CommOptions{AllreduceAlgo::kAuto, AlltoallAlgo::kAuto, "none"});
+  EXPECT(exact, "online trial p=%d: a sum was not exact", p);
+  EXPECT(ran.size() == static_cast<size_t>(trial_calls + 3), "online trial p=%d: %zu calls", p, ran.size());
+  if (ran.size() != static_cast<size_t>(trial_calls + 3)) return;
+  const std::vector<std::string_view> order = {"rd", "ring", "shm"};
+  for (int i = 0; i < trial_calls; ++i)
+    EXPECT(ran[i] == order[i % 3], "online trial p=%d: call %d ran %s", p, i, std::string(ran[i]).c_str());
+  const std::string_view kept = ran[trial_calls];
+  for (int i = trial_calls; i < trial_calls + 3; ++i)
+    EXPECT(ran[i] == kept, "online trial p=%d: after the trial ran %s, then %s", p, std::string(kept).c_str(),
+           std::string(ran[i]).c_str());
+  const uint64_t mine = hash_bytes(kept.data(), kept.size());
+  std::vector<uint64_t> all(p);
+  comm.allgather(&mine, sizeof(mine), all.data());
+  for (int j = 0; j < p; ++j) EXPECT(all[j] == mine, "online trial p=%d: rank %d kept another algorithm", p, j);
+  if (p == 2) EXPECT(kept != "rd", "online trial p=2: kept rd, which is ~1.9x slower than shm here");
+  if (r == 0) std::printf("online trial at %d ranks, 4 MB: kept %s\n", p, std::string(kept).c_str());
+}
+
 }  // namespace
 
 int main() {
@@ -246,6 +297,7 @@ int main() {
     test_allreduce(comm, AllreduceAlgo::kAuto, CommDType::kF32, 4099, true);
     test_other_collectives(comm);
     test_groups_and_async(comm);
+    test_online_choice(comm);
     int failures = g_failures, total = 0;
     std::vector<int> all(p);
     comm.allgather(&failures, sizeof(int), all.data());

@@ -296,11 +296,13 @@ TEST(CommSelector, TuningTableRoundTripAndLookup) {
   table.add({Collective::kAllreduce, 2, CommDType::kF32, 1024, "shm", 3.0});
   table.add({Collective::kAllreduce, 2, CommDType::kF32, 1 << 20, "ring", 90.0});
   table.add({Collective::kAlltoall, 2, CommDType::kF32, 64, "pairwise", 5.0});
-  table.add({Collective::kAllreduce, 2, CommDType::kF32, 1 << 20, "shm", 40.0, /*registered=*/true});
+  table.add({Collective::kAllreduce, 2, CommDType::kF32, 1 << 20, "shm", 40.0, /*registered=*/true, {"mpi", "ring"}});
   const std::string path = ::testing::TempDir() + "comm_tuning_test.json";
   table.save(path);
   const TuningTable loaded = TuningTable::load(path);
   EXPECT_EQ(loaded.entries().size(), 4u);
+  EXPECT_EQ(loaded.entries()[3].alternates, (std::vector<std::string>{"mpi", "ring"}));
+  EXPECT_TRUE(loaded.entries()[1].alternates.empty());
   // Registered memory has its own winners; without one for the size class, the other kind's nearest entry.
   EXPECT_EQ(loaded.lookup(Collective::kAllreduce, 2, CommDType::kF32, 1 << 20, /*registered=*/true), "shm");
   EXPECT_EQ(loaded.lookup(Collective::kAllreduce, 2, CommDType::kF32, 1 << 20, /*registered=*/false), "ring");

@@ -2,10 +2,15 @@
 // The ranks' max step is played by a lambda here; tests/mpi runs the same class across ranks.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <fstream>
 #include <map>
+#include <string>
 #include <vector>
 
+#include "moex/base/error.h"
 #include "moex/comm/online.h"
+#include "moex/comm/selector.h"
 
 namespace moex::comm {
 namespace {
@@ -115,6 +120,59 @@ TEST(CommOnline, LargeMessagesTakeFewerSamples) {
   EXPECT_EQ(OnlineChoice::samples_per_candidate(4096), 11);
   EXPECT_EQ(OnlineChoice::samples_per_candidate(8 << 20), 7);
   EXPECT_EQ(OnlineChoice::samples_per_candidate(256 << 20), 5);
+}
+
+std::vector<A> candidates_for(CommDType dtype, bool shm_available, uint64_t bytes = 1 << 20) {
+  const auto c = allreduce_candidates(A::kAuto, 2, dtype, bytes, shm_available);
+  return {c.algos.begin(), c.algos.begin() + c.count};
+}
+
+TEST(CommOnline, CandidatesComeFromTheTablesAlternates) {
+  const std::string path = ::testing::TempDir() + "comm_online_table.json";
+  TuningTable table;
+  table.add({Collective::kAllreduce, 2, CommDType::kF32, 1 << 20, "mesh", 9.0, false, {"shm", "mpi", "ring", "nhr"}});
+  table.add({Collective::kAllreduce, 2, CommDType::kBF16, 1 << 20, "ring", 9.0, false, {"mpi", "nhr"}});
+  table.save(path);
+  CommOptions options;
+  options.tuning_path = path;
+  set_comm_options(options);
+  // Winner first, then the alternates in the table's order, at most four in all.
+  EXPECT_EQ(candidates_for(CommDType::kF32, true), (std::vector<A>{A::kMesh, A::kShm, A::kMpi, A::kRing}));
+  // shm only where all ranks share a node; mpi sends fp32, so it is no candidate for a bf16 sum.
+  EXPECT_EQ(candidates_for(CommDType::kF32, false), (std::vector<A>{A::kMesh, A::kMpi, A::kRing, A::kNhr}));
+  EXPECT_EQ(candidates_for(CommDType::kBF16, true), (std::vector<A>{A::kRing, A::kNhr}));
+  EXPECT_EQ(select_allreduce(A::kAuto, 2, CommDType::kF32, 1 << 20, true), A::kMesh);
+  // An explicit algorithm, or the trial turned off: one candidate.
+  EXPECT_EQ(allreduce_candidates(A::kNhr, 2, CommDType::kF32, 1 << 20, true).count, 1);
+  options.online = false;
+  set_comm_options(options);
+  EXPECT_EQ(candidates_for(CommDType::kF32, true), (std::vector<A>{A::kMesh}));
+  set_comm_options(CommOptions{A::kAuto, AlltoallAlgo::kAuto, "none"});
+  std::remove(path.c_str());
+}
+
+TEST(CommOnline, AnUnknownAlternateIsABadTable) {
+  const std::string path = ::testing::TempDir() + "comm_online_bad.json";
+  std::ofstream(path) << R"({"entries": [{"collective": "allreduce", "group_size": 2, "bytes": 8, "algo": "ring",)"
+                      << R"( "alternates": ["ring", "warp"]}]})";
+  try {
+    TuningTable::load(path);
+    FAIL() << "loaded";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.exit_code(), 2);
+    EXPECT_NE(std::string(e.what()).find("warp"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+  }
+  std::remove(path.c_str());
+}
+
+TEST(CommOnline, EnvironmentSwitch) {
+  setenv("MOEX_COMM_ONLINE", "0", 1);
+  EXPECT_FALSE(comm_options_from_flags("", "", "none").online);
+  setenv("MOEX_COMM_ONLINE", "yes", 1);
+  EXPECT_THROW(comm_options_from_flags("", "", "none"), Error);
+  unsetenv("MOEX_COMM_ONLINE");
+  EXPECT_TRUE(comm_options_from_flags("", "", "none").online);
 }
 
 }  // namespace

@@ -77,14 +77,35 @@ void exchange(MpiCommunicator& comm, WireFormat wire, float* data, std::span<con
 
 }  // namespace detail
 
+AllreduceCandidates MpiCommunicator::auto_candidates(const void* data, size_t count, CommDType dtype,
+                                                     AllreduceAlgo requested, OnlineChoice::Key* key,
+                                                     ShmWindow** registered, size_t* offset) const {
+  const size_t buffer_bytes = count * comm_dtype_buffer_size(dtype);
+  *offset = 0;
+  *registered = dtype == CommDType::kF32 && !registered_.empty() ? registered_window(data, buffer_bytes, offset)
+                                                                 : nullptr;
+  *key = OnlineChoice::Key{buffer_bytes, dtype, *registered != nullptr};
+  return allreduce_candidates(requested, size_, dtype, buffer_bytes, all_on_one_node_, *registered != nullptr);
+}
+
+bool MpiCommunicator::allreduce_trial_pending(const void* data, size_t count, CommDType dtype) const {
+  OnlineChoice::Key key;
+  ShmWindow* registered = nullptr;
+  size_t offset = 0;
+  const auto candidates = auto_candidates(data, count, dtype, AllreduceAlgo::kAuto, &key, &registered, &offset);
+  return size_ > 1 && count > 0 && online_.pending(key, candidates.span());
+}
+
 void MpiCommunicator::allreduce(void* data, size_t count, CommDType dtype, AllreduceAlgo requested) {
   const size_t buffer_bytes = count * comm_dtype_buffer_size(dtype);
+  OnlineChoice::Key key;
+  ShmWindow* registered = nullptr;
   size_t registered_offset = 0;
-  ShmWindow* registered =
-      dtype == CommDType::kF32 && !registered_.empty() ? registered_window(data, buffer_bytes, &registered_offset)
-                                                       : nullptr;
-  const AllreduceAlgo algo =
-      select_allreduce(requested, size_, dtype, buffer_bytes, all_on_one_node_, registered != nullptr);
+  const auto candidates = auto_candidates(data, count, dtype, requested, &key, &registered, &registered_offset);
+  AllreduceAlgo algo = candidates.algos[0];
+  bool trial = false;  // a call of auto's online trial: starts aligned (barrier) and is timed
+  if (candidates.count > 1 && size_ > 1 && count > 0) algo = online_.next(key, candidates.span(), &trial);
+  if (trial) barrier();
   static constexpr const char* kOperation[] = {"allreduce(auto)", "allreduce(ring)", "allreduce(rd)",
                                                "allreduce(rabenseifner)", "allreduce(nhr)", "allreduce(mesh)",
                                                "allreduce(shm)", "allreduce(mpi)"};  // AllreduceAlgo order
@@ -114,10 +135,16 @@ void MpiCommunicator::allreduce(void* data, size_t count, CommDType dtype, Allre
     }
     if (dtype == CommDType::kBF16) f32_to_bf16_span(work, count, static_cast<uint16_t*>(data));
   }
+  const int64_t end = steady_now_ns();
   if (has_event_observer()) {
     notify_event(CollectiveEvent{Collective::kAllreduce, zero_copy ? "shm-registered" : algo_name(algo), dtype, size_,
-                                 buffer_bytes,
-                                 stats_.bytes_sent, stats_.bytes_received, start, steady_now_ns(), stats_.wait_ns});
+                                 buffer_bytes, stats_.bytes_sent, stats_.bytes_received, start, end, stats_.wait_ns});
+  }
+  if (trial && online_.record(key, (end - start) * 1e-9)) {
+    online_.settle(key, [this](std::span<double> seconds) {
+      check(MPI_Allreduce(MPI_IN_PLACE, seconds.data(), static_cast<int>(seconds.size()), MPI_DOUBLE, MPI_MAX, comm_),
+            "MPI_Allreduce");
+    });
   }
 }
 

@@ -143,6 +143,20 @@ size_t pick_winner(std::span<const Measurement> results, size_t previous, double
   return best;
 }
 
+std::vector<size_t> close_runners_up(std::span<const Measurement> results, size_t winner, double margin,
+                                     size_t max_count) {
+  std::vector<std::pair<double, size_t>> close;
+  for (size_t i = 0; i < results.size(); ++i) {
+    if (i == winner) continue;
+    const double ratio = paired_ratio(results[i], results[winner]);
+    if (ratio <= margin) close.emplace_back(ratio, i);
+  }
+  std::sort(close.begin(), close.end());
+  std::vector<size_t> out;
+  for (size_t k = 0; k < std::min(close.size(), max_count); ++k) out.push_back(close[k].second);
+  return out;
+}
+
 int samples_for_size(uint64_t bytes, int samples, uint64_t budget_bytes) {
   if (bytes < (16u << 20)) return samples;
   return std::max(5, std::min(samples, static_cast<int>(budget_bytes / bytes)));
@@ -203,6 +217,21 @@ std::vector<Measurement> measure_allreduce(Communicator& comm, std::span<const A
       result.max_error = std::max(result.max_error, std::fabs(got - exact) / std::max(scale, 1e-30));
     }
     result.correct = all_true(comm, result.max_error <= bound);
+  }
+  // Auto's online trial (online.h) happens once per size: run it to its end untimed, so auto is timed the way
+  // it runs from then on, and report the algorithm it kept.
+  auto* mpi = dynamic_cast<MpiCommunicator*>(&comm);
+  for (size_t a = 0; mpi && a < algos.size(); ++a) {
+    if (algos[a] != AllreduceAlgo::kAuto) continue;
+    for (; mpi->allreduce_trial_pending(buffer.data(), count, dtype); ++results[a].trial_calls) {
+      std::memcpy(buffer.data(), input.data(), buffer.size());
+      comm.allreduce(buffer.data(), count, dtype, AllreduceAlgo::kAuto);
+    }
+    if (results[a].trial_calls == 0) continue;
+    record_events_into(results[a]);
+    std::memcpy(buffer.data(), input.data(), buffer.size());
+    comm.allreduce(buffer.data(), count, dtype, AllreduceAlgo::kAuto);
+    set_event_observer({});
   }
   MpiCommunicator* probe = copy_probe_comm(comm, options);
   std::vector<std::byte> copy_target(probe && r == 1 ? buffer.size() : 0);

@@ -13,6 +13,8 @@
 
 #include "moex/comm/codec.h"
 #include "moex/comm/communicator.h"
+#include "moex/comm/online.h"
+#include "moex/comm/selector.h"
 
 namespace moex::comm {
 
@@ -87,6 +89,10 @@ class MpiCommunicator final : public Communicator {
   void* alloc_registered(size_t bytes) override;
   void free_registered(void* buffer) override;
 
+  // True while an auto all-reduce of this buffer would still be a call of auto's online trial (online.h).
+  // Collective in effect: every rank gives the same answer for the same call. The bench warms auto up with it.
+  bool allreduce_trial_pending(const void* data, size_t count, CommDType dtype) const;
+
   // ---- for the algorithm files ----
   // The shared window holding [data, data + bytes) when it is registered memory (offset from the window's
   // start in *offset), else nullptr.
@@ -114,6 +120,11 @@ class MpiCommunicator final : public Communicator {
   std::unique_ptr<ShmWindow> shm_;
   std::vector<std::unique_ptr<ShmWindow>> registered_;          // alloc_registered on one node
   std::vector<std::unique_ptr<std::byte[]>> registered_plain_;  // alloc_registered across nodes
+  // What auto may run for this buffer, with the online key; *registered/*offset as registered_window() gives.
+  AllreduceCandidates auto_candidates(const void* data, size_t count, CommDType dtype, AllreduceAlgo requested,
+                                      OnlineChoice::Key* key, ShmWindow** registered, size_t* offset) const;
+
+  OnlineChoice online_;  // auto's trials among close candidates, per message size
   std::unique_ptr<MpiCommunicator> async_twin_;  // MPI_Comm_dup'ed, driven by progress_
   std::unique_ptr<ProgressThread> progress_;
 };

@@ -41,13 +41,23 @@ std::shared_ptr<const TuningTable> load_table(const std::string& named) {
   return path.empty() ? nullptr : std::make_shared<const TuningTable>(TuningTable::load(path));
 }
 
+// MOEX_COMM_ALGO, MOEX_COMM_TUNING and MOEX_COMM_ONLINE into options (a bad value throws, exit 2).
+void options_from_env(CommOptions* options) {
+  if (const char* spec = std::getenv("MOEX_COMM_ALGO")) parse_algo_spec(spec, options);
+  if (const char* path = std::getenv("MOEX_COMM_TUNING")) options->tuning_path = path;
+  if (const char* online = std::getenv("MOEX_COMM_ONLINE")) {
+    const std::string value = trim(online);
+    MOEX_CHECK_INPUT(value == "0" || value == "1", "MOEX_COMM_ONLINE='", online, "' must be 0 or 1");
+    options->online = value == "1";
+  }
+}
+
 // First use without set_comm_options(): take the environment alone.
 void ensure_options() {
   if (g_options_initialised) return;
   g_options_initialised = true;
   CommOptions options;
-  if (const char* spec = std::getenv("MOEX_COMM_ALGO")) parse_algo_spec(spec, &options);
-  if (const char* path = std::getenv("MOEX_COMM_TUNING")) options.tuning_path = path;
+  options_from_env(&options);
   g_options = options;
   g_table = load_table(options.tuning_path);
 }
@@ -99,8 +109,7 @@ void parse_algo_spec(std::string_view spec, CommOptions* options) {
 CommOptions comm_options_from_flags(std::string_view allreduce_flag, std::string_view alltoall_flag,
                                     std::string_view tuning_flag) {
   CommOptions options;
-  if (const char* spec = std::getenv("MOEX_COMM_ALGO")) parse_algo_spec(spec, &options);
-  if (const char* path = std::getenv("MOEX_COMM_TUNING")) options.tuning_path = path;
+  options_from_env(&options);
   if (!allreduce_flag.empty()) options.allreduce_algo = parse_allreduce_algo(allreduce_flag);
   if (!alltoall_flag.empty()) options.alltoall_algo = parse_alltoall_algo(alltoall_flag);
   if (!tuning_flag.empty()) options.tuning_path = tuning_flag;
@@ -155,9 +164,14 @@ TuningTable TuningTable::load(const std::string& path) {
       entry.algo = item.at("algo").get<std::string>();
       entry.time_us = item.value("time_us", 0.0);
       entry.registered = item.value("registered", false);
+      entry.alternates = item.value("alternates", std::vector<std::string>{});
       const std::string source = "comm tuning table " + path;
-      if (entry.collective == Collective::kAllreduce) parse_allreduce_algo(entry.algo, source);
-      if (entry.collective == Collective::kAlltoall) parse_alltoall_algo(entry.algo, source);
+      auto check_name = [&](const std::string& name) {
+        if (entry.collective == Collective::kAllreduce) parse_allreduce_algo(name, source);
+        if (entry.collective == Collective::kAlltoall) parse_alltoall_algo(name, source);
+      };
+      check_name(entry.algo);
+      for (const auto& name : entry.alternates) check_name(name);
       table.add(std::move(entry));
     }
   } catch (const nlohmann::json::exception& e) {
@@ -175,7 +189,8 @@ void TuningTable::save(const std::string& path) const {
                        {"bytes", entry.bytes},
                        {"algo", entry.algo},
                        {"time_us", entry.time_us},
-                       {"registered", entry.registered}});
+                       {"registered", entry.registered},
+                       {"alternates", entry.alternates}});
   }
   std::ofstream out(path);
   MOEX_CHECK_INPUT(out.good(), "cannot write ", path);
@@ -184,6 +199,12 @@ void TuningTable::save(const std::string& path) const {
 
 std::optional<std::string> TuningTable::lookup(Collective collective, int group_size, CommDType dtype,
                                                uint64_t bytes, bool registered) const {
+  const TuningEntry* entry = find(collective, group_size, dtype, bytes, registered);
+  return entry ? std::optional<std::string>(entry->algo) : std::nullopt;
+}
+
+const TuningEntry* TuningTable::find(Collective collective, int group_size, CommDType dtype, uint64_t bytes,
+                                     bool registered) const {
   for (CommDType want_dtype : {dtype, CommDType::kF32}) {
     for (bool want_registered : {registered, !registered}) {
       const TuningEntry* best = nullptr;
@@ -196,10 +217,10 @@ std::optional<std::string> TuningTable::lookup(Collective collective, int group_
                                           std::log2(static_cast<double>(std::max<uint64_t>(bytes, 1))));
         if (distance < best_distance) best_distance = distance, best = &entry;
       }
-      if (best) return best->algo;
+      if (best) return best;
     }
   }
-  return std::nullopt;
+  return nullptr;
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -245,30 +266,46 @@ bool allreduce_auto_candidate(AllreduceAlgo algo, CommDType dtype) {
 
 namespace {
 
-AllreduceAlgo select_allreduce_uncached(int group_size, CommDType dtype, uint64_t bytes, bool shm_available,
-                                        bool registered) {
-  if (comm_options().allreduce_algo != AllreduceAlgo::kAuto) return comm_options().allreduce_algo;
+AllreduceCandidates allreduce_candidates_uncached(int group_size, CommDType dtype, uint64_t bytes, bool shm_available,
+                                                 bool registered) {
+  AllreduceCandidates out;
+  const CommOptions& options = comm_options();
+  if (options.allreduce_algo != AllreduceAlgo::kAuto) {
+    out.algos[out.count++] = options.allreduce_algo;
+    return out;
+  }
+  auto usable = [&](AllreduceAlgo algo) {
+    return (algo != AllreduceAlgo::kShm || shm_available) && allreduce_auto_candidate(algo, dtype);
+  };
   if (auto table = current_table()) {
-    if (auto name = table->lookup(Collective::kAllreduce, group_size, dtype, bytes, registered)) {
-      const AllreduceAlgo algo = *allreduce_algo_from_name(*name);
-      if (algo != AllreduceAlgo::kShm || shm_available) return algo;
+    if (const TuningEntry* entry = table->find(Collective::kAllreduce, group_size, dtype, bytes, registered)) {
+      const AllreduceAlgo winner = *allreduce_algo_from_name(entry->algo);
+      if (winner != AllreduceAlgo::kShm || shm_available) {  // mpi stays when bf16 falls back to f32 entries
+        out.algos[out.count++] = winner;
+        for (size_t i = 0; options.online && i < entry->alternates.size() &&
+                           out.count < static_cast<int>(out.algos.size()); ++i) {
+          const AllreduceAlgo algo = *allreduce_algo_from_name(entry->alternates[i]);
+          if (usable(algo) && algo != winner) out.algos[out.count++] = algo;
+        }
+        return out;
+      }
     }
   }
   AllreduceAlgo best = AllreduceAlgo::kRing;
   double best_cost = std::numeric_limits<double>::infinity();
   for (AllreduceAlgo algo : all_allreduce_algos()) {
-    if (algo == AllreduceAlgo::kShm && !shm_available) continue;
-    if (!allreduce_auto_candidate(algo, dtype)) continue;
+    if (!usable(algo)) continue;
     const double cost = allreduce_cost_seconds(algo, group_size, bytes, CostModel{});
     if (cost < best_cost) best_cost = cost, best = algo;
   }
-  return best;
+  out.algos[out.count++] = best;
+  return out;
 }
 }  // namespace
 
-AllreduceAlgo select_allreduce(AllreduceAlgo requested, int group_size, CommDType dtype, uint64_t bytes,
-                               bool shm_available, bool registered) {
-  if (requested != AllreduceAlgo::kAuto) return requested;
+AllreduceCandidates allreduce_candidates(AllreduceAlgo requested, int group_size, CommDType dtype, uint64_t bytes,
+                                         bool shm_available, bool registered) {
+  if (requested != AllreduceAlgo::kAuto) return AllreduceCandidates{{requested}, 1};
   // The engine repeats the same few sizes: remember recent decisions (a lookup costs ~0.3 us, a small
   // all-reduce ~1 us).
   struct Decision {
@@ -276,7 +313,7 @@ AllreduceAlgo select_allreduce(AllreduceAlgo requested, int group_size, CommDTyp
     int group_size = 0;
     CommDType dtype = CommDType::kF32;
     bool shm = false, registered = false;
-    AllreduceAlgo algo = AllreduceAlgo::kAuto;
+    AllreduceCandidates candidates;
   };
   static thread_local Decision recent[8];
   static thread_local unsigned next_slot = 0;
@@ -284,10 +321,16 @@ AllreduceAlgo select_allreduce(AllreduceAlgo requested, int group_size, CommDTyp
   for (const Decision& d : recent)
     if (d.generation == generation && d.bytes == bytes && d.group_size == group_size && d.dtype == dtype &&
         d.shm == shm_available && d.registered == registered)
-      return d.algo;
-  const AllreduceAlgo algo = select_allreduce_uncached(group_size, dtype, bytes, shm_available, registered);
-  recent[next_slot++ % 8] = Decision{generation, bytes, group_size, dtype, shm_available, registered, algo};
-  return algo;
+      return d.candidates;
+  const AllreduceCandidates candidates =
+      allreduce_candidates_uncached(group_size, dtype, bytes, shm_available, registered);
+  recent[next_slot++ % 8] = Decision{generation, bytes, group_size, dtype, shm_available, registered, candidates};
+  return candidates;
+}
+
+AllreduceAlgo select_allreduce(AllreduceAlgo requested, int group_size, CommDType dtype, uint64_t bytes,
+                               bool shm_available, bool registered) {
+  return allreduce_candidates(requested, group_size, dtype, bytes, shm_available, registered).algos[0];
 }
 
 AlltoallAlgo select_alltoall(AlltoallAlgo requested, int group_size, uint64_t bytes_per_peer) {
