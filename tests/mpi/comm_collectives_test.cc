@@ -220,7 +220,7 @@ void test_groups_and_async(Communicator& comm) {
 }
 
 // Auto's online trial across ranks: a table whose winner (rd) has alternates (ring, shm). During the trial the
-// three take turns, every result exact; then every rank keeps the same one, and at 2 ranks (one per core,
+// three race in blocks, every result exact; then every rank keeps the same one, and at 2 ranks (one per core,
 // where rd is ~1.9x slower than shm at 4 MB) it is not the table's rd.
 void test_online_choice(Communicator& comm) {
   const int p = comm.size(), r = comm.rank();
@@ -237,7 +237,8 @@ void test_online_choice(Communicator& comm) {
   std::vector<float> data(count);
   std::vector<std::string_view> ran;
   set_event_observer([&](const CollectiveEvent& event) { ran.push_back(event.algorithm); });
-  const int trial_calls = 3 * (1 + OnlineChoice::samples_per_candidate(count * 4));
+  const int trial_calls = OnlineChoice::max_trial_calls(count * 4, 3);  // the race may end sooner
+  const int block = OnlineChoice::schedule(count * 4).block;
   bool exact = true;
   for (int call = 0; call < trial_calls + 3; ++call) {
     for (size_t i = 0; i < count; ++i) data[i] = input_value(r, i, true);
@@ -254,8 +255,8 @@ void test_online_choice(Communicator& comm) {
   EXPECT(ran.size() == static_cast<size_t>(trial_calls + 3), "online trial p=%d: %zu calls", p, ran.size());
   if (ran.size() != static_cast<size_t>(trial_calls + 3)) return;
   const std::vector<std::string_view> order = {"rd", "ring", "shm"};
-  for (int i = 0; i < trial_calls; ++i)
-    EXPECT(ran[i] == order[i % 3], "online trial p=%d: call %d ran %s", p, i, std::string(ran[i]).c_str());
+  for (int i = 0; i < 3 * block; ++i)  // the first round: a block each, in the table's order
+    EXPECT(ran[i] == order[i / block], "online trial p=%d: call %d ran %s", p, i, std::string(ran[i]).c_str());
   const std::string_view kept = ran[trial_calls];
   for (int i = trial_calls; i < trial_calls + 3; ++i)
     EXPECT(ran[i] == kept, "online trial p=%d: after the trial ran %s, then %s", p, std::string(kept).c_str(),

@@ -41,7 +41,8 @@ TEST(CommMeasure, CloseRunnersUpAreTheAlgorithmsWithinTheMarginClosestFirst) {
   const std::vector<Measurement> results = {timed({1.10, 2.20, 1.10}), timed({1.0, 2.0, 1.0}),
                                             timed({1.25, 2.50, 1.25}), timed({1.5, 3.0, 1.5}),
                                             timed({1.02, 2.04, 1.02})};
-  EXPECT_EQ(close_runners_up(results, 1), (std::vector<size_t>{4, 0, 2}));
+  EXPECT_EQ(close_runners_up(results, 1), (std::vector<size_t>{4, 0, 2, 3}));
+  EXPECT_EQ(close_runners_up(results, 1, 2.0, 3), (std::vector<size_t>{4, 0, 2}));
   EXPECT_EQ(close_runners_up(results, 1, 1.2), (std::vector<size_t>{4, 0}));
   EXPECT_EQ(close_runners_up(results, 1, 1.3, 1), (std::vector<size_t>{4}));
   // A winner kept by hysteresis has the faster algorithm as a runner-up (ratio below 1).

@@ -2,6 +2,7 @@
 // The ranks' max step is played by a lambda here; tests/mpi runs the same class across ranks.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -23,18 +24,29 @@ const OnlineChoice::Key kKey{1 << 20, CommDType::kF32, false};
 std::vector<A> run_trial(OnlineChoice& online, const std::vector<A>& candidates, std::map<A, double> seconds,
                          std::map<A, double> others = {}) {
   std::vector<A> calls;
-  for (int i = 0; i < 1000; ++i) {
+  std::vector<A> racing;  // who ran in the round that is going on, in order
+  for (int i = 0; i < 100000; ++i) {
     bool timed = false;
     const A algo = online.next(kKey, candidates, &timed);
     if (!timed) break;
     calls.push_back(algo);
+    if (racing.empty() || racing.back() != algo) racing.push_back(algo);
     if (online.record(kKey, seconds[algo])) {
-      online.settle(kKey, [&](std::span<double> values) {
-        for (size_t c = 0; c < values.size(); ++c) values[c] = std::max(values[c], others[candidates[c]]);
+      online.end_round(kKey, [&](std::span<double> values) {
+        EXPECT_EQ(values.size(), racing.size());
+        for (size_t c = 0; c < values.size(); ++c) values[c] = std::max(values[c], others[racing[c]]);
       });
+      racing.clear();
     }
   }
   return calls;
+}
+
+A kept(OnlineChoice& online, const std::vector<A>& candidates) {
+  bool timed = true;
+  const A algo = online.next(kKey, candidates, &timed);
+  EXPECT_FALSE(timed);
+  return algo;
 }
 
 TEST(CommOnline, OneCandidateIsNeverATrial) {
@@ -45,20 +57,31 @@ TEST(CommOnline, OneCandidateIsNeverATrial) {
   EXPECT_FALSE(online.pending(kKey, std::vector<A>{A::kShm}));
 }
 
-TEST(CommOnline, CandidatesTakeTurnsThenTheFastestIsKept) {
+TEST(CommOnline, BlocksInRoundsClearlySlowerCandidatesLeaveAfterThreeRounds) {
   OnlineChoice online;
   const std::vector<A> candidates = {A::kShm, A::kMpi, A::kRing};
   EXPECT_TRUE(online.pending(kKey, candidates));
   const auto calls = run_trial(online, candidates, {{A::kShm, 2e-3}, {A::kMpi, 1e-3}, {A::kRing, 3e-3}});
-  const int rounds = 1 + OnlineChoice::samples_per_candidate(kKey.bytes);
-  ASSERT_EQ(calls.size(), static_cast<size_t>(3 * rounds));
-  for (size_t i = 0; i < calls.size(); ++i) EXPECT_EQ(calls[i], candidates[i % 3]) << i;  // round robin
+  const int block = OnlineChoice::schedule(kKey.bytes).block;
+  // Three full rounds, each a block per candidate in order; then only mpi is left, which ends the race.
+  ASSERT_EQ(calls.size(), static_cast<size_t>(3 * 3 * block));
+  for (size_t i = 0; i < calls.size(); ++i) EXPECT_EQ(calls[i], candidates[i / block % 3]) << i;
   EXPECT_FALSE(online.pending(kKey, candidates));
-  bool timed = true;
-  for (int i = 0; i < 5; ++i) EXPECT_EQ(online.next(kKey, candidates, &timed), A::kMpi);
-  EXPECT_FALSE(timed);
-  ASSERT_EQ(online.results(kKey).size(), 3u);
-  EXPECT_DOUBLE_EQ(online.results(kKey)[1], 1e-3);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(kept(online, candidates), A::kMpi);
+  ASSERT_EQ(online.medians(kKey).size(), 3u);
+  EXPECT_DOUBLE_EQ(online.medians(kKey)[1], 1e-3);
+}
+
+TEST(CommOnline, CloseCandidatesRaceOnAndTheFarOneLeaves) {
+  // ring 3% slower than nhr: inside every drop ratio, so both race all rounds; mesh 30% slower leaves.
+  OnlineChoice online;
+  const std::vector<A> candidates = {A::kRing, A::kNhr, A::kMesh};
+  const auto calls = run_trial(online, candidates, {{A::kRing, 1.03e-3}, {A::kNhr, 1e-3}, {A::kMesh, 1.3e-3}});
+  const auto schedule = OnlineChoice::schedule(kKey.bytes);
+  EXPECT_EQ(std::count(calls.begin(), calls.end(), A::kMesh), 3 * schedule.block);
+  EXPECT_EQ(std::count(calls.begin(), calls.end(), A::kRing), schedule.max_rounds * schedule.block);
+  EXPECT_EQ(calls.size(), static_cast<size_t>((2 * schedule.max_rounds + 3) * schedule.block));
+  EXPECT_EQ(kept(online, candidates), A::kNhr);
 }
 
 TEST(CommOnline, TheSlowestRankDecides) {
@@ -66,41 +89,40 @@ TEST(CommOnline, TheSlowestRankDecides) {
   OnlineChoice online;
   const std::vector<A> candidates = {A::kShm, A::kMpi};
   run_trial(online, candidates, {{A::kShm, 2e-3}, {A::kMpi, 1e-3}}, {{A::kMpi, 5e-3}});
-  bool timed = true;
-  EXPECT_EQ(online.next(kKey, candidates, &timed), A::kShm);
+  EXPECT_EQ(kept(online, candidates), A::kShm);
 }
 
-TEST(CommOnline, MedianIgnoresOutliersAndTheWarmUpCallIsNotCounted) {
+TEST(CommOnline, ABlocksFirstCallIsNotCountedAndAnOutlierRoundIsOutvoted) {
   OnlineChoice online;
   const std::vector<A> candidates = {A::kShm, A::kMpi};
+  const int block = OnlineChoice::schedule(kKey.bytes).block;
   int shm_calls = 0;
-  std::vector<A> calls;
   for (;;) {
     bool timed = false;
     const A algo = online.next(kKey, candidates, &timed);
     if (!timed) break;
-    // shm: a 1 s first call (window creation), then 1 ms with two 50 ms outliers; mpi: 1.5 ms always.
+    // shm: the first call of each block takes 1 s (it follows mpi), every call of its second block 50 ms,
+    // the rest 1 ms; mpi: 1.5 ms always. Counting first calls or averaging rounds would keep mpi.
     double seconds = 1.5e-3;
-    if (algo == A::kShm) seconds = shm_calls == 0 ? 1.0 : (shm_calls == 3 || shm_calls == 6) ? 50e-3 : 1e-3;
+    if (algo == A::kShm) seconds = shm_calls % block == 0 ? 1.0 : shm_calls / block == 1 ? 50e-3 : 1e-3;
     shm_calls += algo == A::kShm;
-    if (online.record(kKey, seconds)) online.settle(kKey, [](std::span<double>) {});
+    if (online.record(kKey, seconds)) online.end_round(kKey, [](std::span<double>) {});
   }
-  bool timed = true;
-  EXPECT_EQ(online.next(kKey, candidates, &timed), A::kShm);
-  EXPECT_DOUBLE_EQ(online.results(kKey)[0], 1e-3);
+  EXPECT_EQ(kept(online, candidates), A::kShm);
+  EXPECT_DOUBLE_EQ(online.medians(kKey)[0], 1e-3);
 }
 
 TEST(CommOnline, TiesKeepTheTablesWinnerAndKeysAreSeparate) {
   OnlineChoice online;
   const std::vector<A> candidates = {A::kRing, A::kNhr};
   run_trial(online, candidates, {{A::kRing, 1e-3}, {A::kNhr, 1e-3}});
-  bool timed = true;
-  EXPECT_EQ(online.next(kKey, candidates, &timed), A::kRing);
+  EXPECT_EQ(kept(online, candidates), A::kRing);
   // Another size, dtype or kind of memory has a trial of its own.
   for (const OnlineChoice::Key other : {OnlineChoice::Key{2 << 20, CommDType::kF32, false},
                                         OnlineChoice::Key{1 << 20, CommDType::kBF16, false},
                                         OnlineChoice::Key{1 << 20, CommDType::kF32, true}}) {
     EXPECT_TRUE(online.pending(other, candidates));
+    bool timed = false;
     online.next(other, candidates, &timed);
     EXPECT_TRUE(timed);
   }
@@ -112,14 +134,17 @@ TEST(CommOnline, NewCandidatesStartANewTrial) {
   const std::vector<A> changed = {A::kMesh, A::kNhr};  // a new table (set_comm_options) for the same size
   EXPECT_TRUE(online.pending(kKey, changed));
   run_trial(online, changed, {{A::kMesh, 3e-3}, {A::kNhr, 2e-3}});
-  bool timed = true;
-  EXPECT_EQ(online.next(kKey, changed, &timed), A::kNhr);
+  EXPECT_EQ(kept(online, changed), A::kNhr);
 }
 
-TEST(CommOnline, LargeMessagesTakeFewerSamples) {
-  EXPECT_EQ(OnlineChoice::samples_per_candidate(4096), 11);
-  EXPECT_EQ(OnlineChoice::samples_per_candidate(8 << 20), 7);
-  EXPECT_EQ(OnlineChoice::samples_per_candidate(256 << 20), 5);
+TEST(CommOnline, ScheduleAndDropRatio) {
+  EXPECT_EQ(OnlineChoice::max_trial_calls(4096, 2), 2 * 8 * 20);
+  EXPECT_EQ(OnlineChoice::max_trial_calls(1 << 20, 2), 2 * 4 * 16);
+  EXPECT_EQ(OnlineChoice::max_trial_calls(8 << 20, 3), 3 * 4 * 12);
+  EXPECT_EQ(OnlineChoice::max_trial_calls(256 << 20, 4), 4 * 3 * 8);
+  EXPECT_DOUBLE_EQ(OnlineChoice::drop_ratio(3), 1.15);
+  EXPECT_DOUBLE_EQ(OnlineChoice::drop_ratio(6), 1.10);
+  EXPECT_GT(OnlineChoice::drop_ratio(20), 1.05);
 }
 
 std::vector<A> candidates_for(CommDType dtype, bool shm_available, uint64_t bytes = 1 << 20) {
@@ -130,16 +155,19 @@ std::vector<A> candidates_for(CommDType dtype, bool shm_available, uint64_t byte
 TEST(CommOnline, CandidatesComeFromTheTablesAlternates) {
   const std::string path = ::testing::TempDir() + "comm_online_table.json";
   TuningTable table;
-  table.add({Collective::kAllreduce, 2, CommDType::kF32, 1 << 20, "mesh", 9.0, false, {"shm", "mpi", "ring", "nhr"}});
+  table.add({Collective::kAllreduce, 2, CommDType::kF32, 1 << 20, "mesh", 9.0, false,
+             {"shm", "mpi", "ring", "nhr", "rd", "rabenseifner"}});
   table.add({Collective::kAllreduce, 2, CommDType::kBF16, 1 << 20, "ring", 9.0, false, {"mpi", "nhr"}});
   table.save(path);
   CommOptions options;
   options.tuning_path = path;
   set_comm_options(options);
-  // Winner first, then the alternates in the table's order, at most four in all.
-  EXPECT_EQ(candidates_for(CommDType::kF32, true), (std::vector<A>{A::kMesh, A::kShm, A::kMpi, A::kRing}));
+  // Winner first, then the alternates in the table's order, at most six in all.
+  EXPECT_EQ(candidates_for(CommDType::kF32, true),
+            (std::vector<A>{A::kMesh, A::kShm, A::kMpi, A::kRing, A::kNhr, A::kRecursiveDoubling}));
   // shm only where all ranks share a node; mpi sends fp32, so it is no candidate for a bf16 sum.
-  EXPECT_EQ(candidates_for(CommDType::kF32, false), (std::vector<A>{A::kMesh, A::kMpi, A::kRing, A::kNhr}));
+  EXPECT_EQ(candidates_for(CommDType::kF32, false),
+            (std::vector<A>{A::kMesh, A::kMpi, A::kRing, A::kNhr, A::kRecursiveDoubling, A::kRabenseifner}));
   EXPECT_EQ(candidates_for(CommDType::kBF16, true), (std::vector<A>{A::kRing, A::kNhr}));
   EXPECT_EQ(select_allreduce(A::kAuto, 2, CommDType::kF32, 1 << 20, true), A::kMesh);
   // An explicit algorithm, or the trial turned off: one candidate.

@@ -103,9 +103,8 @@ void MpiCommunicator::allreduce(void* data, size_t count, CommDType dtype, Allre
   size_t registered_offset = 0;
   const auto candidates = auto_candidates(data, count, dtype, requested, &key, &registered, &registered_offset);
   AllreduceAlgo algo = candidates.algos[0];
-  bool trial = false;  // a call of auto's online trial: starts aligned (barrier) and is timed
+  bool trial = false;  // a call of auto's online trial: timed, as it comes
   if (candidates.count > 1 && size_ > 1 && count > 0) algo = online_.next(key, candidates.span(), &trial);
-  if (trial) barrier();
   static constexpr const char* kOperation[] = {"allreduce(auto)", "allreduce(ring)", "allreduce(rd)",
                                                "allreduce(rabenseifner)", "allreduce(nhr)", "allreduce(mesh)",
                                                "allreduce(shm)", "allreduce(mpi)"};  // AllreduceAlgo order
@@ -141,7 +140,7 @@ void MpiCommunicator::allreduce(void* data, size_t count, CommDType dtype, Allre
                                  buffer_bytes, stats_.bytes_sent, stats_.bytes_received, start, end, stats_.wait_ns});
   }
   if (trial && online_.record(key, (end - start) * 1e-9)) {
-    online_.settle(key, [this](std::span<double> seconds) {
+    online_.end_round(key, [this](std::span<double> seconds) {
       check(MPI_Allreduce(MPI_IN_PLACE, seconds.data(), static_cast<int>(seconds.size()), MPI_DOUBLE, MPI_MAX, comm_),
             "MPI_Allreduce");
     });

@@ -45,9 +45,14 @@ double median(std::vector<double> values) {
 // The timing loop of measure.h for `n` algorithms: run(i) makes one call of algorithm i, restore() puts
 // the input back. Returns, per algorithm, seconds per call of each round (the slowest rank's sample);
 // `batch` = calls per sample (the same for every algorithm).
+// in_trial(i) (optional): algorithm i is auto in its online trial (online.h). Before the rounds it takes
+// untimed samples, made exactly like the timed ones (input restored, barrier, `batch` calls back to back),
+// until the trial is over: the trial must see the calls the way the timed samples make them, since which
+// algorithm is faster depends on that. (*trial_calls)[i] counts them.
 std::vector<std::vector<double>> time_interleaved(Communicator& comm, size_t n, const std::function<void(size_t)>& run,
                                      const std::function<void()>& restore, const MeasureOptions& options,
-                                     int& batch) {
+                                     int& batch, const std::function<bool(size_t)>& in_trial = {},
+                                     std::vector<int>* trial_calls = nullptr) {
   std::vector<double> estimate(n, 0.0);
   for (size_t i = 0; i < n; ++i) {
     for (int w = 0; w < std::max(1, options.warmup); ++w) {
@@ -74,6 +79,14 @@ std::vector<std::vector<double>> time_interleaved(Communicator& comm, size_t n, 
     const double affordable = std::floor(options.max_total_ms * 1e-3 / std::max(round_seconds, 1e-9));
     rounds = static_cast<int>(std::clamp(std::min(wanted, affordable), static_cast<double>(options.samples),
                                          static_cast<double>(std::max(options.samples, options.max_samples))));
+  }
+  for (size_t i = 0; in_trial && i < n; ++i) {
+    while (in_trial(i)) {
+      restore();
+      comm.barrier();
+      for (int b = 0; b < batch; ++b) run(i);
+      if (trial_calls) (*trial_calls)[i] += batch;
+    }
   }
   std::vector<std::vector<double>> samples(n);
   std::vector<size_t> order(n);
@@ -218,25 +231,19 @@ std::vector<Measurement> measure_allreduce(Communicator& comm, std::span<const A
     }
     result.correct = all_true(comm, result.max_error <= bound);
   }
-  // Auto's online trial (online.h) happens once per size: run it to its end untimed, so auto is timed the way
-  // it runs from then on, and report the algorithm it kept.
-  auto* mpi = dynamic_cast<MpiCommunicator*>(&comm);
-  for (size_t a = 0; mpi && a < algos.size(); ++a) {
-    if (algos[a] != AllreduceAlgo::kAuto) continue;
-    for (; mpi->allreduce_trial_pending(buffer.data(), count, dtype); ++results[a].trial_calls) {
-      std::memcpy(buffer.data(), input.data(), buffer.size());
-      comm.allreduce(buffer.data(), count, dtype, AllreduceAlgo::kAuto);
-    }
-    if (results[a].trial_calls == 0) continue;
-    record_events_into(results[a]);
-    std::memcpy(buffer.data(), input.data(), buffer.size());
-    comm.allreduce(buffer.data(), count, dtype, AllreduceAlgo::kAuto);
-    set_event_observer({});
-  }
   MpiCommunicator* probe = copy_probe_comm(comm, options);
   std::vector<std::byte> copy_target(probe && r == 1 ? buffer.size() : 0);
   if (probe) results.emplace_back().algorithm = "copy";
+  // Auto's online trial (online.h) happens once per size: time_interleaved runs it to its end untimed, so
+  // auto is timed the way it runs from then on.
+  auto* mpi = dynamic_cast<MpiCommunicator*>(&comm);
+  auto in_trial = [&](size_t a) {
+    return mpi && a < algos.size() && algos[a] == AllreduceAlgo::kAuto &&
+           mpi->allreduce_trial_pending(buffer.data(), count, dtype);
+  };
+  const auto restore = [&] { std::memcpy(buffer.data(), input.data(), buffer.size()); };
   int batch = 1;
+  std::vector<int> trial_calls(results.size(), 0);
   auto seconds = time_interleaved(
       comm, results.size(),
       [&](size_t a) {
@@ -244,8 +251,16 @@ std::vector<Measurement> measure_allreduce(Communicator& comm, std::span<const A
         else detail::shm_copy(*probe, input.data(), copy_target.data(), buffer.size(), options.copy_chunk_bytes,
                                    options.copy_streaming);
       },
-      [&] { std::memcpy(buffer.data(), input.data(), buffer.size()); }, options, batch);
+      restore, options, batch, in_trial, &trial_calls);
   store_rounds(results, seconds, batch);
+  for (size_t a = 0; a < algos.size(); ++a) {  // what auto kept, from one more (untimed) call
+    results[a].trial_calls = trial_calls[a];
+    if (!trial_calls[a]) continue;
+    record_events_into(results[a]);
+    restore();
+    comm.allreduce(buffer.data(), count, dtype, AllreduceAlgo::kAuto);
+    set_event_observer({});
+  }
   return results;
 }
 

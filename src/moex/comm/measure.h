@@ -2,10 +2,10 @@
 //
 // How a size is timed (the same way for every algorithm, so a comparison inside one run is fair):
 //  - each algorithm runs once on integer-valued data and is checked against the exact answer;
-//  - auto then runs its online trial to the end, untimed (see online.h; Measurement::trial_calls);
 //  - warm-up calls estimate one call's time (slowest rank), which fixes one batch for all algorithms: enough
 //    back-to-back calls that the fastest one's sample lasts ~target_sample_us (sub-microsecond collectives
 //    are not timed one by one); cheap sizes get more samples (min_total_ms, max_total_ms);
+//  - auto finishes its online trial (online.h) in untimed samples made like the timed ones below;
 //  - samples are interleaved: every algorithm's sample once per round, in a shuffled order each round, so a
 //    change in machine load during the run hits every algorithm alike, and no algorithm always follows the
 //    same one (a slow large call can leave the next call slow);
@@ -30,7 +30,7 @@ struct Measurement {
   uint64_t bytes_sent = 0;     // by this rank in one call (from the collective's event)
   std::string_view algorithm;  // what actually ran (auto resolved)
   int batch = 1;               // calls per timed sample
-  int trial_calls = 0;         // auto: calls its online trial took at this size before timing (online.h)
+  int trial_calls = 0;         // auto: calls of its online trial in untimed samples before the rounds (online.h)
 };
 
 struct MeasureOptions {
@@ -72,10 +72,11 @@ double paired_ratio(const Measurement& a, const Measurement& b);
 // margin stays well inside the 5% that auto is held to: a kept winner is never more than 3% slower.
 size_t pick_winner(std::span<const Measurement> results, size_t previous, double switch_margin = 1.03);
 // The runners-up within `margin` of results[winner] (paired ratio), closest first, at most `max_count`: the
-// alternates a tuning table stores for auto's online trial. 1.3: between runs on this VM the order of
-// algorithms within ~30% of each other changed (at 2 ranks, 1-8 MB and 64-256 MB).
-std::vector<size_t> close_runners_up(std::span<const Measurement> results, size_t winner, double margin = 1.3,
-                                     size_t max_count = 3);
+// alternates a tuning table stores for auto's online trial. 2.0: between runs on this VM the MPI-based
+// algorithms' times at 2 ranks moved by up to 1.6x against shm's (2 MB: 330, 451 and >534 us in three runs
+// while shm took 327-372 us), enough to swap the order at 1-8 MB and 64-256 MB.
+std::vector<size_t> close_runners_up(std::span<const Measurement> results, size_t winner, double margin = 2.0,
+                                     size_t max_count = 5);
 // "8", "64K", "16M", "1G" -> bytes; anything else throws Error(kInvalidInput) naming `flag` (exit 2).
 uint64_t parse_byte_size(const std::string& text, const char* flag);
 // Peak copy bandwidth between two ranks of this node through shared memory: the best pipeline chunk from

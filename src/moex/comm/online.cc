@@ -8,96 +8,142 @@ namespace moex::comm {
 namespace {
 
 double median(std::vector<double> values) {
+  if (values.empty()) return 0.0;
   std::sort(values.begin(), values.end());
   const size_t m = values.size() / 2;
   return values.size() % 2 ? values[m] : 0.5 * (values[m - 1] + values[m]);
+}
+
+// Median over rounds of a[r] / b[r] (both raced every round so far).
+double paired_median_ratio(const std::vector<double>& a, const std::vector<double>& b) {
+  std::vector<double> ratios;
+  for (size_t r = 0; r < std::min(a.size(), b.size()); ++r)
+    if (b[r] > 0) ratios.push_back(a[r] / b[r]);
+  return median(std::move(ratios));
 }
 
 bool same_candidates(std::span<const AllreduceAlgo> a, std::span<const AllreduceAlgo> b) {
   return std::equal(a.begin(), a.end(), b.begin(), b.end());
 }
 
+std::span<const AllreduceAlgo> capped(std::span<const AllreduceAlgo> candidates) {
+  return candidates.first(std::min<size_t>(candidates.size(), OnlineChoice::kMaxCandidates));
+}
+
 }  // namespace
 
-int OnlineChoice::samples_per_candidate(uint64_t bytes) {
-  if (bytes <= (1u << 20)) return 11;
-  return bytes <= (16u << 20) ? 7 : 5;
+OnlineChoice::Schedule OnlineChoice::schedule(uint64_t bytes) {
+  if (bytes <= (64u << 10)) return {8, 20};  // ~1-10 us a call: the whole race costs a few milliseconds
+  if (bytes <= (1u << 20)) return {4, 16};
+  if (bytes <= (16u << 20)) return {4, 12};
+  return {3, 8};  // up to ~50 ms a call at 256 MB
 }
 
-int OnlineChoice::total_calls(const Key& key, int count) const {
-  return count * (1 + samples_per_candidate(key.bytes));  // one warm-up round, then the timed rounds
+int OnlineChoice::max_trial_calls(uint64_t bytes, int candidates) {
+  const Schedule s = schedule(bytes);
+  return s.block * s.max_rounds * candidates;
 }
+
+double OnlineChoice::drop_ratio(int rounds) { return 1.05 + 0.3 / std::max(rounds, 1); }
 
 OnlineChoice::Trial* OnlineChoice::find_or_start(const Key& key, std::span<const AllreduceAlgo> candidates) {
   auto it = trials_.find(key);
   if (it != trials_.end()) {
     Trial& trial = it->second;
-    // The table changed under a running process (set_comm_options): start again with the new candidates.
-    if (!same_candidates({trial.candidates.data(), static_cast<size_t>(trial.count)}, candidates)) trial = Trial{};
-    else return &trial;
+    if (same_candidates({trial.candidates.data(), static_cast<size_t>(trial.count)}, candidates)) return &trial;
+    trial = Trial{};  // the table changed under a running process (set_comm_options): start again
   } else {
     if (trials_.size() >= kMaxKeys) return nullptr;
     it = trials_.emplace(key, Trial{}).first;
   }
   Trial& trial = it->second;
   trial.count = static_cast<int>(candidates.size());
-  std::copy_n(candidates.begin(), trial.count, trial.candidates.begin());
+  std::copy(candidates.begin(), candidates.end(), trial.candidates.begin());
+  for (int i = 0; i < trial.count; ++i) trial.racing.push_back(i);
   return &trial;
 }
 
 AllreduceAlgo OnlineChoice::next(const Key& key, std::span<const AllreduceAlgo> candidates, bool* timed) {
   *timed = false;
   MOEX_CHECK(!candidates.empty(), "online choice without candidates");
-  candidates = candidates.first(std::min<size_t>(candidates.size(), kMaxCandidates));
+  candidates = capped(candidates);
   if (candidates.size() == 1) return candidates[0];
+  if (memo_.count && memo_.key == key &&
+      same_candidates({memo_.candidates.data(), static_cast<size_t>(memo_.count)}, candidates))
+    return memo_.kept;
   Trial* trial = find_or_start(key, candidates);
   if (!trial) return candidates[0];
-  if (trial->settled) return trial->kept;
-  // Round-robin: round k gives every candidate its k-th call, so drift during the trial hits all alike.
-  trial->last = trial->calls % trial->count;
-  ++trial->calls;
+  if (trial->settled) {
+    memo_ = Memo{key, trial->candidates, trial->count, trial->kept};
+    return trial->kept;
+  }
+  const int block = schedule(key.bytes).block;
+  trial->current = trial->racing[trial->call_in_round / block];
+  trial->counted = trial->call_in_round % block != 0;
+  ++trial->call_in_round;
   *timed = true;
-  return trial->candidates[trial->last];
+  return trial->candidates[trial->current];
 }
 
 bool OnlineChoice::record(const Key& key, double seconds) {
   auto it = trials_.find(key);
-  MOEX_CHECK(it != trials_.end() && !it->second.settled && it->second.last >= 0, "online choice: no trial call in flight");
+  MOEX_CHECK(it != trials_.end() && !it->second.settled && it->second.current >= 0,
+             "online choice: no trial call in flight");
   Trial& trial = it->second;
-  if (trial.calls > trial.count) trial.seconds[trial.last].push_back(seconds);  // round 0 warms up, untimed
-  trial.last = -1;
-  return trial.calls >= total_calls(key, trial.count);
+  if (trial.counted) {
+    trial.block_seconds[trial.current] += seconds;
+    ++trial.block_calls[trial.current];
+  }
+  trial.current = -1;
+  return trial.call_in_round == static_cast<int>(trial.racing.size()) * schedule(key.bytes).block;
 }
 
-AllreduceAlgo OnlineChoice::settle(const Key& key, const std::function<void(std::span<double>)>& max_over_ranks) {
+bool OnlineChoice::end_round(const Key& key, const std::function<void(std::span<double>)>& max_over_ranks) {
   auto it = trials_.find(key);
-  MOEX_CHECK(it != trials_.end() && !it->second.settled, "online choice: nothing to settle");
+  MOEX_CHECK(it != trials_.end() && !it->second.settled, "online choice: no round to end");
   Trial& trial = it->second;
-  trial.results.resize(trial.count);
-  for (int i = 0; i < trial.count; ++i) trial.results[i] = median(trial.seconds[i]);
-  max_over_ranks(trial.results);
-  int best = 0;
-  for (int i = 1; i < trial.count; ++i)
-    if (trial.results[i] < trial.results[best]) best = i;
-  trial.kept = trial.candidates[best];
-  trial.settled = true;
-  for (auto& samples : trial.seconds) samples = {};
-  return trial.kept;
+  std::vector<double> round(trial.racing.size());
+  for (size_t i = 0; i < round.size(); ++i) {
+    const int c = trial.racing[i];
+    round[i] = trial.block_calls[c] ? trial.block_seconds[c] / trial.block_calls[c] : 0.0;
+  }
+  max_over_ranks(round);
+  for (size_t i = 0; i < round.size(); ++i) trial.samples[trial.racing[i]].push_back(round[i]);
+  trial.block_seconds = {};
+  trial.block_calls = {};
+  trial.call_in_round = 0;
+  const int rounds = static_cast<int>(trial.samples[trial.racing[0]].size());
+  // The leader: the smallest median over rounds (ties: the earlier candidate, the table's winner first).
+  int leader = trial.racing[0];
+  for (int c : trial.racing)
+    if (median(trial.samples[c]) < median(trial.samples[leader])) leader = c;
+  if (rounds >= 3) {
+    std::erase_if(trial.racing, [&](int c) {
+      return c != leader && paired_median_ratio(trial.samples[c], trial.samples[leader]) > drop_ratio(rounds);
+    });
+  }
+  if (trial.racing.size() == 1 || rounds >= schedule(key.bytes).max_rounds) {
+    trial.settled = true;
+    trial.kept = trial.candidates[leader];
+  }
+  return trial.settled;
 }
 
 bool OnlineChoice::pending(const Key& key, std::span<const AllreduceAlgo> candidates) const {
-  candidates = candidates.first(std::min<size_t>(candidates.size(), kMaxCandidates));
+  candidates = capped(candidates);
   if (candidates.size() <= 1) return false;
   auto it = trials_.find(key);
   if (it == trials_.end()) return trials_.size() < kMaxKeys;
   const Trial& trial = it->second;
-  const bool same = same_candidates({trial.candidates.data(), static_cast<size_t>(trial.count)}, candidates);
-  return !same || !trial.settled;
+  return !same_candidates({trial.candidates.data(), static_cast<size_t>(trial.count)}, candidates) || !trial.settled;
 }
 
-std::span<const double> OnlineChoice::results(const Key& key) const {
+std::vector<double> OnlineChoice::medians(const Key& key) const {
   auto it = trials_.find(key);
-  return it == trials_.end() ? std::span<const double>() : std::span<const double>(it->second.results);
+  if (it == trials_.end() || it->second.samples[0].empty()) return {};
+  std::vector<double> out;
+  for (int c = 0; c < it->second.count; ++c) out.push_back(median(it->second.samples[c]));
+  return out;
 }
 
 }  // namespace moex::comm

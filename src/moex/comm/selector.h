@@ -88,7 +88,7 @@ bool allreduce_auto_candidate(AllreduceAlgo algo, CommDType dtype);
 // What auto may run for one all-reduce: the chosen algorithm first, then (from the tuning table, with the
 // online trial on) its alternates that can run here. One entry for an explicit choice or the cost model.
 struct AllreduceCandidates {
-  std::array<AllreduceAlgo, 4> algos{};
+  std::array<AllreduceAlgo, 6> algos{};
   int count = 0;
   std::span<const AllreduceAlgo> span() const { return {algos.data(), static_cast<size_t>(count)}; }
 };
