@@ -4,6 +4,7 @@
 #include <malloc.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -232,6 +233,7 @@ void test_online_choice(Communicator& comm) {
   table.save(path);
   CommOptions options;
   options.tuning_path = path;
+  options.online = true;  // as MOEX_COMM_ONLINE=1: CI runs 3-8 ranks on 2 cores, where it is off by default
   set_comm_options(options);
   std::remove(path.c_str());
   std::vector<float> data(count);
@@ -254,9 +256,13 @@ void test_online_choice(Communicator& comm) {
   EXPECT(exact, "online trial p=%d: a sum was not exact", p);
   EXPECT(ran.size() == static_cast<size_t>(trial_calls + 3), "online trial p=%d: %zu calls", p, ran.size());
   if (ran.size() != static_cast<size_t>(trial_calls + 3)) return;
-  const std::vector<std::string_view> order = {"rd", "ring", "shm"};
-  for (int i = 0; i < 3 * block; ++i)  // the first round: a block each, in the table's order
-    EXPECT(ran[i] == order[i / block], "online trial p=%d: call %d ran %s", p, i, std::string(ran[i]).c_str());
+  std::vector<std::string_view> first_round;  // a block each, in a shuffled order
+  for (int i = 0; i < 3 * block; ++i) {
+    EXPECT(ran[i] == ran[i / block * block], "online trial p=%d: call %d ran %s", p, i, std::string(ran[i]).c_str());
+    if (i % block == 0) first_round.push_back(ran[i]);
+  }
+  std::sort(first_round.begin(), first_round.end());
+  EXPECT(first_round == std::vector<std::string_view>({"rd", "ring", "shm"}), "online trial p=%d: first round", p);
   const std::string_view kept = ran[trial_calls];
   for (int i = trial_calls; i < trial_calls + 3; ++i)
     EXPECT(ran[i] == kept, "online trial p=%d: after the trial ran %s, then %s", p, std::string(kept).c_str(),

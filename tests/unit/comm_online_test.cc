@@ -62,26 +62,49 @@ TEST(CommOnline, BlocksInRoundsClearlySlowerCandidatesLeaveAfterThreeRounds) {
   const std::vector<A> candidates = {A::kShm, A::kMpi, A::kRing};
   EXPECT_TRUE(online.pending(kKey, candidates));
   const auto calls = run_trial(online, candidates, {{A::kShm, 2e-3}, {A::kMpi, 1e-3}, {A::kRing, 3e-3}});
-  const int block = OnlineChoice::schedule(kKey.bytes).block;
-  // Three full rounds, each a block per candidate in order; then only mpi is left, which ends the race.
-  ASSERT_EQ(calls.size(), static_cast<size_t>(3 * 3 * block));
-  for (size_t i = 0; i < calls.size(); ++i) EXPECT_EQ(calls[i], candidates[i / block % 3]) << i;
+  const auto schedule = OnlineChoice::schedule(kKey.bytes);
+  const int block = schedule.block;
+  // Three full rounds, each a block per candidate (in a shuffled order); then ring has left. The table's
+  // winner (shm) races to the end, and mpi beats it by 2x.
+  for (int round = 0; round < 3; ++round) {
+    std::vector<A> blocks;
+    for (int b = 0; b < 3; ++b) {
+      const int first = (round * 3 + b) * block;
+      for (int i = first; i < first + block; ++i) EXPECT_EQ(calls[i], calls[first]) << i;
+      blocks.push_back(calls[first]);
+    }
+    std::sort(blocks.begin(), blocks.end());
+    EXPECT_EQ(blocks, (std::vector<A>{A::kRing, A::kShm, A::kMpi})) << round;  // enum order
+  }
+  EXPECT_EQ(std::count(calls.begin(), calls.end(), A::kRing), 3 * block);
+  EXPECT_EQ(calls.size(), static_cast<size_t>((2 * schedule.max_rounds + 3) * block));
   EXPECT_FALSE(online.pending(kKey, candidates));
   for (int i = 0; i < 5; ++i) EXPECT_EQ(kept(online, candidates), A::kMpi);
   ASSERT_EQ(online.medians(kKey).size(), 3u);
   EXPECT_DOUBLE_EQ(online.medians(kKey)[1], 1e-3);
 }
 
-TEST(CommOnline, CloseCandidatesRaceOnAndTheFarOneLeaves) {
-  // ring 3% slower than nhr: inside every drop ratio, so both race all rounds; mesh 30% slower leaves.
+TEST(CommOnline, TheRaceEndsEarlyWhenOnlyTheTablesWinnerIsLeft) {
+  OnlineChoice online;
+  const std::vector<A> candidates = {A::kShm, A::kMpi, A::kRing};
+  const auto calls = run_trial(online, candidates, {{A::kShm, 1e-3}, {A::kMpi, 2e-3}, {A::kRing, 3e-3}});
+  EXPECT_EQ(calls.size(), static_cast<size_t>(3 * 3 * OnlineChoice::schedule(kKey.bytes).block));
+  EXPECT_EQ(kept(online, candidates), A::kShm);
+}
+
+TEST(CommOnline, TheTablesWinnerIsKeptUnlessBeatenByTheSwitchRatio) {
+  // nhr leads ring (the table's winner) by 2%: inside the 3% switch ratio, ring stays. mesh, 30% behind, leaves.
   OnlineChoice online;
   const std::vector<A> candidates = {A::kRing, A::kNhr, A::kMesh};
-  const auto calls = run_trial(online, candidates, {{A::kRing, 1.03e-3}, {A::kNhr, 1e-3}, {A::kMesh, 1.3e-3}});
+  const auto calls = run_trial(online, candidates, {{A::kRing, 1.02e-3}, {A::kNhr, 1e-3}, {A::kMesh, 1.3e-3}});
   const auto schedule = OnlineChoice::schedule(kKey.bytes);
   EXPECT_EQ(std::count(calls.begin(), calls.end(), A::kMesh), 3 * schedule.block);
-  EXPECT_EQ(std::count(calls.begin(), calls.end(), A::kRing), schedule.max_rounds * schedule.block);
-  EXPECT_EQ(calls.size(), static_cast<size_t>((2 * schedule.max_rounds + 3) * schedule.block));
-  EXPECT_EQ(kept(online, candidates), A::kNhr);
+  EXPECT_EQ(std::count(calls.begin(), calls.end(), A::kNhr), schedule.max_rounds * schedule.block);
+  EXPECT_EQ(kept(online, candidates), A::kRing);
+  // 5% is enough to switch.
+  OnlineChoice other;
+  run_trial(other, candidates, {{A::kRing, 1.05e-3}, {A::kNhr, 1e-3}, {A::kMesh, 1.3e-3}});
+  EXPECT_EQ(kept(other, candidates), A::kNhr);
 }
 
 TEST(CommOnline, TheSlowestRankDecides) {
@@ -142,8 +165,8 @@ TEST(CommOnline, ScheduleAndDropRatio) {
   EXPECT_EQ(OnlineChoice::max_trial_calls(1 << 20, 2), 2 * 4 * 16);
   EXPECT_EQ(OnlineChoice::max_trial_calls(8 << 20, 3), 3 * 4 * 12);
   EXPECT_EQ(OnlineChoice::max_trial_calls(256 << 20, 4), 4 * 3 * 8);
-  EXPECT_DOUBLE_EQ(OnlineChoice::drop_ratio(3), 1.15);
-  EXPECT_DOUBLE_EQ(OnlineChoice::drop_ratio(6), 1.10);
+  EXPECT_DOUBLE_EQ(OnlineChoice::drop_ratio(3), 1.20);
+  EXPECT_DOUBLE_EQ(OnlineChoice::drop_ratio(6), 1.125);
   EXPECT_GT(OnlineChoice::drop_ratio(20), 1.05);
 }
 
@@ -170,6 +193,10 @@ TEST(CommOnline, CandidatesComeFromTheTablesAlternates) {
             (std::vector<A>{A::kMesh, A::kMpi, A::kRing, A::kNhr, A::kRecursiveDoubling, A::kRabenseifner}));
   EXPECT_EQ(candidates_for(CommDType::kBF16, true), (std::vector<A>{A::kRing, A::kNhr}));
   EXPECT_EQ(select_allreduce(A::kAuto, 2, CommDType::kF32, 1 << 20, true), A::kMesh);
+  EXPECT_FALSE(allreduce_candidates(A::kAuto, 2, CommDType::kF32, 1 << 20, true).force_trial);
+  options.online = true;  // MOEX_COMM_ONLINE=1
+  set_comm_options(options);
+  EXPECT_TRUE(allreduce_candidates(A::kAuto, 2, CommDType::kF32, 1 << 20, true).force_trial);
   // An explicit algorithm, or the trial turned off: one candidate.
   EXPECT_EQ(allreduce_candidates(A::kNhr, 2, CommDType::kF32, 1 << 20, true).count, 1);
   options.online = false;
@@ -196,11 +223,13 @@ TEST(CommOnline, AnUnknownAlternateIsABadTable) {
 
 TEST(CommOnline, EnvironmentSwitch) {
   setenv("MOEX_COMM_ONLINE", "0", 1);
-  EXPECT_FALSE(comm_options_from_flags("", "", "none").online);
+  EXPECT_EQ(comm_options_from_flags("", "", "none").online, false);
+  setenv("MOEX_COMM_ONLINE", "1", 1);
+  EXPECT_EQ(comm_options_from_flags("", "", "none").online, true);
   setenv("MOEX_COMM_ONLINE", "yes", 1);
   EXPECT_THROW(comm_options_from_flags("", "", "none"), Error);
   unsetenv("MOEX_COMM_ONLINE");
-  EXPECT_TRUE(comm_options_from_flags("", "", "none").online);
+  EXPECT_FALSE(comm_options_from_flags("", "", "none").online.has_value());  // on unless oversubscribed
 }
 
 }  // namespace

@@ -4,7 +4,9 @@
 
 #include <malloc.h>
 #include <sched.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -207,6 +209,13 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm) : comm_(comm) {
   int node_size = 0;
   MPI_Comm_size(node_comm_, &node_size);
   all_on_one_node_ = node_size == size_;
+  // More ranks on this node than CPUs (the whole job's, when the launcher says: a sub-group's ranks share
+  // cores with the others too).
+  int local_ranks = node_size;
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"})
+    if (const char* value = std::getenv(name)) local_ranks = std::max(local_ranks, std::atoi(value));
+  const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  oversubscribed_ = cpus > 0 && local_ranks > cpus;
   scratch_.resize(4);
 }
 

@@ -115,6 +115,7 @@ class MpiCommunicator final : public Communicator {
   MPI_Comm node_comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 0;
   bool all_on_one_node_ = false;
+  bool oversubscribed_ = false;  // more ranks on the node than CPUs: auto's online trial is off (online.h)
   CollectiveStats stats_;
   std::vector<std::vector<std::byte>> scratch_;
   std::unique_ptr<ShmWindow> shm_;

@@ -1,6 +1,7 @@
 #include "moex/comm/online.h"
 
 #include <algorithm>
+#include <random>
 
 #include "moex/base/error.h"
 
@@ -20,6 +21,14 @@ double paired_median_ratio(const std::vector<double>& a, const std::vector<doubl
   for (size_t r = 0; r < std::min(a.size(), b.size()); ++r)
     if (b[r] > 0) ratios.push_back(a[r] / b[r]);
   return median(std::move(ratios));
+}
+
+// A fresh order of blocks each round, the same on every rank (fixed seed per round): in a fixed order a
+// candidate's blocks would keep the same place in the caller's pattern (say, right after each barrier of a
+// 32-call batch) and the race would time the place, not the algorithm.
+void shuffle_order(std::vector<int>& racing, int round) {
+  std::mt19937 rng(static_cast<uint32_t>(round) * 2654435761u + 12345u);
+  std::shuffle(racing.begin(), racing.end(), rng);
 }
 
 bool same_candidates(std::span<const AllreduceAlgo> a, std::span<const AllreduceAlgo> b) {
@@ -44,7 +53,7 @@ int OnlineChoice::max_trial_calls(uint64_t bytes, int candidates) {
   return s.block * s.max_rounds * candidates;
 }
 
-double OnlineChoice::drop_ratio(int rounds) { return 1.05 + 0.3 / std::max(rounds, 1); }
+double OnlineChoice::drop_ratio(int rounds) { return 1.05 + 0.45 / std::max(rounds, 1); }
 
 OnlineChoice::Trial* OnlineChoice::find_or_start(const Key& key, std::span<const AllreduceAlgo> candidates) {
   auto it = trials_.find(key);
@@ -60,6 +69,7 @@ OnlineChoice::Trial* OnlineChoice::find_or_start(const Key& key, std::span<const
   trial.count = static_cast<int>(candidates.size());
   std::copy(candidates.begin(), candidates.end(), trial.candidates.begin());
   for (int i = 0; i < trial.count; ++i) trial.racing.push_back(i);
+  shuffle_order(trial.racing, 0);
   return &trial;
 }
 
@@ -114,18 +124,25 @@ bool OnlineChoice::end_round(const Key& key, const std::function<void(std::span<
   trial.call_in_round = 0;
   const int rounds = static_cast<int>(trial.samples[trial.racing[0]].size());
   // The leader: the smallest median over rounds (ties: the earlier candidate, the table's winner first).
-  int leader = trial.racing[0];
-  for (int c : trial.racing)
+  std::vector<int> by_index = trial.racing;  // racing is in this round's shuffled order
+  std::sort(by_index.begin(), by_index.end());
+  int leader = by_index[0];
+  for (int c : by_index)
     if (median(trial.samples[c]) < median(trial.samples[leader])) leader = c;
+  // The table's winner (candidate 0) is the incumbent: it never leaves the race, and it is kept unless the
+  // leader beats it by more than kSwitchRatio, paired. On 2 cores, 4 ranks time a call with 2x noise; a race
+  // among six would otherwise often crown a lucky one over a winner the table measured far more carefully.
   if (rounds >= 3) {
     std::erase_if(trial.racing, [&](int c) {
-      return c != leader && paired_median_ratio(trial.samples[c], trial.samples[leader]) > drop_ratio(rounds);
+      return c != leader && c != 0 && paired_median_ratio(trial.samples[c], trial.samples[leader]) > drop_ratio(rounds);
     });
   }
   if (trial.racing.size() == 1 || rounds >= schedule(key.bytes).max_rounds) {
+    if (leader != 0 && paired_median_ratio(trial.samples[0], trial.samples[leader]) <= kSwitchRatio) leader = 0;
     trial.settled = true;
     trial.kept = trial.candidates[leader];
   }
+  shuffle_order(trial.racing, rounds);
   return trial.settled;
 }
 

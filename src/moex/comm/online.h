@@ -10,9 +10,9 @@
 //  - at the end of a round the ranks agree on the round's samples (max over ranks: one small MPI_Allreduce);
 //  - from the third round on, a candidate whose paired ratio to the leader (median over rounds of the ratio
 //    within a round) is above drop_ratio(rounds) leaves the race: clearly slower ones stop costing calls,
-//    close ones get the samples a close call needs;
-//  - the race ends when one candidate is left or after the schedule's rounds; the leader is kept for the
-//    rest of the run.
+//    close ones get the samples a close call needs; the table's winner stays to the end;
+//  - the race ends when only the table's winner is left or after the schedule's rounds; the leader is kept
+//    for the rest of the run if it beats the table's winner by more than kSwitchRatio (3%), else the winner.
 // Calls are timed as the caller makes them, with nothing added (no barrier): which algorithm is faster
 // depends on the state a call finds. Measured at 2 ranks, mpi against shm: one call after a barrier, mpi
 // faster by ~40% at 2 MB and ~25% at 8 MB; back-to-back calls, by 8% and 0%; one call on a freshly written
@@ -56,8 +56,11 @@ class OnlineChoice {
   // The most calls a race among `candidates` can take (no candidate dropped).
   static int max_trial_calls(uint64_t bytes, int candidates);
   // After `rounds` rounds (3 or more), a candidate this much slower than the leader (paired) leaves the race:
-  // 1.15 after 3 rounds, 1.10 after 6, 1.07 after 15 (more rounds, smaller noise, finer cut).
+  // 1.20 after 3 rounds, 1.125 after 6, 1.08 after 15 (more rounds, smaller noise, finer cut). The table's
+  // winner never leaves.
   static double drop_ratio(int rounds);
+  // The table's winner is kept unless the race's leader beats it by more than this (paired).
+  static constexpr double kSwitchRatio = 1.03;
 
   // The algorithm for this call with `candidates` (the table's winner first; beyond kMaxCandidates ignored).
   // *timed: the call is part of the trial; time it and pass the seconds to record().

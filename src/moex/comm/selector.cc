@@ -282,7 +282,8 @@ AllreduceCandidates allreduce_candidates_uncached(int group_size, CommDType dtyp
       const AllreduceAlgo winner = *allreduce_algo_from_name(entry->algo);
       if (winner != AllreduceAlgo::kShm || shm_available) {  // mpi stays when bf16 falls back to f32 entries
         out.algos[out.count++] = winner;
-        for (size_t i = 0; options.online && i < entry->alternates.size() &&
+        out.force_trial = options.online.value_or(false);
+        for (size_t i = 0; options.online.value_or(true) && i < entry->alternates.size() &&
                            out.count < static_cast<int>(out.algos.size()); ++i) {
           const AllreduceAlgo algo = *allreduce_algo_from_name(entry->alternates[i]);
           if (usable(algo) && algo != winner) out.algos[out.count++] = algo;

@@ -19,7 +19,9 @@ struct CommOptions {
   AllreduceAlgo allreduce_algo = AllreduceAlgo::kAuto;
   AlltoallAlgo alltoall_algo = AlltoallAlgo::kAuto;
   std::string tuning_path;  // JSON written by `moex tune-comm`; "none": cost model only; empty: the cost model
-  bool online = true;       // auto times the table's close alternates in its first calls (online.h); MOEX_COMM_ONLINE=0: off
+  // Auto's online trial among the table's alternates (online.h): nullopt, on unless the node is oversubscribed
+  // (timing a call there times the scheduler); MOEX_COMM_ONLINE=1 forces it on, 0 off.
+  std::optional<bool> online = std::nullopt;
 };
 
 // Where `moex tune-comm` saves and `auto` looks when neither --comm-tuning nor MOEX_COMM_TUNING names a
@@ -90,6 +92,7 @@ bool allreduce_auto_candidate(AllreduceAlgo algo, CommDType dtype);
 struct AllreduceCandidates {
   std::array<AllreduceAlgo, 6> algos{};
   int count = 0;
+  bool force_trial = false;  // MOEX_COMM_ONLINE=1: race them even on an oversubscribed node
   std::span<const AllreduceAlgo> span() const { return {algos.data(), static_cast<size_t>(count)}; }
 };
 AllreduceCandidates allreduce_candidates(AllreduceAlgo requested, int group_size, CommDType dtype, uint64_t bytes,
