@@ -1,6 +1,7 @@
 // All-reduce entry point: picks the algorithm, gives it an fp32 buffer (a working copy for bf16),
 // reports the event. The shared exchange step used by the p2p algorithms lives here too.
 #include <cstring>
+#include <tuple>
 
 #include "moex/base/error.h"
 #include "moex/comm/algorithms.h"
@@ -76,6 +77,9 @@ void exchange(MpiCommunicator& comm, WireFormat wire, float* data, std::span<con
 }
 
 }  // namespace detail
+
+static_assert(std::tuple_size_v<decltype(AllreduceCandidates::algos)> <= OnlineChoice::kMaxCandidates,
+              "the race must take every candidate the selector can list");
 
 AllreduceCandidates MpiCommunicator::auto_candidates(const void* data, size_t count, CommDType dtype,
                                                      AllreduceAlgo requested, OnlineChoice::Key* key,

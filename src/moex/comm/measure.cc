@@ -11,6 +11,7 @@
 
 #include "moex/base/dtype.h"
 #include "moex/comm/algorithms.h"
+#include "moex/comm/stats.h"
 
 namespace moex::comm {
 namespace {
@@ -33,13 +34,6 @@ std::vector<double> max_over_ranks(Communicator& comm, const std::vector<double>
   for (int j = 0; j < comm.size(); ++j)
     for (size_t i = 0; i < n; ++i) result[i] = std::max(result[i], all[j * n + i]);
   return result;
-}
-
-double median(std::vector<double> values) {
-  if (values.empty()) return 0.0;
-  std::sort(values.begin(), values.end());
-  const size_t m = values.size() / 2;
-  return values.size() % 2 ? values[m] : 0.5 * (values[m - 1] + values[m]);
 }
 
 // The timing loop of measure.h for `n` algorithms: run(i) makes one call of algorithm i, restore() puts
@@ -176,10 +170,10 @@ int samples_for_size(uint64_t bytes, int samples, uint64_t budget_bytes) {
 }
 
 double paired_ratio(const Measurement& a, const Measurement& b) {
-  std::vector<double> ratios;
-  for (size_t r = 0; r < std::min(a.rounds.size(), b.rounds.size()); ++r)
-    if (b.rounds[r] > 0) ratios.push_back(a.rounds[r] / b.rounds[r]);
-  return ratios.empty() ? (b.seconds > 0 ? a.seconds / b.seconds : 0.0) : median(std::move(ratios));
+  const size_t rounds = std::min(a.rounds.size(), b.rounds.size());
+  if (std::any_of(b.rounds.begin(), b.rounds.begin() + rounds, [](double x) { return x > 0; }))
+    return paired_median_ratio(a.rounds, b.rounds);
+  return b.seconds > 0 ? a.seconds / b.seconds : 0.0;  // nothing to pair: the medians
 }
 
 std::vector<Measurement> measure_allreduce(Communicator& comm, std::span<const AllreduceAlgo> algos, CommDType dtype,

@@ -4,24 +4,10 @@
 #include <random>
 
 #include "moex/base/error.h"
+#include "moex/comm/stats.h"
 
 namespace moex::comm {
 namespace {
-
-double median(std::vector<double> values) {
-  if (values.empty()) return 0.0;
-  std::sort(values.begin(), values.end());
-  const size_t m = values.size() / 2;
-  return values.size() % 2 ? values[m] : 0.5 * (values[m - 1] + values[m]);
-}
-
-// Median over rounds of a[r] / b[r] (both raced every round so far).
-double paired_median_ratio(const std::vector<double>& a, const std::vector<double>& b) {
-  std::vector<double> ratios;
-  for (size_t r = 0; r < std::min(a.size(), b.size()); ++r)
-    if (b[r] > 0) ratios.push_back(a[r] / b[r]);
-  return median(std::move(ratios));
-}
 
 // A fresh order of blocks each round, the same on every rank (fixed seed per round): in a fixed order a
 // candidate's blocks would keep the same place in the caller's pattern (say, right after each barrier of a
