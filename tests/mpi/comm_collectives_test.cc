@@ -265,8 +265,8 @@ void test_online_choice(Communicator& comm) {
     if (i % block == 0) first_round.push_back(ran[i]);
   }
   std::sort(first_round.begin(), first_round.end());
-  EXPECT(first_round == std::vector<std::string_view>({"rd", "ring", "shm-registered"}), "online trial p=%d: first round",
-         p);
+  const std::vector<std::string_view> all_three = {"rd", "ring", "shm-registered"};
+  EXPECT(first_round == all_three, "online trial p=%d: first round", p);
   const std::string_view kept = ran[trial_calls];
   for (int i = trial_calls; i < trial_calls + 3; ++i)
     EXPECT(ran[i] == kept, "online trial p=%d: after the trial ran %s, then %s", p, std::string(kept).c_str(),

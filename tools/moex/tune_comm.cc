@@ -76,8 +76,9 @@ void run_tune_comm(const TuneCommFlags& flags) {
         const size_t best =
             checked_winner(results, std::span<const comm::AllreduceAlgo>(candidates), bytes, previous);
         previous = best;
-        comm::TuningEntry entry{comm::Collective::kAllreduce, p, *dtype, bytes, std::string(comm::algo_name(candidates[best])),
-                                results[best].seconds * 1e6, registered};
+        comm::TuningEntry entry{comm::Collective::kAllreduce, p, *dtype, bytes,
+                                std::string(comm::algo_name(candidates[best])), results[best].seconds * 1e6,
+                                registered};
         std::string close;
         for (size_t i : comm::close_runners_up(results, best)) {
           entry.alternates.emplace_back(comm::algo_name(candidates[i]));

@@ -97,8 +97,11 @@ bool MpiCommunicator::allreduce_trial_pending(const void* data, size_t count, Co
   ShmWindow* registered = nullptr;
   size_t offset = 0;
   const auto candidates = auto_candidates(data, count, dtype, AllreduceAlgo::kAuto, &key, &registered, &offset);
-  return size_ > 1 && count > 0 && (!oversubscribed_ || candidates.force_trial) &&
-         online_.pending(key, candidates.span());
+  return races(candidates, count) && online_.pending(key, candidates.span());
+}
+
+bool MpiCommunicator::races(const AllreduceCandidates& candidates, size_t count) const {
+  return candidates.count > 1 && size_ > 1 && count > 0 && (!oversubscribed_ || candidates.force_trial);
 }
 
 void MpiCommunicator::allreduce(void* data, size_t count, CommDType dtype, AllreduceAlgo requested) {
@@ -109,8 +112,7 @@ void MpiCommunicator::allreduce(void* data, size_t count, CommDType dtype, Allre
   const auto candidates = auto_candidates(data, count, dtype, requested, &key, &registered, &registered_offset);
   AllreduceAlgo algo = candidates.algos[0];
   bool trial = false;  // a call of auto's online trial: timed, as it comes
-  if (candidates.count > 1 && size_ > 1 && count > 0 && (!oversubscribed_ || candidates.force_trial))
-    algo = online_.next(key, candidates.span(), &trial);
+  if (races(candidates, count)) algo = online_.next(key, candidates.span(), &trial);
   static constexpr const char* kOperation[] = {"allreduce(auto)", "allreduce(ring)", "allreduce(rd)",
                                                "allreduce(rabenseifner)", "allreduce(nhr)", "allreduce(mesh)",
                                                "allreduce(shm)", "allreduce(mpi)"};  // AllreduceAlgo order

@@ -125,6 +125,10 @@ class MpiCommunicator final : public Communicator {
   AllreduceCandidates auto_candidates(const void* data, size_t count, CommDType dtype, AllreduceAlgo requested,
                                       OnlineChoice::Key* key, ShmWindow** registered, size_t* offset) const;
 
+  // Whether auto's online race applies to this call: several candidates, a real group and buffer, and a node
+  // that is not oversubscribed (unless MOEX_COMM_ONLINE=1).
+  bool races(const AllreduceCandidates& candidates, size_t count) const;
+
   OnlineChoice online_;  // auto's trials among close candidates, per message size
   std::unique_ptr<MpiCommunicator> async_twin_;  // MPI_Comm_dup'ed, driven by progress_
   std::unique_ptr<ProgressThread> progress_;

@@ -34,8 +34,9 @@ AlltoallAlgo parse_alltoall_algo(std::string_view name, std::string_view source 
 // "allreduce=nhr;alltoall=pairwise" (either part optional) into options; bad keys/names throw (exit 2).
 void parse_algo_spec(std::string_view spec, CommOptions* options);
 
-// MOEX_COMM_ALGO, MOEX_COMM_TUNING and MOEX_COMM_ONLINE ("0" or "1") first, then the flags (an empty flag leaves the env's choice); with
-// no table named, default_tuning_path() if that file exists. "none" (flag or env) means no table.
+// MOEX_COMM_ALGO, MOEX_COMM_TUNING and MOEX_COMM_ONLINE ("0" or "1") first, then the flags (an empty flag
+// leaves the env's choice); with no table named, default_tuning_path() if that file exists. "none" (flag or
+// env) means no table.
 CommOptions comm_options_from_flags(std::string_view allreduce_flag, std::string_view alltoall_flag,
                                     std::string_view tuning_flag);
 // Installs the options every communicator uses from now on (loads the table; a bad file throws, exit 2).
@@ -98,8 +99,8 @@ struct AllreduceCandidates {
 AllreduceCandidates allreduce_candidates(AllreduceAlgo requested, int group_size, CommDType dtype, uint64_t bytes,
                                          bool shm_available, bool registered = false);
 
-// Resolves kAuto (and the process-wide override) to a concrete algorithm: allreduce_candidates()'s first. `wire_bytes` is the bytes of the
-// caller's buffer; shm is only chosen when all ranks share a node.
+// Resolves kAuto (and the process-wide override) to a concrete algorithm: allreduce_candidates()'s first.
+// `bytes` is the size of the caller's buffer; shm is only chosen when all ranks share a node.
 // `registered`: the buffer is registered memory (the table may hold separate winners for it).
 AllreduceAlgo select_allreduce(AllreduceAlgo requested, int group_size, CommDType dtype, uint64_t bytes,
                                bool shm_available, bool registered = false);
