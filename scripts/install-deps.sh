@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what MoEX needs from Debian's packages; does nothing when all are present (idempotent).
 set -euo pipefail
-pkgs=(cmake g++ make pkg-config libgtest-dev libbenchmark-dev libopenmpi-dev openmpi-bin libdnnl-dev
+pkgs=(cmake g++ make pkg-config libgtest-dev libgmock-dev libbenchmark-dev libopenmpi-dev openmpi-bin
       nlohmann-json3-dev libcli11-dev libsentencepiece-dev python3-torch python3-numpy gnuplot-nox clang
       libclang-rt-14-dev)
 missing=()
