@@ -50,7 +50,10 @@ json check_safetensors_file(const fs::path& path) {
   const std::string header_text = bytes.substr(8, header_size);
   EXPECT_EQ(header_text.find_last_not_of(' ') + 1, header_text.find_last_of('}') + 1) << "padding is spaces";
   const json header = json::parse(header_text);
-  EXPECT_EQ(header["__metadata__"], json({{"format", "pt"}}));
+  EXPECT_EQ(header["__metadata__"]["format"], "pt");
+  for (const auto& [key, value] : header["__metadata__"].items()) {  // gen-model adds its run's id, nothing else
+    EXPECT_TRUE(key == "format" || key == kCheckpointIdKey) << key;
+  }
   // Offsets: sorted by name, contiguous from 0, ending at the end of the file.
   uint64_t expected_begin = 0;
   for (const auto& [name, info] : header.items()) {  // nlohmann iterates keys in sorted order
@@ -121,6 +124,32 @@ TEST(SafetensorsWriter, HeaderMatchesHuggingFaceBytes) {
   EXPECT_EQ(plan.shards[0].header.substr(0, expected.size()), expected);
   EXPECT_EQ(plan.shards[0].header.size() % 8, 0u);
   EXPECT_EQ(plan.shards[0].file_size, 8 + plan.shards[0].header.size() + 16);
+}
+
+// The run's id goes into every shard's __metadata__ and the index, after "format" (sorted keys, as json.dumps).
+TEST(SafetensorsWriter, RecordsTheCheckpointIdInEveryFile) {
+  const std::vector<TensorToWrite> tensors = {{"a", DType::kF32, {25}}, {"b", DType::kF32, {25}}};
+  const SafetensorsPlan plan = plan_safetensors(tensors, 100, "0123456789abcdef");
+  ASSERT_EQ(plan.shards.size(), 2u);
+  for (const auto& shard : plan.shards) {
+    EXPECT_EQ(shard.header.rfind(R"({"__metadata__":{"format":"pt","moex_checkpoint_id":"0123456789abcdef"},)", 0), 0u)
+        << shard.header;
+  }
+  const json index = json::parse(plan.index_json);
+  EXPECT_EQ(index["metadata"], json({{"moex_checkpoint_id", "0123456789abcdef"}, {"total_size", 200}}));
+}
+
+// Two runs that differ in anything the weights depend on get different ids; the same flags the same id.
+TEST(SyntheticModel, CheckpointIdFollowsWhatTheWeightsDependOn) {
+  ModelConfig c = synthetic_preset("tiny");
+  const std::string id = SyntheticModel(c, 1, 0.0f, DType::kBF16).checkpoint_id();
+  EXPECT_EQ(id.size(), 16u);
+  EXPECT_EQ(SyntheticModel(c, 1, 0.0f, DType::kBF16).checkpoint_id(), id);
+  EXPECT_NE(SyntheticModel(c, 2, 0.0f, DType::kBF16).checkpoint_id(), id);
+  EXPECT_NE(SyntheticModel(c, 1, 1.0f, DType::kBF16).checkpoint_id(), id);
+  EXPECT_NE(SyntheticModel(c, 1, 0.0f, DType::kF32).checkpoint_id(), id);
+  c.num_hidden_layers = 3;
+  EXPECT_NE(SyntheticModel(c, 1, 0.0f, DType::kBF16).checkpoint_id(), id);
 }
 
 ModelConfig tiny_config() {
@@ -286,8 +315,10 @@ TEST(GenModelCommand, WritesAHuggingFaceFolder) {
   EXPECT_EQ(header["model.layers.0.self_attn.k_proj.weight"]["shape"], json({32, 64}));
   EXPECT_EQ(header["lm_head.weight"]["dtype"], "BF16");
 
-  // Re-generating sharded replaces the single file (no stale model.safetensors beside the index).
-  ASSERT_EQ(run("gen-model --preset tiny --seed 5 --dtype f32 --max-shard-size 300KB --out " + out.string()), 0);
+  // A folder holding a model is replaced only with --force; then the single file goes (no stale
+  // model.safetensors beside the index).
+  EXPECT_EQ(run("gen-model --preset tiny --seed 5 --dtype f32 --max-shard-size 300KB --out " + out.string()), 2);
+  ASSERT_EQ(run("gen-model --preset tiny --seed 5 --dtype f32 --max-shard-size 300KB --force --out " + out.string()), 0);
   EXPECT_FALSE(fs::exists(out / "model.safetensors"));
   EXPECT_TRUE(fs::exists(out / "model.safetensors.index.json"));
   EXPECT_EQ(load_model_config((out / "config.json").string()).torch_dtype, "float32");
@@ -302,6 +333,7 @@ TEST(GenModelCommand, BadFlagsExitWithTwo) {
   EXPECT_EQ(run("gen-model --preset tiny --max-shard-size lots" + out), 2);
   EXPECT_EQ(run("gen-model --preset tiny --hidden 65" + out), 2);
   EXPECT_EQ(run("gen-model --preset tiny --router-skew -1" + out), 2);
+  EXPECT_EQ(run("gen-model --preset tiny --router-skew 16.5" + out), 2);  // past kMaxRouterSkew
   EXPECT_EQ(run("gen-model --preset tiny --out /proc/moex_cannot_write_here"), 2);
   EXPECT_EQ(run("gen-model --preset tiny"), 2);  // --out is required
 }

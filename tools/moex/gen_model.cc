@@ -1,11 +1,16 @@
 // `moex gen-model`: writes a synthetic Mixtral checkpoint in Hugging Face layout (config.json,
 // safetensors, tokenizer.model, tokenizer_config.json, generation_config.json) so that the loader that
 // reads it also reads a real downloaded Mixtral.
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <filesystem>
 #include <fstream>
@@ -33,6 +38,7 @@ struct GenModelOptions {
   std::string dtype = "bf16";
   std::string max_shard_size = "2GB";
   int threads = 0;
+  bool force = false;
   std::set<std::string> given;  // override flags present on the command line (so "--layers 0" is an error)
 };
 
@@ -89,17 +95,84 @@ std::string human_count(double n) {
   return text;
 }
 
-// Safetensors files of an earlier run that this run does not overwrite would confuse a loader
-// (a stale index next to a new single file): remove exactly those names.
-void remove_stale_weights(const std::string& dir, const SafetensorsPlan& plan) {
+bool is_weight_file(const std::string& name) {
   static const std::regex kWeightFile(R"(model(-\d{5}-of-\d{5})?\.safetensors(\.index\.json)?)");
-  std::set<std::string> keep;
-  for (const auto& shard : plan.shards) keep.insert(shard.file_name);
-  if (!plan.index_json.empty()) keep.insert("model.safetensors.index.json");
-  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
-    const std::string name = entry.path().filename().string();
-    if (std::regex_match(name, kWeightFile) && !keep.count(name)) std::filesystem::remove(entry.path());
+  return std::regex_match(name, kWeightFile);
+}
+
+// The files gen-model writes besides the weights.
+const std::set<std::string>& side_files() {
+  static const std::set<std::string> names = {"config.json", "generation_config.json", "tokenizer_config.json",
+                                              "tokenizer.model"};
+  return names;
+}
+
+// The new model is written into a fresh folder next to --out and swapped in at the end, so an interrupted
+// run leaves --out as it was (plus this folder), and files of the old model are replaced by new inodes, never
+// truncated: a `moex generate` that has them mapped keeps reading the old model instead of dying of SIGBUS.
+class StagingDir {
+ public:
+  explicit StagingDir(const std::filesystem::path& out) {
+    std::string pattern = out.string() + ".gen-model-tmp-XXXXXX";
+    MOEX_CHECK_INPUT(::mkdtemp(pattern.data()) != nullptr, "--out: cannot create a folder next to ", out.string(),
+                     ": ", std::strerror(errno));
+    path_ = pattern;
+    // mkdtemp makes it private (0700); the model folder gets the old folder's mode, or the umask's.
+    struct stat old {};
+    const mode_t mask = ::umask(0);
+    ::umask(mask);
+    ::chmod(pattern.c_str(), ::stat(out.c_str(), &old) == 0 ? (old.st_mode & 07777) : (0777 & ~mask));
   }
+  ~StagingDir() {
+    std::error_code ec;
+    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
+  }
+  const std::filesystem::path& path() const { return path_; }
+
+  // Moves the staged model to `out`; what `out` held before is removed (after the swap, so a reader that
+  // opened it keeps its files).
+  void publish(const std::filesystem::path& out) {
+    const int dir_fd = ::open(path_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dir_fd >= 0) {  // the entries must reach the disk before the rename that publishes them
+      ::fsync(dir_fd);
+      ::close(dir_fd);
+    }
+    if (::rename(path_.c_str(), out.c_str()) == 0) {  // --out missing or an empty folder
+      path_.clear();
+      return;
+    }
+    MOEX_CHECK_INPUT(errno == ENOTEMPTY || errno == EEXIST, "cannot rename ", path_.string(), " to ", out.string(),
+                     ": ", std::strerror(errno));
+    if (::renameat2(AT_FDCWD, path_.c_str(), AT_FDCWD, out.c_str(), RENAME_EXCHANGE) != 0) {
+      // A file system without an atomic exchange: move the old folder aside first (a moment without --out).
+      const std::string aside = path_.string() + ".old";
+      MOEX_CHECK_INPUT(::rename(out.c_str(), aside.c_str()) == 0, "cannot move ", out.string(), " aside: ",
+                       std::strerror(errno));
+      MOEX_CHECK_INPUT(::rename(path_.c_str(), out.c_str()) == 0, "cannot rename ", path_.string(), " to ",
+                       out.string(), ": ", std::strerror(errno), " (the old model is in ", aside, ")");
+      path_ = aside;
+    }
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);  // the old model, now under the staging name
+    path_.clear();
+  }
+
+ private:
+  std::filesystem::path path_;
+};
+
+// --force keeps what --out holds besides a model (a README, notes): hard links into the staged folder.
+// A sub-folder would have to be moved, which is not atomic: refused before anything is written.
+std::vector<std::string> files_to_keep(const std::filesystem::path& out) {
+  std::vector<std::string> keep;
+  for (const auto& entry : std::filesystem::directory_iterator(out)) {
+    const std::string name = entry.path().filename().string();
+    if (is_weight_file(name) || side_files().count(name)) continue;
+    MOEX_CHECK_INPUT(entry.is_symlink() || !entry.is_directory(), "--out ", out.string(), " holds a folder '", name,
+                     "' that gen-model would not keep: move it away, or choose another --out");
+    keep.push_back(name);
+  }
+  return keep;
 }
 
 void run_gen_model(const GenModelOptions& o) {
@@ -109,24 +182,45 @@ void run_gen_model(const GenModelOptions& o) {
   const ModelConfig config = build_config(o);
   const uint64_t max_shard = parse_byte_size(o.max_shard_size, "--max-shard-size");
 
+  namespace fs = std::filesystem;
+  fs::path out = fs::absolute(o.out).lexically_normal();
+  if (!out.has_filename()) out = out.parent_path();  // "dir/"
+  MOEX_CHECK_INPUT(out.has_parent_path() && out != out.root_path(), "--out: '", o.out, "' cannot be a model folder");
   std::error_code ec;
-  std::filesystem::create_directories(o.out, ec);
-  MOEX_CHECK_INPUT(!ec && std::filesystem::is_directory(o.out), "--out: cannot create directory ", o.out, ": ",
-                   ec ? ec.message() : "a file of that name exists");
-  MOEX_CHECK_INPUT(::access(o.out.c_str(), W_OK) == 0, "--out: directory ", o.out, " is not writable");
+  fs::create_directories(out.parent_path(), ec);
+  MOEX_CHECK_INPUT(!ec && fs::is_directory(out.parent_path()), "--out: cannot create directory ",
+                   out.parent_path().string(), ": ", ec ? ec.message() : "a file of that name exists");
+  if (fs::is_symlink(out) && fs::is_directory(out)) out = fs::canonical(out);  // swap the folder, keep the link
+  const bool out_exists = fs::exists(out);
+  std::vector<std::string> keep;
+  if (out_exists) {
+    MOEX_CHECK_INPUT(fs::is_directory(out), "--out: ", o.out, " exists and is not a directory");
+    MOEX_CHECK_INPUT(::access(out.c_str(), W_OK) == 0, "--out: directory ", o.out, " is not writable");
+    if (!fs::is_empty(out)) {
+      MOEX_CHECK_INPUT(o.force, "--out: ", o.out, " is not empty (it holds ", fs::directory_iterator(out)->path().filename().string(),
+                       "...): pass --force to replace the model in it, or choose an empty or new folder");
+      keep = files_to_keep(out);
+    }
+  }
 
   const SyntheticModel model(config, o.seed, o.router_skew, o.dtype == "f32" ? DType::kF32 : DType::kBF16);
-  const SafetensorsPlan plan = plan_safetensors(model.tensors(), max_shard);
+  const SafetensorsPlan plan = plan_safetensors(model.tensors(), max_shard, model.checkpoint_id());
   uint64_t file_bytes = 0;
   for (const auto& shard : plan.shards) file_bytes += shard.file_size;
-  struct statvfs fs {};
-  if (::statvfs(o.out.c_str(), &fs) == 0) {
-    const double free_bytes = static_cast<double>(fs.f_bavail) * fs.f_frsize;
+  struct statvfs fs_stat {};
+  if (::statvfs(out.parent_path().c_str(), &fs_stat) == 0) {  // the old model stays until the new one is complete
+    const double free_bytes = static_cast<double>(fs_stat.f_bavail) * fs_stat.f_frsize;
     MOEX_CHECK_INPUT(free_bytes > static_cast<double>(file_bytes), "--out: the weights need ",
-                     human_bytes(static_cast<double>(file_bytes)), " but ", o.out, " has ", human_bytes(free_bytes),
-                     " free (cut the depth with --layers)");
+                     human_bytes(static_cast<double>(file_bytes)), " but ", out.parent_path().string(), " has ",
+                     human_bytes(free_bytes), " free (cut the depth with --layers)");
   }
-  remove_stale_weights(o.out, plan);
+  StagingDir staging(out);
+  const std::string dir = staging.path().string();
+  for (const std::string& name : keep) {
+    MOEX_CHECK_INPUT(::linkat(AT_FDCWD, (out / name).c_str(), AT_FDCWD, (staging.path() / name).c_str(), 0) == 0,
+                     "--out: cannot keep ", (out / name).string(), " (", std::strerror(errno),
+                     "): move it away, or choose another --out");
+  }
 
   // The tokenizer trains (~0.5 s, one thread) while the weights are generated.
   TrainedTokenizer tokenizer;
@@ -143,15 +237,16 @@ void run_gen_model(const GenModelOptions& o) {
     ~Joiner() { if (thread.joinable()) thread.join(); }
   } joiner{tokenizer_thread};
 
-  write_text(o.out + "/config.json", model_config_to_json(config));
-  write_text(o.out + "/generation_config.json", generation_config_json(config));
-  write_text(o.out + "/tokenizer_config.json", llama_tokenizer_config_json(config.max_position_embeddings));
+  write_text(dir + "/config.json", model_config_to_json(config));
+  write_text(dir + "/generation_config.json", generation_config_json(config));
+  write_text(dir + "/tokenizer_config.json", llama_tokenizer_config_json(config.max_position_embeddings));
   const auto weights_start = std::chrono::steady_clock::now();
-  write_safetensors(o.out, model.tensors(), plan, model.filler());
+  write_safetensors(dir, model.tensors(), plan, model.filler());
   const double weights_seconds = seconds_since(weights_start);
   tokenizer_thread.join();
   if (tokenizer_error) std::rethrow_exception(tokenizer_error);
-  write_text(o.out + "/tokenizer.model", tokenizer.model_proto);
+  write_text(dir + "/tokenizer.model", tokenizer.model_proto);
+  staging.publish(out);
   const double total_seconds = seconds_since(start);
 
   const ModelConfig& c = config;
@@ -190,11 +285,18 @@ void setup_gen_model(CLI::App& app) {
   auto options = std::make_shared<GenModelOptions>();
   auto* cmd = app.add_subcommand("gen-model", "Write a synthetic Mixtral checkpoint in Hugging Face layout");
   cmd->add_option("--preset", options->preset, "tiny | small | mini | mixtral-8x7b")->required();
-  cmd->add_option("--out", options->out, "Output directory (created if missing)")->required();
+  cmd->add_option("--out", options->out,
+                  "Output directory (created if missing; must be empty unless --force). The model is written into a "
+                  "folder next to it and moved in when complete")
+      ->required();
+  cmd->add_flag("--force", options->force,
+                "Replace the model in a non-empty --out (other files there are kept; old shards are replaced "
+                "by new files, never rewritten in place)");
   cmd->add_option("--layers", options->layers, "Number of layers (cuts or extends the preset's depth)");
   cmd->add_option("--seed", options->seed, "Weights are a pure function of the seed (default 0)");
   cmd->add_option("--router-skew", options->router_skew,
-                  "Zipf exponent S of expert popularity: expert e gets a share ~ 1/(e+1)^S (0 = balanced)");
+                  "Zipf exponent S of expert popularity: expert e gets a share ~ 1/(e+1)^S (0 = balanced; at most 16: "
+                  "the calibration stays finite to ~300, and past 16 the tail experts already get no tokens)");
   cmd->add_option("--dtype", options->dtype, "bf16 (default) or f32");
   cmd->add_option("--max-shard-size", options->max_shard_size,
                   "Split the safetensors above this size, as transformers does (default 2GB = 2e9 bytes)");

@@ -1,7 +1,18 @@
 // `moex logits`: logits of every prompt position, then of N greedy decode steps, as float32 .npy
 // [positions, vocab]; the interface other engines (and the PyTorch reference) are checked against.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
 #include <cstdio>
-#include <fstream>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <tuple>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -23,9 +34,94 @@ struct LogitsFlags {
   std::string stats_out;
 };
 
+// Where one result goes. A regular file (or a new name) is written under a temporary name beside it and
+// renamed over it once complete, so a failed or interrupted write never leaves half a file under the user's
+// name; anything else (a device such as /dev/stdout or /dev/null, a pipe, a symlink) is written in place.
+class OutputFile {
+ public:
+  OutputFile(std::string path, std::string flag) : path_(std::move(path)), flag_(std::move(flag)) {
+    struct stat st {};
+    const bool exists = ::lstat(path_.c_str(), &st) == 0;
+    if (exists && !S_ISREG(st.st_mode)) return;
+    const std::filesystem::path target(path_);
+    const std::string dir = target.has_parent_path() ? target.parent_path().string() : ".";
+    std::string pattern = dir + "/." + target.filename().string() + ".tmp-XXXXXX";
+    const int fd = ::mkstemp(pattern.data());
+    MOEX_CHECK_INPUT(fd >= 0, flag_, ": cannot write ", path_, ": ", std::strerror(errno));
+    const mode_t mask = ::umask(0);
+    ::umask(mask);
+    ::fchmod(fd, exists ? (st.st_mode & 07777) : (0666 & ~mask));  // mkstemp's 0600 is not what a new file gets
+    ::close(fd);
+    partial_ = pattern;
+  }
+  ~OutputFile() {
+    if (!partial_.empty()) ::unlink(partial_.c_str());
+  }
+  // Runs `write` on the path to write now; a failure names the user's path.
+  void write(const std::function<void(const std::string&)>& write) {
+    try {
+      write(partial_.empty() ? path_ : partial_);
+    } catch (const Error& e) {
+      throw Error(e.kind(), flag_ + ": cannot write " + path_ + " (" + e.what() + ")");
+    }
+  }
+  void commit() {
+    if (partial_.empty()) return;
+    MOEX_CHECK_INPUT(::rename(partial_.c_str(), path_.c_str()) == 0, flag_, ": cannot write ", path_, ": ",
+                     std::strerror(errno));
+    partial_.clear();
+  }
+
+ private:
+  std::string path_, flag_, partial_;
+};
+
+void write_text_file(const std::string& path, const std::string& text) {
+  std::unique_ptr<FILE, int (*)(FILE*)> file(std::fopen(path.c_str(), "w"), &std::fclose);
+  MOEX_CHECK_INPUT(file != nullptr, std::strerror(errno));
+  bool ok = std::fwrite(text.data(), 1, text.size(), file.get()) == text.size() && std::fflush(file.get()) == 0;
+  ok = std::fclose(file.release()) == 0 && ok;
+  MOEX_CHECK_INPUT(ok, "short write, disk full?");
+}
+
+// The outputs must not overwrite the model they are computed from, nor each other: compared by inode, so a
+// symlink or hard link to a model file counts too.
+void check_outputs(const std::string& model_dir, const std::vector<std::pair<std::string, std::string>>& outputs) {
+  std::vector<std::pair<dev_t, ino_t>> model_files;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(model_dir, ec)) {
+    struct stat st {};
+    if (::stat(entry.path().c_str(), &st) == 0) model_files.emplace_back(st.st_dev, st.st_ino);
+  }
+  std::vector<std::tuple<dev_t, ino_t, std::string>> seen;
+  std::vector<std::pair<std::string, std::string>> seen_names;
+  for (const auto& [flag, path] : outputs) {
+    if (path.empty()) continue;
+    struct stat st {};
+    const bool exists = ::stat(path.c_str(), &st) == 0;
+    if (exists && !S_ISREG(st.st_mode)) continue;  // /dev/null twice is fine
+    const std::string name = std::filesystem::weakly_canonical(path, ec).string();
+    for (const auto& [other_flag, other_name] : seen_names) {
+      MOEX_CHECK_INPUT(name != other_name, flag, " and ", other_flag, " name the same file ", path,
+                       ": give each output its own file");
+    }
+    seen_names.emplace_back(flag, name);
+    if (!exists) continue;
+    for (const auto& [dev, ino] : model_files) {
+      MOEX_CHECK_INPUT(dev != st.st_dev || ino != st.st_ino, flag, " ", path, " is a file of the model folder ",
+                       model_dir, ": refusing to overwrite it; write the output elsewhere");
+    }
+    for (const auto& [dev, ino, other_flag] : seen) {
+      MOEX_CHECK_INPUT(dev != st.st_dev || ino != st.st_ino, flag, " and ", other_flag, " name the same file ", path,
+                       ": give each output its own file");
+    }
+    seen.emplace_back(st.st_dev, st.st_ino, flag);
+  }
+}
+
 // Per-layer MoE load of the prompt's forward call, in the keys of tests/reference/mixtral_ref.py --stats-out:
 // tokens_per_expert counts routed assignments (before capacity); kept_per_expert what capacity let through.
-void write_moe_stats(const std::string& path, const MixtralModel& model, int64_t tokens) {
+std::string moe_stats_json(const MixtralModel& model, int64_t tokens) {
   nlohmann::json layers = nlohmann::json::array();
   for (const MoELoadStats& s : model.moe_stats()) {
     std::vector<int> routed(s.tokens_per_expert.size());
@@ -38,14 +134,29 @@ void write_moe_stats(const std::string& path, const MixtralModel& model, int64_t
                                                          model.config().num_experts_per_tok, factor);
   nlohmann::json report{{"num_tokens", tokens}, {"capacity_factor", factor > 0 ? nlohmann::json(factor) : nullptr},
                         {"capacity", capacity > 0 ? nlohmann::json(capacity) : nullptr}, {"layers", layers}};
-  std::ofstream f(path);
-  MOEX_CHECK_INPUT(f.good(), "cannot write ", path);
-  f << report.dump(1) << "\n";
+  return report.dump(1) + "\n";
+}
+
+// NaN or infinite logits come from broken weights (or a bug): an error naming where, never a silent file.
+void check_logits_finite(const std::vector<float>& logits, int vocab, size_t prompt_tokens) {
+  for (size_t i = 0; i < logits.size(); ++i) {
+    if (std::isfinite(logits[i])) continue;
+    const size_t position = i / vocab;
+    const std::string step = position < prompt_tokens
+                                 ? "prompt token " + std::to_string(position)
+                                 : "decode step " + std::to_string(position - prompt_tokens);
+    throw_error(ErrorKind::kInvalidInput, "logits at position " + std::to_string(position) + " (" + step +
+                                              ") are not finite (" + std::to_string(logits[i]) + " for token " +
+                                              std::to_string(i % vocab) +
+                                              "): the weights hold NaN or infinity? check with --check-weights");
+  }
 }
 
 void run_logits(const LogitsFlags& flags) {
   const std::vector<int> prompt = parse_int_list(flags.ids, "--ids");
   MOEX_CHECK_INPUT(flags.decode_steps >= 0, "--decode must be >= 0");
+  check_outputs(flags.model.model_dir,
+                {{"--out", flags.out}, {"--tokens-out", flags.tokens_out}, {"--stats-out", flags.stats_out}});
   auto model = flags.model.load(1);
   const int vocab = model->config().vocab_size;
   const int64_t rows = static_cast<int64_t>(prompt.size()) + flags.decode_steps;
@@ -64,8 +175,8 @@ void run_logits(const LogitsFlags& flags) {
   } else {
     for (int64_t i = 0; i < prefill_steps(*model, static_cast<int64_t>(prompt.size())); ++i) idle_step(*model);
   }
-  if (!flags.stats_out.empty() && plan.rank == 0)
-    write_moe_stats(flags.stats_out, *model, static_cast<int64_t>(prompt.size()));
+  std::string stats;  // written with the logits, at the end (the decode steps replace the model's stats)
+  if (!flags.stats_out.empty() && plan.rank == 0) stats = moe_stats_json(*model, static_cast<int64_t>(prompt.size()));
   std::vector<int> generated;
   int32_t slot = 0;
   for (int step = 0; step < flags.decode_steps; ++step) {
@@ -86,13 +197,24 @@ void run_logits(const LogitsFlags& flags) {
     std::copy(row, row + vocab, last.begin());
   }
   if (plan.rank != 0) return;  // rank 0 serves sequence 0 under every plan and writes the results
-  write_npy_f32(flags.out, logits.data(), {rows, vocab});
+  check_logits_finite(logits, vocab, prompt.size());
+  // Every output is complete under its temporary name before any replaces the user's file.
+  OutputFile out(flags.out, "--out");
+  out.write([&](const std::string& path) { write_npy_f32(path, logits.data(), {rows, vocab}); });
+  std::unique_ptr<OutputFile> tokens_out, stats_out;
   if (!flags.tokens_out.empty()) {
-    FILE* f = std::fopen(flags.tokens_out.c_str(), "w");
-    MOEX_CHECK_INPUT(f != nullptr, "cannot write ", flags.tokens_out);
-    for (int t : generated) std::fprintf(f, "%d\n", t);
-    std::fclose(f);
+    std::string text;
+    for (int t : generated) text += std::to_string(t) + "\n";
+    tokens_out = std::make_unique<OutputFile>(flags.tokens_out, "--tokens-out");
+    tokens_out->write([&](const std::string& path) { write_text_file(path, text); });
   }
+  if (!flags.stats_out.empty()) {
+    stats_out = std::make_unique<OutputFile>(flags.stats_out, "--stats-out");
+    stats_out->write([&](const std::string& path) { write_text_file(path, stats); });
+  }
+  out.commit();
+  if (tokens_out) tokens_out->commit();
+  if (stats_out) stats_out->commit();
   std::printf("wrote %s: [%lld, %d] float32 (%zu prompt positions, %d decode steps)\n", flags.out.c_str(),
               static_cast<long long>(rows), vocab, prompt.size(), flags.decode_steps);
 }

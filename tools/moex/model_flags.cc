@@ -2,6 +2,7 @@
 
 #include "moex/base/threads.h"
 #include "moex/comm/selector.h"
+#include "moex/model/weights.h"
 
 namespace moex::tools {
 
@@ -25,6 +26,8 @@ void ModelFlags::add_to(CLI::App* cmd) {
   cmd->add_option("--allreduce-algo", allreduce_algo, "auto | ring | rd | rabenseifner | nhr | mesh | shm | mpi");
   cmd->add_option("--alltoall-algo", alltoall_algo, "auto | pairwise | bruck | mpi");
   cmd->add_option("--comm-tuning", comm_tuning, "Tuning table from `moex tune-comm` (JSON)");
+  cmd->add_flag("--check-weights", check_weights,
+                "Read every weight once and refuse a checkpoint holding NaN or infinity, naming the tensor");
 }
 
 comm::Communicator& ModelFlags::world() const {
@@ -36,6 +39,7 @@ std::unique_ptr<MixtralModel> ModelFlags::load(int batch) const {
   set_num_threads(threads);
   comm::Communicator& comm = world();
   const ModelConfig config = load_model_config(model_dir + "/config.json");
+  if (check_weights) check_weights_finite(WeightStore(model_dir));
   ModelOptions options;
   options.max_seq_len = max_seq_len;
   options.max_batch = batch;

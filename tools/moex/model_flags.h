@@ -18,6 +18,7 @@ struct ModelFlags {
   std::string router_fusion = "full";
   float capacity_factor = 0.0f;
   int threads = 0;
+  bool check_weights = false;  // scan every tensor for NaN / infinity before loading
   // Parallel execution over the ranks mpirun started (a single process is world size 1).
   PlanRequest plan;
   std::string allreduce_algo, alltoall_algo, comm_tuning;

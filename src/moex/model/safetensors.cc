@@ -2,13 +2,16 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <regex>
 #include <fstream>
+#include <optional>
 #include <set>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "moex/base/error.h"
+#include "moex/model/safetensors_writer.h"  // kCheckpointIdKey
 
 namespace moex {
 namespace {
@@ -22,7 +25,8 @@ void fail(const std::string& origin, const std::string& problem) {
 
 }  // namespace
 
-std::map<std::string, TensorView> SafetensorsFile::parse(const uint8_t* bytes, size_t size, const std::string& origin) {
+std::map<std::string, TensorView> SafetensorsFile::parse(const uint8_t* bytes, size_t size, const std::string& origin,
+                                                         std::map<std::string, std::string>* metadata) {
   if (size < 8) fail(origin, "file is " + std::to_string(size) + " bytes, too short for a safetensors header");
   uint64_t header_len = 0;
   for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | bytes[i];
@@ -44,6 +48,11 @@ std::map<std::string, TensorView> SafetensorsFile::parse(const uint8_t* bytes, s
   for (const auto& [name, entry] : header.items()) {
     if (name == "__metadata__") {
       if (!entry.is_object()) fail(origin, "__metadata__ is not an object");
+      if (metadata) {
+        for (const auto& [key, value] : entry.items()) {
+          if (value.is_string()) (*metadata)[key] = value.get<std::string>();
+        }
+      }
       continue;
     }
     const std::string where = "tensor \"" + name + "\"";
@@ -88,7 +97,7 @@ std::map<std::string, TensorView> SafetensorsFile::parse(const uint8_t* bytes, s
 }
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {
-  tensors_ = parse(file_.data(), file_.size(), path);
+  tensors_ = parse(file_.data(), file_.size(), path, &metadata_);
 }
 
 WeightStore::WeightStore(const std::string& model_dir) {
@@ -97,6 +106,8 @@ WeightStore::WeightStore(const std::string& model_dir) {
   const fs::path index_path = dir / "model.safetensors.index.json";
   std::vector<std::string> shard_names;
   std::map<std::string, std::string> weight_map;
+  std::optional<uint64_t> index_total_size;
+  std::string index_checkpoint_id;
   if (fs::exists(index_path)) {
     std::ifstream in(index_path);
     json index;
@@ -117,10 +128,33 @@ WeightStore::WeightStore(const std::string& model_dir) {
       shards.insert(file);
     }
     shard_names.assign(shards.begin(), shards.end());
+    if (index.contains("metadata")) {
+      const json& meta = index["metadata"];
+      if (!meta.is_object()) fail(index_path.string(), "metadata is not an object");
+      if (meta.contains("total_size")) {
+        if (!meta["total_size"].is_number_unsigned()) fail(index_path.string(), "metadata.total_size is not a byte count");
+        index_total_size = meta["total_size"].get<uint64_t>();
+      }
+      if (meta.contains(kCheckpointIdKey) && meta[kCheckpointIdKey].is_string())
+        index_checkpoint_id = meta[kCheckpointIdKey].get<std::string>();
+    }
   } else {
     MOEX_CHECK_INPUT(fs::exists(dir / "model.safetensors"), "no model.safetensors or model.safetensors.index.json in ",
                      model_dir);
     shard_names.push_back("model.safetensors");
+  }
+  // Weight files the checkpoint does not use are leftovers of another one (an interrupted or changed run).
+  static const std::regex kWeightFile(R"(model(-\d{5}-of-\d{5})?\.safetensors)");
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (!std::regex_match(name, kWeightFile) ||
+        std::find(shard_names.begin(), shard_names.end(), name) != shard_names.end())
+      continue;
+    throw_error(ErrorKind::kInvalidInput,
+                model_dir + " holds " + name + " beside " +
+                    (weight_map.empty() ? std::string("model.safetensors") : "the shards of model.safetensors.index.json") +
+                    ", which does not use it: files of two checkpoints? remove the stale ones or regenerate the model");
   }
   for (const std::string& shard : shard_names) {
     files_.push_back(std::make_unique<SafetensorsFile>((dir / shard).string()));
@@ -136,6 +170,24 @@ WeightStore::WeightStore(const std::string& model_dir) {
   for (const auto& [name, shard] : weight_map) {
     MOEX_CHECK_INPUT(tensors_.count(name), "model.safetensors.index.json lists \"", name, "\" in ", shard,
                      " but that shard does not contain it");
+  }
+  if (index_total_size) {
+    uint64_t total = 0;
+    for (const auto& [name, view] : tensors_) total += view.bytes();
+    MOEX_CHECK_INPUT(*index_total_size == total, "model.safetensors.index.json: metadata.total_size is ",
+                     *index_total_size, " but the shards hold ", total,
+                     " bytes of tensors: files of two checkpoints? regenerate or re-download the model");
+  }
+  // gen-model's id: shards of two runs have the same names and sizes, only this tells them apart.
+  if (!weight_map.empty()) {
+    for (const auto& file : files_) {
+      auto it = file->metadata().find(kCheckpointIdKey);
+      const std::string id = it == file->metadata().end() ? "" : it->second;
+      MOEX_CHECK_INPUT(id == index_checkpoint_id, fs::path(file->path()).filename().string(),
+                       " is from another checkpoint than model.safetensors.index.json (", kCheckpointIdKey, " ",
+                       id.empty() ? "none" : id, " vs ", index_checkpoint_id.empty() ? "none" : index_checkpoint_id,
+                       "): the folder mixes files of two runs; regenerate the model");
+    }
   }
 }
 

@@ -18,19 +18,27 @@ class SafetensorsFile {
   // Throws Error(kInvalidInput) naming the file and the problem.
   explicit SafetensorsFile(const std::string& path);
   // Validates `bytes` as a safetensors image (what the constructor does after mapping); for fuzzing.
-  static std::map<std::string, TensorView> parse(const uint8_t* bytes, size_t size, const std::string& origin);
+  // The string entries of __metadata__ go to `metadata` when given.
+  static std::map<std::string, TensorView> parse(const uint8_t* bytes, size_t size, const std::string& origin,
+                                                 std::map<std::string, std::string>* metadata = nullptr);
 
   const std::map<std::string, TensorView>& tensors() const { return tensors_; }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
   const std::string& path() const { return file_.path(); }
   size_t size() const { return file_.size(); }
 
  private:
   MappedFile file_;
   std::map<std::string, TensorView> tensors_;
+  std::map<std::string, std::string> metadata_;
 };
 
 // All tensors of a checkpoint folder: model.safetensors, or the shards named by
 // model.safetensors.index.json. Views point into the mappings, which live as long as this object.
+// The files must belong together: each shard holds exactly the tensors the index maps to it, the index's
+// metadata.total_size is the tensors' bytes, every "moex_checkpoint_id" (shards, index) is the same, and no
+// other weight file (a model.safetensors beside an index, a shard beside a single file) is left next to
+// them: which of two is current cannot be told, and loading the wrong one gives wrong logits silently.
 class WeightStore {
  public:
   explicit WeightStore(const std::string& model_dir);

@@ -19,8 +19,12 @@ namespace {
 
 // The header as safetensors (Rust) serializes it: "__metadata__" first, then tensors in data order, each
 // {"dtype","shape","data_offsets"} in that field order, no spaces; then spaces up to a multiple of 8.
-std::string shard_header(const std::vector<TensorToWrite>& tensors, const SafetensorsShardPlan& shard) {
-  std::string header = R"({"__metadata__":{"format":"pt"})";
+std::string shard_header(const std::vector<TensorToWrite>& tensors, const SafetensorsShardPlan& shard,
+                         const std::string& checkpoint_id) {
+  std::string header = R"({"__metadata__":{"format":"pt")";
+  if (!checkpoint_id.empty())
+    header += "," + nlohmann::json(kCheckpointIdKey).dump() + ":" + nlohmann::json(checkpoint_id).dump();
+  header += '}';
   for (size_t i = 0; i < shard.tensors.size(); ++i) {
     const TensorToWrite& t = tensors[shard.tensors[i]];
     header += ',';
@@ -56,6 +60,36 @@ void write_all(int fd, const uint8_t* data, uint64_t size, const std::string& pa
     size -= static_cast<uint64_t>(written);
   }
 }
+
+// Creates `dir/name` as a new file: written under a temporary name, synced, then renamed over `name`.
+class NewFile {
+ public:
+  NewFile(const std::string& dir, const std::string& name)
+      : path_(dir + "/" + name), partial_(dir + "/." + name + ".partial") {
+    fd_ = ::open(partial_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    MOEX_CHECK_INPUT(fd_ >= 0, "cannot create ", partial_, ": ", std::strerror(errno));
+  }
+  ~NewFile() {
+    if (fd_ >= 0) ::close(fd_);
+    if (!committed_) ::unlink(partial_.c_str());
+  }
+  int fd() const { return fd_; }
+  const std::string& path() const { return path_; }
+  void commit() {
+    MOEX_CHECK_INPUT(::fsync(fd_) == 0, "cannot write ", path_, ": ", std::strerror(errno));
+    const int closed = ::close(fd_);
+    fd_ = -1;
+    MOEX_CHECK_INPUT(closed == 0, "cannot write ", path_, ": ", std::strerror(errno));
+    MOEX_CHECK_INPUT(::rename(partial_.c_str(), path_.c_str()) == 0, "cannot rename ", partial_, " to ", path_, ": ",
+                     std::strerror(errno));
+    committed_ = true;
+  }
+
+ private:
+  std::string path_, partial_;
+  int fd_ = -1;
+  bool committed_ = false;
+};
 
 }  // namespace
 
@@ -94,7 +128,8 @@ uint64_t parse_byte_size(const std::string& text, const char* flag) {
   return static_cast<uint64_t>(value * static_cast<double>(unit));
 }
 
-SafetensorsPlan plan_safetensors(const std::vector<TensorToWrite>& tensors, uint64_t max_shard_size) {
+SafetensorsPlan plan_safetensors(const std::vector<TensorToWrite>& tensors, uint64_t max_shard_size,
+                                 const std::string& checkpoint_id) {
   std::set<std::string> names;
   for (const auto& t : tensors) {
     MOEX_CHECK(names.insert(t.name).second, "duplicate tensor name ", t.name);
@@ -134,13 +169,14 @@ SafetensorsPlan plan_safetensors(const std::vector<TensorToWrite>& tensors, uint
       offset += tensors[index].num_bytes();
       weight_map[tensors[index].name] = shard.file_name;
     }
-    shard.header = shard_header(tensors, shard);
+    shard.header = shard_header(tensors, shard, checkpoint_id);
     shard.file_size = 8 + shard.header.size() + offset;
     plan.shards.push_back(std::move(shard));
   }
   if (plan.shards.size() > 1) {
     // transformers: json.dumps(index, indent=2, sort_keys=True) + "\n"
-    const nlohmann::json index = {{"metadata", {{"total_size", plan.total_size}}}, {"weight_map", weight_map}};
+    nlohmann::json index = {{"metadata", {{"total_size", plan.total_size}}}, {"weight_map", weight_map}};
+    if (!checkpoint_id.empty()) index["metadata"][kCheckpointIdKey] = checkpoint_id;
     plan.index_json = index.dump(2) + "\n";
   }
   return plan;
@@ -153,9 +189,9 @@ void write_safetensors(const std::string& dir, const std::vector<TensorToWrite>&
   std::vector<uint8_t> chunks[2];
   std::future<void> pending;  // the write of the previous chunk
   for (const SafetensorsShardPlan& shard : plan.shards) {
-    const std::string path = dir + "/" + shard.file_name;
-    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    MOEX_CHECK_INPUT(fd >= 0, "cannot create ", path, ": ", std::strerror(errno));
+    NewFile file(dir, shard.file_name);
+    const int fd = file.fd();
+    const std::string& path = file.path();
     try {
       uint8_t length[8];
       const uint64_t header_size = shard.header.size();
@@ -180,17 +216,14 @@ void write_safetensors(const std::string& dir, const std::vector<TensorToWrite>&
       if (pending.valid()) pending.get();
     } catch (...) {
       if (pending.valid()) pending.wait();
-      ::close(fd);
       throw;
     }
-    MOEX_CHECK_INPUT(::close(fd) == 0, "cannot write ", path, ": ", std::strerror(errno));
+    file.commit();
   }
   if (!plan.index_json.empty()) {
-    const std::string path = dir + "/model.safetensors.index.json";
-    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    MOEX_CHECK_INPUT(fd >= 0, "cannot create ", path, ": ", std::strerror(errno));
-    write_all(fd, reinterpret_cast<const uint8_t*>(plan.index_json.data()), plan.index_json.size(), path);
-    MOEX_CHECK_INPUT(::close(fd) == 0, "cannot write ", path, ": ", std::strerror(errno));
+    NewFile file(dir, "model.safetensors.index.json");
+    write_all(file.fd(), reinterpret_cast<const uint8_t*>(plan.index_json.data()), plan.index_json.size(), file.path());
+    file.commit();
   }
 }
 

@@ -9,6 +9,9 @@
 // shard when the next tensor would push the current one past max_shard_size; a tensor larger than the limit
 // gets a shard of its own. One shard: model.safetensors. Several: model-00001-of-0000N.safetensors plus
 // model.safetensors.index.json {"metadata":{"total_size":bytes of all tensors},"weight_map":{name: file}}.
+// A checkpoint id (gen-model's) goes into every shard's __metadata__ and the index's metadata as
+// "moex_checkpoint_id", so that the loader can tell shards of two different runs apart (same names, same
+// sizes, other values); without an id the bytes are exactly those of transformers.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -41,6 +44,9 @@ struct SafetensorsPlan {
   std::string index_json;   // model.safetensors.index.json text; empty for a single file
 };
 
+// The __metadata__ / index metadata key naming the run that wrote a checkpoint.
+constexpr const char* kCheckpointIdKey = "moex_checkpoint_id";
+
 // Default --max-shard-size: transformers' "2GB" (decimal, 2 * 10^9 bytes).
 constexpr uint64_t kDefaultMaxShardSize = 2'000'000'000ull;
 
@@ -48,16 +54,20 @@ constexpr uint64_t kDefaultMaxShardSize = 2'000'000'000ull;
 // or KiB/MiB/GiB/TiB (powers of 1024), any case. Throws Error(kInvalidInput) naming `flag`.
 uint64_t parse_byte_size(const std::string& text, const char* flag);
 
-// Lays out the files; tensors are given in state-dict (module) order. Names must be unique.
-SafetensorsPlan plan_safetensors(const std::vector<TensorToWrite>& tensors, uint64_t max_shard_size);
+// Lays out the files; tensors are given in state-dict (module) order. Names must be unique. A non-empty
+// `checkpoint_id` is recorded in every shard and in the index.
+SafetensorsPlan plan_safetensors(const std::vector<TensorToWrite>& tensors, uint64_t max_shard_size,
+                                 const std::string& checkpoint_id = "");
 
 // Produces bytes [byte_begin, byte_begin + out_size) of tensor `tensor_index`, in its dtype, little-endian.
 // Called once per chunk (at most `chunk_bytes`, a multiple of the element size) in file order, from one
 // thread; it may use threads inside.
 using TensorFill = std::function<void(size_t tensor_index, uint64_t byte_begin, uint8_t* out, uint64_t out_size)>;
 
-// Writes the files of `plan` into `dir` (which must exist), replacing files of the same names, and the
-// index when sharded. Throws Error(kInvalidInput) naming the file when it cannot be written.
+// Writes the files of `plan` into `dir` (which must exist), and the index when sharded. Each file is written
+// under a temporary name, synced and renamed over its final name: a file of the same name is replaced by a
+// new inode, never truncated, so a process that has the old one mapped keeps reading the old bytes.
+// Throws Error(kInvalidInput) naming the file when it cannot be written.
 void write_safetensors(const std::string& dir, const std::vector<TensorToWrite>& tensors,
                        const SafetensorsPlan& plan, const TensorFill& fill, uint64_t chunk_bytes = 64ull << 20);
 

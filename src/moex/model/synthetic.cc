@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 
 #include <nlohmann/json.hpp>
@@ -80,8 +81,8 @@ ModelConfig synthetic_preset(const std::string& name) {
 SyntheticModel::SyntheticModel(const ModelConfig& config, uint64_t seed, float router_skew, DType dtype)
     : config_(config), seed_key_(mix64(seed ^ 0x6d6f65782d67656eull)), dtype_(dtype) {
   MOEX_CHECK_INPUT(dtype == DType::kBF16 || dtype == DType::kF32, "--dtype: gen-model writes bf16 or f32");
-  MOEX_CHECK_INPUT(std::isfinite(router_skew) && router_skew >= 0, "--router-skew: ", router_skew,
-                   " must be >= 0 (0 = balanced; 1.2 = Zipf exponent 1.2)");
+  MOEX_CHECK_INPUT(std::isfinite(router_skew) && router_skew >= 0 && router_skew <= kMaxRouterSkew, "--router-skew: ",
+                   router_skew, " must be in [0, ", kMaxRouterSkew, "] (0 = balanced; 1.2 = Zipf exponent 1.2)");
   validate_model_config(config_);
   const int64_t d = config.hidden_size, inter = config.intermediate_size, vocab = config.vocab_size;
   const int64_t q_dim = config.q_dim(), kv_dim = config.kv_dim();
@@ -167,6 +168,20 @@ void SyntheticModel::fill(size_t tensor, int64_t first, int64_t count, uint8_t* 
       }
     }
   });
+}
+
+std::string SyntheticModel::checkpoint_id() const {
+  uint64_t h = mix64(seed_key_ ^ static_cast<uint64_t>(dtype_));
+  uint32_t skew_bits = 0;
+  std::memcpy(&skew_bits, &skew_.skew, 4);
+  h = mix64(h ^ skew_bits);
+  for (const TensorToWrite& t : tensors_) {
+    h = mix64(h ^ fnv1a64(t.name));
+    for (int64_t d : t.shape) h = mix64(h ^ static_cast<uint64_t>(d));
+  }
+  char text[17];
+  std::snprintf(text, sizeof(text), "%016llx", static_cast<unsigned long long>(h));
+  return text;
 }
 
 TensorFill SyntheticModel::filler() const {
@@ -278,6 +293,9 @@ void SyntheticModel::calibrate_router_skew(float skew) {
       for (int e = 0; e < experts; ++e) offset[e] -= static_cast<float>(mean_offset);  // top-k ignores shifts
     }
     for (int e = 0; e < experts; ++e) gate_offset_[e] = static_cast<float>(offset[e] / mean_channel);
+  }
+  for (int e = 0; e < experts; ++e) {
+    MOEX_CHECK(std::isfinite(gate_offset_[e]), "router skew ", skew, " calibrated expert ", e, " to a non-finite gate");
   }
   // Measure what is stored: the offsets rounded to the file dtype, like every other gate weight.
   skew_.gate_offset.resize(experts);

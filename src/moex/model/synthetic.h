@@ -44,15 +44,24 @@ struct RouterSkewReport {
   std::vector<float> gate_offset;     // stored gate[e][c] per expert (same in every layer)
 };
 
+// --router-skew's range. Above it the Zipf weights 1/r^S of the tail experts underflow a double to 0 for
+// mixtral-size expert counts and the calibration would divide 0 by 0 (NaN gate weights); long before that the
+// tail's share is below one routed token in the calibration sample, so a larger exponent means nothing more.
+constexpr float kMaxRouterSkew = 16.0f;
+
 class SyntheticModel {
  public:
-  // Calibrates the router skew (a few ms to ~1 s for mixtral-8x7b geometry).
+  // Calibrates the router skew (a few ms to ~1 s for mixtral-8x7b geometry). Throws Error(kInvalidInput)
+  // for a skew outside [0, kMaxRouterSkew].
   SyntheticModel(const ModelConfig& config, uint64_t seed, float router_skew, DType dtype);
 
   const ModelConfig& config() const { return config_; }
   // In state-dict order (the order HF's MixtralForCausalLM registers its parameters).
   const std::vector<TensorToWrite>& tensors() const { return tensors_; }
   const RouterSkewReport& router_skew() const { return skew_; }
+  // 16 hex digits, a function of everything the weights depend on (seed, skew, dtype, tensor names and
+  // shapes): two runs that differ in any of them write shards the loader will not mix.
+  std::string checkpoint_id() const;
 
   // Element `index` of tensor `tensor` as float, after rounding to the file dtype (what a loader sees).
   float value(size_t tensor, int64_t index) const;

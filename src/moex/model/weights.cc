@@ -44,7 +44,52 @@ TensorView owned_copy(const TensorView& slice, std::vector<std::vector<uint8_t>>
   return copy;
 }
 
+// Index of the first non-finite element of a contiguous tensor, or -1.
+int64_t first_non_finite(const TensorView& view) {
+  const int64_t n = view.numel();
+  const uint8_t* bytes = static_cast<const uint8_t*>(view.data);
+  // A value is NaN or infinite exactly when its exponent bits are all ones.
+  auto scan16 = [&](uint16_t exponent_mask) -> int64_t {
+    for (int64_t i = 0; i < n; ++i) {
+      uint16_t bits;
+      std::memcpy(&bits, bytes + 2 * i, 2);
+      if ((bits & exponent_mask) == exponent_mask) return i;
+    }
+    return -1;
+  };
+  switch (view.dtype) {
+    case DType::kF32:
+      for (int64_t i = 0; i < n; ++i) {
+        uint32_t bits;
+        std::memcpy(&bits, bytes + 4 * i, 4);
+        if ((bits & 0x7f800000u) == 0x7f800000u) return i;
+      }
+      return -1;
+    case DType::kBF16: return scan16(0x7f80);
+    case DType::kF16: return scan16(0x7c00);
+    case DType::kF8E4M3:  // no infinities; NaN is S.1111.111
+      for (int64_t i = 0; i < n; ++i) {
+        if ((bytes[i] & 0x7f) == 0x7f) return i;
+      }
+      return -1;
+    default: return -1;  // integers are always finite
+  }
+}
+
 }  // namespace
+
+void check_weights_finite(const WeightStore& store) {
+  for (const auto& [name, view] : store.tensors()) {  // std::map: name order
+    const int64_t bad = first_non_finite(view);
+    if (bad < 0) continue;
+    std::string where = std::to_string(bad);
+    if (view.shape.rank == 2) {
+      where = "[" + std::to_string(bad / view.shape[1]) + ", " + std::to_string(bad % view.shape[1]) + "]";
+    }
+    throw_error(ErrorKind::kInvalidInput, "--check-weights: tensor \"" + name + "\" holds a non-finite value (NaN or " +
+                                              "infinity) at element " + where + ": the checkpoint is corrupt");
+  }
+}
 
 MixtralWeights load_mixtral_weights(const std::string& model_dir, const ModelConfig& c, const ParallelPlan& plan) {
   MixtralWeights w;

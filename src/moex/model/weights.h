@@ -36,6 +36,10 @@ struct MixtralWeights {
   int64_t intermediate_local = 0;
 };
 
+// Reads every value of every floating-point tensor (`--check-weights`, a full pass over the files) and throws
+// Error(kInvalidInput) naming the first tensor, in name order, that holds a NaN or an infinity, and where.
+void check_weights_finite(const WeightStore& store);
+
 // Throws Error(kInvalidInput) naming the tensor for a missing tensor, a wrong shape or an unsupported dtype.
 MixtralWeights load_mixtral_weights(const std::string& model_dir, const ModelConfig& config,
                                     const ParallelPlan& plan = ParallelPlan{});

@@ -28,6 +28,9 @@ void write_npy_f32(const std::string& path, const float* data, const std::vector
   bool ok = std::fwrite(preamble, 1, 10, file.get()) == 10 &&
             std::fwrite(header.data(), 1, header.size(), file.get()) == header.size() &&
             std::fwrite(data, sizeof(float), count, file.get()) == static_cast<size_t>(count);
+  // A full disk may only show when the buffer is flushed: fclose's result counts too.
+  ok = ok && std::fflush(file.get()) == 0;
+  ok = std::fclose(file.release()) == 0 && ok;
   MOEX_CHECK_INPUT(ok, "short write to ", path, " (disk full?)");
 }
 
