@@ -2,13 +2,13 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <set>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "moex/base/error.h"
+#include "moex/model/safetensors_index.h"
 
 namespace moex {
 namespace {
@@ -98,25 +98,9 @@ WeightStore::WeightStore(const std::string& model_dir) {
   std::vector<std::string> shard_names;
   std::map<std::string, std::string> weight_map;
   if (fs::exists(index_path)) {
-    std::ifstream in(index_path);
-    json index;
-    try {
-      index = json::parse(in);
-    } catch (const json::exception& e) {
-      fail(index_path.string(), std::string("not valid JSON (") + e.what() + ")");
-    }
-    if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object())
-      fail(index_path.string(), "has no weight_map object");
-    std::set<std::string> shards;
-    for (const auto& [name, shard] : index["weight_map"].items()) {
-      if (!shard.is_string()) fail(index_path.string(), "weight_map entry for \"" + name + "\" is not a file name");
-      const std::string file = shard.get<std::string>();
-      if (file.find('/') != std::string::npos || file.find("..") != std::string::npos)
-        fail(index_path.string(), "shard name \"" + file + "\" must be a plain file name in the model folder");
-      weight_map[name] = file;
-      shards.insert(file);
-    }
-    shard_names.assign(shards.begin(), shards.end());
+    SafetensorsIndex index = load_safetensors_index(index_path.string());
+    weight_map = std::move(index.weight_map);
+    shard_names = std::move(index.shards);
   } else {
     MOEX_CHECK_INPUT(fs::exists(dir / "model.safetensors"), "no model.safetensors or model.safetensors.index.json in ",
                      model_dir);
