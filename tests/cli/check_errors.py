@@ -80,6 +80,9 @@ def main():
     # Trained for 2e9 positions, so that only the memory check stands between a huge --max-seq-len and the
     # allocation.
     long_context = variant("lc", put("max_position_embeddings", 2000000000))
+    # A directory where the default tuning table would be: an error, not a silent fallback to the cost model.
+    cache_dir = os.path.join(args.workdir, "cache")
+    os.makedirs(os.path.join(cache_dir, "comm-tuning.json"), exist_ok=True)
     tuning_fifo = os.path.join(args.workdir, "tuning.fifo")
     if os.path.lexists(tuning_fifo):
         os.remove(tuning_fifo)
@@ -141,6 +144,7 @@ def main():
         ("tokenizer_directory", "directory", ["generate", "--model", replace_with(variant("td"), "tokenizer.model", os.mkdir), "--prompt", "hi"]),
         ("tokenizer_fifo", "FIFO", ["generate", "--model", replace_with(variant("tf"), "tokenizer.model", os.mkfifo), "--prompt", "hi"]),
         ("tuning_directory", "comm tuning table", ["generate", "--model", good, "--prompt", "hi"], {"MOEX_COMM_TUNING": args.workdir}),
+        ("tuning_default_is_directory", "comm tuning table", ["generate", "--model", good, "--prompt", "hi"], {"MOEX_COMM_TUNING": "", "MOEX_CACHE_DIR": cache_dir}),
         ("tuning_flag_fifo", "comm tuning table", ["generate", "--model", good, "--prompt", "hi", "--comm-tuning", os.path.join(args.workdir, "tuning.fifo")]),
         # Sizes computed before allocating: positions past the model's, a KV cache the machine cannot hold
         # (1e9 positions x 3 sequences: 1.5 TB), steps no machine holds.
