@@ -214,6 +214,17 @@ TEST(SmallFile, ReadsUpToTheLimitAndStatesItBeyond) {
   expect_input_error([&] { load_model_config(dir.file("missing.json")); }, "(is --model a Hugging Face model folder?)");
 }
 
+// The fuzz targets start from tests/fuzz/seeds: the valid seeds must stay valid, or the fuzzers would only
+// explore error paths.
+TEST(FuzzSeeds, ValidSeedsParse) {
+  const std::string seeds = std::string(MOEX_SOURCE_DIR) + "/tests/fuzz/seeds";
+  EXPECT_EQ(load_model_config(seeds + "/config/mixtral-8x7b.json").num_hidden_layers, 32);
+  EXPECT_EQ(load_model_config(seeds + "/config/tiny.json").head_dim, 16);
+  EXPECT_THROW(load_model_config(seeds + "/config/edges.json"), Error);
+  EXPECT_EQ(load_safetensors_index(seeds + "/index/two-shards.json").shards.size(), 2u);
+  EXPECT_THROW(load_safetensors_index(seeds + "/index/bad-names.json"), Error);
+}
+
 TEST(SafetensorsIndex, ShardNamesStayInTheModelFolder) {
   const SafetensorsIndex index = parse_safetensors_index(
       R"({"metadata": {}, "weight_map": {"b": "two.safetensors", "a": "one.safetensors", "c": "one.safetensors"}})", "i");
