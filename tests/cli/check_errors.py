@@ -20,6 +20,7 @@ def main():
     p.add_argument("--workdir", required=True)
     args = p.parse_args()
     args.moex = os.path.abspath(args.moex)
+    args.workdir = os.path.abspath(args.workdir)
     good = os.path.join(args.workdir, "good")
     if not os.path.exists(os.path.join(good, "config.json")):
         subprocess.run([args.moex, "gen-model", "--preset", "tiny", "--seed", "5", "--out", good], check=True,
@@ -40,6 +41,26 @@ def main():
         if not drop_weights:
             with open(os.path.join(d, "model.safetensors"), "wb") as f:
                 f.write(weights if weights_bytes is None else weights_bytes)
+        shutil.copy(os.path.join(good, "tokenizer.model"), d)
+        return d
+
+    def replace_with(d, name, make):
+        """Puts something other than a regular file at d/name: make(path) creates it."""
+        path = os.path.join(d, name)
+        if os.path.lexists(path):
+            os.remove(path)
+        make(path)
+        return d
+
+    def to_zero(path):
+        os.symlink("/dev/zero", path)
+
+    def sharded(d):
+        """A one-shard index over the variant's weights: the loader reads model.safetensors.index.json."""
+        h = json.loads(weights[8:8 + header_len])
+        index = {"metadata": {}, "weight_map": {k: "model.safetensors" for k in h if k != "__metadata__"}}
+        with open(os.path.join(d, "model.safetensors.index.json"), "w") as f:
+            json.dump(index, f)
         return d
 
     def pop(key):
@@ -56,6 +77,16 @@ def main():
         return struct.pack("<Q", len(raw)) + raw + weights[8 + header_len:]
 
     first = sorted(k for k in json.loads(weights[8:8 + header_len]) if k != "__metadata__")[0]
+    # Trained for 2e9 positions, so that only the memory check stands between a huge --max-seq-len and the
+    # allocation.
+    long_context = variant("lc", put("max_position_embeddings", 2000000000))
+    # A directory where the default tuning table would be: an error, not a silent fallback to the cost model.
+    cache_dir = os.path.join(args.workdir, "cache")
+    os.makedirs(os.path.join(cache_dir, "comm-tuning.json"), exist_ok=True)
+    tuning_fifo = os.path.join(args.workdir, "tuning.fifo")
+    if os.path.lexists(tuning_fifo):
+        os.remove(tuning_fifo)
+    os.mkfifo(tuning_fifo)
 
     def shift_offsets(h):
         h[first]["data_offsets"] = [h[first]["data_offsets"][0] + 2, h[first]["data_offsets"][1] + 2]
@@ -94,23 +125,82 @@ def main():
         ("bad_router_fusion", "valid: none, topk_softmax, full", ["logits", "--model", good, "--ids", "1", "--out", "x.npy", "--router-fusion", "fast"]),
         ("bad_top_p", "--top-p", ["generate", "--model", good, "--prompt", "hi", "--top-p", "1.5"]),
         ("unknown_command", "frobnicate", ["frobnicate"]),
+        # config.json: only exact integers within range, finite positive floats (nlohmann would truncate 1.9
+        # to 1, read true as 1 and wrap 4294967808 to 512).
+        ("int_given_as_float", "must be an integer", ["logits", "--model", variant("if", put("num_hidden_layers", 1.9)), "--ids", "1", "--out", "x.npy"]),
+        ("int_given_as_bool", "wrong type (boolean)", ["logits", "--model", variant("ib", put("num_key_value_heads", True)), "--ids", "1", "--out", "x.npy"]),
+        ("int_out_of_range", "out of range", ["logits", "--model", variant("ir", put("vocab_size", 4294967808)), "--ids", "1", "--out", "x.npy"]),
+        ("rope_theta_overflows_float", "rope_theta", ["logits", "--model", variant("rf", put("rope_theta", 1e300)), "--ids", "1", "--out", "x.npy"]),
+        ("eos_outside_vocab", "eos_token_id", ["logits", "--model", variant("eo", put("eos_token_id", config["vocab_size"])), "--ids", "1", "--out", "x.npy"]),
+        # Files that are not regular files: refused before they are opened (a FIFO would block, /dev/zero never ends).
+        ("config_fifo", "FIFO", ["logits", "--model", replace_with(variant("cf"), "config.json", os.mkfifo), "--ids", "1", "--out", "x.npy"]),
+        ("config_dev_zero", "character device", ["logits", "--model", replace_with(variant("cz"), "config.json", to_zero), "--ids", "1", "--out", "x.npy"]),
+        ("config_directory", "directory", ["logits", "--model", replace_with(variant("cd"), "config.json", os.mkdir), "--ids", "1", "--out", "x.npy"]),
+        ("config_too_large", "16 MiB limit", ["logits", "--model", variant("cl"), "--ids", "1", "--out", "x.npy"]),
+        ("index_fifo", "FIFO", ["logits", "--model", replace_with(variant("xf"), "model.safetensors.index.json", os.mkfifo), "--ids", "1", "--out", "x.npy"]),
+        ("index_dev_zero", "character device", ["logits", "--model", replace_with(variant("xz"), "model.safetensors.index.json", to_zero), "--ids", "1", "--out", "x.npy"]),
+        ("shard_fifo", "FIFO", ["logits", "--model", replace_with(sharded(variant("sf")), "model.safetensors", os.mkfifo), "--ids", "1", "--out", "x.npy"]),
+        ("single_weights_fifo", "FIFO", ["logits", "--model", replace_with(variant("wf"), "model.safetensors", os.mkfifo), "--ids", "1", "--out", "x.npy"]),
+        ("tokenizer_directory", "directory", ["generate", "--model", replace_with(variant("td"), "tokenizer.model", os.mkdir), "--prompt", "hi"]),
+        ("tokenizer_fifo", "FIFO", ["generate", "--model", replace_with(variant("tf"), "tokenizer.model", os.mkfifo), "--prompt", "hi"]),
+        ("tuning_directory", "comm tuning table", ["generate", "--model", good, "--prompt", "hi"], {"MOEX_COMM_TUNING": args.workdir}),
+        ("tuning_default_is_directory", "comm tuning table", ["generate", "--model", good, "--prompt", "hi"], {"MOEX_COMM_TUNING": "", "MOEX_CACHE_DIR": cache_dir}),
+        ("tuning_flag_fifo", "comm tuning table", ["generate", "--model", good, "--prompt", "hi", "--comm-tuning", os.path.join(args.workdir, "tuning.fifo")]),
+        # Sizes computed before allocating: positions past the model's, a KV cache the machine cannot hold
+        # (1e9 positions x 3 sequences: 1.5 TB), steps no machine holds.
+        ("seq_len_past_positions", "max_position_embeddings", ["logits", "--model", good, "--ids", "1", "--max-seq-len", "2000000", "--out", "x.npy"]),
+        ("kv_cache_too_large", "lower --max-seq-len", ["generate", "--model", long_context, "--prompt", "a", "--prompt", "b", "--prompt", "c", "--max-seq-len", "1000000000"]),
+        ("step_buffers_too_large", "lower --step-tokens", ["logits", "--model", good, "--ids", "1", "--step-tokens", "2000000000", "--out", "x.npy"]),
+        ("roofline_buffer_too_large", "lower --buffer-mb", ["bench", "roofline", "--buffer-mb", "100000000", "--repeats", "1"]),
+        # Flags and environment: bounded or rejected, in every command that takes them.
+        ("capacity_factor_nan", "--capacity-factor", ["logits", "--model", good, "--ids", "1", "--capacity-factor", "nan", "--out", "x.npy"]),
+        ("capacity_factor_inf", "--capacity-factor", ["generate", "--model", good, "--prompt", "hi", "--capacity-factor", "inf"]),
+        ("bench_capacity_factor_nan", "--capacity-factor", ["bench", "moe-layer", "--hidden", "64", "--intermediate", "64", "--layers", "1", "--tokens", "1", "--capacity-factor", "nan"]),
+        ("threads_too_many", "--threads 10000", ["logits", "--model", good, "--ids", "1", "--threads", "10000", "--out", "x.npy"]),
+        ("threads_negative", "--threads -1", ["generate", "--model", good, "--prompt", "hi", "--threads", "-1"]),
+        ("profile_threads", "--threads", ["profile", "--model", good, "--threads", "10000"]),
+        ("bench_decode_threads", "--threads", ["bench", "decode", "--model", good, "--threads", "-3"]),
+        ("bench_roofline_threads", "--threads", ["bench", "roofline", "--threads", "10000", "--buffer-mb", "1"]),
+        ("bench_router_threads", "--threads", ["bench", "router", "--threads", "-1"]),
+        ("bench_moe_layer_threads", "--threads", ["bench", "moe-layer", "--threads", "100000", "--hidden", "64", "--intermediate", "64", "--layers", "1", "--tokens", "1"]),
+        ("env_threads_not_a_number", "MOEX_THREADS", ["logits", "--model", good, "--ids", "1", "--out", "x.npy"], {"MOEX_THREADS": "abc"}),
+        ("env_threads_too_many", "MOEX_THREADS", ["bench", "router", "--tokens", "1"], {"MOEX_THREADS": "100000"}),
+        ("env_isa_bogus", "MOEX_ISA", ["logits", "--model", good, "--ids", "1", "--out", "x.npy"], {"MOEX_ISA": "bogus"}),
+        ("info_env_isa_bogus", "MOEX_ISA", ["info"], {"MOEX_ISA": "bogus"}),
+        ("tp_zero", "--tp", ["logits", "--model", good, "--ids", "1", "--tp", "0", "--out", "x.npy"]),
+        ("ep_zero", "--ep", ["logits", "--model", good, "--ids", "1", "--ep", "0", "--out", "x.npy"]),
+        ("seed_negative", "--seed", ["generate", "--model", good, "--prompt", "hi", "--seed", "-1"]),
+        ("seed_past_uint64", "--seed", ["generate", "--model", good, "--prompt", "hi", "--seed", "18446744073709551616"]),
     ]
     # config_not_json: write broken JSON over the variant's config.
     with open(os.path.join(args.workdir, "nj", "config.json"), "w") as f:
         f.write('{"model_type": "mixtral", ')
+    # config_too_large: a valid config padded past the 16 MiB limit for JSON files.
+    with open(os.path.join(args.workdir, "cl", "config.json"), "w") as f:
+        f.write(json.dumps(config) + " " * (16 << 20))
+
+    # Runs that succeed but must say on one stderr line why they stopped short: (name, needle, argv).
+    notes = [
+        ("stopped_by_full_cache", "--max-seq-len 16", ["generate", "--model", good, "--prompt", "hello world", "-n", "100", "--max-seq-len", "16", "--ignore-eos"]),
+    ]
 
     passed = failed = 0
-    for name, needle, argv in cases:
+    for name, needle, argv, *env in [(*c, 2) for c in cases] + [(*c, 0) for c in notes]:
+        # The expected exit code rides last; a case may add environment variables before it.
+        expected = env.pop()
+        run_env = dict(os.environ, **(env[0] if env else {}))
         try:
-            r = subprocess.run([args.moex, *argv], capture_output=True, text=True, timeout=60, cwd=args.workdir)
+            # Nothing here takes long; a case that blocks (a FIFO opened for reading) fails after 20 s.
+            r = subprocess.run([args.moex, *argv], capture_output=True, text=True, timeout=20, cwd=args.workdir,
+                               env=run_env)
         except subprocess.TimeoutExpired:
-            print(f"FAIL {name}: hung for 60 s")
+            print(f"FAIL {name}: hung for 20 s")
             failed += 1
             continue
         lines = [l for l in r.stderr.splitlines() if l.strip()]
         problems = []
-        if r.returncode != 2:
-            problems.append(f"exit code {r.returncode}, expected 2")
+        if r.returncode != expected:
+            problems.append(f"exit code {r.returncode}, expected {expected}")
         if len(lines) != 1:
             problems.append(f"stderr has {len(lines)} lines, expected 1")
         if needle not in r.stderr:

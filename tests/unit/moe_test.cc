@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <random>
 
@@ -252,6 +253,13 @@ TEST(MoEDynamicBatch, CapacityFormula) {
   EXPECT_EQ(MoEDynamicBatch::capacity_for(1, 8, 2, 1.0f), 1);
   EXPECT_EQ(MoEDynamicBatch::capacity_for(64, 8, 2, 0.0f), 0);    // dropless
   EXPECT_EQ(MoEDynamicBatch::capacity_for(64, 8, 2, -1.0f), 0);
+  // A capacity of T keeps its value; above T nothing can overflow, which is dropless (0), also for factors
+  // whose capacity would not fit an int64_t.
+  EXPECT_EQ(MoEDynamicBatch::capacity_for(64, 8, 2, 4.0f), 64);
+  EXPECT_EQ(MoEDynamicBatch::capacity_for(64, 8, 2, 4.1f), 0);
+  EXPECT_EQ(MoEDynamicBatch::capacity_for(64, 8, 2, 1e30f), 0);
+  EXPECT_EQ(MoEDynamicBatch::capacity_for(64, 8, 2, std::numeric_limits<float>::infinity()), 0);
+  EXPECT_EQ(MoEDynamicBatch::capacity_for(64, 8, 2, std::numeric_limits<float>::quiet_NaN()), 0);
 }
 
 TEST(MoEDynamicBatch, DroplessPlanGroupsEveryAssignmentInTokenOrder) {

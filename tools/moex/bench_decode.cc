@@ -5,10 +5,12 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <string>
 
 #include <nlohmann/json.hpp>
 
 #include "moex/base/error.h"
+#include "moex/base/system_memory.h"
 #include "moex/base/threads.h"
 #include "moex/kernels/probe.h"
 #include "moex/runtime/generation.h"
@@ -37,8 +39,19 @@ struct RooflineFlags {
   bool json = false;
 };
 
+// The probe's buffer is allocated and touched in full: refuse one the machine cannot hold.
+void check_roofline_buffer(size_t megabytes, const char* flag) {
+  MOEX_CHECK_INPUT(megabytes >= 1 && megabytes <= (size_t{1} << 30), flag, " ", megabytes, " must be in 1..",
+                   size_t{1} << 30);
+  check_fits_in_memory(static_cast<double>(megabytes << 20), std::string("the roofline probe (") + flag + " " +
+                                                                std::to_string(megabytes) + ")",
+                       std::string("lower ") + flag);
+}
+
 void run_roofline(const RooflineFlags& f) {
+  MOEX_CHECK_INPUT(f.repeats >= 1, "--repeats must be >= 1");
   set_num_threads(f.threads);
+  check_roofline_buffer(f.megabytes, "--buffer-mb");
   const double bandwidth = measure_read_bandwidth(f.megabytes << 20, f.repeats);
   if (f.json) {
     std::printf("%s\n", nlohmann::json{{"buffer_mb", f.megabytes}, {"threads", num_threads()},
@@ -63,6 +76,9 @@ struct DecodeFlags {
 void run_decode(DecodeFlags& f) {
   MOEX_CHECK_INPUT(f.batch >= 1 && f.prompt_len >= 1 && f.steps >= 1 && f.repeats >= 1,
                    "--batch, --prompt-len, --steps and --repeats must be >= 1");
+  MOEX_CHECK_INPUT(f.prompt_len <= kMaxBenchTokens && f.steps <= kMaxBenchTokens, "--prompt-len and --steps must be <= ",
+                   kMaxBenchTokens);
+  check_roofline_buffer(f.roofline_mb, "--roofline-mb");
   f.model.max_seq_len = std::max(f.model.max_seq_len, f.prompt_len + f.steps + 1);
   auto model = f.model.load(f.batch);
   const ModelConfig& c = model->config();

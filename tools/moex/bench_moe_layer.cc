@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "moex/base/dtype.h"
+#include "moex/base/system_memory.h"
 #include "moex/base/threads.h"
 #include "moex/moe/dynamic_batch.h"
 #include "moex/moe/gating.h"
@@ -140,6 +141,8 @@ void run_moe_layer(const MoELayerFlags& f) {
   MOEX_CHECK_INPUT(f.hidden > 1 && f.intermediate > 0 && f.experts > 0 && f.top_k >= 1 && f.top_k <= f.experts &&
                        f.layers >= 1 && f.repeats >= 1,
                    "--hidden, --intermediate, --experts, --layers, --repeats must be > 0, --top-k in 1..--experts");
+  MOEX_CHECK_INPUT(std::isfinite(f.capacity_factor), "--capacity-factor ", f.capacity_factor,
+                   " must be a finite number (<= 0: dropless)");
   set_num_threads(f.threads);
   const int64_t d = f.hidden, I = f.intermediate, E = f.experts;
   const int k = f.top_k;
@@ -148,6 +151,10 @@ void run_moe_layer(const MoELayerFlags& f) {
     MOEX_CHECK_INPUT(t >= 1, "--tokens entries must be >= 1");
     max_tokens = std::max(max_tokens, t);
   }
+
+  // Filled in full below: refuse what the machine cannot hold (in double: the product is what is checked).
+  check_fits_in_memory(double(f.layers) * double(E) * 3.0 * double(I) * double(d) * 2, "the expert weights",
+                       "lower --layers, --experts, --hidden or --intermediate");
 
   // Expert weights: [layers][E][w1 | w3 | w2], each [I, d] or [d, I], BF16.
   const int64_t matrix = I * d, per_expert = 3 * matrix;

@@ -1,6 +1,9 @@
 // `moex generate`: text in, text out, then prefill and decode throughput.
+#include <charconv>
 #include <cstdio>
 #include <exception>
+#include <limits>
+#include <string>
 
 #include "moex/runtime/generation.h"
 #include "moex/runtime/tokenizer.h"
@@ -54,6 +57,15 @@ void run_generate(const GenerateFlags& flags) {
     all.insert(all.end(), result.new_tokens[s].begin(), result.new_tokens[s].end());
     std::printf("%s\n", tokenizer.decode(all).c_str());
   }
+  // A full KV cache ends a sequence short of -n: say so, or the output looks like the model chose to stop.
+  for (size_t s = 0; s < prompts.size(); ++s) {
+    if (result.stop_reasons[s] != StopReason::kCacheFull) continue;
+    std::fprintf(stderr,
+                 "moex: note: %sgeneration stopped after %zu of %d new tokens: the prompt (%zu tokens) and the output "
+                 "filled the KV cache (--max-seq-len %d); raise --max-seq-len to generate more\n",
+                 prompts.size() > 1 ? ("[" + std::to_string(s) + "] ").c_str() : "", result.new_tokens[s].size(),
+                 flags.max_new_tokens, prompts[s].size(), model->options().max_seq_len);
+  }
   std::printf("prefill: %lld tokens in %.3f s = %.1f tokens/s\n", static_cast<long long>(result.prefill_tokens),
               result.prefill_seconds, result.prefill_tokens / std::max(result.prefill_seconds, 1e-9));
   std::printf("decode:  %lld tokens in %.3f s = %.1f tokens/s (%lld steps, batch %zu)\n",
@@ -71,7 +83,17 @@ void setup_generate(CLI::App& app) {
   cmd->add_option("--temperature", flags->temperature, "0 is greedy")->capture_default_str();
   cmd->add_option("--top-k", flags->top_k, "Keep the k most likely tokens (0: all)")->capture_default_str();
   cmd->add_option("--top-p", flags->top_p, "Nucleus sampling mass")->capture_default_str();
-  cmd->add_option("--seed", flags->seed, "Sampling seed")->capture_default_str();
+  // Checked here: CLI11 reads -1 into the uint64_t as 2^64 - 1 and lets 2^64 wrap.
+  const CLI::Validator seed_range(
+      [](std::string& text) {
+        uint64_t value = 0;
+        const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+        return error == std::errc() && end == text.data() + text.size()
+                   ? std::string()
+                   : "'" + text + "' is not a whole number in 0.." + std::to_string(std::numeric_limits<uint64_t>::max());
+      },
+      "UINT64");
+  cmd->add_option("--seed", flags->seed, "Sampling seed")->capture_default_str()->check(seed_range);
   cmd->add_flag("--ignore-eos", flags->ignore_eos, "Keep generating after the end-of-sequence token");
   flags->profile.add_to(cmd);
   cmd->callback([flags] { run_generate(*flags); });

@@ -11,6 +11,7 @@ namespace {
 void setup_info(CLI::App& app) {
   auto* cmd = app.add_subcommand("info", "Print CPU features, thread count and the kernels in use");
   cmd->callback([] {
+    set_num_threads(0);  // reports a bad MOEX_THREADS or MOEX_ISA rather than printing what replaced it
     std::printf("cpu features: %s\n", cpu_features().str().c_str());
     std::printf("kernels:      %s\n", use_x86_kernels() ? "x86 (AVX-512)" : "ref (scalar)");
     std::printf("threads:      %d\n", num_threads());

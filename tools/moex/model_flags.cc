@@ -1,8 +1,13 @@
 #include "tools/moex/model_flags.h"
 
+#include <cmath>
+
+#include "moex/base/error.h"
+#include "moex/base/system_memory.h"
 #include "moex/base/threads.h"
 #include "moex/comm/selector.h"
 #include "moex/model/weights.h"
+#include "moex/runtime/run_memory.h"
 
 namespace moex::tools {
 
@@ -18,8 +23,9 @@ void ModelFlags::add_to(CLI::App* cmd) {
   cmd->add_option("--moe-parallel", plan.moe, "MoE over ranks: tp | ep | tpxep")->capture_default_str();
   cmd->add_option("--attn-parallel", plan.attn, "Attention over ranks: tp (heads) | dp (sequences)")
       ->capture_default_str();
-  cmd->add_option("--tp", plan.tp, "TP group size (tpxep; default derived)");
-  cmd->add_option("--ep", plan.ep, "EP group size (tpxep; default derived)");
+  // 0 stands for "derived" inside PlanRequest, so a 0 the user typed must not reach it.
+  cmd->add_option("--tp", plan.tp, "TP group size (tpxep; default derived)")->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--ep", plan.ep, "EP group size (tpxep; default derived)")->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--comm-dtype", plan.comm_dtype, "Activations between ranks: fp32 | bf16 | fp8")
       ->capture_default_str();
   cmd->add_flag("--overlap", plan.overlap, "Overlap the MoE all-reduce with the expert computation (chunked)");
@@ -39,6 +45,14 @@ std::unique_ptr<MixtralModel> ModelFlags::load(int batch) const {
   set_num_threads(threads);
   comm::Communicator& comm = world();
   const ModelConfig config = load_model_config(model_dir + "/config.json");
+  MOEX_CHECK_INPUT(max_seq_len > 0, "--max-seq-len ", max_seq_len, " must be positive");
+  MOEX_CHECK_INPUT(max_seq_len <= config.max_position_embeddings, "--max-seq-len ", max_seq_len,
+                   " is more than the model's max_position_embeddings (", config.max_position_embeddings,
+                   " in config.json): it was not trained for positions past that");
+  MOEX_CHECK_INPUT(max_step_tokens > 0, "--step-tokens ", max_step_tokens, " must be positive");
+  MOEX_CHECK_INPUT(batch > 0, "the number of sequences (", batch, ") must be positive");
+  MOEX_CHECK_INPUT(std::isfinite(capacity_factor), "--capacity-factor ", capacity_factor,
+                   " must be a finite number (<= 0: dropless)");
   if (check_weights) check_weights_finite(WeightStore(model_dir));
   ModelOptions options;
   options.max_seq_len = max_seq_len;
@@ -51,6 +65,7 @@ std::unique_ptr<MixtralModel> ModelFlags::load(int batch) const {
                                      config.intermediate_size},
                                     comm.size(), comm.rank());
   options.comm = &comm;
+  check_run_memory(estimate_run_memory(config, options, num_threads()), config, options, available_memory());
   return std::make_unique<MixtralModel>(model_dir, options);
 }
 

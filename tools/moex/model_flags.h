@@ -31,6 +31,10 @@ struct ModelFlags {
   std::unique_ptr<MixtralModel> load(int batch) const;
 };
 
+// Bound on the synthetic prompt lengths and step counts of `bench decode` and `profile`, so that the sums
+// they size --max-seq-len with stay ints; the model's max_position_embeddings then decides.
+inline constexpr int kMaxBenchTokens = 1 << 24;
+
 // Sequences are dealt to ranks round-robin under attention DP; everything else sees every sequence.
 inline bool rank_serves_sequence(const ParallelPlan& plan, int sequence) {
   return plan.attn == AttnParallel::kTP || plan.single() || sequence % plan.world == plan.rank;

@@ -28,6 +28,8 @@ struct ProfileCommandFlags {
 void run_profile(ProfileCommandFlags& f) {
   MOEX_CHECK_INPUT(f.batch >= 1 && f.prompt_len >= 1 && f.steps >= 1, "--batch, --prompt-len and --steps must be >= 1");
   MOEX_CHECK_INPUT(f.warmup >= 0, "--warmup must be >= 0");
+  MOEX_CHECK_INPUT(f.prompt_len <= kMaxBenchTokens && f.steps <= kMaxBenchTokens && f.warmup <= kMaxBenchTokens,
+                   "--prompt-len, --steps and --warmup must be <= ", kMaxBenchTokens);
   // +1: generate() samples the first new token from the prefill logits, so N decode steps make N+1 tokens.
   f.model.max_seq_len = std::max(f.model.max_seq_len, f.prompt_len + std::max(f.steps, f.warmup) + 2);
   auto model = f.model.load(f.batch);

@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "moex/base/error.h"
+
 namespace moex {
 namespace {
 
@@ -25,11 +27,20 @@ CpuFeatures detect() {
   return f;
 }
 
-bool initial_use_x86() {
+// MOEX_ISA, read before main: unset, "" or "auto" picks the best kernels; "ref" the scalar ones; "avx512"
+// insists on AVX-512. A bad value cannot be reported here (no command is running yet): it leaves the default
+// in place and check_isa_env() reports it when the command starts.
+enum class IsaSetting { kAuto, kRef, kAvx512, kInvalid };
+
+IsaSetting isa_setting() {
   const char* isa = std::getenv("MOEX_ISA");
-  if (isa && std::strcmp(isa, "ref") == 0) return false;
-  return cpu_features().has_avx512_kernels();
+  if (!isa || !*isa || std::strcmp(isa, "auto") == 0) return IsaSetting::kAuto;
+  if (std::strcmp(isa, "ref") == 0) return IsaSetting::kRef;
+  if (std::strcmp(isa, "avx512") == 0) return IsaSetting::kAvx512;
+  return IsaSetting::kInvalid;
 }
+
+bool initial_use_x86() { return isa_setting() != IsaSetting::kRef && cpu_features().has_avx512_kernels(); }
 
 bool g_use_x86 = initial_use_x86();
 
@@ -55,6 +66,15 @@ std::string CpuFeatures::str() const {
 const CpuFeatures& cpu_features() {
   static const CpuFeatures features = detect();
   return features;
+}
+
+void check_isa_env() {
+  const IsaSetting setting = isa_setting();
+  MOEX_CHECK_INPUT(setting != IsaSetting::kInvalid, "MOEX_ISA='", std::getenv("MOEX_ISA"),
+                   "' is not a kernel set (valid: auto, ref, avx512)");
+  MOEX_CHECK_INPUT(setting != IsaSetting::kAvx512 || cpu_features().has_avx512_kernels(),
+                   "MOEX_ISA=avx512, but this CPU lacks AVX-512 F/BW/VL/DQ with FMA (it has: ", cpu_features().str(),
+                   "); use MOEX_ISA=ref or unset it");
 }
 
 bool use_x86_kernels() { return g_use_x86; }

@@ -13,8 +13,12 @@ struct CpuFeatures {
 };
 
 const CpuFeatures& cpu_features();
-// MOEX_ISA=ref forces the scalar kernels (tests use it to compare the two paths in one binary).
+// MOEX_ISA=ref forces the scalar kernels (tests use it to compare the two paths in one binary); avx512
+// requires the AVX-512 ones; auto (or unset) takes the best the CPU has.
 bool use_x86_kernels();
+// Throws Error(kInvalidInput) for a MOEX_ISA that is none of those, or avx512 on a CPU without it.
+// set_num_threads() calls it: every command that computes sets its thread count first.
+void check_isa_env();
 void set_use_x86_kernels(bool enabled);
 
 }  // namespace moex

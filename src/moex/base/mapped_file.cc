@@ -10,18 +10,13 @@
 #include <utility>
 
 #include "moex/base/error.h"
+#include "moex/base/small_file.h"
 
 namespace moex {
 
 MappedFile::MappedFile(const std::string& path) : path_(path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  MOEX_CHECK_INPUT(fd >= 0, "cannot open ", path, ": ", std::strerror(errno));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    throw_error(ErrorKind::kInvalidInput, path + ": not a regular file");
-  }
-  size_ = static_cast<size_t>(st.st_size);
+  // A FIFO or device in place of a shard is refused before open() could block on it.
+  const int fd = open_regular_file(path, &size_);
   if (size_ > 0) {
     void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
     if (p == MAP_FAILED) {

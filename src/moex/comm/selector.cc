@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <memory>
@@ -10,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "moex/base/error.h"
+#include "moex/base/small_file.h"
 
 namespace moex::comm {
 namespace {
@@ -26,14 +28,14 @@ std::string trim(std::string_view text) {
   return std::string(text);
 }
 
-bool file_exists(const std::string& path) { return std::ifstream(path).good(); }
-
 // "none" -> "", empty -> the default table when it exists: the path to load, or "" for the cost model.
 std::string resolve_tuning_path(const std::string& named) {
   if (named == "none") return "";
   if (!named.empty()) return named;
   const std::string fallback = default_tuning_path();
-  return !fallback.empty() && file_exists(fallback) ? fallback : "";
+  // Anything at the default path is loaded, so a directory or FIFO there is an error rather than ignored.
+  std::error_code error;
+  return !fallback.empty() && std::filesystem::exists(fallback, error) ? fallback : "";
 }
 
 std::shared_ptr<const TuningTable> load_table(const std::string& named) {
@@ -146,12 +148,15 @@ const CommOptions& comm_options() {
 // tuning table
 
 TuningTable TuningTable::load(const std::string& path) {
-  std::ifstream in(path);
-  MOEX_CHECK_INPUT(in.good(), "comm tuning table ", path, ": cannot open (make one with `moex tune-comm --out ",
-                   path, "`)");
+  std::string text;
+  try {
+    text = read_small_file(path, kMaxJsonFileBytes, "(make one with `moex tune-comm --out " + path + "`)");
+  } catch (const Error& e) {  // the path may come from MOEX_COMM_TUNING: say what it was meant to be
+    throw_error(e.kind(), std::string("comm tuning table: ") + e.what());
+  }
   TuningTable table;
   try {
-    const nlohmann::json doc = nlohmann::json::parse(in);
+    const nlohmann::json doc = nlohmann::json::parse(text);
     for (const auto& item : doc.at("entries")) {
       TuningEntry entry;
       const auto collective = collective_from_name(item.at("collective").get<std::string>());

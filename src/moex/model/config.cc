@@ -1,12 +1,15 @@
 #include "moex/model/config.h"
 
-#include <fstream>
+#include <cmath>
+#include <cstdint>
+#include <limits>
 #include <set>
-#include <sstream>
+#include <type_traits>
 
 #include <nlohmann/json.hpp>
 
 #include "moex/base/error.h"
+#include "moex/base/small_file.h"
 
 namespace moex {
 namespace {
@@ -33,10 +36,32 @@ T get_field(const json& j, const char* name, const std::string& origin, bool req
     MOEX_CHECK_INPUT(!required, origin, ": missing required field \"", name, "\"");
     return fallback;
   }
-  try {
-    return it->get<T>();
-  } catch (const json::exception&) {
-    throw_error(ErrorKind::kInvalidInput, origin + ": field \"" + name + "\" has the wrong type (" + it->type_name() + ")");
+  if constexpr (std::is_same_v<T, int>) {
+    // nlohmann's get<int>() would truncate 1.9 to 1, read true as 1 and wrap 4294967808 to 512.
+    MOEX_CHECK_INPUT(it->is_number(), origin, ": field \"", name, "\" has the wrong type (", it->type_name(),
+                     "), expected an integer");
+    MOEX_CHECK_INPUT(it->is_number_integer(), origin, ": field \"", name, "\" must be an integer, got ", it->dump());
+    const bool in_range = it->is_number_unsigned()
+                              ? it->get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<int>::max())
+                              : it->get<int64_t>() >= std::numeric_limits<int>::min() &&
+                                    it->get<int64_t>() <= std::numeric_limits<int>::max();
+    MOEX_CHECK_INPUT(in_range, origin, ": field \"", name, "\" = ", it->dump(), " is out of range (at most ",
+                     std::numeric_limits<int>::max(), ")");
+    return static_cast<int>(it->get<int64_t>());
+  } else if constexpr (std::is_same_v<T, float>) {
+    MOEX_CHECK_INPUT(it->is_number(), origin, ": field \"", name, "\" has the wrong type (", it->type_name(),
+                     "), expected a number");
+    const double value = it->get<double>();
+    MOEX_CHECK_INPUT(std::isfinite(value) && std::fabs(value) <= std::numeric_limits<float>::max(), origin,
+                     ": field \"", name, "\" = ", it->dump(), " is not a finite 32-bit float");
+    return static_cast<float>(value);
+  } else {
+    try {
+      return it->get<T>();
+    } catch (const json::exception&) {
+      throw_error(ErrorKind::kInvalidInput,
+                  origin + ": field \"" + name + "\" has the wrong type (" + it->type_name() + ")");
+    }
   }
 }
 
@@ -71,8 +96,28 @@ void validate_model_config(const ModelConfig& c) {
   MOEX_CHECK_INPUT(c.num_local_experts > 0 && c.num_experts_per_tok > 0 && c.num_experts_per_tok <= c.num_local_experts,
                    "config: num_experts_per_tok (", c.num_experts_per_tok, ") must be in 1..num_local_experts (",
                    c.num_local_experts, ")");
-  MOEX_CHECK_INPUT(c.rms_norm_eps > 0 && c.rope_theta > 0, "config: rms_norm_eps and rope_theta must be positive");
+  // NaN fails every comparison: "!(x > 0)" rejects it with the negatives.
+  MOEX_CHECK_INPUT(std::isfinite(c.rms_norm_eps) && c.rms_norm_eps > 0, "config: rms_norm_eps (", c.rms_norm_eps,
+                   ") must be finite and positive");
+  MOEX_CHECK_INPUT(std::isfinite(c.rope_theta) && c.rope_theta > 0, "config: rope_theta (", c.rope_theta,
+                   ") must be finite and positive");
+  MOEX_CHECK_INPUT(std::isfinite(c.router_aux_loss_coef) && c.router_aux_loss_coef >= 0,
+                   "config: router_aux_loss_coef (", c.router_aux_loss_coef, ") must be finite and >= 0");
   MOEX_CHECK_INPUT(c.max_position_embeddings > 0, "config: max_position_embeddings must be positive");
+  MOEX_CHECK_INPUT(c.bos_token_id >= 0 && c.bos_token_id < c.vocab_size && c.eos_token_id >= 0 &&
+                       c.eos_token_id < c.vocab_size,
+                   "config: bos_token_id (", c.bos_token_id, ") and eos_token_id (", c.eos_token_id,
+                   ") must be token ids below vocab_size (", c.vocab_size, ")");
+  // Widths are ints and products of them index buffers: keep every product the code forms in range.
+  const int64_t int_max = std::numeric_limits<int>::max();
+  MOEX_CHECK_INPUT(int64_t{c.num_attention_heads} * c.head_dim <= int_max, "config: num_attention_heads x head_dim (",
+                   int64_t{c.num_attention_heads} * c.head_dim, ") is out of range");
+  const double d = c.hidden_size, q = double(c.num_attention_heads) * c.head_dim,
+               kv = double(c.num_key_value_heads) * c.head_dim;
+  const double params = c.num_hidden_layers * (2 * d * q + 2 * d * kv + double(c.num_local_experts) *
+                                                                            (3 * d * c.intermediate_size + d)) +
+                        2.0 * c.vocab_size * d;
+  MOEX_CHECK_INPUT(params < 1e15, "config: the sizes give ", params, " parameters, more than any checkpoint MoEX loads");
 }
 
 ModelConfig parse_model_config(const std::string& text, const std::string& origin) {
@@ -130,11 +175,8 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
 }
 
 ModelConfig load_model_config(const std::string& path) {
-  std::ifstream in(path);
-  MOEX_CHECK_INPUT(in.good(), "cannot read ", path, " (is --model a Hugging Face model folder?)");
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return parse_model_config(buffer.str(), path);
+  return parse_model_config(read_small_file(path, kMaxJsonFileBytes, "(is --model a Hugging Face model folder?)"),
+                            path);
 }
 
 std::string model_config_to_json(const ModelConfig& c) {

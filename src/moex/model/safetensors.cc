@@ -2,16 +2,15 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <regex>
-#include <fstream>
 #include <optional>
+#include <regex>
 #include <set>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "moex/base/error.h"
-#include "moex/model/safetensors_writer.h"  // kCheckpointIdKey
+#include "moex/model/safetensors_index.h"
 
 namespace moex {
 namespace {
@@ -109,35 +108,11 @@ WeightStore::WeightStore(const std::string& model_dir) {
   std::optional<uint64_t> index_total_size;
   std::string index_checkpoint_id;
   if (fs::exists(index_path)) {
-    std::ifstream in(index_path);
-    json index;
-    try {
-      index = json::parse(in);
-    } catch (const json::exception& e) {
-      fail(index_path.string(), std::string("not valid JSON (") + e.what() + ")");
-    }
-    if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object())
-      fail(index_path.string(), "has no weight_map object");
-    std::set<std::string> shards;
-    for (const auto& [name, shard] : index["weight_map"].items()) {
-      if (!shard.is_string()) fail(index_path.string(), "weight_map entry for \"" + name + "\" is not a file name");
-      const std::string file = shard.get<std::string>();
-      if (file.find('/') != std::string::npos || file.find("..") != std::string::npos)
-        fail(index_path.string(), "shard name \"" + file + "\" must be a plain file name in the model folder");
-      weight_map[name] = file;
-      shards.insert(file);
-    }
-    shard_names.assign(shards.begin(), shards.end());
-    if (index.contains("metadata")) {
-      const json& meta = index["metadata"];
-      if (!meta.is_object()) fail(index_path.string(), "metadata is not an object");
-      if (meta.contains("total_size")) {
-        if (!meta["total_size"].is_number_unsigned()) fail(index_path.string(), "metadata.total_size is not a byte count");
-        index_total_size = meta["total_size"].get<uint64_t>();
-      }
-      if (meta.contains(kCheckpointIdKey) && meta[kCheckpointIdKey].is_string())
-        index_checkpoint_id = meta[kCheckpointIdKey].get<std::string>();
-    }
+    SafetensorsIndex index = load_safetensors_index(index_path.string());
+    weight_map = std::move(index.weight_map);
+    shard_names = std::move(index.shards);
+    index_total_size = index.total_size;
+    index_checkpoint_id = index.checkpoint_id;
   } else {
     MOEX_CHECK_INPUT(fs::exists(dir / "model.safetensors"), "no model.safetensors or model.safetensors.index.json in ",
                      model_dir);

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "moex/base/dtype.h"
+#include "moex/model/safetensors_index.h"  // kCheckpointIdKey
 
 namespace moex {
 
@@ -44,8 +45,6 @@ struct SafetensorsPlan {
   std::string index_json;   // model.safetensors.index.json text; empty for a single file
 };
 
-// The __metadata__ / index metadata key naming the run that wrote a checkpoint.
-constexpr const char* kCheckpointIdKey = "moex_checkpoint_id";
 
 // Default --max-shard-size: transformers' "2GB" (decimal, 2 * 10^9 bytes).
 constexpr uint64_t kDefaultMaxShardSize = 2'000'000'000ull;

@@ -41,7 +41,11 @@ int64_t MoEDynamicBatch::capacity_for(int64_t tokens, int num_experts, int top_k
   if (capacity_factor <= 0.0f) return 0;
   // Evaluated in double in the formula's own order, as the PyTorch reference does, so borderline cases agree.
   const double mean = static_cast<double>(top_k) * static_cast<double>(tokens) / num_experts;
-  return static_cast<int64_t>(std::ceil(mean * static_cast<double>(capacity_factor)));
+  const double capacity = std::ceil(mean * static_cast<double>(capacity_factor));
+  // An expert receives each token at most once, so a capacity above the token count drops nothing: that is
+  // dropless, and clamping here keeps a huge or non-finite factor from overflowing the conversion.
+  if (!(capacity <= static_cast<double>(tokens))) return 0;
+  return static_cast<int64_t>(capacity);
 }
 
 void MoEDynamicBatch::plan(const int32_t* expert_ids, int64_t tokens) {

@@ -2,7 +2,8 @@
 // its SwiGLU FFN once, as one matrix product over all its tokens (its weights are read once per step,
 // not once per token), then scatters the results back weighted by the router.
 //
-// Capacity (DESIGN.md §3): capacity = ceil(k*T/E * capacity_factor); capacity_factor <= 0 is dropless.
+// Capacity (DESIGN.md §3): capacity = ceil(k*T/E * capacity_factor); capacity_factor <= 0 is dropless, and so
+// is a capacity above T (no expert can receive more than T assignments).
 // Overflow keeps assignments in priority order - every token's first choice (in token order), then every
 // second choice, ... - so second choices drop before first choices. A dropped assignment adds zero.
 #pragma once

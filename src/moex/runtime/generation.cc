@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <string>
 
 #include "moex/base/error.h"
 #include "moex/profile/profile.h"
@@ -88,9 +89,21 @@ GenerationResult generate(MixtralModel& model, const std::vector<std::vector<int
   const int local = static_cast<int>(mine.size());
   MOEX_CHECK_INPUT(batch >= 1 && local <= model.options().max_batch, "batch of ", batch,
                    " sequences does not fit: the model was set up for ", model.options().max_batch);
+  // Every prompt is checked on every rank before the first step, so that no rank leaves a collective alone.
+  const int max_seq_len = model.options().max_seq_len;
+  for (int s = 0; s < batch; ++s) {
+    const size_t len = prompts[s].size();
+    const std::string which = batch > 1 ? "prompt [" + std::to_string(s) + "]" : "the prompt";
+    MOEX_CHECK_INPUT(len > 0, which, " is empty");
+    MOEX_CHECK_INPUT(len <= static_cast<size_t>(max_seq_len), which, " has ", len,
+                     " tokens, more than the KV cache holds (--max-seq-len ", max_seq_len,
+                     "): increase --max-seq-len to at least ", len + std::max(options.max_new_tokens, 1) - 1,
+                     " for the prompt and -n ", options.max_new_tokens, " new tokens");
+  }
   Sampler sampler(options.sampler);
   GenerationResult result;
   result.new_tokens.resize(batch);
+  result.stop_reasons.assign(batch, StopReason::kMaxNewTokens);
   std::vector<float> logits(static_cast<size_t>(std::max(local, 1)) * vocab);
   std::vector<int32_t> next(local), lengths(local);
   std::vector<bool> live(local, true);
@@ -114,10 +127,16 @@ GenerationResult generate(MixtralModel& model, const std::vector<std::vector<int
     const int s = mine[i];
     result.new_tokens[s].push_back(token);
     if (on_token) on_token(s, token);
-    if ((options.stop_at_eos && token == model.config().eos_token_id) ||
-        static_cast<int>(result.new_tokens[s].size()) >= options.max_new_tokens ||
-        lengths[i] >= model.options().max_seq_len)
+    if (options.stop_at_eos && token == model.config().eos_token_id) {
       live[i] = false;
+      result.stop_reasons[s] = StopReason::kEos;
+    } else if (static_cast<int>(result.new_tokens[s].size()) >= options.max_new_tokens) {
+      live[i] = false;
+      result.stop_reasons[s] = StopReason::kMaxNewTokens;
+    } else if (lengths[i] >= max_seq_len) {  // the token just sampled has no cache position to go to
+      live[i] = false;
+      result.stop_reasons[s] = StopReason::kCacheFull;
+    }
     next[i] = token;
   };
   if (options.max_new_tokens > 0) {
@@ -160,6 +179,7 @@ GenerationResult generate(MixtralModel& model, const std::vector<std::vector<int
       const int owner = s % plan.world;
       int64_t count = static_cast<int64_t>(result.new_tokens[s].size());
       model.options().comm->broadcast(&count, sizeof(count), owner);
+      model.options().comm->broadcast(&result.stop_reasons[s], sizeof(StopReason), owner);
       result.new_tokens[s].resize(count);
       if (count) model.options().comm->broadcast(result.new_tokens[s].data(), count * sizeof(int), owner);
     }

@@ -24,14 +24,20 @@ struct GenerationOptions {
   SamplerOptions sampler;
 };
 
+// Why a sequence stopped: the caller tells the user when it was not what they asked for (a full cache).
+enum class StopReason { kMaxNewTokens, kEos, kCacheFull };
+
 struct GenerationResult {
   std::vector<std::vector<int>> new_tokens;  // per sequence
+  std::vector<StopReason> stop_reasons;      // per sequence
   double prefill_seconds = 0.0, decode_seconds = 0.0;
   int64_t prefill_tokens = 0, decode_tokens = 0;
   int64_t decode_steps = 0;
 };
 
 // Prompts go to slots 0..B-1 (B <= the model's max_batch). `on_token(seq, token)` streams the output.
+// A prompt that is empty or longer than the KV cache is refused up front (Error(kInvalidInput)), before any
+// step runs; a sequence whose cache fills stops there (StopReason::kCacheFull).
 // Under a parallel plan every rank calls this with the same prompts: with attention DP each rank serves
 // sequences s % world == rank and the ranks step in lockstep (a rank with nothing left still joins each
 // step's collectives); at the end every rank holds every sequence's tokens and the totals of all ranks.

@@ -3,12 +3,16 @@
 #include <sentencepiece_processor.h>
 
 #include "moex/base/error.h"
+#include "moex/base/small_file.h"
 
 namespace moex {
 
 Tokenizer::Tokenizer(const std::string& model_path)
     : processor_(std::make_unique<sentencepiece::SentencePieceProcessor>()) {
-  const auto status = processor_->Load(model_path);
+  // Read here rather than by SentencePiece: its reader throws std::ios errors on a directory and blocks on
+  // a FIFO; ours refuses anything but a regular file of sane size with the usual one-line input error.
+  const std::string bytes = read_small_file(model_path, kMaxTokenizerFileBytes, "(the checkpoint's SentencePiece tokenizer.model)");
+  const auto status = processor_->LoadFromSerializedProto(bytes);
   MOEX_CHECK_INPUT(status.ok(), "cannot load tokenizer ", model_path, ": ", status.ToString());
 }
 

@@ -1,0 +1,46 @@
+#include "moex/runtime/run_memory.h"
+
+#include "moex/base/error.h"
+
+namespace moex {
+
+RunMemory estimate_run_memory(const ModelConfig& c, const ModelOptions& o, int threads) {
+  // In double: the products of flags and config sizes are what must be checked, so they must not overflow.
+  const ParallelPlan& plan = o.plan;
+  const SliceRange heads = local_heads(plan, c.num_attention_heads);
+  const SliceRange kv_heads = local_kv_heads(plan, c.num_attention_heads, c.num_key_value_heads);
+  const double q_local = double(heads.end - heads.begin) * c.head_dim;
+  const double kv_local = double(kv_heads.end - kv_heads.begin) * c.head_dim;
+  const double seq = o.max_seq_len, batch = o.max_batch, T = o.max_step_tokens, d = c.hidden_size;
+  const double k = c.num_experts_per_tok, E = c.num_local_experts;
+  const double inter_local = double(local_intermediate(plan, c.intermediate_size).end -
+                                    local_intermediate(plan, c.intermediate_size).begin);
+  const double f32 = 4;
+  RunMemory m;
+  m.kv_cache_bytes = 2 * double(c.num_hidden_layers) * batch * kv_local * seq * f32;
+  const double per_position = seq * c.head_dim * f32 + double(threads) * seq * f32;  // cos+sin, scratch rows
+  double step = T * (3 * d + 2 * q_local + 2 * kv_local) * f32;                    // mixtral.cc activations
+  const bool split = !plan.single();
+  if (split) step += T * d * f32;  // the all-reduce partial of attention (TP) or of the MoE layer
+  if (plan.comm_dtype == comm::CommDType::kBF16) step += 2 * T * d * 2;
+  step += T * k * (2 + 2 * d + 2 * inter_local) * f32 + T * E * f32;  // moe_layer.cc and the router's logits
+  const double logits = batch * double(c.vocab_size) * f32;         // generate(): one row per sequence
+  m.buffer_bytes = per_position + step + logits;
+  return m;
+}
+
+void check_run_memory(const RunMemory& need, const ModelConfig& c, const ModelOptions& o,
+                      const std::optional<AvailableMemory>& available) {
+  if (!available || need.total() <= static_cast<double>(available->bytes)) return;
+  const bool cache_dominates = need.kv_cache_bytes >= need.buffer_bytes;
+  throw_error(ErrorKind::kInvalidInput,
+              "the run needs " + format_bytes(need.total()) + " (KV cache " + format_bytes(need.kv_cache_bytes) +
+                  " for " + std::to_string(o.max_batch) + " sequence(s) x " + std::to_string(o.max_seq_len) +
+                  " positions x " + std::to_string(c.num_hidden_layers) + " layers; buffers " +
+                  format_bytes(need.buffer_bytes) + " for steps of " + std::to_string(o.max_step_tokens) +
+                  " tokens) but " + format_bytes(static_cast<double>(available->bytes)) + " is available (" +
+                  available->source + "); " +
+                  (cache_dominates ? "lower --max-seq-len or the number of sequences" : "lower --step-tokens"));
+}
+
+}  // namespace moex

@@ -1,0 +1,29 @@
+// What a run allocates besides its mapped weights, computed before anything is allocated so that a KV cache
+// too large for the machine is refused with the figures instead of ending in std::bad_alloc (or taking
+// gigabytes without a word).
+#pragma once
+#include <optional>
+
+#include "moex/base/system_memory.h"
+#include "moex/model/mixtral.h"
+
+namespace moex {
+
+struct RunMemory {
+  // K and V: [layers][max_batch][kv_heads on this rank][max_seq_len][head_dim] fp32 each (KvCache).
+  double kv_cache_bytes = 0;
+  // The rest: RoPE tables and attention scratch (grow with max_seq_len), activations and MoE buffers (grow
+  // with max_step_tokens), one row of logits per sequence.
+  double buffer_bytes = 0;
+  double total() const { return kv_cache_bytes + buffer_bytes; }
+};
+
+// For a MixtralModel built with `options` on a team of `threads`, and generation over max_batch sequences.
+RunMemory estimate_run_memory(const ModelConfig& config, const ModelOptions& options, int threads);
+
+// Throws Error(kInvalidInput), one line with the figures and the flag to lower, when the run needs more than
+// `available` (nullopt: unknown, nothing is checked).
+void check_run_memory(const RunMemory& need, const ModelConfig& config, const ModelOptions& options,
+                      const std::optional<AvailableMemory>& available);
+
+}  // namespace moex
