@@ -41,6 +41,11 @@ CASES = {
     # The tokenizer is read before any check: rank 0 is already waiting in a collective (the abort path).
     "bad_tokenizer_one_rank": (GEN + ["--model", "{tiny}"], GEN + ["--model", "{badtok}"], 2,
                                [r"rank 1: cannot load tokenizer .*badtok/tokenizer.model"]),
+    # Same command everywhere; rank 0 alone writes --stats-out, after the prompt pass, and fails there while
+    # rank 1 is already in the decode steps' collectives.
+    "error_mid_run_one_rank": (logits() + ["--model", "{tiny}", "--stats-out", "{missing}/stats.json"],
+                               logits() + ["--model", "{tiny}", "--stats-out", "{missing}/stats.json"], 2,
+                               [r"rank 0: cannot write .*no-such-folder/stats.json"]),
     "error_on_both_ranks": (GEN + ["--model", "{tiny}", "--top-p", "5"], GEN + ["--model", "{tiny}", "--top-p", "5"],
                             2, [r"ranks? 0(,1)?: --top-p must be in \(0, 1\], got 5"]),
     "distinct_errors_on_both_ranks": (GEN + ["--model", "{badcfg}"], GEN + ["--model", "{trunc}"], 2,
@@ -58,8 +63,8 @@ CASES = {
                     [r"rank 1 differs from rank 0: --seed is 2, rank 0 has 1"]),
     "differ_ids": (logits("1,2,3") + ["--model", "{tiny}"], logits("1,2,4") + ["--model", "{tiny}"], 2,
                    [r"rank 1 differs from rank 0: --ids is 1,2,4, rank 0 has 1,2,3"]),
-    "differ_env": (logits() + ["--model", "{tiny}"], ["-x", "MOEX_COMM_ALGO=ring"] + logits() + ["--model", "{tiny}"],
-                   2, [r"rank 1 differs from rank 0: MOEX_COMM_ALGO is ring, rank 0 has \(not set\)"]),
+    "differ_env": (logits() + ["--model", "{tiny}"], ["-x", "MOEX_COMM_ALGO=allreduce=ring"] + logits() + ["--model", "{tiny}"],
+                   2, [r"rank 1 differs from rank 0: MOEX_COMM_ALGO is allreduce=ring, rank 0 has \(not set\)"]),
 }
 
 
@@ -111,6 +116,7 @@ def setup(moex, root):
         return path
 
     tiny = gen("tiny")
+    folders["missing"] = os.path.join(root, "no-such-folder")
     for name in ("badcfg", "trunc", "badtok", "copy", "wider"):
         folders[name] = os.path.join(root, name)
         shutil.copytree(tiny, folders[name])
