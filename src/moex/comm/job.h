@@ -1,7 +1,7 @@
 // Failing together: what a multi-rank job does when one rank (or several) hits an error, and the start-up
 // check that every rank runs the same thing. Why: a rank that just returns from main leaves its peers
 // waiting forever in a collective (and itself in MPI_Win_free / MPI_Finalize), and ranks that disagree on
-// flags or model run mismatched collectives and give silently wrong answers. docs/comm.md describes both.
+// flags or model run mismatched collectives and give silently wrong answers.
 #pragma once
 #include <functional>
 #include <string>
