@@ -1,15 +1,42 @@
 #include "tools/moex/model_flags.h"
 
 #include <cmath>
+#include <cstdio>
+#include <functional>
+
+#include <nlohmann/json.hpp>
 
 #include "moex/base/error.h"
+#include "moex/base/small_file.h"
 #include "moex/base/system_memory.h"
 #include "moex/base/threads.h"
+#include "moex/comm/job.h"
 #include "moex/comm/selector.h"
+#include "moex/model/safetensors.h"
 #include "moex/model/weights.h"
 #include "moex/runtime/run_memory.h"
 
 namespace moex::tools {
+
+// What makes two model folders the same model for a multi-rank run: config.json as the engine reads it,
+// the tensor index (name, dtype, shape: not the weight bytes, which would mean reading the whole checkpoint)
+// and the tokenizer, whose ids every rank computes for itself.
+comm::Description describe_model(const std::string& model_dir) {
+  comm::Description out;
+  const nlohmann::json config = nlohmann::json::parse(model_config_to_json(load_model_config(model_dir + "/config.json")));
+  for (const auto& [key, value] : config.items()) out.emplace_back("config.json " + key, value.dump());
+  const WeightStore store(model_dir);
+  for (const auto& [name, tensor] : store.tensors())
+    out.emplace_back("tensor " + name, std::string(dtype_name(tensor.dtype)) + " " + tensor.shape.str());
+  const std::string tokenizer_path = model_dir + "/tokenizer.model";
+  if (is_regular_file(tokenizer_path)) {  // a missing or odd tokenizer is the tokenizer loader's error to give
+    const std::string bytes = read_small_file(tokenizer_path, kMaxTokenizerFileBytes);
+    char digest[32];
+    std::snprintf(digest, sizeof(digest), "%zu bytes, hash %016zx", bytes.size(), std::hash<std::string>{}(bytes));
+    out.emplace_back("tokenizer.model", digest);
+  }
+  return out;
+}
 
 void ModelFlags::add_to(CLI::App* cmd) {
   cmd->add_option("--model", model_dir, "Hugging Face model folder (config.json + safetensors)")->required();
@@ -44,6 +71,8 @@ comm::Communicator& ModelFlags::world() const {
 std::unique_ptr<MixtralModel> ModelFlags::load(int batch) const {
   set_num_threads(threads);
   comm::Communicator& comm = world();
+  // Every rank must load the same model (same content; the path may differ): a mismatch is one error.
+  if (comm.size() > 1) comm::check_same_on_all_ranks(comm, [&] { return describe_model(model_dir); });
   const ModelConfig config = load_model_config(model_dir + "/config.json");
   MOEX_CHECK_INPUT(max_seq_len > 0, "--max-seq-len ", max_seq_len, " must be positive");
   MOEX_CHECK_INPUT(max_seq_len <= config.max_position_embeddings, "--max-seq-len ", max_seq_len,

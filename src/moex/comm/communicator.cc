@@ -23,6 +23,7 @@ namespace {
 std::atomic<bool> g_comm_failed{false};
 std::atomic<double> g_timeout_s{-1.0};
 bool g_mpi_started_here = false;
+MPI_Comm g_error_comm = MPI_COMM_NULL;  // abort_job's messages between failing ranks (job.cc)
 std::unique_ptr<Communicator> g_world;
 std::mutex g_world_mutex;
 
@@ -168,6 +169,8 @@ Communicator& world() {
     std::atexit(finalize);
     if (provided < MPI_THREAD_MULTIPLE) MOEX_LOG(kWarn, "MPI gives no MPI_THREAD_MULTIPLE: async collectives run inline");
   }
+  MPI_Comm_dup(MPI_COMM_WORLD, &g_error_comm);
+  MPI_Comm_set_errhandler(g_error_comm, MPI_ERRORS_RETURN);  // a dead peer must not end the report early
   MPI_Comm world_dup;
   MPI_Comm_dup(MPI_COMM_WORLD, &world_dup);  // our own context: never mixes with other MPI users
   g_world = std::make_unique<MpiCommunicator>(world_dup);
@@ -175,6 +178,8 @@ Communicator& world() {
 }
 
 Communicator& init() { return world(); }
+
+MPI_Comm error_comm() { return g_error_comm; }
 
 void finalize() {
   {
@@ -189,6 +194,7 @@ void finalize() {
     std::fflush(stderr);
     MPI_Abort(MPI_COMM_WORLD, 3);  // kills the peers still waiting in a collective
   }
+  if (g_error_comm != MPI_COMM_NULL) MPI_Comm_free(&g_error_comm);
   MPI_Finalize();
 }
 

@@ -136,6 +136,8 @@ class MpiCommunicator final : public Communicator {
 
 // Marks that a comm error happened: finalize() then aborts the job instead of waiting for dead peers.
 void mark_comm_failed();
+// MPI_COMM_WORLD's private twin for abort_job (job.h); MPI_COMM_NULL until world() starts MPI.
+MPI_Comm error_comm();
 [[noreturn]] void throw_comm_error(const std::string& message);
 
 }  // namespace moex::comm
