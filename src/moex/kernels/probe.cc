@@ -1,7 +1,9 @@
 #include "moex/kernels/probe.h"
 
+#include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 
 #include "moex/base/cpu.h"
 #include "moex/base/threads.h"
@@ -29,6 +31,37 @@ float stream_read(const void* data, size_t bytes) {
   float total = 0.0f;
   for (float p : partial) total += p;
   return total;
+}
+
+namespace {
+
+// Every thread runs loop(iterations); the rate counts all threads' instructions over the wall time.
+PeakResult run_peak(int64_t iterations, double ops_per_instruction, const std::function<double(int64_t)>& loop) {
+  PeakResult r;
+  r.threads = num_threads();
+  double sums[256] = {};
+  const auto start = std::chrono::steady_clock::now();
+#pragma omp parallel num_threads(r.threads)
+  sums[omp_get_thread_num() % 256] = loop(iterations);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  for (double s : sums) r.checksum += s;
+  r.instructions = iterations * x86::kPeakChains * r.threads;
+  r.per_second = static_cast<double>(r.instructions) * ops_per_instruction / seconds;
+  return r;
+}
+
+}  // namespace
+
+PeakResult dot_peak_bf16(int64_t iterations_per_thread) {
+  if (!use_x86_kernels() || !cpu_features().has_avx512_bf16_kernels()) return {};
+  volatile uint16_t one = 0x3f80;  // bf16 1.0, read at run time so nothing folds
+  return run_peak(iterations_per_thread, 64.0, [&](int64_t n) { return x86::dpbf16_loop_avx512bf16(n, one); });
+}
+
+PeakResult dot_peak_vnni(int64_t iterations_per_thread) {
+  if (!use_x86_kernels() || !cpu_features().has_avx512_vnni_kernels()) return {};
+  volatile uint8_t one = 1;
+  return run_peak(iterations_per_thread, 128.0, [&](int64_t n) { return x86::dpbusd_loop_avx512vnni(n, one); });
 }
 
 }  // namespace moex::kernels
