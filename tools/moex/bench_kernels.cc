@@ -23,6 +23,7 @@ struct KernelsFlags {
   int repeats = 5;
   size_t roofline_mb = 1024;
   int threads = 0;
+  bool cpu_clock = false;
   bool json = false;
 };
 
@@ -46,6 +47,7 @@ void run_kernels(const KernelsFlags& f) {
   o.kernels = split(f.kernels);
   o.repeats = f.repeats;
   o.roofline_mb = f.roofline_mb;
+  o.cpu_clock = f.cpu_clock;
   const kernels::KernelBenchReport r = kernels::bench_kernels(o);
   if (f.json) {
     nlohmann::json rows = nlohmann::json::array();
@@ -93,6 +95,8 @@ void setup_kernels_bench(CLI::App& bench) {
   cmd->add_option("--repeats", flags->repeats, "Samples per cell (median reported)")->capture_default_str();
   cmd->add_option("--roofline-mb", flags->roofline_mb, "Read-probe buffer size")->capture_default_str();
   cmd->add_option("--threads", flags->threads, "Threads (0: all cores)");
+  cmd->add_flag("--cpu-clock", flags->cpu_clock,
+                "Time on the thread's CPU clock (with --threads 1, when other processes load the machine)");
   cmd->add_flag("--json", flags->json, "Machine-readable output");
   cmd->callback([flags] { run_kernels(*flags); });
 }

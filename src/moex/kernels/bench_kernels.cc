@@ -1,6 +1,7 @@
 #include "moex/kernels/bench_kernels.h"
 
 #include <sys/mman.h>
+#include <time.h>
 
 #include <algorithm>
 #include <chrono>
@@ -15,7 +16,14 @@
 namespace moex::kernels {
 namespace {
 
-double median_call_seconds(int repeats, double sample_ms, const std::function<void()>& call) {
+double now_seconds(bool cpu_clock) {
+  if (!cpu_clock) return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + ts.tv_nsec * 1e-9;
+}
+
+double median_call_seconds(int repeats, double sample_ms, bool cpu_clock, const std::function<void()>& call) {
   call();  // warm-up: sizes the per-thread buffers
   const auto start = std::chrono::steady_clock::now();
   int calls = 0;
@@ -25,20 +33,20 @@ double median_call_seconds(int repeats, double sample_ms, const std::function<vo
   } while (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() < sample_ms * 1e-3);
   std::vector<double> samples;
   for (int r = 0; r < std::max(repeats, 1); ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
+    const double t0 = now_seconds(cpu_clock);
     for (int i = 0; i < calls; ++i) call();
-    samples.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / calls);
+    samples.push_back((now_seconds(cpu_clock) - t0) / calls);
   }
   std::sort(samples.begin(), samples.end());
   return samples[samples.size() / 2];
 }
 
-double read_bandwidth(size_t bytes, int repeats) {
+double read_bandwidth(size_t bytes, int repeats, bool cpu_clock) {
   void* buffer = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   MOEX_CHECK(buffer != MAP_FAILED, "cannot map ", bytes, " bytes for the read probe");
   std::memset(buffer, 1, bytes);
   volatile float sink = 0.0f;
-  const double seconds = median_call_seconds(repeats, 0, [&] { sink = sink + stream_read(buffer, bytes); });
+  const double seconds = median_call_seconds(repeats, 0, cpu_clock, [&] { sink = sink + stream_read(buffer, bytes); });
   ::munmap(buffer, bytes);
   return static_cast<double>(bytes) / seconds;
 }
@@ -103,9 +111,10 @@ KernelBenchReport bench_kernels(const KernelBenchOptions& o) {
 
   KernelBenchReport report;
   report.threads = num_threads();
-  report.read_bytes_per_s = read_bandwidth(o.roofline_mb << 20, o.repeats);
+  MOEX_CHECK_INPUT(!o.cpu_clock || report.threads == 1, "--cpu-clock times one thread: add --threads 1");
+  report.read_bytes_per_s = read_bandwidth(o.roofline_mb << 20, o.repeats, o.cpu_clock);
   for (int i = 0; i < 3; ++i) {  // best of three: the peak is what the core can do, not what it did once
-    const PeakResult b = dot_peak_bf16(), v = dot_peak_vnni();
+    const PeakResult b = dot_peak_bf16(1 << 22, o.cpu_clock), v = dot_peak_vnni(1 << 22, o.cpu_clock);
     if (b.per_second > report.bf16_peak.per_second) report.bf16_peak = b;
     if (v.per_second > report.vnni_peak.per_second) report.vnni_peak = v;
   }
@@ -130,7 +139,7 @@ KernelBenchReport bench_kernels(const KernelBenchOptions& o) {
       for (int64_t c = 1; c < copies; ++c) cycle.push_back(clone(packed));
       for (int64_t T : o.tokens) {
         int64_t next = 0;
-        const double seconds = median_call_seconds(o.repeats, o.sample_ms, [&] {
+        const double seconds = median_call_seconds(o.repeats, o.sample_ms, o.cpu_clock, [&] {
           const PackedWeights& w = cycle[next];
           next = (next + 1) % copies;
           if (kernel == "w1") packed_matmul(x.data(), T, w, h.data());

@@ -18,8 +18,10 @@ struct PeakResult {
   int threads = 0;
   int64_t instructions = 0;  // all threads
 };
-PeakResult dot_peak_bf16(int64_t iterations_per_thread = 1 << 22);  // vdpbf16ps: 64 FLOP each
-PeakResult dot_peak_vnni(int64_t iterations_per_thread = 1 << 22);  // vpdpbusd: 128 OP each
+// cpu_clock: each thread's rate over its own CPU time, summed (what the cores do while they run, for a
+// machine that other processes load); otherwise all instructions over the wall time.
+PeakResult dot_peak_bf16(int64_t iterations_per_thread = 1 << 22, bool cpu_clock = false);  // vdpbf16ps: 64 FLOP each
+PeakResult dot_peak_vnni(int64_t iterations_per_thread = 1 << 22, bool cpu_clock = false);  // vpdpbusd: 128 OP each
 
 namespace x86 {
 constexpr int kPeakChains = 12;  // independent accumulators per thread

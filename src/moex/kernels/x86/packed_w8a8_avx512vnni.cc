@@ -27,23 +27,30 @@ inline __m512i broadcast_quad(const uint8_t* p) {
 // c [MT][64] (+)= x [MT][ldx] (u8, k quads from here) . w panel [quads][64][4]
 template <int MT>
 void tile(const uint8_t* x, int64_t ldx, const int8_t* w, int64_t quads, int32_t* c, bool load_c) {
-  __m512i acc[MT][4];
+  // __v16si, the element type vpdpbusd's builtin works in: an array of __m512i (64-bit lanes) cast back and
+  // forth keeps GCC 12 from holding the accumulators in registers (it spills them every iteration).
+  __v16si acc[MT][4];
   for (int t = 0; t < MT; ++t)
-    for (int v = 0; v < 4; ++v) acc[t][v] = load_c ? _mm512_loadu_si512(c + t * kPanel + 16 * v) : _mm512_setzero_si512();
+    for (int v = 0; v < 4; ++v) acc[t][v] = __v16si{};
   for (int64_t q = 0; q < quads; ++q) {
     const int8_t* wq = w + q * 4 * kPanel;
     const __m512i w0 = _mm512_load_si512(wq), w1 = _mm512_load_si512(wq + 64), w2 = _mm512_load_si512(wq + 128),
                   w3 = _mm512_load_si512(wq + 192);
     for (int t = 0; t < MT; ++t) {
       const __m512i xv = broadcast_quad(x + t * ldx + 4 * q);
-      acc[t][0] = _mm512_dpbusd_epi32(acc[t][0], xv, w0);
-      acc[t][1] = _mm512_dpbusd_epi32(acc[t][1], xv, w1);
-      acc[t][2] = _mm512_dpbusd_epi32(acc[t][2], xv, w2);
-      acc[t][3] = _mm512_dpbusd_epi32(acc[t][3], xv, w3);
+      acc[t][0] = __v16si(_mm512_dpbusd_epi32(__m512i(acc[t][0]), xv, w0));
+      acc[t][1] = __v16si(_mm512_dpbusd_epi32(__m512i(acc[t][1]), xv, w1));
+      acc[t][2] = __v16si(_mm512_dpbusd_epi32(__m512i(acc[t][2]), xv, w2));
+      acc[t][3] = __v16si(_mm512_dpbusd_epi32(__m512i(acc[t][3]), xv, w3));
     }
   }
-  for (int t = 0; t < MT; ++t)
-    for (int v = 0; v < 4; ++v) _mm512_storeu_si512(c + t * kPanel + 16 * v, acc[t][v]);
+  for (int t = 0; t < MT; ++t) {
+    for (int v = 0; v < 4; ++v) {
+      int32_t* out = c + t * kPanel + 16 * v;
+      const __m512i sum = __m512i(acc[t][v]);
+      _mm512_storeu_si512(out, load_c ? _mm512_add_epi32(sum, _mm512_loadu_si512(out)) : sum);
+    }
+  }
 }
 
 }  // namespace
