@@ -55,6 +55,7 @@ void run_panels_bf16_avx512bf16(const PanelJob& job, int64_t panel_begin, int64_
   const int64_t tokens = job.tokens, kp = w.k_padded;
   thread_local std::vector<float> c;  // [T][64]: one panel's sums across K blocks
   if (c.size() < static_cast<size_t>(tokens * kPanel)) c.resize(tokens * kPanel);
+  if (w.cols == 0) std::fill_n(c.begin(), tokens * kPanel, 0);  // an empty sum: no K block runs to write c
   for (int64_t panel = panel_begin; panel < panel_end; ++panel) {
     const uint16_t* w_panel = w.data.as<const uint16_t>() + panel * kp * kPanel;  // [kp/2][64][2]
     for (int64_t k0 = 0; k0 < kp; k0 += kKBlock) {

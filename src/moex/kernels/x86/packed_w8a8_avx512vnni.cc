@@ -65,6 +65,7 @@ void run_panels_w8a8_avx512vnni(const PanelJob& job, int64_t panel_begin, int64_
     c.resize(tokens * kPanel);
     f.resize(tokens * kPanel);
   }
+  if (w.cols == 0) std::fill_n(c.begin(), tokens * kPanel, 0);  // an empty sum: no K block runs to write c
   for (int64_t panel = panel_begin; panel < panel_end; ++panel) {
     const int8_t* w_panel = w.data.as<const int8_t>() + panel * kp * kPanel;  // [kp/4][64][4]
     for (int64_t k0 = 0; k0 < kp; k0 += kKBlock) {

@@ -127,6 +127,7 @@ void run_panels_weight_only_avx512(const PanelJob& job, int64_t panel_begin, int
   thread_local std::vector<float> c;  // [T][64]
   if (c.size() < static_cast<size_t>(tokens * kPanel)) c.resize(tokens * kPanel);
   const int64_t groups = w.group ? (cols + w.group - 1) / w.group : 1;
+  if (w.cols == 0) std::fill_n(c.begin(), tokens * kPanel, 0);  // an empty sum: no K block runs to write c
   for (int64_t panel = panel_begin; panel < panel_end; ++panel) {
     switch (w.format) {
       case WeightFormat::kInt8: {
