@@ -27,6 +27,14 @@ void check_source(const TensorView& w, const char* what) {
 
 int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
+// Quantizing and packing a Mixtral-sized model is ~10^11 element visits: rows (or panels) go to all threads.
+template <typename Fn>
+void for_each_index(int64_t n, Fn&& fn) {
+  parallel_for(n, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) fn(i);
+  });
+}
+
 QuantizedMatrix empty_matrix(WeightFormat format, int64_t rows, int64_t cols, int64_t group = 0) {
   QuantizedMatrix q;
   q.format = format;
@@ -68,8 +76,9 @@ QuantizedMatrix quantize_bf16(const TensorView& w) {
   check_source(w, "quantize_bf16");
   QuantizedMatrix q = empty_matrix(WeightFormat::kBF16, w.shape[0], w.shape[1]);
   q.bf16.resize(q.rows * q.cols);  // [rows, cols]
-  for (int64_t r = 0; r < q.rows; ++r)
+  for_each_index(q.rows, [&](int64_t r) {
     for (int64_t c = 0; c < q.cols; ++c) q.bf16[r * q.cols + c] = f32_to_bf16(read_f32(w, r, c));
+  });
   return q;
 }
 
@@ -79,14 +88,14 @@ QuantizedMatrix quantize_int8(const TensorView& w, WeightFormat format) {
   QuantizedMatrix q = empty_matrix(format, w.shape[0], w.shape[1]);
   q.codes.resize(q.rows * q.cols);  // [rows, cols] s8
   q.scales.resize(q.rows);          // [rows]
-  for (int64_t r = 0; r < q.rows; ++r) {
+  for_each_index(q.rows, [&](int64_t r) {
     float absmax = 0.0f;
     for (int64_t c = 0; c < q.cols; ++c) absmax = std::max(absmax, std::fabs(read_f32(w, r, c)));
     const float inv = absmax > 0.0f ? 127.0f / absmax : 0.0f;
     q.scales[r] = absmax / 127.0f;
     for (int64_t c = 0; c < q.cols; ++c)
       q.codes[r * q.cols + c] = static_cast<uint8_t>(static_cast<int8_t>(std::clamp(std::nearbyint(read_f32(w, r, c) * inv), -127.0f, 127.0f)));
-  }
+  });
   return q;
 }
 
@@ -98,7 +107,7 @@ QuantizedMatrix quantize_int4(const TensorView& w, int64_t group, bool symmetric
   q.codes.resize(q.rows * q.cols);  // [rows, cols] 0..15
   q.scales.resize(q.rows * groups);  // [rows, groups]
   q.zeros.resize(q.rows * groups);   // [rows, groups]
-  for (int64_t r = 0; r < q.rows; ++r) {
+  for_each_index(q.rows, [&](int64_t r) {
     for (int64_t g = 0; g < groups; ++g) {
       const int64_t c0 = g * group, c1 = std::min(q.cols, c0 + group);
       float lo = 0.0f, hi = 0.0f;  // the range includes 0, so 0 is exact and a constant group is not lost
@@ -119,7 +128,7 @@ QuantizedMatrix quantize_int4(const TensorView& w, int64_t group, bool symmetric
         q.codes[r * q.cols + c] = static_cast<uint8_t>(std::clamp(v, 0.0f, 15.0f));
       }
     }
-  }
+  });
   return q;
 }
 
@@ -129,7 +138,7 @@ QuantizedMatrix quantize_fp8(const TensorView& w) {
   const int64_t row_blocks = (q.rows + 127) / 128, groups = q.groups();
   q.codes.resize(q.rows * q.cols);          // [rows, cols] e4m3
   q.scales.resize(row_blocks * groups);     // [ceil(rows/128), ceil(cols/128)]
-  for (int64_t rb = 0; rb < row_blocks; ++rb) {
+  for_each_index(row_blocks, [&](int64_t rb) {
     for (int64_t g = 0; g < groups; ++g) {
       const int64_t r1 = std::min(q.rows, (rb + 1) * 128), c1 = std::min(q.cols, (g + 1) * 128);
       float absmax = 0.0f;
@@ -141,7 +150,7 @@ QuantizedMatrix quantize_fp8(const TensorView& w) {
         for (int64_t c = g * 128; c < c1; ++c)
           q.codes[r * q.cols + c] = f32_to_f8e4m3(scale > 0.0f ? read_f32(w, r, c) / scale : 0.0f);
     }
-  }
+  });
   return q;
 }
 
@@ -211,7 +220,7 @@ PackedWeights pack_lanes(const QuantizedMatrix& like, int64_t rows, bool gate_up
       break;
     case WeightFormat::kFP8E4M3: p.data.allocate(P * K * kPanel); p.scales.allocate(P * G * kPanel * 4); break;
   }
-  for (int64_t panel = 0; panel < P; ++panel) {
+  for_each_index(P, [&](int64_t panel) {
     for (int lane = 0; lane < kPanel; ++lane) {
       const LaneSource s = source(panel, lane);
       if (!s.m) continue;  // allocate() zero-filled it: zero weights, zero scales
@@ -253,7 +262,7 @@ PackedWeights pack_lanes(const QuantizedMatrix& like, int64_t rows, bool gate_up
           break;
       }
     }
-  }
+  });
   return p;
 }
 
