@@ -94,9 +94,9 @@ void expect_close(const std::vector<float>& actual, const std::vector<float>& ex
 
 class PackedMatmulTest : public ::testing::TestWithParam<FormatCase> {};
 
-TEST_P(PackedMatmulTest, FastAndScalarPathsMatchTheReference) {
+TEST_P(PackedMatmulTest, EveryPathThisCpuRunsMatchesTheReference) {
   const FormatCase f = GetParam();
-  const bool x86_available = kernels::kernel_isa(f.format, cpu_features(), true) != Isa::kScalar;
+  const std::vector<Isa> isas = kernels::usable_isas(f.format, cpu_features());
   for (const auto& [tokens, n, k] : kShapes) {
     const std::vector<float> x = random_floats(std::max<int64_t>(tokens, 1) * k, 11 + n), w = random_floats(n * k, 7 + k);
     const QuantizedMatrix q = quantize(f, w, n, k);
@@ -106,20 +106,32 @@ TEST_P(PackedMatmulTest, FastAndScalarPathsMatchTheReference) {
     for (bool accumulate : {false, true}) {
       std::vector<float> expected(tokens * n, 0.25f);
       kernels::ref::matmul(x.data(), tokens, q, expected.data(), accumulate);
-      for (bool x86 : {false, true}) {
-        if (x86 && !x86_available) continue;
-        set_use_x86_kernels(x86);
+      for (Isa isa : isas) {
         std::vector<float> actual(tokens * n, 0.25f);
-        kernels::packed_matmul(x.data(), tokens, packed, actual.data(), accumulate);
-        const std::string what = f.name() + (x86 ? " x86" : " scalar") + " T" + std::to_string(tokens) + " N" +
+        kernels::packed_matmul_on(isa, x.data(), tokens, packed, actual.data(), accumulate);
+        const std::string what = f.name() + " " + std::string(kernels::isa_name(isa)) + " T" + std::to_string(tokens) + " N" +
                                  std::to_string(n) + " K" + std::to_string(k) + (accumulate ? " +=" : " =");
         // W8A8 sums integers: the same codes give the same float; the others differ in summation order only.
         expect_close(actual, expected, mag, f.format == WeightFormat::kInt8W8A8 ? 1e-6 : 2e-6 * std::sqrt(double(k)), what);
       }
     }
   }
+  if (isas.size() == 1) GTEST_SKIP() << "scalar path only: this CPU has no " << f.name() << " kernel";
+}
+
+TEST(PackedMatmul, DispatchRunsKernelIsasChoice) {
+  // packed_matmul (no ISA given) is packed_matmul_on(kernel_isa(...)), and MOEX_ISA=ref means kScalar.
+  const std::vector<float> w = random_floats(70 * 33, 3), x = random_floats(5 * 33, 4);
+  const kernels::PackedWeights p = kernels::pack(kernels::quantize_int4(TensorView{const_cast<float*>(w.data()), DType::kF32, Shape{70, 33}}, 32, false));
+  for (bool x86 : {false, true}) {
+    set_use_x86_kernels(x86);
+    std::vector<float> a(5 * 70), b(5 * 70);
+    kernels::packed_matmul(x.data(), 5, p, a.data());
+    kernels::packed_matmul_on(kernels::kernel_isa(WeightFormat::kInt4), x.data(), 5, p, b.data());
+    EXPECT_EQ(a, b);
+    if (!x86) EXPECT_EQ(kernels::kernel_isa(WeightFormat::kInt4), Isa::kScalar);
+  }
   set_use_x86_kernels(true);
-  if (!x86_available) GTEST_SKIP() << "scalar path only: this CPU has no " << f.name() << " kernel";
 }
 
 // The quantizers, through the reference: each format's result within its error bound of the exact product.
@@ -146,7 +158,9 @@ TEST_P(PackedMatmulTest, ReferenceIsWithinTheFormatsErrorOfTheFloatMatmul) {
             for (int64_t j = 0; j < k; ++j) wmax_row = std::max(wmax_row, std::fabs(double(w[r * k + j])));
             bound += ax * q.scales[r] * 0.5 + (xmax / 127 * 0.5) * (aw + q.scales[r] * 0.5);
             break;
-          case WeightFormat::kInt4: bound += ax * q.scales[r * q.groups() + i / f.group] * (f.symmetric ? 0.5 : 1.0); break;
+          case WeightFormat::kInt4:  // and the activation's bf16 rounding
+            bound += ax * q.scales[r * q.groups() + i / f.group] * (f.symmetric ? 0.5 : 1.0) + ax * std::ldexp(1.0, -8) * (aw + q.scales[r * q.groups() + i / f.group]);
+            break;
           case WeightFormat::kFP8E4M3: bound += ax * (aw * 0.0625 + q.scales[(r / 128) * q.groups() + i / 128] * std::ldexp(1.0, -9)); break;
         }
       }
@@ -173,16 +187,32 @@ TEST_P(PackedMatmulTest, FusedGateUpAndRoutedDownMatchTheReference) {
     std::vector<float> h_ref(tokens * inter), out_ref = base;
     kernels::ref::expert_gate_up(x.data(), tokens, q1, q3, h_ref.data());
     kernels::ref::expert_down_accumulate(h_ref.data(), tokens, q2, route.data(), rows.data(), out_ref.data(), stride);
+    // Tolerances from the magnitudes of the sums (as in the matmul test): h = silu(g) u moves by at most
+    // 1.1 |u| dg + |silu(g)| du, and a routed output by |route| dy.
+    const double rel = 2e-6 * std::sqrt(double(hidden + inter));
+    std::vector<float> gate(tokens * inter), up(tokens * inter);
+    kernels::ref::matmul(x.data(), tokens, q1, gate.data());
+    kernels::ref::matmul(x.data(), tokens, q3, up.data());
+    const std::vector<double> mag_gate = magnitudes(x, tokens, q1), mag_up = magnitudes(x, tokens, q3),
+                              mag_down = magnitudes(h_ref, tokens, q2);
+    std::vector<double> tol_h(tokens * inter), tol_out(out_ref.size(), 1e-6);
+    for (int64_t i = 0; i < tokens * inter; ++i) {
+      const double g = gate[i], silu = g / (1 + std::exp(-g));
+      tol_h[i] = rel * (1.1 * std::fabs(up[i]) * mag_gate[i] + std::fabs(silu) * mag_up[i]) + 1e-6 * (1 + std::fabs(h_ref[i]));
+    }
+    for (int64_t t = 0; t < tokens; ++t)
+      for (int64_t n = 0; n < hidden; ++n)
+        tol_out[rows[t] * stride + n] += rel * std::fabs(route[t]) * mag_down[t * hidden + n] + 1e-6 * std::fabs(out_ref[rows[t] * stride + n]);
     for (bool x86 : {false, true}) {
       if (x86 && kernels::kernel_isa(f.format, cpu_features(), true) == Isa::kScalar) continue;
       set_use_x86_kernels(x86);
       const std::string what = f.name() + (x86 ? " x86" : " scalar") + " T" + std::to_string(tokens);
       std::vector<float> h(tokens * inter, -1.0f), out = base;
       kernels::expert_gate_up(x.data(), tokens, p13, h.data());
-      for (size_t i = 0; i < h.size(); ++i) ASSERT_NEAR(h[i], h_ref[i], 1e-4 * (1 + std::fabs(h_ref[i]))) << what << " h " << i;
+      for (size_t i = 0; i < h.size(); ++i) ASSERT_NEAR(h[i], h_ref[i], tol_h[i]) << what << " h " << i;
       // Down from the reference's h, so only this step's error is measured.
       kernels::expert_down_accumulate(h_ref.data(), tokens, p2, route.data(), rows.data(), out.data(), stride);
-      for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], out_ref[i], 1e-4 * (1 + std::fabs(out_ref[i]))) << what << " out " << i;
+      for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], out_ref[i], tol_out[i]) << what << " out " << i;
     }
   }
   set_use_x86_kernels(true);
@@ -190,6 +220,26 @@ TEST_P(PackedMatmulTest, FusedGateUpAndRoutedDownMatchTheReference) {
 
 INSTANTIATE_TEST_SUITE_P(Formats, PackedMatmulTest, ::testing::ValuesIn(kFormats),
                          [](const ::testing::TestParamInfo<FormatCase>& info) { return info.param.name(); });
+
+TEST(PackedMatmul, GateUpSiluIsAccurateToAFewUlps) {
+  // x = [1], w3 = 1 and w1 = the test points (bf16-exact): the sums are exact, so h = silu(w1) shows the
+  // vector exp's error alone.
+  const int64_t inter = 64;
+  std::vector<float> w1(inter), w3(inter, 1.0f), x = {1.0f};
+  for (int64_t i = 0; i < inter; ++i) w1[i] = bf16_to_f32(f32_to_bf16(-40.0f + 80.0f * i / (inter - 1) + 0.013f * i));
+  const auto view = [](std::vector<float>& v) { return TensorView{v.data(), DType::kF32, Shape{static_cast<int64_t>(v.size()), 1}}; };
+  const kernels::PackedWeights p = kernels::pack_gate_up(kernels::quantize_bf16(view(w1)), kernels::quantize_bf16(view(w3)));
+  for (bool x86 : {false, true}) {
+    set_use_x86_kernels(x86);
+    std::vector<float> h(inter);
+    kernels::expert_gate_up(x.data(), 1, p, h.data());
+    for (int64_t i = 0; i < inter; ++i) {
+      const double g = w1[i], silu = g / (1 + std::exp(-g));
+      EXPECT_NEAR(h[i], silu, 4e-7 * std::fabs(silu) + 1e-30) << (x86 ? "x86" : "scalar") << " g " << g;
+    }
+  }
+  set_use_x86_kernels(true);
+}
 
 TEST(PackedMatmul, ZeroTokensWritesNothing) {
   const std::vector<float> w = random_floats(3 * 4, 1);
@@ -266,9 +316,12 @@ TEST(KernelIsa, NeverPicksAnIsaTheCpuOrOsLacks) {
   EXPECT_EQ(kernels::kernel_isa(WeightFormat::kBF16, plain, true), Isa::kScalar);
   EXPECT_EQ(kernels::kernel_isa(WeightFormat::kInt8W8A8, plain, true), Isa::kScalar);
   EXPECT_EQ(kernels::kernel_isa(WeightFormat::kInt4, plain, true), Isa::kAvx512);
+  EXPECT_EQ(kernels::usable_isas(WeightFormat::kBF16, plain), std::vector<Isa>{Isa::kScalar});
   CpuFeatures zen4 = plain;
   zen4.avx512_bf16 = zen4.avx512_vnni = true;
   EXPECT_EQ(kernels::kernel_isa(WeightFormat::kBF16, zen4, true), Isa::kAvx512Bf16);
+  EXPECT_EQ(kernels::kernel_isa(WeightFormat::kInt4, zen4, true), Isa::kAvx512Bf16);
+  EXPECT_EQ(kernels::usable_isas(WeightFormat::kInt4, zen4), (std::vector<Isa>{Isa::kScalar, Isa::kAvx512, Isa::kAvx512Bf16}));
   EXPECT_EQ(kernels::kernel_isa(WeightFormat::kInt8W8A8, zen4, true), Isa::kAvx512Vnni);
   CpuFeatures os_off = zen4;  // the CPU has it, the OS does not save ZMM state
   os_off.os_avx512 = false;
@@ -279,6 +332,7 @@ TEST(KernelIsa, NeverPicksAnIsaTheCpuOrOsLacks) {
     EXPECT_EQ(kernels::kernel_isa(f, zen4, false), Isa::kScalar) << "MOEX_ISA=ref";
     EXPECT_EQ(kernels::kernel_isa(f, CpuFeatures{}, true), Isa::kScalar);
     EXPECT_NE(kernels::kernel_isa(f, amx, true), Isa::kAmx);
+    EXPECT_EQ(kernels::usable_isas(f, os_off), std::vector<Isa>{Isa::kScalar});
   }
   EXPECT_FALSE(os_off.has_avx512_kernels());
   EXPECT_FALSE(zen4.has_amx_kernels());

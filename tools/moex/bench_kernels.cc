@@ -80,7 +80,7 @@ void run_kernels(const KernelsFlags& f) {
                 row.gflops, row.pct_read_roofline, peak);
   }
   std::printf("%%read: weight bytes per second over the read probe (decode's roofline); %%peak: FLOP/s over the "
-              "format's dot-product probe (bf16: vdpbf16ps, int8-w8a8: vpdpbusd).\n");
+              "probe of the kernel's dot-product instruction (isa avx512bf16: vdpbf16ps, avx512vnni: vpdpbusd).\n");
 }
 
 void setup_kernels_bench(CLI::App& bench) {

@@ -159,9 +159,10 @@ KernelBenchReport bench_kernels(const KernelBenchOptions& o) {
         r.gb_per_s = r.weight_bytes / seconds / 1e9;
         r.gflops = r.flops / seconds / 1e9;
         r.pct_read_roofline = 100.0 * r.weight_bytes / seconds / report.read_bytes_per_s;
-        const double peak = spec.format == WeightFormat::kBF16       ? report.bf16_peak.per_second
-                            : spec.format == WeightFormat::kInt8W8A8 ? report.vnni_peak.per_second
-                                                                     : 0.0;
+        const Isa isa = kernel_isa(spec.format);  // the peak of the instruction the kernel's sums use
+        const double peak = isa == Isa::kAvx512Bf16 ? report.bf16_peak.per_second
+                            : isa == Isa::kAvx512Vnni ? report.vnni_peak.per_second
+                                                      : 0.0;
         r.pct_compute_peak = peak > 0 ? 100.0 * r.flops / seconds / peak : 0.0;
         report.rows.push_back(r);
       }

@@ -200,7 +200,8 @@ PackedWeights pack_lanes(const QuantizedMatrix& like, int64_t rows, bool gate_up
   p.panels = (rows + p.rows_per_panel() - 1) / p.rows_per_panel();
   const int64_t K = like.cols, P = p.panels, G = like.groups();
   switch (p.format) {
-    case WeightFormat::kBF16: p.k_padded = round_up(K, 2); break;
+    case WeightFormat::kBF16:
+    case WeightFormat::kInt4: p.k_padded = round_up(K, 2); break;
     case WeightFormat::kInt8W8A8: p.k_padded = round_up(K, 4); break;
     default: p.k_padded = K; break;
   }
@@ -214,7 +215,7 @@ PackedWeights pack_lanes(const QuantizedMatrix& like, int64_t rows, bool gate_up
       p.col_sums.allocate(P * kPanel * 4);
       break;
     case WeightFormat::kInt4:
-      p.data.allocate(P * K * kPanel / 2);
+      p.data.allocate(P * kp / 2 * kPanel);
       p.scales.allocate(P * G * kPanel * 4);
       p.offsets.allocate(P * G * kPanel * 4);
       break;
@@ -246,9 +247,9 @@ PackedWeights pack_lanes(const QuantizedMatrix& like, int64_t rows, bool gate_up
           break;
         }
         case WeightFormat::kInt4:
-          for (int64_t k = 0; k < K; ++k)  // [P][K][32], lane j low nibble, lane j + 32 high
-            p.data.as<uint8_t>()[(panel * K + k) * (kPanel / 2) + lane % 32] |=
-                static_cast<uint8_t>(m.codes[s.row * K + k] << (lane < 32 ? 0 : 4));
+          for (int64_t k = 0; k < K; ++k)  // [P][kp/2][64]: q(k) low nibble, q(k+1) high
+            p.data.as<uint8_t>()[(panel * (kp / 2) + k / 2) * kPanel + lane] |=
+                static_cast<uint8_t>(m.codes[s.row * K + k] << (k % 2 ? 4 : 0));
           for (int64_t g = 0; g < G; ++g) {
             const float scale = m.scales[s.row * G + g];
             p.scales.as<float>()[(panel * G + g) * kPanel + lane] = scale;
@@ -310,14 +311,22 @@ Isa kernel_isa(WeightFormat format, const CpuFeatures& cpu, bool x86_enabled) {
   switch (format) {
     case WeightFormat::kBF16: return cpu.has_avx512_bf16_kernels() ? Isa::kAvx512Bf16 : Isa::kScalar;
     case WeightFormat::kInt8W8A8: return cpu.has_avx512_vnni_kernels() ? Isa::kAvx512Vnni : Isa::kScalar;
+    case WeightFormat::kInt4: return cpu.has_avx512_bf16_kernels() ? Isa::kAvx512Bf16 : Isa::kAvx512;
     case WeightFormat::kInt8:
-    case WeightFormat::kInt4:
     case WeightFormat::kFP8E4M3: return Isa::kAvx512;
   }
   return Isa::kScalar;  // no AMX kernels yet: an AMX CPU runs the AVX-512 ones
 }
 
 Isa kernel_isa(WeightFormat format) { return kernel_isa(format, cpu_features(), use_x86_kernels()); }
+
+std::vector<Isa> usable_isas(WeightFormat format, const CpuFeatures& cpu) {
+  std::vector<Isa> isas = {Isa::kScalar};
+  const Isa best = kernel_isa(format, cpu, true);
+  if (format == WeightFormat::kInt4 && best == Isa::kAvx512Bf16) isas.push_back(Isa::kAvx512);
+  if (best != Isa::kScalar) isas.push_back(best);
+  return isas;
+}
 
 float quantize_activations_s8(const float* x, int64_t k, int8_t* q) {
   float absmax = 0.0f;
@@ -341,9 +350,9 @@ float packed_weight(const PackedWeights& w, int64_t panel, int lane, int64_t k) 
     case WeightFormat::kInt8W8A8:  // the integer code; scales are applied to the integer sum
       return static_cast<float>(w.data.as<const int8_t>()[((panel * (kp / 4) + k / 4) * kPanel + lane) * 4 + k % 4]);
     case WeightFormat::kInt4: {
-      const uint8_t byte = w.data.as<const uint8_t>()[(panel * K + k) * (kPanel / 2) + lane % 32];
+      const uint8_t byte = w.data.as<const uint8_t>()[(panel * (kp / 2) + k / 2) * kPanel + lane];
       const int64_t s = (panel * G + k / w.group) * kPanel + lane;
-      return static_cast<float>(lane < 32 ? byte & 15 : byte >> 4) * w.scales.as<const float>()[s] + w.offsets.as<const float>()[s];
+      return static_cast<float>(k % 2 ? byte >> 4 : byte & 15) * w.scales.as<const float>()[s] + w.offsets.as<const float>()[s];
     }
     case WeightFormat::kFP8E4M3:
       return f8e4m3_to_f32(w.data.as<const uint8_t>()[(panel * K + k) * kPanel + lane]) *
@@ -388,7 +397,7 @@ void run_scalar(const float* x, int64_t tokens, const PackedWeights& w, const x8
   xr.assign(x, x + tokens * K);  // [T][K]
   std::vector<float>& token_scales = g_token_scales;
   token_scales.assign(tokens, 1.0f);
-  if (w.format == WeightFormat::kBF16) {
+  if (w.format == WeightFormat::kBF16 || w.format == WeightFormat::kInt4) {
     for (float& v : xr) v = bf16_to_f32(f32_to_bf16(v));
   } else if (w.format == WeightFormat::kInt8W8A8) {
     std::vector<int8_t> q(K);
@@ -420,9 +429,8 @@ void run_scalar(const float* x, int64_t tokens, const PackedWeights& w, const x8
   });
 }
 
-void run(const float* x, int64_t tokens, const PackedWeights& w, const x86::Epilogue& e) {
+void run(const float* x, int64_t tokens, const PackedWeights& w, const x86::Epilogue& e, Isa isa) {
   if (tokens <= 0 || w.rows == 0) return;
-  const Isa isa = kernel_isa(w.format);
   if (isa == Isa::kScalar) {
     run_scalar(x, tokens, w, e);
     return;
@@ -440,7 +448,25 @@ void run(const float* x, int64_t tokens, const PackedWeights& w, const x86::Epil
         for (int64_t t = begin; t < end; ++t) x86::round_row_bf16_avx512bf16(x + t * K, K, kp, act + t * kp);
       });
       job.activations = act;
-      parallel_for(w.panels, 1, [&](int64_t b, int64_t e) { x86::run_panels_bf16_avx512bf16(job, b, e); });
+      if (w.format == WeightFormat::kBF16) {
+        parallel_for(w.panels, 1, [&](int64_t b, int64_t e) { x86::run_panels_bf16_avx512bf16(job, b, e); });
+        break;
+      }
+      // int4: the kernel multiplies the activations by q + 16 (the codes as bf16, a masked OR) and takes
+      // (zero + 16) * scale * (sum of the group's activations) back off.
+      const int64_t groups = (K + w.group - 1) / w.group;
+      g_token_scales.resize(tokens * groups);
+      float* sums = g_token_scales.data();  // [T][groups]
+      parallel_for(tokens, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t t = begin; t < end; ++t)
+          for (int64_t g = 0; g < groups; ++g) {
+            float sum = 0.0f;
+            for (int64_t k = g * w.group; k < std::min(K, (g + 1) * w.group); ++k) sum += bf16_to_f32(act[t * kp + k]);
+            sums[t * groups + g] = sum;
+          }
+      });
+      job.group_sums = sums;
+      parallel_for(w.panels, 1, [&](int64_t b, int64_t e) { x86::run_panels_int4_avx512bf16(job, b, e); });
       break;
     }
     case Isa::kAvx512Vnni: {
@@ -458,6 +484,12 @@ void run(const float* x, int64_t tokens, const PackedWeights& w, const x86::Epil
     }
     case Isa::kAvx512:
       job.activations = x;
+      if (w.format == WeightFormat::kInt4) {  // the format's activations are bf16 values on every path
+        g_act_f32.resize(tokens * K);
+        float* rounded = g_act_f32.data();  // [T][K]
+        for (int64_t i = 0; i < tokens * K; ++i) rounded[i] = bf16_to_f32(f32_to_bf16(x[i]));
+        job.activations = rounded;
+      }
       parallel_for(w.panels, 1, [&](int64_t b, int64_t e) { x86::run_panels_weight_only_avx512(job, b, e); });
       break;
     default: MOEX_CHECK(false, "no kernel for ", isa_name(isa));
@@ -472,7 +504,19 @@ void packed_matmul(const float* x, int64_t tokens, const PackedWeights& w, float
   e.kind = accumulate ? x86::Epilogue::kAccumulate : x86::Epilogue::kStore;
   e.y = y;
   e.ld_y = w.rows;
-  run(x, tokens, w, e);
+  run(x, tokens, w, e, kernel_isa(w.format));
+}
+
+void packed_matmul_on(Isa isa, const float* x, int64_t tokens, const PackedWeights& w, float* y, bool accumulate) {
+  const std::vector<Isa> usable = usable_isas(w.format, cpu_features());
+  MOEX_CHECK(std::find(usable.begin(), usable.end(), isa) != usable.end(), isa_name(isa), " cannot run ",
+             weight_format_name(w.format), " on this CPU");
+  MOEX_CHECK(!w.gate_up, "gate/up weights go to expert_gate_up");
+  x86::Epilogue e;
+  e.kind = accumulate ? x86::Epilogue::kAccumulate : x86::Epilogue::kStore;
+  e.y = y;
+  e.ld_y = w.rows;
+  run(x, tokens, w, e, isa);
 }
 
 void expert_gate_up(const float* x, int64_t tokens, const PackedWeights& w13, float* h) {
@@ -481,7 +525,7 @@ void expert_gate_up(const float* x, int64_t tokens, const PackedWeights& w13, fl
   e.kind = x86::Epilogue::kSiluMul;
   e.y = h;
   e.ld_y = w13.rows;
-  run(x, tokens, w13, e);
+  run(x, tokens, w13, e, kernel_isa(w13.format));
 }
 
 void expert_down_accumulate(const float* h, int64_t tokens, const PackedWeights& w2, const float* route_weights,
@@ -493,7 +537,7 @@ void expert_down_accumulate(const float* h, int64_t tokens, const PackedWeights&
   e.ld_y = out_stride;
   e.route_weights = route_weights;
   e.out_rows = out_rows;
-  run(h, tokens, w2, e);
+  run(h, tokens, w2, e, kernel_isa(w2.format));
 }
 
 }  // namespace moex::kernels

@@ -25,7 +25,8 @@ enum class WeightFormat : uint8_t {
   kBF16,      // bf16 weights, activations rounded to bf16 per call, vdpbf16ps (f32 accumulation)
   kInt8,      // s8, w = q * scale[row]; f32 activations (weight-only: decode reads half of bf16's bytes)
   kInt8W8A8,  // s8 as kInt8; activations quantized per token to s8 (scale = absmax/127), vpdpbusd
-  kInt4,      // q in 0..15, w = (q - zero) * scale per group of `group` along K; two codes per packed byte
+  kInt4,      // q in 0..15, w = (q - zero) * scale per group of `group` along K; two codes per packed byte;
+              // activations rounded to bf16 (far below int4's own error) so vdpbf16ps can read the codes
   kFP8E4M3,   // e4m3 codes, w = fp8 * scale per 128x128 block (DeepSeek-V3's weight_scale_inv layout)
 };
 std::string_view weight_format_name(WeightFormat format);
@@ -74,8 +75,8 @@ struct AlignedBytes {
 //   kBF16      data u16 [P][k_padded/2][64][2]  (VNNI pairs: a 32-bit lane holds W[n][k], W[n][k+1])
 //   kInt8      data s8  [P][cols][64];          scales [P][64]
 //   kInt8W8A8  data s8  [P][k_padded/4][64][4]; scales [P][64]; col_sums i32 [P][64] (sum over k of q)
-//   kInt4      data u8  [P][cols][32] (byte j: lane j low nibble, lane j+32 high); scales, offsets [P][G][64]
-//              with w = q * scale + offset (offset = -zero * scale)
+//   kInt4      data u8  [P][k_padded/2][64] (a lane's byte: q(k) low nibble, q(k+1) high); scales, offsets
+//              [P][G][64] with w = q * scale + offset (offset = -zero * scale)
 //   kFP8E4M3   data u8  [P][cols][64];          scales [P][G=ceil(cols/128)][64], times 2^8 (the kernels read
 //              an e4m3 code as fp16 bits, which are 2^-8 of its value)
 // gate_up: rows counts outputs of silu(x w1^T) * (x w3^T); panel p's lanes 0..31 hold rows 32p.. of w1 and
@@ -110,13 +111,17 @@ enum class Isa : uint8_t { kScalar, kAvx512, kAvx512Bf16, kAvx512Vnni, kAmx };
 std::string_view isa_name(Isa isa);
 Isa kernel_isa(WeightFormat format, const CpuFeatures& cpu, bool x86_enabled);
 Isa kernel_isa(WeightFormat format);  // for this CPU and use_x86_kernels()
+// Every ISA this CPU can run a format on: kernel_isa's choice and the ones below it (kScalar always).
+std::vector<Isa> usable_isas(WeightFormat format, const CpuFeatures& cpu);
+// packed_matmul on a given ISA from usable_isas (tests and benchmarks compare the paths with it).
+void packed_matmul_on(Isa isa, const float* x, int64_t tokens, const PackedWeights& w, float* y, bool accumulate = false);
 
 // W8A8 activations: scale = absmax / 127 (0 for an all-zero row), q = round-to-nearest-even(x * (127 / absmax)).
 // Returns the scale. The fast path quantizes to exactly these values.
 float quantize_activations_s8(const float* x, int64_t k, int8_t* q);
 
 namespace ref {
-// The oracles: plain loops over QuantizedMatrix::weight() (f32 sums). kBF16 rounds x to bf16 first and
+// The oracles: plain loops over QuantizedMatrix::weight() (f32 sums). kBF16 and kInt4 round x to bf16 first and
 // kInt8W8A8 quantizes x with quantize_activations_s8, as the fast kernels do.
 void matmul(const float* x, int64_t tokens, const QuantizedMatrix& w, float* y, bool accumulate = false);
 void expert_gate_up(const float* x, int64_t tokens, const QuantizedMatrix& w1, const QuantizedMatrix& w3, float* h);

@@ -1,7 +1,8 @@
 // Weight-only int8 / int4 / fp8 matmuls: f32 activations, weights decoded to f32 in registers, f32 FMAs.
+// (int4 runs here only on CPUs without AVX512-BF16; packed_bf16_avx512bf16.cc has its faster kernel.)
 // Decode is memory-bound, so what matters is reading fewer bytes than bf16 and decoding them in fewer
 // instructions than the memory takes to deliver them. Panels are [k][64 lanes], so one k's 64 weights are
-// one contiguous run (64 B int8/fp8, 32 B int4) and the 4 f32 vectors of a k need no shuffles across k.
+// one contiguous run (64 B; int4: a k pair's 64 B) and the 4 f32 vectors of a k need no shuffles across k.
 // The register tile is MT tokens x 4 vectors; the decode cost is shared by the tile's tokens.
 #include <immintrin.h>
 
@@ -29,19 +30,18 @@ struct Int8Decode {  // s8 [cols][64]; the per-row scale is applied to the sums 
   }
 };
 
-struct Int4Decode {  // u8 [cols][32]: byte j = lane j (low nibble) | lane j + 32 (high); w = q * scale + offset
+struct Int4Decode {  // u8 [k_padded/2][64]: a lane's byte holds q(k) low, q(k+1) high; w = q * scale + offset
   static constexpr bool kGrouped = true, kOffset = true;
   const uint8_t* panel;
   int64_t group;
   const float *scales, *offsets;  // [G][64]
   void load(int64_t k, __m512 w[4]) const {
-    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + k * (kPanel / 2)));
-    const __m256i nibble = _mm256_set1_epi8(0x0f);
-    const __m256i lo = _mm256_and_si256(b, nibble), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), nibble);
-    w[0] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(lo)));
-    w[1] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(lo, 1)));
-    w[2] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(hi)));
-    w[3] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(hi, 1)));
+    const __m512i b = _mm512_loadu_si512(panel + (k / 2) * kPanel);
+    const __m512i q = _mm512_and_si512(k % 2 ? _mm512_srli_epi16(b, 4) : b, _mm512_set1_epi8(0x0f));
+    w[0] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(q, 0)));
+    w[1] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(q, 1)));
+    w[2] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(q, 2)));
+    w[3] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(q, 3)));
   }
 };
 
@@ -141,7 +141,7 @@ void run_panels_weight_only_avx512(const PanelJob& job, int64_t panel_begin, int
       }
       case WeightFormat::kInt4:
         panel_sums(x, tokens, cols,
-                   Int4Decode{w.data.as<const uint8_t>() + panel * cols * (kPanel / 2), w.group,
+                   Int4Decode{w.data.as<const uint8_t>() + panel * (w.k_padded / 2) * kPanel, w.group,
                               w.scales.as<const float>() + panel * groups * kPanel,
                               w.offsets.as<const float>() + panel * groups * kPanel},
                    c.data());

@@ -20,12 +20,14 @@ struct Epilogue {
 struct PanelJob {
   const void* activations = nullptr;  // bf16 u16 [T][k_padded] | f32 [T][cols] | W8A8 u8 (q + 128) [T][k_padded]
   const float* token_scales = nullptr;  // W8A8: [T] activation scales
+  const float* group_sums = nullptr;    // int4 on BF16: [T][groups] sums of the bf16 activations per K group
   int64_t tokens = 0;
   const PackedWeights* w = nullptr;
   Epilogue epilogue;
 };
 
 void run_panels_bf16_avx512bf16(const PanelJob& job, int64_t panel_begin, int64_t panel_end);
+void run_panels_int4_avx512bf16(const PanelJob& job, int64_t panel_begin, int64_t panel_end);
 void run_panels_weight_only_avx512(const PanelJob& job, int64_t panel_begin, int64_t panel_end);  // int8/int4/fp8
 void run_panels_w8a8_avx512vnni(const PanelJob& job, int64_t panel_begin, int64_t panel_end);
 
