@@ -384,6 +384,22 @@ void scalar_epilogue(const x86::Epilogue& e, const PackedWeights& w, int64_t pan
   }
 }
 
+// Threads take chunks of panels as they free up (a few chunks per thread) rather than one fixed share each:
+// on a machine other processes load, a descheduled thread then delays its current chunk, not the whole
+// call; a chunk is still a contiguous run of panels, so each thread streams.
+template <typename Fn>
+void for_panel_chunks(int64_t panels, Fn&& fn) {
+  const int threads = num_threads();
+  if (threads <= 1 || panels <= 1) {
+    fn(int64_t{0}, panels);
+    return;
+  }
+  const int64_t chunk = std::max<int64_t>(1, panels / (threads * 4));
+  const int64_t chunks = (panels + chunk - 1) / chunk;
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
+  for (int64_t i = 0; i < chunks; ++i) fn(i * chunk, std::min(panels, (i + 1) * chunk));
+}
+
 // Per call, on the calling thread; the panel workers read them. [T][k_padded]
 thread_local std::vector<uint16_t> g_act_bf16;
 thread_local std::vector<uint8_t> g_act_u8;
@@ -406,7 +422,7 @@ void run_scalar(const float* x, int64_t tokens, const PackedWeights& w, const x8
       for (int64_t k = 0; k < K; ++k) xr[t * K + k] = q[k];
     }
   }
-  parallel_for(w.panels, 1, [&](int64_t begin, int64_t end) {
+  for_panel_chunks(w.panels, [&](int64_t begin, int64_t end) {
     std::vector<float> c(tokens * kPanel);  // [T][64]
     for (int64_t panel = begin; panel < end; ++panel) {
       for (int64_t t = 0; t < tokens; ++t) {
@@ -449,7 +465,7 @@ void run(const float* x, int64_t tokens, const PackedWeights& w, const x86::Epil
       });
       job.activations = act;
       if (w.format == WeightFormat::kBF16) {
-        parallel_for(w.panels, 1, [&](int64_t b, int64_t e) { x86::run_panels_bf16_avx512bf16(job, b, e); });
+        for_panel_chunks(w.panels, [&](int64_t b, int64_t e) { x86::run_panels_bf16_avx512bf16(job, b, e); });
         break;
       }
       // int4: the kernel multiplies the activations by q + 16 (the codes as bf16, a masked OR) and takes
@@ -466,7 +482,7 @@ void run(const float* x, int64_t tokens, const PackedWeights& w, const x86::Epil
           }
       });
       job.group_sums = sums;
-      parallel_for(w.panels, 1, [&](int64_t b, int64_t e) { x86::run_panels_int4_avx512bf16(job, b, e); });
+      for_panel_chunks(w.panels, [&](int64_t b, int64_t e) { x86::run_panels_int4_avx512bf16(job, b, e); });
       break;
     }
     case Isa::kAvx512Vnni: {
@@ -479,7 +495,7 @@ void run(const float* x, int64_t tokens, const PackedWeights& w, const x86::Epil
       });
       job.activations = act;
       job.token_scales = scales;
-      parallel_for(w.panels, 1, [&](int64_t b, int64_t e) { x86::run_panels_w8a8_avx512vnni(job, b, e); });
+      for_panel_chunks(w.panels, [&](int64_t b, int64_t e) { x86::run_panels_w8a8_avx512vnni(job, b, e); });
       break;
     }
     case Isa::kAvx512:
@@ -490,7 +506,7 @@ void run(const float* x, int64_t tokens, const PackedWeights& w, const x86::Epil
         for (int64_t i = 0; i < tokens * K; ++i) rounded[i] = bf16_to_f32(f32_to_bf16(x[i]));
         job.activations = rounded;
       }
-      parallel_for(w.panels, 1, [&](int64_t b, int64_t e) { x86::run_panels_weight_only_avx512(job, b, e); });
+      for_panel_chunks(w.panels, [&](int64_t b, int64_t e) { x86::run_panels_weight_only_avx512(job, b, e); });
       break;
     default: MOEX_CHECK(false, "no kernel for ", isa_name(isa));
   }
