@@ -4,7 +4,11 @@
 // instruction counts; CPU detection against /proc/cpuinfo.
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <random>
 #include <set>
@@ -15,6 +19,7 @@
 #include "moex/base/cpu.h"
 #include "moex/base/dtype.h"
 #include "moex/base/error.h"
+#include "moex/kernels/bench_kernels.h"
 #include "moex/kernels/packed.h"
 #include "moex/kernels/probe.h"
 
@@ -381,6 +386,66 @@ TEST(Probe, DotProductPeaksCountTheirInstructions) {
     EXPECT_EQ(vnni.per_second, 0);
   }
 }
+
+}  // namespace
+}  // namespace moex
+
+// ---- the microbenchmark ----
+
+namespace moex {
+namespace {
+
+TEST(BenchKernels, OneRowPerFormatKernelAndTokenCountWithConsistentRates) {
+  kernels::KernelBenchOptions o;
+  o.hidden = 64;
+  o.intermediate = 96;
+  o.tokens = {1, 3};
+  o.formats = {"bf16", "int8", "int8-w8a8", "int4-g32", "int4-g64-asym", "fp8-e4m3"};
+  o.repeats = 1;
+  o.sample_ms = 0;
+  o.roofline_mb = 4;
+  o.cycle_mb = 1;
+  const kernels::KernelBenchReport r = kernels::bench_kernels(o);
+  ASSERT_EQ(r.rows.size(), o.formats.size() * o.kernels.size() * o.tokens.size());
+  EXPECT_GT(r.read_bytes_per_s, 0);
+  for (const auto& row : r.rows) {
+    const std::string what = row.kernel + " " + row.format;
+    const double matrices = row.kernel == "gate_up" ? 2 : 1;
+    EXPECT_EQ(row.flops, 2.0 * row.tokens * row.rows * row.cols * matrices) << what;
+    EXPECT_EQ(row.rows, row.kernel == "down" ? 64 : 96) << what;
+    EXPECT_GT(row.seconds, 0) << what;
+    EXPECT_NEAR(row.gflops, row.flops / row.seconds / 1e9, 1e-9 * row.gflops) << what;
+    EXPECT_NEAR(row.pct_read_roofline, 100 * row.weight_bytes / row.seconds / r.read_bytes_per_s, 1e-9 * row.pct_read_roofline);
+    // Weight bytes at least the codes' (bf16 2, int8 1, int4 0.5 byte per weight).
+    const double per_weight = row.format == "bf16" ? 2 : row.format.rfind("int4", 0) == 0 ? 0.5 : 1;
+    EXPECT_GE(row.weight_bytes, per_weight * row.rows * row.cols * matrices) << what;
+    EXPECT_EQ(row.isa, std::string(kernels::isa_name(kernels::kernel_isa(kernels::parse_format_spec(row.format).format))));
+  }
+  try {
+    kernels::parse_format_spec("int3");
+    FAIL() << "int3 accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidInput);
+    EXPECT_NE(std::string(e.what()).find("int4-g32"), std::string::npos) << "the message lists the formats: " << e.what();
+  }
+}
+
+#ifdef MOEX_BINARY
+TEST(BenchKernels, CommandPrintsJsonAndRejectsAnUnknownFormat) {
+  const std::string moex = MOEX_BINARY;
+  const std::string base = moex + " bench kernels --hidden 64 --intermediate 32 --tokens 2 --repeats 1 --roofline-mb 4";
+  FILE* pipe = popen((base + " --formats int8,bf16 --kernels down --json").c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, pipe)) out.append(buf, n);
+  ASSERT_EQ(pclose(pipe), 0) << out;
+  for (const char* key : {"\"read_gb_per_s\"", "\"bf16_peak_gflops\"", "\"format\":\"int8\"", "\"format\":\"bf16\"", "\"kernel\":\"down\""})
+    EXPECT_NE(out.find(key), std::string::npos) << key << " in " << out;
+  const int status = std::system((base + " --formats int3 >/dev/null 2>&1").c_str());
+  EXPECT_EQ(WIFEXITED(status) ? WEXITSTATUS(status) : -1, 2);
+}
+#endif
 
 }  // namespace
 }  // namespace moex
