@@ -200,7 +200,7 @@ PackedWeights pack_lanes(const QuantizedMatrix& like, int64_t rows, bool gate_up
   p.panels = (rows + p.rows_per_panel() - 1) / p.rows_per_panel();
   const int64_t K = like.cols, P = p.panels, G = like.groups();
   switch (p.format) {
-    case WeightFormat::kBF16:
+    case WeightFormat::kBF16: p.k_padded = round_up(K, 32); break;  // the AMX kernel's A tile is 32 k wide
     case WeightFormat::kInt4: p.k_padded = round_up(K, 2); break;
     case WeightFormat::kInt8W8A8: p.k_padded = round_up(K, 4); break;
     default: p.k_padded = K; break;
@@ -325,6 +325,8 @@ std::vector<Isa> usable_isas(WeightFormat format, const CpuFeatures& cpu) {
   const Isa best = kernel_isa(format, cpu, true);
   if (format == WeightFormat::kInt4 && best == Isa::kAvx512Bf16) isas.push_back(Isa::kAvx512);
   if (best != Isa::kScalar) isas.push_back(best);
+  // Tested here, not yet dispatched: kernel_isa picks AMX once it has been measured on an AMX CPU.
+  if (format == WeightFormat::kBF16 && best == Isa::kAvx512Bf16 && cpu.has_amx_kernels()) isas.push_back(Isa::kAmx);
   return isas;
 }
 
@@ -457,6 +459,7 @@ void run(const float* x, int64_t tokens, const PackedWeights& w, const x86::Epil
   job.epilogue = e;
   const int64_t K = w.cols, kp = w.k_padded;
   switch (isa) {
+    case Isa::kAmx:
     case Isa::kAvx512Bf16: {
       g_act_bf16.resize(tokens * kp);
       uint16_t* act = g_act_bf16.data();  // [T][k_padded]; a name, not the thread_local, reaches the workers
@@ -464,6 +467,11 @@ void run(const float* x, int64_t tokens, const PackedWeights& w, const x86::Epil
         for (int64_t t = begin; t < end; ++t) x86::round_row_bf16_avx512bf16(x + t * K, K, kp, act + t * kp);
       });
       job.activations = act;
+      if (isa == Isa::kAmx) {
+        MOEX_CHECK(request_amx_permission(), "Linux refused this process the AMX tile state");
+        for_panel_chunks(w.panels, [&](int64_t b, int64_t e) { x86::run_panels_bf16_amx(job, b, e); });
+        break;
+      }
       if (w.format == WeightFormat::kBF16) {
         for_panel_chunks(w.panels, [&](int64_t b, int64_t e) { x86::run_panels_bf16_avx512bf16(job, b, e); });
         break;

@@ -72,7 +72,8 @@ struct AlignedBytes {
 };
 
 // W repacked for the kernels. Layouts by format (P = panels, G = ceil(cols / group), lanes = 64):
-//   kBF16      data u16 [P][k_padded/2][64][2]  (VNNI pairs: a 32-bit lane holds W[n][k], W[n][k+1])
+//   kBF16      data u16 [P][k_padded/2][64][2]  (VNNI pairs: a 32-bit lane holds W[n][k], W[n][k+1]);
+//              k_padded a multiple of 32, so AMX B tiles (16 pairs) never run past a panel
 //   kInt8      data s8  [P][cols][64];          scales [P][64]
 //   kInt8W8A8  data s8  [P][k_padded/4][64][4]; scales [P][64]; col_sums i32 [P][64] (sum over k of q)
 //   kInt4      data u8  [P][k_padded/2][64] (a lane's byte: q(k) low nibble, q(k+1) high); scales, offsets

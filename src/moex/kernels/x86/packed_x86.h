@@ -28,6 +28,8 @@ struct PanelJob {
 
 void run_panels_bf16_avx512bf16(const PanelJob& job, int64_t panel_begin, int64_t panel_end);
 void run_panels_int4_avx512bf16(const PanelJob& job, int64_t panel_begin, int64_t panel_end);
+// AMX: the caller has checked has_amx_kernels() and request_amx_permission().
+void run_panels_bf16_amx(const PanelJob& job, int64_t panel_begin, int64_t panel_end);
 void run_panels_weight_only_avx512(const PanelJob& job, int64_t panel_begin, int64_t panel_end);  // int8/int4/fp8
 void run_panels_w8a8_avx512vnni(const PanelJob& job, int64_t panel_begin, int64_t panel_end);
 
