@@ -422,6 +422,9 @@ TEST(BenchKernels, OneRowPerFormatKernelAndTokenCountWithConsistentRates) {
     EXPECT_GT(row.seconds, 0) << what;
     EXPECT_NEAR(row.gflops, row.flops / row.seconds / 1e9, 1e-9 * row.gflops) << what;
     EXPECT_NEAR(row.pct_read_roofline, 100 * row.weight_bytes / row.seconds / r.read_bytes_per_s, 1e-9 * row.pct_read_roofline);
+    const double peak = row.isa == "avx512bf16" ? r.bf16_peak.per_second : row.isa == "avx512vnni" ? r.vnni_peak.per_second : 0;
+    const double roofline = std::max(row.weight_bytes / r.read_bytes_per_s, peak > 0 ? row.flops / peak : 0.0);
+    EXPECT_NEAR(row.pct_roofline, 100 * roofline / row.seconds, 1e-9 * row.pct_roofline) << what;
     // Weight bytes at least the codes' (bf16 2, int8 1, int4 0.5 byte per weight).
     const double per_weight = row.format == "bf16" ? 2 : row.format.rfind("int4", 0) == 0 ? 0.5 : 1;
     EXPECT_GE(row.weight_bytes, per_weight * row.rows * row.cols * matrices) << what;
@@ -446,7 +449,7 @@ TEST(BenchKernels, CommandPrintsJsonAndRejectsAnUnknownFormat) {
   char buf[4096];
   while (size_t n = fread(buf, 1, sizeof buf, pipe)) out.append(buf, n);
   ASSERT_EQ(pclose(pipe), 0) << out;
-  for (const char* key : {"\"read_gb_per_s\"", "\"bf16_peak_gflops\"", "\"format\":\"int8\"", "\"format\":\"bf16\"", "\"kernel\":\"down\""})
+  for (const char* key : {"\"read_gb_per_s\"", "\"bf16_peak_gflops\"", "\"format\":\"int8\"", "\"format\":\"bf16\"", "\"kernel\":\"down\"", "\"pct_roofline\""})
     EXPECT_NE(out.find(key), std::string::npos) << key << " in " << out;
   const int status = std::system((base + " --formats int3 >/dev/null 2>&1").c_str());
   EXPECT_EQ(WIFEXITED(status) ? WEXITSTATUS(status) : -1, 2);

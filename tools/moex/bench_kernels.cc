@@ -55,7 +55,7 @@ void run_kernels(const KernelsFlags& f) {
       rows.push_back({{"kernel", row.kernel}, {"format", row.format}, {"isa", row.isa}, {"tokens", row.tokens},
                       {"rows", row.rows}, {"cols", row.cols}, {"us", row.seconds * 1e6}, {"gb_per_s", row.gb_per_s},
                       {"gflops", row.gflops}, {"pct_read_roofline", row.pct_read_roofline},
-                      {"pct_compute_peak", row.pct_compute_peak}});
+                      {"pct_compute_peak", row.pct_compute_peak}, {"pct_roofline", row.pct_roofline}});
     std::printf("%s\n", nlohmann::json{{"hidden", o.hidden}, {"intermediate", o.intermediate}, {"threads", r.threads},
                                        {"read_gb_per_s", r.read_bytes_per_s / 1e9},
                                        {"bf16_peak_gflops", r.bf16_peak.per_second / 1e9},
@@ -68,19 +68,20 @@ void run_kernels(const KernelsFlags& f) {
               "vdpbf16ps %.0f GFLOPS, vpdpbusd %.0f GOPS\n",
               static_cast<long long>(o.hidden), static_cast<long long>(o.intermediate), r.threads,
               r.read_bytes_per_s / 1e9, r.bf16_peak.per_second / 1e9, r.vnni_peak.per_second / 1e9);
-  std::printf("%-8s %-15s %-11s %5s %13s %10s %8s %8s %7s %7s\n", "kernel", "format", "isa", "T", "matrix", "us",
-              "GB/s", "GFLOPS", "%read", "%peak");
+  std::printf("%-8s %-15s %-11s %5s %13s %10s %8s %8s %7s %7s %7s\n", "kernel", "format", "isa", "T", "matrix", "us",
+              "GB/s", "GFLOPS", "%read", "%peak", "%roof");
   for (const auto& row : r.rows) {
     char shape[32];
     std::snprintf(shape, sizeof shape, "%lldx%lld", static_cast<long long>(row.rows), static_cast<long long>(row.cols));
     char peak[16] = "-";
     if (row.pct_compute_peak > 0) std::snprintf(peak, sizeof peak, "%.1f", row.pct_compute_peak);
-    std::printf("%-8s %-15s %-11s %5lld %13s %10.1f %8.1f %8.1f %7.1f %7s\n", row.kernel.c_str(), row.format.c_str(),
-                row.isa.c_str(), static_cast<long long>(row.tokens), shape, row.seconds * 1e6, row.gb_per_s,
-                row.gflops, row.pct_read_roofline, peak);
+    std::printf("%-8s %-15s %-11s %5lld %13s %10.1f %8.1f %8.1f %7.1f %7s %7.1f\n", row.kernel.c_str(),
+                row.format.c_str(), row.isa.c_str(), static_cast<long long>(row.tokens), shape, row.seconds * 1e6,
+                row.gb_per_s, row.gflops, row.pct_read_roofline, peak, row.pct_roofline);
   }
   std::printf("%%read: weight bytes per second over the read probe (decode's roofline); %%peak: FLOP/s over the "
-              "probe of the kernel's dot-product instruction (isa avx512bf16: vdpbf16ps, avx512vnni: vpdpbusd).\n");
+              "probe of the kernel's dot-product instruction (isa avx512bf16: vdpbf16ps, avx512vnni: vpdpbusd);\n"
+              "%%roof: the batched roofline max(bytes / read, FLOPs / peak) over the time taken.\n");
 }
 
 void setup_kernels_bench(CLI::App& bench) {

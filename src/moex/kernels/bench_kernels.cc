@@ -164,6 +164,8 @@ KernelBenchReport bench_kernels(const KernelBenchOptions& o) {
                             : isa == Isa::kAvx512Vnni ? report.vnni_peak.per_second
                                                       : 0.0;
         r.pct_compute_peak = peak > 0 ? 100.0 * r.flops / seconds / peak : 0.0;
+        const double roofline_seconds = std::max(r.weight_bytes / report.read_bytes_per_s, peak > 0 ? r.flops / peak : 0.0);
+        r.pct_roofline = 100.0 * roofline_seconds / seconds;
         report.rows.push_back(r);
       }
     }

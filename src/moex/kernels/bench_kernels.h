@@ -31,6 +31,9 @@ struct KernelBenchRow {
   double gb_per_s = 0, gflops = 0;
   double pct_read_roofline = 0;             // weight bytes / s over the read probe
   double pct_compute_peak = 0;              // FLOP/s over the format's dot-product probe (0: none measured)
+  // The batched roofline: max(bytes / read probe, FLOPs / dot-product probe) over the time taken (memory
+  // alone when the kernel's instruction has no probe).
+  double pct_roofline = 0;
 };
 
 struct KernelBenchReport {
