@@ -385,6 +385,11 @@ TEST(Probe, DotProductPeaksCountTheirInstructions) {
   } else {
     EXPECT_EQ(bf16.per_second, 0);
   }
+  const kernels::PeakResult fma = kernels::fma_peak_f32(iterations);
+  if (use_x86_kernels()) {
+    EXPECT_EQ(fma.checksum, 1.0 * 16 * static_cast<double>(fma.instructions));  // 1 * 1 per lane
+    EXPECT_GT(fma.per_second, 0);
+  }
   if (kernels::kernel_isa(WeightFormat::kInt8W8A8) == Isa::kAvx512Vnni) {
     EXPECT_EQ(vnni.checksum, 4.0 * 16 * static_cast<double>(vnni.instructions));  // 4 products of 1*1 per lane
     EXPECT_GT(vnni.per_second, 0);
@@ -422,7 +427,10 @@ TEST(BenchKernels, OneRowPerFormatKernelAndTokenCountWithConsistentRates) {
     EXPECT_GT(row.seconds, 0) << what;
     EXPECT_NEAR(row.gflops, row.flops / row.seconds / 1e9, 1e-9 * row.gflops) << what;
     EXPECT_NEAR(row.pct_read_roofline, 100 * row.weight_bytes / row.seconds / r.read_bytes_per_s, 1e-9 * row.pct_read_roofline);
-    const double peak = row.isa == "avx512bf16" ? r.bf16_peak.per_second : row.isa == "avx512vnni" ? r.vnni_peak.per_second : 0;
+    const double peak = row.isa == "avx512bf16"   ? r.bf16_peak.per_second
+                        : row.isa == "avx512vnni" ? r.vnni_peak.per_second
+                        : row.isa == "avx512"     ? r.fma_peak.per_second
+                                                  : 0;
     const double roofline = std::max(row.weight_bytes / r.read_bytes_per_s, peak > 0 ? row.flops / peak : 0.0);
     EXPECT_NEAR(row.pct_roofline, 100 * roofline / row.seconds, 1e-9 * row.pct_roofline) << what;
     // Weight bytes at least the codes' (bf16 2, int8 1, int4 0.5 byte per weight).

@@ -114,9 +114,11 @@ KernelBenchReport bench_kernels(const KernelBenchOptions& o) {
   MOEX_CHECK_INPUT(!o.cpu_clock || report.threads == 1, "--cpu-clock times one thread: add --threads 1");
   report.read_bytes_per_s = read_bandwidth(o.roofline_mb << 20, o.repeats, o.cpu_clock);
   for (int i = 0; i < 3; ++i) {  // best of three: the peak is what the core can do, not what it did once
-    const PeakResult b = dot_peak_bf16(1 << 22, o.cpu_clock), v = dot_peak_vnni(1 << 22, o.cpu_clock);
+    const PeakResult b = dot_peak_bf16(1 << 22, o.cpu_clock), v = dot_peak_vnni(1 << 22, o.cpu_clock),
+                     f = fma_peak_f32(1 << 22, o.cpu_clock);
     if (b.per_second > report.bf16_peak.per_second) report.bf16_peak = b;
     if (v.per_second > report.vnni_peak.per_second) report.vnni_peak = v;
+    if (f.per_second > report.fma_peak.per_second) report.fma_peak = f;
   }
 
   const int64_t H = o.hidden, I = o.intermediate;
@@ -162,6 +164,7 @@ KernelBenchReport bench_kernels(const KernelBenchOptions& o) {
         const Isa isa = kernel_isa(spec.format);  // the peak of the instruction the kernel's sums use
         const double peak = isa == Isa::kAvx512Bf16 ? report.bf16_peak.per_second
                             : isa == Isa::kAvx512Vnni ? report.vnni_peak.per_second
+                            : isa == Isa::kAvx512     ? report.fma_peak.per_second
                                                       : 0.0;
         r.pct_compute_peak = peak > 0 ? 100.0 * r.flops / seconds / peak : 0.0;
         const double roofline_seconds = std::max(r.weight_bytes / report.read_bytes_per_s, peak > 0 ? r.flops / peak : 0.0);

@@ -82,4 +82,10 @@ PeakResult dot_peak_vnni(int64_t iterations_per_thread, bool cpu_clock) {
   return run_peak(iterations_per_thread, 128.0, cpu_clock, [&](int64_t n) { return x86::dpbusd_loop_avx512vnni(n, one); });
 }
 
+PeakResult fma_peak_f32(int64_t iterations_per_thread, bool cpu_clock) {
+  if (!use_x86_kernels()) return {};
+  volatile float one = 1.0f;
+  return run_peak(iterations_per_thread, 32.0, cpu_clock, [&](int64_t n) { return x86::fma_loop_avx512(n, one); });
+}
+
 }  // namespace moex::kernels

@@ -22,12 +22,14 @@ struct PeakResult {
 // machine that other processes load); otherwise all instructions over the wall time.
 PeakResult dot_peak_bf16(int64_t iterations_per_thread = 1 << 22, bool cpu_clock = false);  // vdpbf16ps: 64 FLOP each
 PeakResult dot_peak_vnni(int64_t iterations_per_thread = 1 << 22, bool cpu_clock = false);  // vpdpbusd: 128 OP each
+PeakResult fma_peak_f32(int64_t iterations_per_thread = 1 << 22, bool cpu_clock = false);   // vfmadd231ps: 32 FLOP each
 
 namespace x86 {
 constexpr int kPeakChains = 12;  // independent accumulators per thread
 float stream_read_avx512(const void* data, size_t bytes);
 double dpbf16_loop_avx512bf16(int64_t iterations, uint16_t one_bf16);  // kPeakChains x iterations instructions
 double dpbusd_loop_avx512vnni(int64_t iterations, uint8_t one);
+double fma_loop_avx512(int64_t iterations, float one);
 }  // namespace x86
 
 }  // namespace moex::kernels
