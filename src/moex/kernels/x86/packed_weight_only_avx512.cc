@@ -7,6 +7,8 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <memory>
 #include <vector>
 
 #include "moex/kernels/x86/packed_x86.h"
@@ -118,6 +120,87 @@ void panel_sums(const float* x, int64_t tokens, int64_t cols, const D& d, float*
   }
 }
 
+// Prefill: with many token tiles per panel, decoding every weight once per tile costs more than the FMAs
+// (fp8 ran at ~56% of the FMA peak). From kPrefillTokens tokens on, a K block of the panel is decoded once
+// into f32 [k][64] (kept in L2) and a plain MT = 6 FMA tile runs over it: the same products, only the
+// decoding is shared.
+constexpr int64_t kPrefillTokens = 16;
+constexpr int kPrefillTile = 6;
+constexpr int64_t kPrefillKBlock = 1024;  // 256 KB of decoded f32 weights; a multiple of every group size
+
+template <int MT>
+void f32_tile(const float* x, int64_t ldx, const float* w, int64_t k0, int64_t k1, float* c, bool load_c) {
+  __m512 acc[MT][4];
+  for (int t = 0; t < MT; ++t)
+    for (int v = 0; v < 4; ++v) acc[t][v] = _mm512_setzero_ps();
+  for (int64_t k = k0; k < k1; ++k) {
+    const float* wk = w + (k - k0) * kPanel;
+    const __m512 w0 = _mm512_load_ps(wk), w1 = _mm512_load_ps(wk + 16), w2 = _mm512_load_ps(wk + 32),
+                 w3 = _mm512_load_ps(wk + 48);
+    for (int t = 0; t < MT; ++t) {
+      const __m512 xv = _mm512_set1_ps(x[t * ldx + k]);
+      acc[t][0] = _mm512_fmadd_ps(xv, w0, acc[t][0]);
+      acc[t][1] = _mm512_fmadd_ps(xv, w1, acc[t][1]);
+      acc[t][2] = _mm512_fmadd_ps(xv, w2, acc[t][2]);
+      acc[t][3] = _mm512_fmadd_ps(xv, w3, acc[t][3]);
+    }
+  }
+  for (int t = 0; t < MT; ++t) {
+    for (int v = 0; v < 4; ++v) {
+      float* out = c + t * kPanel + 16 * v;
+      _mm512_storeu_ps(out, load_c ? _mm512_add_ps(acc[t][v], _mm512_loadu_ps(out)) : acc[t][v]);
+    }
+  }
+}
+
+template <class D>
+void panel_sums_prefill(const float* x, int64_t tokens, int64_t cols, const D& d, float* c) {
+  struct Free {
+    void operator()(float* p) const { std::free(p); }
+  };
+  thread_local std::unique_ptr<float, Free> decoded(  // [kPrefillKBlock][64] f32, 64-byte aligned
+      static_cast<float*>(std::aligned_alloc(64, kPrefillKBlock * kPanel * sizeof(float))));
+  float* wbuf = decoded.get();
+  for (int64_t k0 = 0; k0 < cols; k0 += kPrefillKBlock) {
+    const int64_t k1 = std::min(cols, k0 + kPrefillKBlock);
+    for (int64_t k = k0; k < k1; ++k) {  // decode (and dequantize, as tile() does) once
+      __m512 w[4];
+      d.load(k, w);
+      if constexpr (D::kGrouped) {
+        const int64_t g = k / d.group;
+        for (int v = 0; v < 4; ++v) {
+          const __m512 scale = _mm512_loadu_ps(d.scales + g * kPanel + 16 * v);
+          w[v] = D::kOffset ? _mm512_fmadd_ps(w[v], scale, _mm512_loadu_ps(d.offsets + g * kPanel + 16 * v))
+                            : _mm512_mul_ps(w[v], scale);
+        }
+      }
+      for (int v = 0; v < 4; ++v) _mm512_store_ps(wbuf + (k - k0) * kPanel + 16 * v, w[v]);
+    }
+    const bool load_c = k0 > 0;
+    int64_t t = 0;
+    for (; t + kPrefillTile <= tokens; t += kPrefillTile)
+      f32_tile<kPrefillTile>(x + t * cols, cols, wbuf, k0, k1, c + t * kPanel, load_c);
+    const float* xt = x + t * cols;
+    float* ct = c + t * kPanel;
+    switch (tokens - t) {
+      case 5: f32_tile<5>(xt, cols, wbuf, k0, k1, ct, load_c); break;
+      case 4: f32_tile<4>(xt, cols, wbuf, k0, k1, ct, load_c); break;
+      case 3: f32_tile<3>(xt, cols, wbuf, k0, k1, ct, load_c); break;
+      case 2: f32_tile<2>(xt, cols, wbuf, k0, k1, ct, load_c); break;
+      case 1: f32_tile<1>(xt, cols, wbuf, k0, k1, ct, load_c); break;
+      default: break;
+    }
+  }
+}
+
+template <class D>
+void panel_results(const float* x, int64_t tokens, int64_t cols, const D& d, float* c) {
+  if (tokens >= kPrefillTokens)
+    panel_sums_prefill(x, tokens, cols, d, c);
+  else
+    panel_sums(x, tokens, cols, d, c);
+}
+
 }  // namespace
 
 void run_panels_weight_only_avx512(const PanelJob& job, int64_t panel_begin, int64_t panel_end) {
@@ -131,7 +214,7 @@ void run_panels_weight_only_avx512(const PanelJob& job, int64_t panel_begin, int
   for (int64_t panel = panel_begin; panel < panel_end; ++panel) {
     switch (w.format) {
       case WeightFormat::kInt8: {
-        panel_sums(x, tokens, cols, Int8Decode{w.data.as<const int8_t>() + panel * cols * kPanel}, c.data());
+        panel_results(x, tokens, cols, Int8Decode{w.data.as<const int8_t>() + panel * cols * kPanel}, c.data());
         const float* scale = w.scales.as<const float>() + panel * kPanel;
         for (int64_t t = 0; t < tokens; ++t)
           for (int v = 0; v < 4; ++v)
@@ -140,15 +223,15 @@ void run_panels_weight_only_avx512(const PanelJob& job, int64_t panel_begin, int
         break;
       }
       case WeightFormat::kInt4:
-        panel_sums(x, tokens, cols,
-                   Int4Decode{w.data.as<const uint8_t>() + panel * (w.k_padded / 2) * kPanel, w.group,
+        panel_results(x, tokens, cols,
+                      Int4Decode{w.data.as<const uint8_t>() + panel * (w.k_padded / 2) * kPanel, w.group,
                               w.scales.as<const float>() + panel * groups * kPanel,
                               w.offsets.as<const float>() + panel * groups * kPanel},
                    c.data());
         break;
       case WeightFormat::kFP8E4M3:
-        panel_sums(x, tokens, cols,
-                   Fp8Decode{w.data.as<const uint8_t>() + panel * cols * kPanel, w.group,
+        panel_results(x, tokens, cols,
+                      Fp8Decode{w.data.as<const uint8_t>() + panel * cols * kPanel, w.group,
                              w.scales.as<const float>() + panel * groups * kPanel},
                    c.data());
         break;
