@@ -6,7 +6,9 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "moex/kernels/x86/packed_x86.h"
@@ -52,6 +54,18 @@ void tile(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t pairs, floa
 // with 16 + q accumulate apart and fold in at the group's end:
 //   sum x (q - zero) scale = scale * part + (offset - 16 scale) * sum x,   offset = -zero * scale.
 // (16 rather than the one-shift 128 + q: the 16 * sum x that cancels costs 3 fewer bits of the f32 sums.)
+// One k pair of an int4 panel row [64] as four bf16-pair vectors of 16 + q.
+inline void int4_pairs(const uint8_t* row, __m512bh wv[4]) {
+  const __m512i nibbles = _mm512_set1_epi32(0x00780078), bias = _mm512_set1_epi32(0x41804180);
+  for (int v = 0; v < 4; ++v) {
+    const __m512i b = _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(row + 16 * v)));
+    // (b << 3 | b << 15) & 0x00780078 | 0x41804180: q(k) in the low bf16's top mantissa bits, q(k+1) in the
+    // high one's (0xea: A & B | C).
+    wv[v] = reinterpret_cast<__m512bh>(
+        _mm512_ternarylogic_epi32(_mm512_or_si512(_mm512_slli_epi32(b, 3), _mm512_slli_epi32(b, 15)), nibbles, bias, 0xea));
+  }
+}
+
 // c [MT][64] (+)= x [MT][ldx] (bf16, k0..k1) . int4 panel [k/2][64]; k0, k1 on group boundaries (or k1 = end)
 template <int MT>
 void int4_tile(const uint16_t* x, int64_t ldx, const uint8_t* w, const float* scales, const float* offsets,
@@ -59,22 +73,14 @@ void int4_tile(const uint16_t* x, int64_t ldx, const uint8_t* w, const float* sc
   __m512 acc[MT][4];
   for (int t = 0; t < MT; ++t)
     for (int v = 0; v < 4; ++v) acc[t][v] = _mm512_setzero_ps();
-  const __m512i nibbles = _mm512_set1_epi32(0x00780078), bias = _mm512_set1_epi32(0x41804180);
   for (int64_t g0 = k0; g0 < k1; g0 += group) {
     const int64_t g1 = std::min(k1, g0 + group), g = g0 / group;
     __m512 part[MT][4];
     for (int t = 0; t < MT; ++t)
       for (int v = 0; v < 4; ++v) part[t][v] = _mm512_setzero_ps();
     for (int64_t k = g0; k < g1; k += 2) {
-      const uint8_t* wp = w + (k / 2) * kPanel;
       __m512bh wv[4];
-      for (int v = 0; v < 4; ++v) {
-        const __m512i b = _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(wp + 16 * v)));
-        // (b << 3 | b << 15) & 0x00780078 | 0x41804180: q(k) in the low bf16's top mantissa bits, q(k+1) in the
-        // high one's (0xea: A & B | C).
-        wv[v] = reinterpret_cast<__m512bh>(_mm512_ternarylogic_epi32(
-            _mm512_or_si512(_mm512_slli_epi32(b, 3), _mm512_slli_epi32(b, 15)), nibbles, bias, 0xea));
-      }
+      int4_pairs(w + (k / 2) * kPanel, wv);
       for (int t = 0; t < MT; ++t) {
         const __m512bh xv = broadcast_pair(x + t * ldx + k);
         for (int v = 0; v < 4; ++v) part[t][v] = _mm512_dpbf16_ps(part[t][v], xv, wv[v]);
@@ -95,16 +101,59 @@ void int4_tile(const uint16_t* x, int64_t ldx, const uint8_t* w, const float* sc
   }
 }
 
+// Prefill: c [MT][64] += x [MT][ldx] (bf16, k0..k1) . w, the K block k0.. decoded by int4_pairs
+// (bf16 [(k1-k0)/2][64][2]). Only the per-group sums live in registers (MT = 6: 24 of them); each group
+// folds into c, which stays in L1, so the tile is as wide as the bf16 kernel's.
+template <int MT>
+void int4_decoded_tile(const uint16_t* x, int64_t ldx, const uint16_t* w, const float* scales, const float* offsets,
+                       const float* sums, int64_t ld_sums, int64_t group, int64_t k0, int64_t k1, float* c) {
+  for (int64_t g0 = k0; g0 < k1; g0 += group) {
+    const int64_t g1 = std::min(k1, g0 + group), g = g0 / group;
+    __m512 part[MT][4];
+    for (int t = 0; t < MT; ++t)
+      for (int v = 0; v < 4; ++v) part[t][v] = _mm512_setzero_ps();
+    for (int64_t k = g0; k < g1; k += 2) {
+      const uint16_t* wp = w + (k - k0) * kPanel;
+      const __m512bh w0 = load_pairs(wp), w1 = load_pairs(wp + 32), w2 = load_pairs(wp + 64), w3 = load_pairs(wp + 96);
+      for (int t = 0; t < MT; ++t) {
+        const __m512bh xv = broadcast_pair(x + t * ldx + k);
+        part[t][0] = _mm512_dpbf16_ps(part[t][0], xv, w0);
+        part[t][1] = _mm512_dpbf16_ps(part[t][1], xv, w1);
+        part[t][2] = _mm512_dpbf16_ps(part[t][2], xv, w2);
+        part[t][3] = _mm512_dpbf16_ps(part[t][3], xv, w3);
+      }
+    }
+    for (int v = 0; v < 4; ++v) {
+      const __m512 scale = _mm512_loadu_ps(scales + g * kPanel + 16 * v);
+      const __m512 offset = _mm512_fnmadd_ps(_mm512_set1_ps(16.0f), scale, _mm512_loadu_ps(offsets + g * kPanel + 16 * v));
+      for (int t = 0; t < MT; ++t) {
+        float* out = c + t * kPanel + 16 * v;
+        _mm512_storeu_ps(out, _mm512_fmadd_ps(part[t][v], scale,
+                                              _mm512_fmadd_ps(offset, _mm512_set1_ps(sums[t * ld_sums + g]), _mm512_loadu_ps(out))));
+      }
+    }
+  }
+}
+
 }  // namespace
 
 void run_panels_int4_avx512bf16(const PanelJob& job, int64_t panel_begin, int64_t panel_end) {
   constexpr int kInt4TokenTile = 3;  // 2 x 12 accumulators (running and per-group) of the 32 registers
+  // From this many tokens a K block is decoded once into bf16 (256 KB, L2) and 6-token tiles load it: the
+  // decoding, not the dot products, bounds the tiles otherwise.
+  constexpr int64_t kPrefillTokens = 16;
   const PackedWeights& w = *job.w;
   const auto* x = static_cast<const uint16_t*>(job.activations);  // [T][k_padded] bf16
   const int64_t tokens = job.tokens, kp = w.k_padded, groups = (w.cols + w.group - 1) / w.group;
+  const bool prefill = tokens >= kPrefillTokens;
   thread_local std::vector<float> c;  // [T][64]
   if (c.size() < static_cast<size_t>(tokens * kPanel)) c.resize(tokens * kPanel);
   if (w.cols == 0) std::fill_n(c.begin(), tokens * kPanel, 0);  // an empty sum: no K block runs to write c
+  struct Free {
+    void operator()(uint16_t* p) const { std::free(p); }
+  };
+  thread_local std::unique_ptr<uint16_t, Free> decoded;  // [kKBlock/2][64][2] bf16, 64-byte aligned
+  if (prefill && !decoded) decoded.reset(static_cast<uint16_t*>(std::aligned_alloc(64, kKBlock * kPanel * 2)));
   for (int64_t panel = panel_begin; panel < panel_end; ++panel) {
     const uint8_t* w_panel = w.data.as<const uint8_t>() + panel * (kp / 2) * kPanel;  // [kp/2][64]
     const float* scales = w.scales.as<const float>() + panel * groups * kPanel;    // [G][64]
@@ -112,19 +161,41 @@ void run_panels_int4_avx512bf16(const PanelJob& job, int64_t panel_begin, int64_
     for (int64_t k0 = 0; k0 < kp; k0 += kKBlock) {  // kKBlock is a multiple of every group size
       const int64_t k1 = std::min(kp, k0 + kKBlock);
       const bool load_c = k0 > 0;
+      if (prefill) {
+        for (int64_t k = k0; k < k1; k += 2) {
+          __m512bh wv[4];
+          int4_pairs(w_panel + (k / 2) * kPanel, wv);
+          for (int v = 0; v < 4; ++v)
+            _mm512_store_si512(decoded.get() + (k - k0) * kPanel + 32 * v, reinterpret_cast<__m512i>(wv[v]));
+        }
+      }
+      if (prefill) {
+        if (k0 == 0) std::fill_n(c.begin(), tokens * kPanel, 0.0f);
+        const auto run = [&]<int MT>(int64_t t) {
+          int4_decoded_tile<MT>(x + t * kp, kp, decoded.get(), scales, offsets, job.group_sums + t * groups, groups,
+                                w.group, k0, k1, c.data() + t * kPanel);
+        };
+        int64_t t = 0;
+        for (; t + kTokenTile <= tokens; t += kTokenTile) run.template operator()<kTokenTile>(t);
+        switch (tokens - t) {
+          case 5: run.template operator()<5>(t); break;
+          case 4: run.template operator()<4>(t); break;
+          case 3: run.template operator()<3>(t); break;
+          case 2: run.template operator()<2>(t); break;
+          case 1: run.template operator()<1>(t); break;
+          default: break;
+        }
+        continue;
+      }
+      const auto run = [&]<int MT>(int64_t t) {
+        int4_tile<MT>(x + t * kp, kp, w_panel, scales, offsets, job.group_sums + t * groups, groups, w.group, k0, k1,
+                      c.data() + t * kPanel, load_c);
+      };
       int64_t t = 0;
-      for (; t + kInt4TokenTile <= tokens; t += kInt4TokenTile)
-        int4_tile<kInt4TokenTile>(x + t * kp, kp, w_panel, scales, offsets, job.group_sums + t * groups, groups, w.group,
-                                  k0, k1, c.data() + t * kPanel, load_c);
+      for (; t + kInt4TokenTile <= tokens; t += kInt4TokenTile) run.template operator()<kInt4TokenTile>(t);
       switch (tokens - t) {
-        case 2:
-          int4_tile<2>(x + t * kp, kp, w_panel, scales, offsets, job.group_sums + t * groups, groups, w.group, k0, k1,
-                       c.data() + t * kPanel, load_c);
-          break;
-        case 1:
-          int4_tile<1>(x + t * kp, kp, w_panel, scales, offsets, job.group_sums + t * groups, groups, w.group, k0, k1,
-                       c.data() + t * kPanel, load_c);
-          break;
+        case 2: run.template operator()<2>(t); break;
+        case 1: run.template operator()<1>(t); break;
         default: break;
       }
     }
