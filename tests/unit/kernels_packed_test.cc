@@ -87,10 +87,11 @@ struct Shape3 {
 
 // The shapes: 0..7 and 13 tokens (token-tile tails of every kernel), N odd and below / above a panel, K odd
 // and not a multiple of any tile, group or 128-block, one K over the kernels' 2048 K block, and K = 0;
-// 17 and 32 tokens take the weight-only kernels' prefill path (weights decoded once per 1024-k block).
+// from 16 tokens the weight-only kernels take their prefill path (weights decoded once per K block), the last
+// shape over two of its blocks.
 const Shape3 kShapes[] = {{0, 5, 7},   {2, 5, 0},   {1, 1, 1},     {1, 65, 33},    {2, 7, 130},  {3, 64, 64},    {4, 129, 257},
                           {5, 31, 96}, {6, 70, 200},  {7, 3, 131},    {13, 67, 95}, {1, 9, 4100},   {8, 64, 2051},
-                          {17, 67, 1100}, {32, 9, 300}};
+                          {17, 67, 1100}, {32, 9, 300}, {16, 5, 2100}};
 
 void expect_close(const std::vector<float>& actual, const std::vector<float>& expected, const std::vector<double>& mag,
                   double rel, const std::string& what) {
