@@ -1,7 +1,10 @@
 #include "moex/base/cpu.h"
 
 #include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
@@ -10,18 +13,34 @@
 namespace moex {
 namespace {
 
+// XCR0 via xgetbv, only when CPUID says the OS enabled it (OSXSAVE); the asm needs no -mxsave.
+uint64_t read_xcr0() {
+  uint32_t lo, hi;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  return (static_cast<uint64_t>(hi) << 32) | lo;
+}
+
 CpuFeatures detect() {
   CpuFeatures f;
   unsigned a, b, c, d;
-  if (__get_cpuid(1, &a, &b, &c, &d)) f.fma = c & bit_FMA;
+  uint64_t xcr0 = 0;
+  if (__get_cpuid(1, &a, &b, &c, &d)) {
+    f.fma = c & bit_FMA;
+    if (c & bit_OSXSAVE) xcr0 = read_xcr0();
+  }
+  // XCR0 bits: 1 SSE, 2 AVX, 5 opmask, 6 ZMM0-15 upper halves, 7 ZMM16-31; 17 tile config, 18 tile data.
+  f.os_avx512 = (xcr0 & 0xe6) == 0xe6;
+  f.os_amx = f.os_avx512 && (xcr0 & 0x60000) == 0x60000;
   if (__get_cpuid_count(7, 0, &a, &b, &c, &d)) {
     f.avx2 = b & bit_AVX2;
     f.avx512f = b & bit_AVX512F;
     f.avx512dq = b & bit_AVX512DQ;
     f.avx512bw = b & bit_AVX512BW;
     f.avx512vl = b & bit_AVX512VL;
+    f.avx512_vnni = c & (1u << 11);
     f.amx_bf16 = d & (1u << 22);
     f.amx_tile = d & (1u << 24);
+    f.amx_int8 = d & (1u << 25);
   }
   if (__get_cpuid_count(7, 1, &a, &b, &c, &d)) f.avx512_bf16 = a & (1u << 5);
   return f;
@@ -60,6 +79,9 @@ std::string CpuFeatures::str() const {
   add(avx512_bf16, "avx512_bf16");
   add(amx_tile, "amx_tile");
   add(amx_bf16, "amx_bf16");
+  add(avx512_vnni, "avx512_vnni");
+  add(amx_int8, "amx_int8");
+  if ((avx512f && !os_avx512) || (amx_tile && !os_amx)) add(true, "(os-disabled state)");
   return out.empty() ? "none" : out;
 }
 
@@ -75,6 +97,15 @@ void check_isa_env() {
   MOEX_CHECK_INPUT(setting != IsaSetting::kAvx512 || cpu_features().has_avx512_kernels(),
                    "MOEX_ISA=avx512, but this CPU lacks AVX-512 F/BW/VL/DQ with FMA (it has: ", cpu_features().str(),
                    "); use MOEX_ISA=ref or unset it");
+}
+
+bool request_amx_permission() {
+  static const bool granted = [] {
+    if (!cpu_features().has_amx_kernels()) return false;
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtileData = 18;  // from asm/prctl.h (Linux 5.16+)
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtileData) == 0;
+  }();
+  return granted;
 }
 
 bool use_x86_kernels() { return g_use_x86; }

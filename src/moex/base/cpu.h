@@ -7,12 +7,23 @@ namespace moex {
 struct CpuFeatures {
   bool avx2 = false, fma = false, avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false;
   bool avx512_bf16 = false, amx_tile = false, amx_bf16 = false;
-  // What the AVX-512 kernels in kernels/x86 need.
-  bool has_avx512_kernels() const { return avx512f && avx512bw && avx512vl && avx512dq && fma; }
+  bool avx512_vnni = false, amx_int8 = false;
+  // The OS saves the state (XCR0): AVX-512 needs opmask + ZMM bits, AMX the tile config + data bits.
+  // A CPU flag without them means the instructions fault, so every has_* below requires them.
+  bool os_avx512 = false, os_amx = false;
+  // What each family of kernels in kernels/x86 needs; one per file suffix there (*_avx512.cc, ...).
+  bool has_avx512_kernels() const { return avx512f && avx512bw && avx512vl && avx512dq && fma && os_avx512; }
+  bool has_avx512_bf16_kernels() const { return has_avx512_kernels() && avx512_bf16; }
+  bool has_avx512_vnni_kernels() const { return has_avx512_kernels() && avx512_vnni; }
+  // CPU and OS support only: a process must still ask Linux for the tile state (request_amx_permission).
+  bool has_amx_kernels() const { return has_avx512_kernels() && amx_tile && amx_bf16 && amx_int8 && os_amx; }
   std::string str() const;
 };
 
 const CpuFeatures& cpu_features();
+// Asks Linux (arch_prctl ARCH_REQ_XCOMP_PERM) for the AMX tile state once per process; false when the CPU,
+// the OS or the kernel version says no. AMX kernels may run only after this returned true.
+bool request_amx_permission();
 // MOEX_ISA=ref forces the scalar kernels (tests use it to compare the two paths in one binary); avx512
 // requires the AVX-512 ones; auto (or unset) takes the best the CPU has.
 bool use_x86_kernels();

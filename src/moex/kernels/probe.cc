@@ -1,7 +1,11 @@
 #include "moex/kernels/probe.h"
 
+#include <time.h>
+
+#include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 
 #include "moex/base/cpu.h"
 #include "moex/base/threads.h"
@@ -29,6 +33,59 @@ float stream_read(const void* data, size_t bytes) {
   float total = 0.0f;
   for (float p : partial) total += p;
   return total;
+}
+
+namespace {
+
+double thread_cpu_seconds() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + ts.tv_nsec * 1e-9;
+}
+
+// Every thread runs loop(iterations); the rate counts all threads' instructions over the wall time, or
+// (cpu_clock) sums each thread's instructions over its own CPU time.
+PeakResult run_peak(int64_t iterations, double ops_per_instruction, bool cpu_clock,
+                    const std::function<double(int64_t)>& loop) {
+  PeakResult r;
+  r.threads = num_threads();
+  double sums[256] = {}, rates[256] = {};
+  const auto start = std::chrono::steady_clock::now();
+#pragma omp parallel num_threads(r.threads)
+  {
+    const double cpu_start = thread_cpu_seconds();
+    sums[omp_get_thread_num() % 256] = loop(iterations);
+    rates[omp_get_thread_num() % 256] = iterations * x86::kPeakChains / (thread_cpu_seconds() - cpu_start);
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  for (double s : sums) r.checksum += s;
+  r.instructions = iterations * x86::kPeakChains * r.threads;
+  if (cpu_clock) {
+    for (double rate : rates) r.per_second += rate * ops_per_instruction;
+  } else {
+    r.per_second = static_cast<double>(r.instructions) * ops_per_instruction / seconds;
+  }
+  return r;
+}
+
+}  // namespace
+
+PeakResult dot_peak_bf16(int64_t iterations_per_thread, bool cpu_clock) {
+  if (!use_x86_kernels() || !cpu_features().has_avx512_bf16_kernels()) return {};
+  volatile uint16_t one = 0x3f80;  // bf16 1.0, read at run time so nothing folds
+  return run_peak(iterations_per_thread, 64.0, cpu_clock, [&](int64_t n) { return x86::dpbf16_loop_avx512bf16(n, one); });
+}
+
+PeakResult dot_peak_vnni(int64_t iterations_per_thread, bool cpu_clock) {
+  if (!use_x86_kernels() || !cpu_features().has_avx512_vnni_kernels()) return {};
+  volatile uint8_t one = 1;
+  return run_peak(iterations_per_thread, 128.0, cpu_clock, [&](int64_t n) { return x86::dpbusd_loop_avx512vnni(n, one); });
+}
+
+PeakResult fma_peak_f32(int64_t iterations_per_thread, bool cpu_clock) {
+  if (!use_x86_kernels()) return {};
+  volatile float one = 1.0f;
+  return run_peak(iterations_per_thread, 32.0, cpu_clock, [&](int64_t n) { return x86::fma_loop_avx512(n, one); });
 }
 
 }  // namespace moex::kernels

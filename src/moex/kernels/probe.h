@@ -2,14 +2,34 @@
 // threads and loads the matmul uses. Decode throughput is judged against it.
 #pragma once
 #include <cstddef>
+#include <cstdint>
 
 namespace moex::kernels {
 
 // Reads every byte of data[0, bytes) once (all threads) and returns a checksum so the reads stay.
 float stream_read(const void* data, size_t bytes);
 
+// Compute roofline probes: the dot-product instructions the packed kernels use, back to back on registers
+// in every thread. `per_second` is 0 when the CPU lacks the instruction. `checksum` is what the
+// accumulators summed to, which a test checks against the instruction count the rate is computed from.
+struct PeakResult {
+  double per_second = 0;  // FLOP/s (bf16: 2 per product) or OP/s (int8: 2 per product)
+  double checksum = 0;
+  int threads = 0;
+  int64_t instructions = 0;  // all threads
+};
+// cpu_clock: each thread's rate over its own CPU time, summed (what the cores do while they run, for a
+// machine that other processes load); otherwise all instructions over the wall time.
+PeakResult dot_peak_bf16(int64_t iterations_per_thread = 1 << 22, bool cpu_clock = false);  // vdpbf16ps: 64 FLOP each
+PeakResult dot_peak_vnni(int64_t iterations_per_thread = 1 << 22, bool cpu_clock = false);  // vpdpbusd: 128 OP each
+PeakResult fma_peak_f32(int64_t iterations_per_thread = 1 << 22, bool cpu_clock = false);   // vfmadd231ps: 32 FLOP each
+
 namespace x86 {
+constexpr int kPeakChains = 12;  // independent accumulators per thread
 float stream_read_avx512(const void* data, size_t bytes);
+double dpbf16_loop_avx512bf16(int64_t iterations, uint16_t one_bf16);  // kPeakChains x iterations instructions
+double dpbusd_loop_avx512vnni(int64_t iterations, uint8_t one);
+double fma_loop_avx512(int64_t iterations, float one);
 }  // namespace x86
 
 }  // namespace moex::kernels

@@ -19,3 +19,19 @@ float stream_read_avx512(const void* data, size_t bytes) {
 }
 
 }  // namespace moex::kernels::x86
+
+namespace moex::kernels::x86 {
+
+// As dpbf16_loop_avx512bf16 with vfmadd231ps (the weight-only kernels' instruction): 1 * 1 adds 1 per lane.
+double fma_loop_avx512(int64_t iterations, float one) {
+  const __m512 a = _mm512_set1_ps(one);
+  __m512 acc[kPeakChains];
+  for (auto& v : acc) v = _mm512_setzero_ps();
+  for (int64_t i = 0; i < iterations; ++i)
+    for (auto& v : acc) v = _mm512_fmadd_ps(a, a, v);
+  double sum = 0;
+  for (auto& v : acc) sum += _mm512_reduce_add_ps(v);
+  return sum;
+}
+
+}  // namespace moex::kernels::x86

@@ -1,0 +1,179 @@
+#include "moex/kernels/bench_kernels.h"
+
+#include <sys/mman.h>
+#include <time.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <random>
+
+#include "moex/base/error.h"
+#include "moex/base/threads.h"
+
+namespace moex::kernels {
+namespace {
+
+double now_seconds(bool cpu_clock) {
+  if (!cpu_clock) return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + ts.tv_nsec * 1e-9;
+}
+
+double median_call_seconds(int repeats, double sample_ms, bool cpu_clock, const std::function<void()>& call) {
+  call();  // warm-up: sizes the per-thread buffers
+  const auto start = std::chrono::steady_clock::now();
+  int calls = 0;
+  do {
+    call();
+    ++calls;
+  } while (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() < sample_ms * 1e-3);
+  std::vector<double> samples;
+  for (int r = 0; r < std::max(repeats, 1); ++r) {
+    const double t0 = now_seconds(cpu_clock);
+    for (int i = 0; i < calls; ++i) call();
+    samples.push_back((now_seconds(cpu_clock) - t0) / calls);
+  }
+  std::sort(samples.begin(), samples.end());
+  return samples[samples.size() / 2];
+}
+
+double read_bandwidth(size_t bytes, int repeats, bool cpu_clock) {
+  void* buffer = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  MOEX_CHECK(buffer != MAP_FAILED, "cannot map ", bytes, " bytes for the read probe");
+  std::memset(buffer, 1, bytes);
+  volatile float sink = 0.0f;
+  const double seconds = median_call_seconds(repeats, 0, cpu_clock, [&] { sink = sink + stream_read(buffer, bytes); });
+  ::munmap(buffer, bytes);
+  return static_cast<double>(bytes) / seconds;
+}
+
+QuantizedMatrix make_weights(const FormatSpec& spec, int64_t rows, int64_t cols, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f / std::sqrt(static_cast<float>(cols)));
+  std::vector<float> w(rows * cols);  // [rows, cols]
+  for (float& v : w) v = normal(rng);
+  const TensorView view{w.data(), DType::kF32, Shape{rows, cols}};
+  switch (spec.format) {
+    case WeightFormat::kBF16: return quantize_bf16(view);
+    case WeightFormat::kInt8:
+    case WeightFormat::kInt8W8A8: return quantize_int8(view, spec.format);
+    case WeightFormat::kInt4: return quantize_int4(view, spec.group, spec.symmetric);
+    case WeightFormat::kFP8E4M3: return quantize_fp8(view);
+  }
+  return {};
+}
+
+PackedWeights clone(const PackedWeights& p) {
+  PackedWeights c;
+  c.format = p.format;
+  c.rows = p.rows, c.cols = p.cols, c.group = p.group, c.gate_up = p.gate_up, c.panels = p.panels,
+  c.k_padded = p.k_padded;
+  for (auto [from, to] : {std::pair{&p.data, &c.data}, std::pair{&p.scales, &c.scales}, std::pair{&p.offsets, &c.offsets},
+                          std::pair{&p.col_sums, &c.col_sums}}) {
+    if (!from->size) continue;
+    to->allocate(from->size);
+    std::memcpy(to->ptr.get(), from->ptr.get(), from->size);
+  }
+  return c;
+}
+
+}  // namespace
+
+FormatSpec parse_format_spec(const std::string& name) {
+  if (name == "bf16") return {WeightFormat::kBF16};
+  if (name == "int8") return {WeightFormat::kInt8};
+  if (name == "int8-w8a8") return {WeightFormat::kInt8W8A8};
+  if (name == "fp8-e4m3") return {WeightFormat::kFP8E4M3};
+  for (int64_t g : {32, 64, 128}) {
+    const std::string base = "int4-g" + std::to_string(g);
+    if (name == base) return {WeightFormat::kInt4, g, true};
+    if (name == base + "-asym") return {WeightFormat::kInt4, g, false};
+  }
+  throw_error(ErrorKind::kInvalidInput, "unknown weight format '" + name +
+                                            "' (choose bf16, int8, int8-w8a8, int4-g32|g64|g128[-asym], fp8-e4m3)");
+}
+
+KernelBenchReport bench_kernels(const KernelBenchOptions& o) {
+  MOEX_CHECK_INPUT(o.hidden > 0 && o.intermediate > 0, "hidden and intermediate sizes must be > 0");
+  for (const std::string& k : o.kernels)
+    MOEX_CHECK_INPUT(k == "w1" || k == "gate_up" || k == "down", "unknown kernel '", k, "' (choose w1, gate_up, down)");
+  std::vector<FormatSpec> specs;
+  for (const std::string& f : o.formats) specs.push_back(parse_format_spec(f));
+  int64_t max_tokens = 1;
+  for (int64_t t : o.tokens) {
+    MOEX_CHECK_INPUT(t >= 1, "token counts must be >= 1");
+    max_tokens = std::max(max_tokens, t);
+  }
+
+  KernelBenchReport report;
+  report.threads = num_threads();
+  MOEX_CHECK_INPUT(!o.cpu_clock || report.threads == 1, "--cpu-clock times one thread: add --threads 1");
+  report.read_bytes_per_s = read_bandwidth(o.roofline_mb << 20, o.repeats, o.cpu_clock);
+  for (int i = 0; i < 3; ++i) {  // best of three: the peak is what the core can do, not what it did once
+    const PeakResult b = dot_peak_bf16(1 << 22, o.cpu_clock), v = dot_peak_vnni(1 << 22, o.cpu_clock),
+                     f = fma_peak_f32(1 << 22, o.cpu_clock);
+    if (b.per_second > report.bf16_peak.per_second) report.bf16_peak = b;
+    if (v.per_second > report.vnni_peak.per_second) report.vnni_peak = v;
+    if (f.per_second > report.fma_peak.per_second) report.fma_peak = f;
+  }
+
+  const int64_t H = o.hidden, I = o.intermediate;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(max_tokens * std::max(H, I)), out(max_tokens * H), h(max_tokens * I);  // [T, H|I]
+  for (float& v : x) v = normal(rng);
+  std::vector<float> route(max_tokens, 0.5f);
+  std::vector<int32_t> out_rows(max_tokens);
+  for (int64_t t = 0; t < max_tokens; ++t) out_rows[t] = static_cast<int32_t>(t);
+
+  for (size_t s = 0; s < specs.size(); ++s) {
+    const FormatSpec& spec = specs[s];
+    const QuantizedMatrix w1 = make_weights(spec, I, H, 1), w3 = make_weights(spec, I, H, 3), w2 = make_weights(spec, H, I, 2);
+    for (const std::string& kernel : o.kernels) {
+      const PackedWeights packed = kernel == "gate_up" ? pack_gate_up(w1, w3) : pack(kernel == "down" ? w2 : w1);
+      const int64_t copies = std::max<int64_t>(1, static_cast<int64_t>(std::ceil(double(o.cycle_mb << 20) / packed.weight_bytes())));
+      std::vector<PackedWeights> cycle;
+      cycle.push_back(clone(packed));
+      for (int64_t c = 1; c < copies; ++c) cycle.push_back(clone(packed));
+      for (int64_t T : o.tokens) {
+        int64_t next = 0;
+        const double seconds = median_call_seconds(o.repeats, o.sample_ms, o.cpu_clock, [&] {
+          const PackedWeights& w = cycle[next];
+          next = (next + 1) % copies;
+          if (kernel == "w1") packed_matmul(x.data(), T, w, h.data());
+          else if (kernel == "gate_up") expert_gate_up(x.data(), T, w, h.data());
+          else expert_down_accumulate(x.data(), T, w, route.data(), out_rows.data(), out.data(), H);
+        });
+        KernelBenchRow r;
+        r.kernel = kernel;
+        r.format = o.formats[s];
+        r.isa = std::string(isa_name(kernel_isa(spec.format)));
+        r.tokens = T;
+        r.rows = kernel == "down" ? H : I;
+        r.cols = kernel == "down" ? I : H;
+        r.seconds = seconds;
+        r.weight_bytes = static_cast<double>(packed.weight_bytes());
+        r.flops = 2.0 * T * r.rows * r.cols * (kernel == "gate_up" ? 2 : 1);
+        r.gb_per_s = r.weight_bytes / seconds / 1e9;
+        r.gflops = r.flops / seconds / 1e9;
+        r.pct_read_roofline = 100.0 * r.weight_bytes / seconds / report.read_bytes_per_s;
+        const Isa isa = kernel_isa(spec.format);  // the peak of the instruction the kernel's sums use
+        const double peak = isa == Isa::kAvx512Bf16 ? report.bf16_peak.per_second
+                            : isa == Isa::kAvx512Vnni ? report.vnni_peak.per_second
+                            : isa == Isa::kAvx512     ? report.fma_peak.per_second
+                                                      : 0.0;
+        r.pct_compute_peak = peak > 0 ? 100.0 * r.flops / seconds / peak : 0.0;
+        const double roofline_seconds = std::max(r.weight_bytes / report.read_bytes_per_s, peak > 0 ? r.flops / peak : 0.0);
+        r.pct_roofline = 100.0 * roofline_seconds / seconds;
+        report.rows.push_back(r);
+      }
+    }
+  }
+  return report;
+}
+
+}  // namespace moex::kernels

@@ -1,0 +1,55 @@
+// Kernel microbenchmark: each packed format's matmul, fused gate/up and routed down projection on an
+// expert's shapes, against the probes measured in the same run (read bandwidth for the bytes a call reads,
+// the vdpbf16ps / vpdpbusd peaks for its FLOPs). Callable from a command (`moex bench kernels`) or a test.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "moex/kernels/packed.h"
+#include "moex/kernels/probe.h"
+
+namespace moex::kernels {
+
+struct KernelBenchOptions {
+  int64_t hidden = 1024, intermediate = 3584;  // one expert: w1, w3 [intermediate, hidden], w2 [hidden, intermediate]
+  std::vector<int64_t> tokens = {1, 64, 512};  // tokens routed to the expert per call
+  std::vector<std::string> formats = {"bf16", "int8", "int8-w8a8", "int4-g128", "int4-g128-asym", "fp8-e4m3"};
+  std::vector<std::string> kernels = {"w1", "gate_up", "down"};
+  int repeats = 5;
+  double sample_ms = 20;          // calls per sample: enough to last this long
+  size_t roofline_mb = 1024;      // read-bandwidth probe buffer
+  size_t cycle_mb = 256;          // copies of the weights cycled so every call reads from DRAM, not L3
+  bool cpu_clock = false;         // time on the thread's CPU clock (one thread only): for a machine others load
+};
+
+struct KernelBenchRow {
+  std::string kernel, format, isa;
+  int64_t tokens = 0, rows = 0, cols = 0;  // the matrix [rows, cols] (gate_up: each of w1 and w3)
+  double seconds = 0;                       // per call, median of the samples
+  double weight_bytes = 0, flops = 0;       // per call
+  double gb_per_s = 0, gflops = 0;
+  double pct_read_roofline = 0;             // weight bytes / s over the read probe
+  double pct_compute_peak = 0;              // FLOP/s over the format's dot-product probe (0: none measured)
+  // The batched roofline: max(bytes / read probe, FLOPs / dot-product probe) over the time taken (memory
+  // alone when the kernel's instruction has no probe).
+  double pct_roofline = 0;
+};
+
+struct KernelBenchReport {
+  double read_bytes_per_s = 0;
+  PeakResult bf16_peak, vnni_peak, fma_peak;
+  int threads = 0;
+  std::vector<KernelBenchRow> rows;
+};
+
+struct FormatSpec {
+  WeightFormat format = WeightFormat::kBF16;
+  int64_t group = 0;  // int4 only
+  bool symmetric = true;
+};
+// Parses "bf16", "int8", "int8-w8a8", "int4-g32|g64|g128[-asym]", "fp8-e4m3"; throws an input error otherwise.
+FormatSpec parse_format_spec(const std::string& name);
+KernelBenchReport bench_kernels(const KernelBenchOptions& options);
+
+}  // namespace moex::kernels

@@ -1,0 +1,567 @@
+// Quantizers, the one-time repack into panels, and dispatch: checks, activation conversion, threads split
+// the panels, each ISA's kernel runs its share (kernels/x86/packed_*), or the scalar loop over the same
+// packed layout when the CPU (or MOEX_ISA=ref) rules the x86 kernels out.
+#include "moex/kernels/packed.h"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+
+#include "moex/base/dtype.h"
+#include "moex/base/error.h"
+#include "moex/base/threads.h"
+#include "moex/kernels/x86/packed_x86.h"
+
+namespace moex::kernels {
+namespace {
+
+float read_f32(const TensorView& w, int64_t r, int64_t c) {
+  const int64_t i = r * w.stride0() + c;
+  return w.dtype == DType::kBF16 ? bf16_to_f32(w.as<const uint16_t>()[i]) : w.as<const float>()[i];
+}
+
+void check_source(const TensorView& w, const char* what) {
+  MOEX_CHECK_INPUT(w.shape.rank == 2 && (w.dtype == DType::kF32 || w.dtype == DType::kBF16), what,
+                   ": expected an F32 or BF16 matrix, got ", dtype_name(w.dtype), " ", w.shape.str());
+}
+
+int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
+
+// Quantizing and packing a Mixtral-sized model is ~10^11 element visits: rows (or panels) go to all threads.
+template <typename Fn>
+void for_each_index(int64_t n, Fn&& fn) {
+  parallel_for(n, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) fn(i);
+  });
+}
+
+QuantizedMatrix empty_matrix(WeightFormat format, int64_t rows, int64_t cols, int64_t group = 0) {
+  QuantizedMatrix q;
+  q.format = format;
+  q.rows = rows;
+  q.cols = cols;
+  q.group = group;
+  return q;
+}
+
+}  // namespace
+
+std::string_view weight_format_name(WeightFormat format) {
+  switch (format) {
+    case WeightFormat::kBF16: return "bf16";
+    case WeightFormat::kInt8: return "int8";
+    case WeightFormat::kInt8W8A8: return "int8-w8a8";
+    case WeightFormat::kInt4: return "int4";
+    case WeightFormat::kFP8E4M3: return "fp8-e4m3";
+  }
+  return "?";
+}
+
+float QuantizedMatrix::weight(int64_t r, int64_t c) const {
+  const int64_t i = r * cols + c;
+  switch (format) {
+    case WeightFormat::kBF16: return bf16_to_f32(bf16[i]);
+    case WeightFormat::kInt8:
+    case WeightFormat::kInt8W8A8: return static_cast<float>(static_cast<int8_t>(codes[i])) * scales[r];
+    case WeightFormat::kInt4: {
+      const int64_t g = r * groups() + c / group;
+      return static_cast<float>(static_cast<int>(codes[i]) - static_cast<int>(zeros[g])) * scales[g];
+    }
+    case WeightFormat::kFP8E4M3: return f8e4m3_to_f32(codes[i]) * scales[(r / 128) * groups() + c / 128];
+  }
+  return 0.0f;
+}
+
+QuantizedMatrix quantize_bf16(const TensorView& w) {
+  check_source(w, "quantize_bf16");
+  QuantizedMatrix q = empty_matrix(WeightFormat::kBF16, w.shape[0], w.shape[1]);
+  q.bf16.resize(q.rows * q.cols);  // [rows, cols]
+  for_each_index(q.rows, [&](int64_t r) {
+    for (int64_t c = 0; c < q.cols; ++c) q.bf16[r * q.cols + c] = f32_to_bf16(read_f32(w, r, c));
+  });
+  return q;
+}
+
+QuantizedMatrix quantize_int8(const TensorView& w, WeightFormat format) {
+  check_source(w, "quantize_int8");
+  MOEX_CHECK(format == WeightFormat::kInt8 || format == WeightFormat::kInt8W8A8);
+  QuantizedMatrix q = empty_matrix(format, w.shape[0], w.shape[1]);
+  q.codes.resize(q.rows * q.cols);  // [rows, cols] s8
+  q.scales.resize(q.rows);          // [rows]
+  for_each_index(q.rows, [&](int64_t r) {
+    float absmax = 0.0f;
+    for (int64_t c = 0; c < q.cols; ++c) absmax = std::max(absmax, std::fabs(read_f32(w, r, c)));
+    const float inv = absmax > 0.0f ? 127.0f / absmax : 0.0f;
+    q.scales[r] = absmax / 127.0f;
+    for (int64_t c = 0; c < q.cols; ++c)
+      q.codes[r * q.cols + c] = static_cast<uint8_t>(static_cast<int8_t>(std::clamp(std::nearbyint(read_f32(w, r, c) * inv), -127.0f, 127.0f)));
+  });
+  return q;
+}
+
+QuantizedMatrix quantize_int4(const TensorView& w, int64_t group, bool symmetric) {
+  check_source(w, "quantize_int4");
+  MOEX_CHECK_INPUT(group == 32 || group == 64 || group == 128, "int4 group size ", group, " (use 32, 64 or 128)");
+  QuantizedMatrix q = empty_matrix(WeightFormat::kInt4, w.shape[0], w.shape[1], group);
+  const int64_t groups = q.groups();
+  q.codes.resize(q.rows * q.cols);  // [rows, cols] 0..15
+  q.scales.resize(q.rows * groups);  // [rows, groups]
+  q.zeros.resize(q.rows * groups);   // [rows, groups]
+  for_each_index(q.rows, [&](int64_t r) {
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t c0 = g * group, c1 = std::min(q.cols, c0 + group);
+      float lo = 0.0f, hi = 0.0f;  // the range includes 0, so 0 is exact and a constant group is not lost
+      for (int64_t c = c0; c < c1; ++c) lo = std::min(lo, read_f32(w, r, c)), hi = std::max(hi, read_f32(w, r, c));
+      float scale;
+      int zero;
+      if (symmetric) {
+        scale = std::max(-lo, hi) / 7.0f;
+        zero = 8;
+      } else {
+        scale = (hi - lo) / 15.0f;
+        zero = scale > 0.0f ? static_cast<int>(std::clamp(std::nearbyint(-lo / scale), 0.0f, 15.0f)) : 0;
+      }
+      q.scales[r * groups + g] = scale;
+      q.zeros[r * groups + g] = static_cast<uint8_t>(zero);
+      for (int64_t c = c0; c < c1; ++c) {
+        const float v = scale > 0.0f ? std::nearbyint(read_f32(w, r, c) / scale) + zero : zero;
+        q.codes[r * q.cols + c] = static_cast<uint8_t>(std::clamp(v, 0.0f, 15.0f));
+      }
+    }
+  });
+  return q;
+}
+
+QuantizedMatrix quantize_fp8(const TensorView& w) {
+  check_source(w, "quantize_fp8");
+  QuantizedMatrix q = empty_matrix(WeightFormat::kFP8E4M3, w.shape[0], w.shape[1], 128);
+  const int64_t row_blocks = (q.rows + 127) / 128, groups = q.groups();
+  q.codes.resize(q.rows * q.cols);          // [rows, cols] e4m3
+  q.scales.resize(row_blocks * groups);     // [ceil(rows/128), ceil(cols/128)]
+  for_each_index(row_blocks, [&](int64_t rb) {
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t r1 = std::min(q.rows, (rb + 1) * 128), c1 = std::min(q.cols, (g + 1) * 128);
+      float absmax = 0.0f;
+      for (int64_t r = rb * 128; r < r1; ++r)
+        for (int64_t c = g * 128; c < c1; ++c) absmax = std::max(absmax, std::fabs(read_f32(w, r, c)));
+      const float scale = absmax / kF8E4M3Max;
+      q.scales[rb * groups + g] = scale;
+      for (int64_t r = rb * 128; r < r1; ++r)
+        for (int64_t c = g * 128; c < c1; ++c)
+          q.codes[r * q.cols + c] = f32_to_f8e4m3(scale > 0.0f ? read_f32(w, r, c) / scale : 0.0f);
+    }
+  });
+  return q;
+}
+
+QuantizedMatrix fp8_from_checkpoint(const TensorView& codes, const TensorView& scale_inv) {
+  MOEX_CHECK_INPUT(codes.shape.rank == 2 && codes.dtype == DType::kF8E4M3, "fp8 weight: expected F8_E4M3 [rows, cols], got ",
+                   dtype_name(codes.dtype), " ", codes.shape.str());
+  QuantizedMatrix q = empty_matrix(WeightFormat::kFP8E4M3, codes.shape[0], codes.shape[1], 128);
+  const int64_t row_blocks = (q.rows + 127) / 128, groups = q.groups();
+  MOEX_CHECK_INPUT(scale_inv.dtype == DType::kF32 && scale_inv.shape == (Shape{row_blocks, groups}),
+                   "fp8 weight_scale_inv: expected F32 ", Shape{row_blocks, groups}.str(), " (one per 128x128 block of ",
+                   codes.shape.str(), "), got ", dtype_name(scale_inv.dtype), " ", scale_inv.shape.str());
+  q.codes.resize(q.rows * q.cols);
+  for (int64_t r = 0; r < q.rows; ++r)
+    for (int64_t c = 0; c < q.cols; ++c) q.codes[r * q.cols + c] = codes.as<const uint8_t>()[r * codes.stride0() + c];
+  q.scales.resize(row_blocks * groups);
+  for (int64_t rb = 0; rb < row_blocks; ++rb)
+    for (int64_t g = 0; g < groups; ++g) q.scales[rb * groups + g] = scale_inv.as<const float>()[rb * scale_inv.stride0() + g];
+  return q;
+}
+
+void AlignedBytes::allocate(size_t bytes) {
+  size = bytes;
+  const size_t rounded = std::max<size_t>(64, (bytes + 63) / 64 * 64);
+  ptr.reset(static_cast<uint8_t*>(std::aligned_alloc(64, rounded)));
+  MOEX_CHECK(ptr, "out of memory packing ", bytes, " bytes of weights");
+  std::fill_n(ptr.get(), rounded, uint8_t{0});
+}
+
+size_t PackedWeights::weight_bytes() const { return data.size + scales.size + offsets.size + col_sums.size; }
+
+namespace {
+
+struct LaneSource {
+  const QuantizedMatrix* m = nullptr;  // nullptr: a padding lane (zero weight)
+  int64_t row = 0;
+};
+
+// Fills every panel lane from the row `source` names. The packed layouts are those of PackedWeights.
+PackedWeights pack_lanes(const QuantizedMatrix& like, int64_t rows, bool gate_up,
+                         const std::function<LaneSource(int64_t panel, int lane)>& source) {
+  PackedWeights p;
+  p.format = like.format;
+  p.rows = rows;
+  p.cols = like.cols;
+  p.group = like.group;
+  p.gate_up = gate_up;
+  p.panels = (rows + p.rows_per_panel() - 1) / p.rows_per_panel();
+  const int64_t K = like.cols, P = p.panels, G = like.groups();
+  switch (p.format) {
+    case WeightFormat::kBF16: p.k_padded = round_up(K, 32); break;  // the AMX kernel's A tile is 32 k wide
+    case WeightFormat::kInt4: p.k_padded = round_up(K, 2); break;
+    case WeightFormat::kInt8W8A8: p.k_padded = round_up(K, 4); break;
+    default: p.k_padded = K; break;
+  }
+  const int64_t kp = p.k_padded;
+  switch (p.format) {
+    case WeightFormat::kBF16: p.data.allocate(P * kp * kPanel * 2); break;
+    case WeightFormat::kInt8: p.data.allocate(P * K * kPanel); p.scales.allocate(P * kPanel * 4); break;
+    case WeightFormat::kInt8W8A8:
+      p.data.allocate(P * kp * kPanel);
+      p.scales.allocate(P * kPanel * 4);
+      p.col_sums.allocate(P * kPanel * 4);
+      break;
+    case WeightFormat::kInt4:
+      p.data.allocate(P * kp / 2 * kPanel);
+      p.scales.allocate(P * G * kPanel * 4);
+      p.offsets.allocate(P * G * kPanel * 4);
+      break;
+    case WeightFormat::kFP8E4M3: p.data.allocate(P * K * kPanel); p.scales.allocate(P * G * kPanel * 4); break;
+  }
+  for_each_index(P, [&](int64_t panel) {
+    for (int lane = 0; lane < kPanel; ++lane) {
+      const LaneSource s = source(panel, lane);
+      if (!s.m) continue;  // allocate() zero-filled it: zero weights, zero scales
+      const QuantizedMatrix& m = *s.m;
+      const int64_t lane_index = panel * kPanel + lane;
+      switch (p.format) {
+        case WeightFormat::kBF16:
+          for (int64_t k = 0; k < K; ++k)  // [P][kp/2][64][2]
+            p.data.as<uint16_t>()[((panel * (kp / 2) + k / 2) * kPanel + lane) * 2 + k % 2] = m.bf16[s.row * K + k];
+          break;
+        case WeightFormat::kInt8:
+          for (int64_t k = 0; k < K; ++k) p.data.as<uint8_t>()[(panel * K + k) * kPanel + lane] = m.codes[s.row * K + k];
+          p.scales.as<float>()[lane_index] = m.scales[s.row];
+          break;
+        case WeightFormat::kInt8W8A8: {
+          int32_t sum = 0;
+          for (int64_t k = 0; k < K; ++k) {  // [P][kp/4][64][4]
+            p.data.as<uint8_t>()[((panel * (kp / 4) + k / 4) * kPanel + lane) * 4 + k % 4] = m.codes[s.row * K + k];
+            sum += static_cast<int8_t>(m.codes[s.row * K + k]);
+          }
+          p.scales.as<float>()[lane_index] = m.scales[s.row];
+          p.col_sums.as<int32_t>()[lane_index] = sum;
+          break;
+        }
+        case WeightFormat::kInt4:
+          for (int64_t k = 0; k < K; ++k)  // [P][kp/2][64]: q(k) low nibble, q(k+1) high
+            p.data.as<uint8_t>()[(panel * (kp / 2) + k / 2) * kPanel + lane] |=
+                static_cast<uint8_t>(m.codes[s.row * K + k] << (k % 2 ? 4 : 0));
+          for (int64_t g = 0; g < G; ++g) {
+            const float scale = m.scales[s.row * G + g];
+            p.scales.as<float>()[(panel * G + g) * kPanel + lane] = scale;
+            p.offsets.as<float>()[(panel * G + g) * kPanel + lane] = -static_cast<float>(m.zeros[s.row * G + g]) * scale;
+          }
+          break;
+        case WeightFormat::kFP8E4M3:
+          for (int64_t k = 0; k < K; ++k) p.data.as<uint8_t>()[(panel * K + k) * kPanel + lane] = m.codes[s.row * K + k];
+          for (int64_t g = 0; g < G; ++g)
+            p.scales.as<float>()[(panel * G + g) * kPanel + lane] = m.scales[(s.row / 128) * G + g] * 256.0f;
+          break;
+      }
+    }
+  });
+  return p;
+}
+
+void check_quantized(const QuantizedMatrix& w) {
+  MOEX_CHECK(w.rows >= 0 && w.cols >= 0);
+  const size_t n = static_cast<size_t>(w.rows * w.cols);
+  MOEX_CHECK(w.format == WeightFormat::kBF16 ? w.bf16.size() == n : w.codes.size() == n, "weight codes size");
+}
+
+}  // namespace
+
+PackedWeights pack(const QuantizedMatrix& w) {
+  check_quantized(w);
+  return pack_lanes(w, w.rows, false, [&](int64_t panel, int lane) {
+    const int64_t row = panel * kPanel + lane;
+    return row < w.rows ? LaneSource{&w, row} : LaneSource{};
+  });
+}
+
+PackedWeights pack_gate_up(const QuantizedMatrix& w1, const QuantizedMatrix& w3) {
+  check_quantized(w1);
+  check_quantized(w3);
+  MOEX_CHECK_INPUT(w1.format == w3.format && w1.rows == w3.rows && w1.cols == w3.cols && w1.group == w3.group,
+                   "expert w1 and w3 differ in format or shape: ", weight_format_name(w1.format), " [", w1.rows, ", ",
+                   w1.cols, "] vs ", weight_format_name(w3.format), " [", w3.rows, ", ", w3.cols, "]");
+  return pack_lanes(w1, w1.rows, true, [&](int64_t panel, int lane) {
+    const int64_t row = panel * (kPanel / 2) + lane % 32;
+    return row < w1.rows ? LaneSource{lane < 32 ? &w1 : &w3, row} : LaneSource{};
+  });
+}
+
+std::string_view isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::kScalar: return "scalar";
+    case Isa::kAvx512: return "avx512";
+    case Isa::kAvx512Bf16: return "avx512bf16";
+    case Isa::kAvx512Vnni: return "avx512vnni";
+    case Isa::kAmx: return "amx";
+  }
+  return "?";
+}
+
+Isa kernel_isa(WeightFormat format, const CpuFeatures& cpu, bool x86_enabled) {
+  if (!x86_enabled || !cpu.has_avx512_kernels()) return Isa::kScalar;
+  switch (format) {
+    case WeightFormat::kBF16: return cpu.has_avx512_bf16_kernels() ? Isa::kAvx512Bf16 : Isa::kScalar;
+    case WeightFormat::kInt8W8A8: return cpu.has_avx512_vnni_kernels() ? Isa::kAvx512Vnni : Isa::kScalar;
+    case WeightFormat::kInt4: return cpu.has_avx512_bf16_kernels() ? Isa::kAvx512Bf16 : Isa::kAvx512;
+    case WeightFormat::kInt8:
+    case WeightFormat::kFP8E4M3: return Isa::kAvx512;
+  }
+  return Isa::kScalar;  // no AMX kernels yet: an AMX CPU runs the AVX-512 ones
+}
+
+Isa kernel_isa(WeightFormat format) { return kernel_isa(format, cpu_features(), use_x86_kernels()); }
+
+std::vector<Isa> usable_isas(WeightFormat format, const CpuFeatures& cpu) {
+  std::vector<Isa> isas = {Isa::kScalar};
+  const Isa best = kernel_isa(format, cpu, true);
+  if (format == WeightFormat::kInt4 && best == Isa::kAvx512Bf16) isas.push_back(Isa::kAvx512);
+  if (best != Isa::kScalar) isas.push_back(best);
+  // Tested here, not yet dispatched: kernel_isa picks AMX once it has been measured on an AMX CPU.
+  if (format == WeightFormat::kBF16 && best == Isa::kAvx512Bf16 && cpu.has_amx_kernels()) isas.push_back(Isa::kAmx);
+  return isas;
+}
+
+float quantize_activations_s8(const float* x, int64_t k, int8_t* q) {
+  float absmax = 0.0f;
+  for (int64_t i = 0; i < k; ++i) absmax = std::max(absmax, std::fabs(x[i]));
+  const float inv = absmax > 0.0f ? 127.0f / absmax : 0.0f;
+  for (int64_t i = 0; i < k; ++i) q[i] = static_cast<int8_t>(std::clamp(std::nearbyint(x[i] * inv), -127.0f, 127.0f));
+  return absmax > 0.0f ? absmax / 127.0f : 0.0f;
+}
+
+namespace {
+
+// The packed weight at (panel, lane, k), decoded: the scalar path's view of the layouts above.
+float packed_weight(const PackedWeights& w, int64_t panel, int lane, int64_t k) {
+  const int64_t K = w.cols, kp = w.k_padded, G = w.group ? (K + w.group - 1) / w.group : 1;
+  switch (w.format) {
+    case WeightFormat::kBF16:
+      return bf16_to_f32(w.data.as<const uint16_t>()[((panel * (kp / 2) + k / 2) * kPanel + lane) * 2 + k % 2]);
+    case WeightFormat::kInt8:
+      return static_cast<float>(w.data.as<const int8_t>()[(panel * K + k) * kPanel + lane]) *
+             w.scales.as<const float>()[panel * kPanel + lane];
+    case WeightFormat::kInt8W8A8:  // the integer code; scales are applied to the integer sum
+      return static_cast<float>(w.data.as<const int8_t>()[((panel * (kp / 4) + k / 4) * kPanel + lane) * 4 + k % 4]);
+    case WeightFormat::kInt4: {
+      const uint8_t byte = w.data.as<const uint8_t>()[(panel * (kp / 2) + k / 2) * kPanel + lane];
+      const int64_t s = (panel * G + k / w.group) * kPanel + lane;
+      return static_cast<float>(k % 2 ? byte >> 4 : byte & 15) * w.scales.as<const float>()[s] + w.offsets.as<const float>()[s];
+    }
+    case WeightFormat::kFP8E4M3:
+      return f8e4m3_to_f32(w.data.as<const uint8_t>()[(panel * K + k) * kPanel + lane]) *
+             (w.scales.as<const float>()[(panel * G + k / 128) * kPanel + lane] / 256.0f);
+  }
+  return 0.0f;
+}
+
+void scalar_epilogue(const x86::Epilogue& e, const PackedWeights& w, int64_t panel, int64_t tokens, const float* c) {
+  for (int64_t t = 0; t < tokens; ++t) {
+    if (w.gate_up) {
+      for (int64_t i = 0; i < kPanel / 2 && panel * 32 + i < w.rows; ++i) {
+        const float g = c[t * kPanel + i];
+        e.y[t * e.ld_y + panel * 32 + i] = g / (1.0f + std::exp(-g)) * c[t * kPanel + 32 + i];
+      }
+      continue;
+    }
+    float* row = e.kind == x86::Epilogue::kRoutedAccumulate ? e.y + e.out_rows[t] * e.ld_y : e.y + t * e.ld_y;
+    for (int64_t i = 0; i < kPanel && panel * kPanel + i < w.rows; ++i) {
+      float& out = row[panel * kPanel + i];
+      const float r = c[t * kPanel + i];
+      switch (e.kind) {
+        case x86::Epilogue::kStore: out = r; break;
+        case x86::Epilogue::kAccumulate: out += r; break;
+        case x86::Epilogue::kRoutedAccumulate: out += e.route_weights[t] * r; break;
+        case x86::Epilogue::kSiluMul: break;
+      }
+    }
+  }
+}
+
+// Threads take chunks of panels as they free up (a few chunks per thread) rather than one fixed share each:
+// on a machine other processes load, a descheduled thread then delays its current chunk, not the whole
+// call; a chunk is still a contiguous run of panels, so each thread streams.
+template <typename Fn>
+void for_panel_chunks(int64_t panels, Fn&& fn) {
+  const int threads = num_threads();
+  if (threads <= 1 || panels <= 1) {
+    fn(int64_t{0}, panels);
+    return;
+  }
+  const int64_t chunk = std::max<int64_t>(1, panels / (threads * 4));
+  const int64_t chunks = (panels + chunk - 1) / chunk;
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
+  for (int64_t i = 0; i < chunks; ++i) fn(i * chunk, std::min(panels, (i + 1) * chunk));
+}
+
+// Per call, on the calling thread; the panel workers read them. [T][k_padded]
+thread_local std::vector<uint16_t> g_act_bf16;
+thread_local std::vector<uint8_t> g_act_u8;
+thread_local std::vector<float> g_act_f32;
+thread_local std::vector<float> g_token_scales;
+
+void run_scalar(const float* x, int64_t tokens, const PackedWeights& w, const x86::Epilogue& e) {
+  const int64_t K = w.cols;
+  // The kernels' rounding of the activations, so this path computes what they compute.
+  std::vector<float>& xr = g_act_f32;
+  xr.assign(x, x + tokens * K);  // [T][K]
+  std::vector<float>& token_scales = g_token_scales;
+  token_scales.assign(tokens, 1.0f);
+  if (w.format == WeightFormat::kBF16 || w.format == WeightFormat::kInt4) {
+    for (float& v : xr) v = bf16_to_f32(f32_to_bf16(v));
+  } else if (w.format == WeightFormat::kInt8W8A8) {
+    std::vector<int8_t> q(K);
+    for (int64_t t = 0; t < tokens; ++t) {
+      token_scales[t] = quantize_activations_s8(x + t * K, K, q.data());
+      for (int64_t k = 0; k < K; ++k) xr[t * K + k] = q[k];
+    }
+  }
+  for_panel_chunks(w.panels, [&](int64_t begin, int64_t end) {
+    std::vector<float> c(tokens * kPanel);  // [T][64]
+    for (int64_t panel = begin; panel < end; ++panel) {
+      for (int64_t t = 0; t < tokens; ++t) {
+        for (int lane = 0; lane < kPanel; ++lane) {
+          float sum = 0.0f;
+          int64_t isum = 0;
+          for (int64_t k = 0; k < K; ++k) {
+            if (w.format == WeightFormat::kInt8W8A8)
+              isum += static_cast<int64_t>(xr[t * K + k]) * static_cast<int64_t>(packed_weight(w, panel, lane, k));
+            else
+              sum += xr[t * K + k] * packed_weight(w, panel, lane, k);
+          }
+          if (w.format == WeightFormat::kInt8W8A8)
+            sum = static_cast<float>(isum) * (token_scales[t] * w.scales.as<const float>()[panel * kPanel + lane]);
+          c[t * kPanel + lane] = sum;
+        }
+      }
+      scalar_epilogue(e, w, panel, tokens, c.data());
+    }
+  });
+}
+
+void run(const float* x, int64_t tokens, const PackedWeights& w, const x86::Epilogue& e, Isa isa) {
+  if (tokens <= 0 || w.rows == 0) return;
+  if (isa == Isa::kScalar) {
+    run_scalar(x, tokens, w, e);
+    return;
+  }
+  x86::PanelJob job;
+  job.tokens = tokens;
+  job.w = &w;
+  job.epilogue = e;
+  const int64_t K = w.cols, kp = w.k_padded;
+  switch (isa) {
+    case Isa::kAmx:
+    case Isa::kAvx512Bf16: {
+      g_act_bf16.resize(tokens * kp);
+      uint16_t* act = g_act_bf16.data();  // [T][k_padded]; a name, not the thread_local, reaches the workers
+      parallel_for(tokens, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t t = begin; t < end; ++t) x86::round_row_bf16_avx512bf16(x + t * K, K, kp, act + t * kp);
+      });
+      job.activations = act;
+      if (isa == Isa::kAmx) {
+        MOEX_CHECK(request_amx_permission(), "Linux refused this process the AMX tile state");
+        for_panel_chunks(w.panels, [&](int64_t b, int64_t e) { x86::run_panels_bf16_amx(job, b, e); });
+        break;
+      }
+      if (w.format == WeightFormat::kBF16) {
+        for_panel_chunks(w.panels, [&](int64_t b, int64_t e) { x86::run_panels_bf16_avx512bf16(job, b, e); });
+        break;
+      }
+      // int4: the kernel multiplies the activations by q + 16 (the codes as bf16, a masked OR) and takes
+      // (zero + 16) * scale * (sum of the group's activations) back off.
+      const int64_t groups = (K + w.group - 1) / w.group;
+      g_token_scales.resize(tokens * groups);
+      float* sums = g_token_scales.data();  // [T][groups]
+      parallel_for(tokens, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t t = begin; t < end; ++t)
+          for (int64_t g = 0; g < groups; ++g) {
+            float sum = 0.0f;
+            for (int64_t k = g * w.group; k < std::min(K, (g + 1) * w.group); ++k) sum += bf16_to_f32(act[t * kp + k]);
+            sums[t * groups + g] = sum;
+          }
+      });
+      job.group_sums = sums;
+      for_panel_chunks(w.panels, [&](int64_t b, int64_t e) { x86::run_panels_int4_avx512bf16(job, b, e); });
+      break;
+    }
+    case Isa::kAvx512Vnni: {
+      g_act_u8.resize(tokens * kp);
+      g_token_scales.resize(tokens);
+      uint8_t* act = g_act_u8.data();          // [T][k_padded]
+      float* scales = g_token_scales.data();  // [T]
+      parallel_for(tokens, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t t = begin; t < end; ++t) scales[t] = x86::quantize_row_u8_avx512(x + t * K, K, kp, act + t * kp);
+      });
+      job.activations = act;
+      job.token_scales = scales;
+      for_panel_chunks(w.panels, [&](int64_t b, int64_t e) { x86::run_panels_w8a8_avx512vnni(job, b, e); });
+      break;
+    }
+    case Isa::kAvx512:
+      job.activations = x;
+      if (w.format == WeightFormat::kInt4) {  // the format's activations are bf16 values on every path
+        g_act_f32.resize(tokens * K);
+        float* rounded = g_act_f32.data();  // [T][K]
+        for (int64_t i = 0; i < tokens * K; ++i) rounded[i] = bf16_to_f32(f32_to_bf16(x[i]));
+        job.activations = rounded;
+      }
+      for_panel_chunks(w.panels, [&](int64_t b, int64_t e) { x86::run_panels_weight_only_avx512(job, b, e); });
+      break;
+    default: MOEX_CHECK(false, "no kernel for ", isa_name(isa));
+  }
+}
+
+}  // namespace
+
+void packed_matmul(const float* x, int64_t tokens, const PackedWeights& w, float* y, bool accumulate) {
+  MOEX_CHECK(!w.gate_up, "gate/up weights go to expert_gate_up");
+  x86::Epilogue e;
+  e.kind = accumulate ? x86::Epilogue::kAccumulate : x86::Epilogue::kStore;
+  e.y = y;
+  e.ld_y = w.rows;
+  run(x, tokens, w, e, kernel_isa(w.format));
+}
+
+void packed_matmul_on(Isa isa, const float* x, int64_t tokens, const PackedWeights& w, float* y, bool accumulate) {
+  const std::vector<Isa> usable = usable_isas(w.format, cpu_features());
+  MOEX_CHECK(std::find(usable.begin(), usable.end(), isa) != usable.end(), isa_name(isa), " cannot run ",
+             weight_format_name(w.format), " on this CPU");
+  MOEX_CHECK(!w.gate_up, "gate/up weights go to expert_gate_up");
+  x86::Epilogue e;
+  e.kind = accumulate ? x86::Epilogue::kAccumulate : x86::Epilogue::kStore;
+  e.y = y;
+  e.ld_y = w.rows;
+  run(x, tokens, w, e, isa);
+}
+
+void expert_gate_up(const float* x, int64_t tokens, const PackedWeights& w13, float* h) {
+  MOEX_CHECK(w13.gate_up, "expert_gate_up needs weights from pack_gate_up");
+  x86::Epilogue e;
+  e.kind = x86::Epilogue::kSiluMul;
+  e.y = h;
+  e.ld_y = w13.rows;
+  run(x, tokens, w13, e, kernel_isa(w13.format));
+}
+
+void expert_down_accumulate(const float* h, int64_t tokens, const PackedWeights& w2, const float* route_weights,
+                            const int32_t* out_rows, float* out, int64_t out_stride) {
+  MOEX_CHECK(!w2.gate_up && out_stride >= w2.rows, "expert_down_accumulate: out_stride ", out_stride, " < ", w2.rows);
+  x86::Epilogue e;
+  e.kind = x86::Epilogue::kRoutedAccumulate;
+  e.y = out;
+  e.ld_y = out_stride;
+  e.route_weights = route_weights;
+  e.out_rows = out_rows;
+  run(h, tokens, w2, e, kernel_isa(w2.format));
+}
+
+}  // namespace moex::kernels

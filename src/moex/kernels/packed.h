@@ -1,0 +1,133 @@
+// Weight formats beyond the checkpoint's own bf16/f32, and the matmuls and fused expert pieces over them.
+//
+// Two forms of one weight matrix W [rows, cols] (HF [out, in] orientation):
+//   QuantizedMatrix  natural row-major layout: what a checkpoint stores, what quantize_* returns and what
+//                    the scalar references in ref:: read (the test oracle);
+//   PackedWeights    the same numbers repacked once for the fast kernels: output channels in panels of
+//                    kPanel = 64 rows (four 16-lane vectors), each panel's K run contiguous so a thread
+//                    streams its panels front to back. Per-channel / per-group scales are laid out per
+//                    panel lane so the kernels read them as vectors.
+// All kernels compute y[T, N] = x[T, K] @ W^T with x and y in f32; what differs is how W is stored and
+// which dot-product instruction reads it (see WeightFormat).
+#pragma once
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "moex/base/cpu.h"
+#include "moex/base/tensor.h"
+
+namespace moex::kernels {
+
+enum class WeightFormat : uint8_t {
+  kBF16,      // bf16 weights, activations rounded to bf16 per call, vdpbf16ps (f32 accumulation)
+  kInt8,      // s8, w = q * scale[row]; f32 activations (weight-only: decode reads half of bf16's bytes)
+  kInt8W8A8,  // s8 as kInt8; activations quantized per token to s8 (scale = absmax/127), vpdpbusd
+  kInt4,      // q in 0..15, w = (q - zero) * scale per group of `group` along K; two codes per packed byte;
+              // activations rounded to bf16 (far below int4's own error) so vdpbf16ps can read the codes
+  kFP8E4M3,   // e4m3 codes, w = fp8 * scale per 128x128 block (DeepSeek-V3's weight_scale_inv layout)
+};
+std::string_view weight_format_name(WeightFormat format);
+
+// W in natural layout. Only the members of its format are filled.
+struct QuantizedMatrix {
+  WeightFormat format = WeightFormat::kBF16;
+  int64_t rows = 0, cols = 0;
+  int64_t group = 0;            // int4: codes per scale along K (32, 64, 128); fp8: 128; else 0
+  std::vector<uint16_t> bf16;   // kBF16: [rows, cols]
+  std::vector<uint8_t> codes;   // kInt8*: s8 bytes; kInt4: 0..15 one per byte; kFP8E4M3: e4m3 — all [rows, cols]
+  std::vector<float> scales;    // kInt8*: [rows]; kInt4: [rows, groups()]; kFP8E4M3: [ceil(rows/128), groups()]
+  std::vector<uint8_t> zeros;   // kInt4: [rows, groups()] (8 everywhere when symmetric)
+
+  int64_t groups() const { return group ? (cols + group - 1) / group : 1; }
+  float weight(int64_t r, int64_t c) const;  // the dequantized value, as the references use it
+};
+
+// From f32 or bf16 W [rows, cols] (any row stride).
+QuantizedMatrix quantize_bf16(const TensorView& w);
+// Symmetric per row: scale = absmax / 127, q = round(w / scale). format: kInt8 or kInt8W8A8.
+QuantizedMatrix quantize_int8(const TensorView& w, WeightFormat format = WeightFormat::kInt8);
+// Per row and group of `group` columns (32, 64 or 128). Symmetric: zero 8, scale = absmax / 7 (codes 1..15);
+// asymmetric: scale = (max - min) / 15, zero = round(-min / scale) clamped to 0..15.
+QuantizedMatrix quantize_int4(const TensorView& w, int64_t group, bool symmetric);
+// Per 128x128 block: scale = absmax / 448, code = e4m3(w / scale).
+QuantizedMatrix quantize_fp8(const TensorView& w);
+// A checkpoint's FP8 tensor as is: codes F8_E4M3 [rows, cols], scale_inv F32 [ceil(rows/128), ceil(cols/128)].
+QuantizedMatrix fp8_from_checkpoint(const TensorView& codes, const TensorView& scale_inv);
+
+constexpr int64_t kPanel = 64;  // output channels per panel: four 16-lane vectors of f32 accumulators
+
+// 64-byte aligned owning bytes (the panels are read with full-width vector loads).
+struct AlignedBytes {
+  struct Free {
+    void operator()(void* p) const { std::free(p); }
+  };
+  std::unique_ptr<uint8_t, Free> ptr;
+  size_t size = 0;
+  void allocate(size_t bytes);  // zero-filled
+  template <typename T>
+  T* as() const { return reinterpret_cast<T*>(ptr.get()); }
+};
+
+// W repacked for the kernels. Layouts by format (P = panels, G = ceil(cols / group), lanes = 64):
+//   kBF16      data u16 [P][k_padded/2][64][2]  (VNNI pairs: a 32-bit lane holds W[n][k], W[n][k+1]);
+//              k_padded a multiple of 32, so AMX B tiles (16 pairs) never run past a panel
+//   kInt8      data s8  [P][cols][64];          scales [P][64]
+//   kInt8W8A8  data s8  [P][k_padded/4][64][4]; scales [P][64]; col_sums i32 [P][64] (sum over k of q)
+//   kInt4      data u8  [P][k_padded/2][64] (a lane's byte: q(k) low nibble, q(k+1) high); scales, offsets
+//              [P][G][64] with w = q * scale + offset (offset = -zero * scale)
+//   kFP8E4M3   data u8  [P][cols][64];          scales [P][G=ceil(cols/128)][64], times 2^8 (the kernels read
+//              an e4m3 code as fp16 bits, which are 2^-8 of its value)
+// gate_up: rows counts outputs of silu(x w1^T) * (x w3^T); panel p's lanes 0..31 hold rows 32p.. of w1 and
+// lanes 32..63 the same rows of w3, so one pass over the panel yields both halves of 32 outputs.
+// Padding lanes and padded k have zero weight.
+struct PackedWeights {
+  WeightFormat format = WeightFormat::kBF16;
+  int64_t rows = 0, cols = 0, group = 0;
+  bool gate_up = false;
+  int64_t panels = 0, k_padded = 0;
+  AlignedBytes data, scales, offsets, col_sums;
+
+  int64_t rows_per_panel() const { return gate_up ? kPanel / 2 : kPanel; }
+  size_t weight_bytes() const;  // bytes a pass over W reads (codes + scales): the roofline's numerator
+};
+
+PackedWeights pack(const QuantizedMatrix& w);
+// w1, w3 [intermediate, hidden] of one expert, same format: the fused gate/up layout described above.
+PackedWeights pack_gate_up(const QuantizedMatrix& w1, const QuantizedMatrix& w3);
+
+// y [T, rows] (=, or += with accumulate) x [T, cols] @ W^T. Threads split the panels.
+void packed_matmul(const float* x, int64_t tokens, const PackedWeights& w, float* y, bool accumulate = false);
+// h [T, I] = silu(x [T, hidden] @ w1^T) * (x @ w3^T), w13 from pack_gate_up.
+void expert_gate_up(const float* x, int64_t tokens, const PackedWeights& w13, float* h);
+// out[out_rows[t], 0:hidden] += route_weights[t] * (h [T, I] @ w2^T)[t]: the down projection of one expert's
+// tokens, combined straight into their rows of the layer output (out_stride floats apart).
+void expert_down_accumulate(const float* h, int64_t tokens, const PackedWeights& w2, const float* route_weights,
+                            const int32_t* out_rows, float* out, int64_t out_stride);
+
+// Which code runs a format. Decided from the CPU (and MOEX_ISA=ref) only; never an ISA the CPU lacks.
+enum class Isa : uint8_t { kScalar, kAvx512, kAvx512Bf16, kAvx512Vnni, kAmx };
+std::string_view isa_name(Isa isa);
+Isa kernel_isa(WeightFormat format, const CpuFeatures& cpu, bool x86_enabled);
+Isa kernel_isa(WeightFormat format);  // for this CPU and use_x86_kernels()
+// Every ISA this CPU can run a format on: kernel_isa's choice and the ones below it (kScalar always).
+std::vector<Isa> usable_isas(WeightFormat format, const CpuFeatures& cpu);
+// packed_matmul on a given ISA from usable_isas (tests and benchmarks compare the paths with it).
+void packed_matmul_on(Isa isa, const float* x, int64_t tokens, const PackedWeights& w, float* y, bool accumulate = false);
+
+// W8A8 activations: scale = absmax / 127 (0 for an all-zero row), q = round-to-nearest-even(x * (127 / absmax)).
+// Returns the scale. The fast path quantizes to exactly these values.
+float quantize_activations_s8(const float* x, int64_t k, int8_t* q);
+
+namespace ref {
+// The oracles: plain loops over QuantizedMatrix::weight() (f32 sums). kBF16 and kInt4 round x to bf16 first and
+// kInt8W8A8 quantizes x with quantize_activations_s8, as the fast kernels do.
+void matmul(const float* x, int64_t tokens, const QuantizedMatrix& w, float* y, bool accumulate = false);
+void expert_gate_up(const float* x, int64_t tokens, const QuantizedMatrix& w1, const QuantizedMatrix& w3, float* h);
+void expert_down_accumulate(const float* h, int64_t tokens, const QuantizedMatrix& w2, const float* route_weights,
+                            const int32_t* out_rows, float* out, int64_t out_stride);
+}  // namespace ref
+
+}  // namespace moex::kernels

@@ -1,0 +1,41 @@
+// The x86 halves of kernels/packed.h: declarations only (no intrinsics), so the dispatcher in packed.cc,
+// compiled for the baseline ISA, can call them. Each function lives in a file whose suffix names its ISA.
+#pragma once
+#include <cstdint>
+
+#include "moex/kernels/packed.h"
+
+namespace moex::kernels::x86 {
+
+// What happens to a panel's results c [tokens][64] once its K is done.
+struct Epilogue {
+  enum Kind : uint8_t { kStore, kAccumulate, kSiluMul, kRoutedAccumulate } kind = kStore;
+  float* y = nullptr;  // kStore/kAccumulate/kSiluMul: y [T, ld_y]; kRoutedAccumulate: y[out_rows[t] * ld_y + n]
+  int64_t ld_y = 0;
+  const float* route_weights = nullptr;  // [T]
+  const int32_t* out_rows = nullptr;     // [T]
+};
+
+// One call's work: activations as the format's kernel reads them, split by panels [panel_begin, panel_end).
+struct PanelJob {
+  const void* activations = nullptr;  // bf16 u16 [T][k_padded] | f32 [T][cols] | W8A8 u8 (q + 128) [T][k_padded]
+  const float* token_scales = nullptr;  // W8A8: [T] activation scales
+  const float* group_sums = nullptr;    // int4 on BF16: [T][groups] sums of the bf16 activations per K group
+  int64_t tokens = 0;
+  const PackedWeights* w = nullptr;
+  Epilogue epilogue;
+};
+
+void run_panels_bf16_avx512bf16(const PanelJob& job, int64_t panel_begin, int64_t panel_end);
+void run_panels_int4_avx512bf16(const PanelJob& job, int64_t panel_begin, int64_t panel_end);
+// AMX: the caller has checked has_amx_kernels() and request_amx_permission().
+void run_panels_bf16_amx(const PanelJob& job, int64_t panel_begin, int64_t panel_end);
+void run_panels_weight_only_avx512(const PanelJob& job, int64_t panel_begin, int64_t panel_end);  // int8/int4/fp8
+void run_panels_w8a8_avx512vnni(const PanelJob& job, int64_t panel_begin, int64_t panel_end);
+
+// x [k] f32 -> out [k_padded] bf16 (round to nearest even, zero tail).
+void round_row_bf16_avx512bf16(const float* x, int64_t k, int64_t k_padded, uint16_t* out);
+// x [k] -> out [k_padded] u8 = quantize_activations_s8 + 128 (zero tail: 128); returns the scale.
+float quantize_row_u8_avx512(const float* x, int64_t k, int64_t k_padded, uint8_t* out);
+
+}  // namespace moex::kernels::x86

@@ -1,0 +1,83 @@
+// Vector helpers shared by the kernels/x86 files. Include only from a *_avx512*.cc or *_amx.cc file (they
+// all have at least the AVX-512 flags). Everything here is in an unnamed namespace: each file gets its own
+// copy compiled with its own flags, so the linker can never hand an AVX512-BF16 build of a helper to
+// code that runs on a CPU without it.
+#pragma once
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "moex/kernels/x86/packed_x86.h"
+
+namespace moex::kernels::x86 {
+namespace {
+
+// The low n (0..16) lanes.
+inline __mmask16 lane_mask(int64_t n) {
+  return n >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << std::max<int64_t>(n, 0)) - 1);
+}
+
+// e^x to ~2 ulp: x = n ln2 + r with |r| <= ln2/2, e^r by its degree-6 Taylor polynomial (error < 2e-7),
+// 2^n by vscalefps (which saturates to 0 / inf instead of wrapping the exponent).
+inline __m512 exp_ps(__m512 x) {
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x);  // ln2 split in two: r exact to ~1e-10
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 720);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+// silu(g) = g / (1 + e^-g)
+inline __m512 silu_ps(__m512 g) {
+  return _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+}
+
+// Writes one panel's results c [tokens][64] (lanes = the panel's rows) where the epilogue says.
+inline void apply_epilogue(const Epilogue& e, const PackedWeights& w, int64_t panel, int64_t tokens,
+                           const float* c) {
+  if (w.gate_up) {  // lanes 0..31 gate, 32..63 up, for outputs 32 * panel + (0..31)
+    const int64_t n0 = panel * (kPanel / 2), valid = std::min<int64_t>(kPanel / 2, w.rows - n0);
+    for (int64_t t = 0; t < tokens; ++t) {
+      for (int v = 0; v < 2; ++v) {
+        const __mmask16 m = lane_mask(valid - 16 * v);
+        if (!m) break;
+        const __m512 h = _mm512_mul_ps(silu_ps(_mm512_loadu_ps(c + t * kPanel + 16 * v)),
+                                       _mm512_loadu_ps(c + t * kPanel + 32 + 16 * v));
+        _mm512_mask_storeu_ps(e.y + t * e.ld_y + n0 + 16 * v, m, h);
+      }
+    }
+    return;
+  }
+  const int64_t n0 = panel * kPanel, valid = std::min<int64_t>(kPanel, w.rows - n0);
+  for (int64_t t = 0; t < tokens; ++t) {
+    float* row = e.kind == Epilogue::kRoutedAccumulate ? e.y + e.out_rows[t] * e.ld_y : e.y + t * e.ld_y;
+    const __m512 route = _mm512_set1_ps(e.kind == Epilogue::kRoutedAccumulate ? e.route_weights[t] : 1.0f);
+    for (int v = 0; v < 4; ++v) {
+      const __mmask16 m = lane_mask(valid - 16 * v);
+      if (!m) break;
+      float* out = row + n0 + 16 * v;
+      const __m512 r = _mm512_loadu_ps(c + t * kPanel + 16 * v);
+      switch (e.kind) {
+        case Epilogue::kStore: _mm512_mask_storeu_ps(out, m, r); break;
+        case Epilogue::kAccumulate:
+          _mm512_mask_storeu_ps(out, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, out), r));
+          break;
+        case Epilogue::kRoutedAccumulate:
+          _mm512_mask_storeu_ps(out, m, _mm512_fmadd_ps(route, r, _mm512_maskz_loadu_ps(m, out)));
+          break;
+        case Epilogue::kSiluMul: break;  // only with gate_up weights
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace moex::kernels::x86

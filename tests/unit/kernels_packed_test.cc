@@ -1,0 +1,471 @@
+// Packed weight formats: every fast kernel (and the scalar path over the packed layout) against the
+// natural-layout oracle in kernels::ref on ragged shapes; the quantizers against a double-precision float
+// matmul within each format's error bound; ISA dispatch against CPU feature sets; the compute probes'
+// instruction counts; CPU detection against /proc/cpuinfo.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <random>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "moex/base/cpu.h"
+#include "moex/base/dtype.h"
+#include "moex/base/error.h"
+#include "moex/kernels/bench_kernels.h"
+#include "moex/kernels/packed.h"
+#include "moex/kernels/probe.h"
+
+namespace moex {
+namespace {
+
+using kernels::Isa;
+using kernels::QuantizedMatrix;
+using kernels::WeightFormat;
+
+std::vector<float> random_floats(size_t n, uint32_t seed, float stddev = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, stddev);
+  std::vector<float> v(n);
+  for (float& f : v) f = dist(rng);
+  return v;
+}
+
+// The formats the tests cover; int4 in both flavours and all group sizes.
+struct FormatCase {
+  WeightFormat format;
+  int64_t group = 0;
+  bool symmetric = true;
+  std::string name() const {
+    std::string n(kernels::weight_format_name(format));
+    for (char& c : n)
+      if (c == '-') c = '_';
+    if (format == WeightFormat::kInt4) n += (symmetric ? "_sym_g" : "_asym_g") + std::to_string(group);
+    return n;
+  }
+};
+
+void PrintTo(const FormatCase& f, std::ostream* os) { *os << f.name(); }
+
+const FormatCase kFormats[] = {
+    {WeightFormat::kBF16},          {WeightFormat::kInt8},           {WeightFormat::kInt8W8A8},
+    {WeightFormat::kInt4, 32, true}, {WeightFormat::kInt4, 64, false}, {WeightFormat::kInt4, 128, true},
+    {WeightFormat::kInt4, 128, false}, {WeightFormat::kFP8E4M3},
+};
+
+QuantizedMatrix quantize(const FormatCase& f, const std::vector<float>& w, int64_t rows, int64_t cols) {
+  const TensorView view{const_cast<float*>(w.data()), DType::kF32, Shape{rows, cols}};
+  switch (f.format) {
+    case WeightFormat::kBF16: return kernels::quantize_bf16(view);
+    case WeightFormat::kInt8:
+    case WeightFormat::kInt8W8A8: return kernels::quantize_int8(view, f.format);
+    case WeightFormat::kInt4: return kernels::quantize_int4(view, f.group, f.symmetric);
+    case WeightFormat::kFP8E4M3: return kernels::quantize_fp8(view);
+  }
+  return {};
+}
+
+// |y| of the dot products' magnitudes: sum_k |x_k w_nk| per output, the scale rounding errors are relative to.
+std::vector<double> magnitudes(const std::vector<float>& x, int64_t tokens, const QuantizedMatrix& w) {
+  std::vector<double> m(tokens * w.rows);
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t n = 0; n < w.rows; ++n)
+      for (int64_t k = 0; k < w.cols; ++k) m[t * w.rows + n] += std::fabs(x[t * w.cols + k] * w.weight(n, k));
+  return m;
+}
+
+struct Shape3 {
+  int64_t tokens, n, k;
+};
+
+// The shapes: 0..7 and 13 tokens (token-tile tails of every kernel), N odd and below / above a panel, K odd
+// and not a multiple of any tile, group or 128-block, one K over the kernels' 2048 K block, and K = 0;
+// from 16 tokens the weight-only kernels take their prefill path (weights decoded once per K block), the last
+// shape over two of its blocks.
+const Shape3 kShapes[] = {{0, 5, 7},   {2, 5, 0},   {1, 1, 1},     {1, 65, 33},    {2, 7, 130},  {3, 64, 64},    {4, 129, 257},
+                          {5, 31, 96}, {6, 70, 200},  {7, 3, 131},    {13, 67, 95}, {1, 9, 4100},   {8, 64, 2051},
+                          {17, 67, 1100}, {32, 9, 300}, {16, 5, 2100}};
+
+void expect_close(const std::vector<float>& actual, const std::vector<float>& expected, const std::vector<double>& mag,
+                  double rel, const std::string& what) {
+  ASSERT_EQ(actual.size(), expected.size());
+  for (size_t i = 0; i < actual.size(); ++i)
+    ASSERT_NEAR(actual[i], expected[i], rel * mag[i % mag.size()] + 1e-6) << what << " at " << i;
+}
+
+class PackedMatmulTest : public ::testing::TestWithParam<FormatCase> {};
+
+TEST_P(PackedMatmulTest, EveryPathThisCpuRunsMatchesTheReference) {
+  const FormatCase f = GetParam();
+  std::vector<Isa> isas = kernels::usable_isas(f.format, cpu_features());
+  if (!request_amx_permission()) std::erase(isas, Isa::kAmx);  // an AMX CPU under a Linux older than 5.16
+  for (const auto& [tokens, n, k] : kShapes) {
+    const std::vector<float> x = random_floats(std::max<int64_t>(tokens, 1) * k, 11 + n), w = random_floats(n * k, 7 + k);
+    const QuantizedMatrix q = quantize(f, w, n, k);
+    const kernels::PackedWeights packed = kernels::pack(q);
+    std::vector<double> mag = magnitudes(x, tokens, q);
+    if (mag.empty()) mag.push_back(0);
+    for (bool accumulate : {false, true}) {
+      std::vector<float> expected(tokens * n, 0.25f);
+      kernels::ref::matmul(x.data(), tokens, q, expected.data(), accumulate);
+      for (Isa isa : isas) {
+        std::vector<float> actual(tokens * n, 0.25f);
+        kernels::packed_matmul_on(isa, x.data(), tokens, packed, actual.data(), accumulate);
+        const std::string what = f.name() + " " + std::string(kernels::isa_name(isa)) + " T" + std::to_string(tokens) + " N" +
+                                 std::to_string(n) + " K" + std::to_string(k) + (accumulate ? " +=" : " =");
+        // W8A8 sums integers: the same codes give the same float; the others differ in summation order only.
+        expect_close(actual, expected, mag, f.format == WeightFormat::kInt8W8A8 ? 1e-6 : 2e-6 * std::sqrt(double(k)), what);
+      }
+    }
+  }
+  if (isas.size() == 1) GTEST_SKIP() << "scalar path only: this CPU has no " << f.name() << " kernel";
+}
+
+TEST(PackedMatmul, DispatchRunsKernelIsasChoice) {
+  // packed_matmul (no ISA given) is packed_matmul_on(kernel_isa(...)), and MOEX_ISA=ref means kScalar.
+  const std::vector<float> w = random_floats(70 * 33, 3), x = random_floats(5 * 33, 4);
+  const kernels::PackedWeights p = kernels::pack(kernels::quantize_int4(TensorView{const_cast<float*>(w.data()), DType::kF32, Shape{70, 33}}, 32, false));
+  for (bool x86 : {false, true}) {
+    set_use_x86_kernels(x86);
+    std::vector<float> a(5 * 70), b(5 * 70);
+    kernels::packed_matmul(x.data(), 5, p, a.data());
+    kernels::packed_matmul_on(kernels::kernel_isa(WeightFormat::kInt4), x.data(), 5, p, b.data());
+    EXPECT_EQ(a, b);
+    if (!x86) {
+      EXPECT_EQ(kernels::kernel_isa(WeightFormat::kInt4), Isa::kScalar);
+    }
+  }
+  set_use_x86_kernels(true);
+}
+
+// The quantizers, through the reference: each format's result within its error bound of the exact product.
+TEST_P(PackedMatmulTest, ReferenceIsWithinTheFormatsErrorOfTheFloatMatmul) {
+  const FormatCase f = GetParam();
+  const int64_t tokens = 3, n = 37, k = 300;
+  const std::vector<float> x = random_floats(tokens * k, 5), w = random_floats(n * k, 6, 0.05f);
+  const QuantizedMatrix q = quantize(f, w, n, k);
+  std::vector<float> y(tokens * n);
+  kernels::ref::matmul(x.data(), tokens, q, y.data());
+  for (int64_t t = 0; t < tokens; ++t) {
+    double xmax = 0;
+    for (int64_t i = 0; i < k; ++i) xmax = std::max(xmax, std::fabs(double(x[t * k + i])));
+    for (int64_t r = 0; r < n; ++r) {
+      double exact = 0, bound = 1e-5;
+      for (int64_t i = 0; i < k; ++i) {
+        const double xv = x[t * k + i], wv = w[r * k + i], ax = std::fabs(xv), aw = std::fabs(wv);
+        exact += xv * wv;
+        double wmax_row = 0;
+        switch (f.format) {  // the largest error of one weight (and, for W8A8, of one activation)
+          case WeightFormat::kBF16: bound += ax * aw * std::ldexp(1.0, -8) + aw * ax * std::ldexp(1.0, -8); break;
+          case WeightFormat::kInt8: bound += ax * q.scales[r] * 0.5; break;
+          case WeightFormat::kInt8W8A8:
+            for (int64_t j = 0; j < k; ++j) wmax_row = std::max(wmax_row, std::fabs(double(w[r * k + j])));
+            bound += ax * q.scales[r] * 0.5 + (xmax / 127 * 0.5) * (aw + q.scales[r] * 0.5);
+            break;
+          case WeightFormat::kInt4:  // and the activation's bf16 rounding
+            bound += ax * q.scales[r * q.groups() + i / f.group] * (f.symmetric ? 0.5 : 1.0) + ax * std::ldexp(1.0, -8) * (aw + q.scales[r * q.groups() + i / f.group]);
+            break;
+          case WeightFormat::kFP8E4M3: bound += ax * (aw * 0.0625 + q.scales[(r / 128) * q.groups() + i / 128] * std::ldexp(1.0, -9)); break;
+        }
+      }
+      EXPECT_NEAR(y[t * n + r], exact, bound) << f.name() << " t " << t << " row " << r;
+    }
+  }
+}
+
+TEST_P(PackedMatmulTest, FusedGateUpAndRoutedDownMatchTheReference) {
+  const FormatCase f = GetParam();
+  const int64_t hidden = 70, inter = 45;  // odd I: the last gate/up panel is ragged
+  for (int64_t tokens : {0, 1, 2, 5, 7, 9}) {
+    const std::vector<float> x = random_floats(std::max<int64_t>(tokens, 1) * hidden, 21), w1 = random_floats(inter * hidden, 22),
+                             w3 = random_floats(inter * hidden, 23), w2 = random_floats(hidden * inter, 24);
+    const QuantizedMatrix q1 = quantize(f, w1, inter, hidden), q3 = quantize(f, w3, inter, hidden),
+                          q2 = quantize(f, w2, hidden, inter);
+    const kernels::PackedWeights p13 = kernels::pack_gate_up(q1, q3), p2 = kernels::pack(q2);
+    // Tokens land in scattered rows of a bigger output with a wider stride, over values already there.
+    const int64_t out_rows_total = 12, stride = hidden + 3;
+    std::vector<int32_t> rows(tokens);
+    for (int64_t t = 0; t < tokens; ++t) rows[t] = static_cast<int32_t>((t * 5 + 3) % out_rows_total);
+    const std::vector<float> route = random_floats(std::max<int64_t>(tokens, 1), 25), base = random_floats(out_rows_total * stride, 26);
+
+    std::vector<float> h_ref(tokens * inter), out_ref = base;
+    kernels::ref::expert_gate_up(x.data(), tokens, q1, q3, h_ref.data());
+    kernels::ref::expert_down_accumulate(h_ref.data(), tokens, q2, route.data(), rows.data(), out_ref.data(), stride);
+    // Tolerances from the magnitudes of the sums (as in the matmul test): h = silu(g) u moves by at most
+    // 1.1 |u| dg + |silu(g)| du, and a routed output by |route| dy.
+    const double rel = 2e-6 * std::sqrt(double(hidden + inter));
+    std::vector<float> gate(tokens * inter), up(tokens * inter);
+    kernels::ref::matmul(x.data(), tokens, q1, gate.data());
+    kernels::ref::matmul(x.data(), tokens, q3, up.data());
+    const std::vector<double> mag_gate = magnitudes(x, tokens, q1), mag_up = magnitudes(x, tokens, q3),
+                              mag_down = magnitudes(h_ref, tokens, q2);
+    std::vector<double> tol_h(tokens * inter), tol_out(out_ref.size(), 1e-6);
+    for (int64_t i = 0; i < tokens * inter; ++i) {
+      const double g = gate[i], silu = g / (1 + std::exp(-g));
+      tol_h[i] = rel * (1.1 * std::fabs(up[i]) * mag_gate[i] + std::fabs(silu) * mag_up[i]) + 1e-6 * (1 + std::fabs(h_ref[i]));
+    }
+    for (int64_t t = 0; t < tokens; ++t)
+      for (int64_t n = 0; n < hidden; ++n)
+        tol_out[rows[t] * stride + n] += rel * std::fabs(route[t]) * mag_down[t * hidden + n] + 1e-6 * std::fabs(out_ref[rows[t] * stride + n]);
+    for (bool x86 : {false, true}) {
+      if (x86 && kernels::kernel_isa(f.format, cpu_features(), true) == Isa::kScalar) continue;
+      set_use_x86_kernels(x86);
+      const std::string what = f.name() + (x86 ? " x86" : " scalar") + " T" + std::to_string(tokens);
+      std::vector<float> h(tokens * inter, -1.0f), out = base;
+      kernels::expert_gate_up(x.data(), tokens, p13, h.data());
+      for (size_t i = 0; i < h.size(); ++i) ASSERT_NEAR(h[i], h_ref[i], tol_h[i]) << what << " h " << i;
+      // Down from the reference's h, so only this step's error is measured.
+      kernels::expert_down_accumulate(h_ref.data(), tokens, p2, route.data(), rows.data(), out.data(), stride);
+      for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], out_ref[i], tol_out[i]) << what << " out " << i;
+    }
+  }
+  set_use_x86_kernels(true);
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, PackedMatmulTest, ::testing::ValuesIn(kFormats),
+                         [](const ::testing::TestParamInfo<FormatCase>& info) { return info.param.name(); });
+
+TEST(PackedMatmul, GateUpSiluIsAccurateToAFewUlps) {
+  // x = [1], w3 = 1 and w1 = the test points (bf16-exact): the sums are exact, so h = silu(w1) shows the
+  // vector exp's error alone.
+  const int64_t inter = 64;
+  std::vector<float> w1(inter), w3(inter, 1.0f), x = {1.0f};
+  for (int64_t i = 0; i < inter; ++i) w1[i] = bf16_to_f32(f32_to_bf16(-40.0f + 80.0f * i / (inter - 1) + 0.013f * i));
+  const auto view = [](std::vector<float>& v) { return TensorView{v.data(), DType::kF32, Shape{static_cast<int64_t>(v.size()), 1}}; };
+  const kernels::PackedWeights p = kernels::pack_gate_up(kernels::quantize_bf16(view(w1)), kernels::quantize_bf16(view(w3)));
+  for (bool x86 : {false, true}) {
+    set_use_x86_kernels(x86);
+    std::vector<float> h(inter);
+    kernels::expert_gate_up(x.data(), 1, p, h.data());
+    for (int64_t i = 0; i < inter; ++i) {
+      const double g = w1[i], silu = g / (1 + std::exp(-g));
+      EXPECT_NEAR(h[i], silu, 4e-7 * std::fabs(silu) + 1e-30) << (x86 ? "x86" : "scalar") << " g " << g;
+    }
+  }
+  set_use_x86_kernels(true);
+}
+
+TEST(PackedMatmul, ZeroTokensWritesNothing) {
+  const std::vector<float> w = random_floats(3 * 4, 1);
+  const kernels::PackedWeights p = kernels::pack(kernels::quantize_int8(TensorView{const_cast<float*>(w.data()), DType::kF32, Shape{3, 4}}));
+  float y = 42.0f;
+  kernels::packed_matmul(nullptr, 0, p, &y);
+  EXPECT_EQ(y, 42.0f);
+}
+
+TEST(PackedMatmul, BF16WeightsFromTheCheckpointKeepTheirBits) {
+  // quantize_bf16 of a BF16 view copies; the packed kernel then multiplies exactly those numbers.
+  const std::vector<uint16_t> w = {0x3f80, 0xc000, 0x3e00, 0x4040};  // [[1, -2], [0.125, 3]]
+  const QuantizedMatrix q = kernels::quantize_bf16(TensorView{const_cast<uint16_t*>(w.data()), DType::kBF16, Shape{2, 2}});
+  const float x[2] = {0.5f, 4.0f};
+  float y[2];
+  kernels::packed_matmul(x, 1, kernels::pack(q), y);
+  EXPECT_EQ(y[0], 0.5f * 1 - 2.0f * 4);
+  EXPECT_EQ(y[1], 0.5f * 0.125f + 3.0f * 4);
+}
+
+TEST(PackedMatmul, Fp8FromCheckpointUsesTheBlockScales) {
+  // 130 x 3: two row blocks; code 0x38 is 1.0 in e4m3, 0xb8 is -1.0, 0x01 the smallest subnormal 2^-9.
+  const int64_t rows = 130, cols = 3;
+  std::vector<uint8_t> codes(rows * cols, 0x38);
+  codes[129 * cols + 1] = 0xb8;
+  codes[2] = 0x01;
+  const float scale_inv[2] = {0.5f, 4.0f};  // [ceil(130/128), ceil(3/128)]
+  const QuantizedMatrix q = kernels::fp8_from_checkpoint(TensorView{codes.data(), DType::kF8E4M3, Shape{rows, cols}},
+                                                         TensorView{const_cast<float*>(scale_inv), DType::kF32, Shape{2, 1}});
+  EXPECT_EQ(q.weight(0, 0), 0.5f);
+  EXPECT_EQ(q.weight(0, 2), 0.5f * std::ldexp(1.0f, -9));
+  EXPECT_EQ(q.weight(129, 1), -4.0f);
+  const float x[3] = {1.0f, 2.0f, 3.0f};
+  std::vector<float> y(rows);
+  kernels::packed_matmul(x, 1, kernels::pack(q), y.data());
+  EXPECT_FLOAT_EQ(y[0], 0.5f * (1 + 2) + 3 * 0.5f * std::ldexp(1.0f, -9));
+  EXPECT_FLOAT_EQ(y[129], 4.0f * (1 - 2 + 3));
+  try {
+    kernels::fp8_from_checkpoint(TensorView{codes.data(), DType::kF8E4M3, Shape{rows, cols}},
+                                 TensorView{const_cast<float*>(scale_inv), DType::kF32, Shape{1, 1}});
+    FAIL() << "a wrong weight_scale_inv shape was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidInput);
+    EXPECT_NE(std::string(e.what()).find("weight_scale_inv"), std::string::npos) << e.what();
+  }
+}
+
+TEST(PackedMatmul, W8A8ActivationCodesAreRoundedAndClamped) {
+  const float x[4] = {1.0f, -0.5f, 0.25f, 0.0f};
+  int8_t q[4];
+  const float scale = kernels::quantize_activations_s8(x, 4, q);
+  EXPECT_FLOAT_EQ(scale, 1.0f / 127);
+  EXPECT_EQ(q[0], 127);
+  EXPECT_EQ(q[1], -64);  // -63.5 rounds to even
+  EXPECT_EQ(q[2], 32);   // 31.75
+  EXPECT_EQ(q[3], 0);
+  const float zeros[3] = {0, 0, 0};
+  EXPECT_EQ(kernels::quantize_activations_s8(zeros, 3, q), 0.0f);
+}
+
+// ---- dispatch and CPU detection ----
+
+CpuFeatures full_avx512() {
+  CpuFeatures f;
+  f.avx2 = f.fma = f.avx512f = f.avx512bw = f.avx512vl = f.avx512dq = true;
+  f.os_avx512 = true;
+  return f;
+}
+
+TEST(KernelIsa, NeverPicksAnIsaTheCpuOrOsLacks) {
+  const WeightFormat all[] = {WeightFormat::kBF16, WeightFormat::kInt8, WeightFormat::kInt8W8A8, WeightFormat::kInt4,
+                              WeightFormat::kFP8E4M3};
+  CpuFeatures plain = full_avx512();  // AVX-512 without BF16 / VNNI (Skylake-X)
+  EXPECT_EQ(kernels::kernel_isa(WeightFormat::kBF16, plain, true), Isa::kScalar);
+  EXPECT_EQ(kernels::kernel_isa(WeightFormat::kInt8W8A8, plain, true), Isa::kScalar);
+  EXPECT_EQ(kernels::kernel_isa(WeightFormat::kInt4, plain, true), Isa::kAvx512);
+  EXPECT_EQ(kernels::usable_isas(WeightFormat::kBF16, plain), std::vector<Isa>{Isa::kScalar});
+  CpuFeatures zen4 = plain;
+  zen4.avx512_bf16 = zen4.avx512_vnni = true;
+  EXPECT_EQ(kernels::kernel_isa(WeightFormat::kBF16, zen4, true), Isa::kAvx512Bf16);
+  EXPECT_EQ(kernels::kernel_isa(WeightFormat::kInt4, zen4, true), Isa::kAvx512Bf16);
+  EXPECT_EQ(kernels::usable_isas(WeightFormat::kInt4, zen4), (std::vector<Isa>{Isa::kScalar, Isa::kAvx512, Isa::kAvx512Bf16}));
+  EXPECT_EQ(kernels::usable_isas(WeightFormat::kBF16, zen4), (std::vector<Isa>{Isa::kScalar, Isa::kAvx512Bf16}));
+  EXPECT_EQ(kernels::kernel_isa(WeightFormat::kInt8W8A8, zen4, true), Isa::kAvx512Vnni);
+  CpuFeatures os_off = zen4;  // the CPU has it, the OS does not save ZMM state
+  os_off.os_avx512 = false;
+  CpuFeatures amx = zen4;  // no AMX kernel exists yet: an AMX CPU runs the AVX-512 ones
+  amx.amx_tile = amx.amx_bf16 = amx.amx_int8 = amx.os_amx = true;
+  for (WeightFormat f : all) {
+    EXPECT_EQ(kernels::kernel_isa(f, os_off, true), Isa::kScalar) << kernels::weight_format_name(f);
+    EXPECT_EQ(kernels::kernel_isa(f, zen4, false), Isa::kScalar) << "MOEX_ISA=ref";
+    EXPECT_EQ(kernels::kernel_isa(f, CpuFeatures{}, true), Isa::kScalar);
+    EXPECT_NE(kernels::kernel_isa(f, amx, true), Isa::kAmx);  // AMX is tested (usable_isas), not yet dispatched
+    EXPECT_EQ(kernels::usable_isas(f, os_off), std::vector<Isa>{Isa::kScalar});
+  }
+  EXPECT_FALSE(os_off.has_avx512_kernels());
+  EXPECT_FALSE(zen4.has_amx_kernels());
+  CpuFeatures amx_os_off = amx;
+  amx_os_off.os_amx = false;
+  EXPECT_FALSE(amx_os_off.has_amx_kernels());
+  EXPECT_TRUE(amx.has_amx_kernels());
+  EXPECT_EQ(kernels::usable_isas(WeightFormat::kBF16, amx), (std::vector<Isa>{Isa::kScalar, Isa::kAvx512Bf16, Isa::kAmx}));
+  EXPECT_EQ(kernels::usable_isas(WeightFormat::kBF16, amx_os_off), (std::vector<Isa>{Isa::kScalar, Isa::kAvx512Bf16}));
+}
+
+TEST(CpuFeatures, DetectionAgreesWithProcCpuinfo) {
+  std::ifstream in("/proc/cpuinfo");
+  if (!in) GTEST_SKIP() << "no /proc/cpuinfo";
+  std::string line;
+  std::set<std::string> flags;
+  while (std::getline(in, line)) {
+    if (line.rfind("flags", 0) != 0) continue;
+    std::istringstream words(line.substr(line.find(':') + 1));
+    for (std::string w; words >> w;) flags.insert(w);
+    break;
+  }
+  const CpuFeatures& f = cpu_features();
+  // Linux lists a flag only when the OS supports its state, which is what detection checks too.
+  EXPECT_EQ(f.avx512f && f.os_avx512, flags.count("avx512f") == 1);
+  EXPECT_EQ(f.avx512_bf16 && f.os_avx512, flags.count("avx512_bf16") == 1);
+  EXPECT_EQ(f.avx512_vnni && f.os_avx512, flags.count("avx512_vnni") == 1);
+  EXPECT_EQ(f.amx_int8 && f.os_amx, flags.count("amx_int8") == 1);
+  EXPECT_EQ(f.amx_tile && f.os_amx, flags.count("amx_tile") == 1);
+  EXPECT_EQ(request_amx_permission(), f.has_amx_kernels());  // Linux >= 5.16 grants it when the CPU has AMX
+}
+
+TEST(Probe, DotProductPeaksCountTheirInstructions) {
+  const int64_t iterations = 1000;
+  const kernels::PeakResult bf16 = kernels::dot_peak_bf16(iterations), vnni = kernels::dot_peak_vnni(iterations);
+  if (kernels::kernel_isa(WeightFormat::kBF16) == Isa::kAvx512Bf16) {
+    // a = b = 1.0: each instruction adds 1*1 + 1*1 to each of 16 lanes.
+    EXPECT_EQ(bf16.checksum, 2.0 * 16 * static_cast<double>(bf16.instructions));
+    EXPECT_EQ(bf16.instructions, iterations * kernels::x86::kPeakChains * bf16.threads);
+    EXPECT_GT(bf16.per_second, 0);
+  } else {
+    EXPECT_EQ(bf16.per_second, 0);
+  }
+  const kernels::PeakResult fma = kernels::fma_peak_f32(iterations);
+  if (use_x86_kernels()) {
+    EXPECT_EQ(fma.checksum, 1.0 * 16 * static_cast<double>(fma.instructions));  // 1 * 1 per lane
+    EXPECT_GT(fma.per_second, 0);
+  }
+  if (kernels::kernel_isa(WeightFormat::kInt8W8A8) == Isa::kAvx512Vnni) {
+    EXPECT_EQ(vnni.checksum, 4.0 * 16 * static_cast<double>(vnni.instructions));  // 4 products of 1*1 per lane
+    EXPECT_GT(vnni.per_second, 0);
+  } else {
+    EXPECT_EQ(vnni.per_second, 0);
+  }
+}
+
+}  // namespace
+}  // namespace moex
+
+// ---- the microbenchmark ----
+
+namespace moex {
+namespace {
+
+TEST(BenchKernels, OneRowPerFormatKernelAndTokenCountWithConsistentRates) {
+  kernels::KernelBenchOptions o;
+  o.hidden = 64;
+  o.intermediate = 96;
+  o.tokens = {1, 3};
+  o.formats = {"bf16", "int8", "int8-w8a8", "int4-g32", "int4-g64-asym", "fp8-e4m3"};
+  o.repeats = 1;
+  o.sample_ms = 0;
+  o.roofline_mb = 4;
+  o.cycle_mb = 1;
+  const kernels::KernelBenchReport r = kernels::bench_kernels(o);
+  ASSERT_EQ(r.rows.size(), o.formats.size() * o.kernels.size() * o.tokens.size());
+  EXPECT_GT(r.read_bytes_per_s, 0);
+  for (const auto& row : r.rows) {
+    const std::string what = row.kernel + " " + row.format;
+    const double matrices = row.kernel == "gate_up" ? 2 : 1;
+    EXPECT_EQ(row.flops, 2.0 * row.tokens * row.rows * row.cols * matrices) << what;
+    EXPECT_EQ(row.rows, row.kernel == "down" ? 64 : 96) << what;
+    EXPECT_GT(row.seconds, 0) << what;
+    EXPECT_NEAR(row.gflops, row.flops / row.seconds / 1e9, 1e-9 * row.gflops) << what;
+    EXPECT_NEAR(row.pct_read_roofline, 100 * row.weight_bytes / row.seconds / r.read_bytes_per_s, 1e-9 * row.pct_read_roofline);
+    const double peak = row.isa == "avx512bf16"   ? r.bf16_peak.per_second
+                        : row.isa == "avx512vnni" ? r.vnni_peak.per_second
+                        : row.isa == "avx512"     ? r.fma_peak.per_second
+                                                  : 0;
+    const double roofline = std::max(row.weight_bytes / r.read_bytes_per_s, peak > 0 ? row.flops / peak : 0.0);
+    EXPECT_NEAR(row.pct_roofline, 100 * roofline / row.seconds, 1e-9 * row.pct_roofline) << what;
+    // Weight bytes at least the codes' (bf16 2, int8 1, int4 0.5 byte per weight).
+    const double per_weight = row.format == "bf16" ? 2 : row.format.rfind("int4", 0) == 0 ? 0.5 : 1;
+    EXPECT_GE(row.weight_bytes, per_weight * row.rows * row.cols * matrices) << what;
+    EXPECT_EQ(row.isa, std::string(kernels::isa_name(kernels::kernel_isa(kernels::parse_format_spec(row.format).format))));
+  }
+  try {
+    kernels::parse_format_spec("int3");
+    FAIL() << "int3 accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidInput);
+    EXPECT_NE(std::string(e.what()).find("int4-g32"), std::string::npos) << "the message lists the formats: " << e.what();
+  }
+}
+
+#ifdef MOEX_BINARY
+TEST(BenchKernels, CommandPrintsJsonAndRejectsAnUnknownFormat) {
+  const std::string moex = MOEX_BINARY;
+  const std::string base = moex + " bench kernels --hidden 64 --intermediate 32 --tokens 2 --repeats 1 --roofline-mb 4";
+  FILE* pipe = popen((base + " --formats int8,bf16 --kernels down --json").c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, pipe)) out.append(buf, n);
+  ASSERT_EQ(pclose(pipe), 0) << out;
+  for (const char* key : {"\"read_gb_per_s\"", "\"bf16_peak_gflops\"", "\"format\":\"int8\"", "\"format\":\"bf16\"", "\"kernel\":\"down\"", "\"pct_roofline\""})
+    EXPECT_NE(out.find(key), std::string::npos) << key << " in " << out;
+  const int status = std::system((base + " --formats int3 >/dev/null 2>&1").c_str());
+  EXPECT_EQ(WIFEXITED(status) ? WEXITSTATUS(status) : -1, 2);
+}
+#endif
+
+}  // namespace
+}  // namespace moex

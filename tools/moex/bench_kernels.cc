@@ -1,0 +1,110 @@
+// `moex bench kernels`: the packed-format kernels on one expert's shapes (a preset's or given), against the
+// read-bandwidth and dot-product probes measured in the same run. The work is kernels::bench_kernels.
+#include <cstdio>
+#include <memory>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "moex/base/threads.h"
+#include "moex/kernels/bench_kernels.h"
+#include "moex/model/synthetic.h"
+#include "tools/moex/bench.h"
+
+namespace moex::tools {
+namespace {
+
+struct KernelsFlags {
+  std::string preset = "mini";
+  int hidden = 0, intermediate = 0;
+  std::string tokens = "1,64,512";
+  std::string formats = "bf16,int8,int8-w8a8,int4-g128,int4-g128-asym,fp8-e4m3";
+  std::string kernels = "w1,gate_up,down";
+  int repeats = 5;
+  size_t roofline_mb = 1024;
+  int threads = 0;
+  bool cpu_clock = false;
+  bool json = false;
+};
+
+std::vector<std::string> split(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');)
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+void run_kernels(const KernelsFlags& f) {
+  set_num_threads(f.threads);
+  const ModelConfig preset = synthetic_preset(f.preset);
+  kernels::KernelBenchOptions o;
+  o.hidden = f.hidden > 0 ? f.hidden : preset.hidden_size;
+  o.intermediate = f.intermediate > 0 ? f.intermediate : preset.intermediate_size;
+  o.tokens.clear();
+  for (int t : parse_int_list(f.tokens, "--tokens")) o.tokens.push_back(t);
+  o.formats = split(f.formats);
+  o.kernels = split(f.kernels);
+  o.repeats = f.repeats;
+  o.roofline_mb = f.roofline_mb;
+  o.cpu_clock = f.cpu_clock;
+  const kernels::KernelBenchReport r = kernels::bench_kernels(o);
+  if (f.json) {
+    nlohmann::json rows = nlohmann::json::array();
+    for (const auto& row : r.rows)
+      rows.push_back({{"kernel", row.kernel}, {"format", row.format}, {"isa", row.isa}, {"tokens", row.tokens},
+                      {"rows", row.rows}, {"cols", row.cols}, {"us", row.seconds * 1e6}, {"gb_per_s", row.gb_per_s},
+                      {"gflops", row.gflops}, {"pct_read_roofline", row.pct_read_roofline},
+                      {"pct_compute_peak", row.pct_compute_peak}, {"pct_roofline", row.pct_roofline}});
+    std::printf("%s\n", nlohmann::json{{"hidden", o.hidden}, {"intermediate", o.intermediate}, {"threads", r.threads},
+                                       {"read_gb_per_s", r.read_bytes_per_s / 1e9},
+                                       {"bf16_peak_gflops", r.bf16_peak.per_second / 1e9},
+                                       {"vnni_peak_gops", r.vnni_peak.per_second / 1e9},
+                                       {"fma_peak_gflops", r.fma_peak.per_second / 1e9}, {"results", rows}}
+                            .dump()
+                            .c_str());
+    return;
+  }
+  std::printf("kernels: expert hidden %lld, intermediate %lld, %d threads; probes: read %.1f GB/s, "
+              "vdpbf16ps %.0f GFLOPS, vpdpbusd %.0f GOPS, vfmadd231ps %.0f GFLOPS\n",
+              static_cast<long long>(o.hidden), static_cast<long long>(o.intermediate), r.threads,
+              r.read_bytes_per_s / 1e9, r.bf16_peak.per_second / 1e9, r.vnni_peak.per_second / 1e9,
+              r.fma_peak.per_second / 1e9);
+  std::printf("%-8s %-15s %-11s %5s %13s %10s %8s %8s %7s %7s %7s\n", "kernel", "format", "isa", "T", "matrix", "us",
+              "GB/s", "GFLOPS", "%read", "%peak", "%roof");
+  for (const auto& row : r.rows) {
+    char shape[32];
+    std::snprintf(shape, sizeof shape, "%lldx%lld", static_cast<long long>(row.rows), static_cast<long long>(row.cols));
+    char peak[16] = "-";
+    if (row.pct_compute_peak > 0) std::snprintf(peak, sizeof peak, "%.1f", row.pct_compute_peak);
+    std::printf("%-8s %-15s %-11s %5lld %13s %10.1f %8.1f %8.1f %7.1f %7s %7.1f\n", row.kernel.c_str(),
+                row.format.c_str(), row.isa.c_str(), static_cast<long long>(row.tokens), shape, row.seconds * 1e6,
+                row.gb_per_s, row.gflops, row.pct_read_roofline, peak, row.pct_roofline);
+  }
+  std::printf("%%read: weight bytes per second over the read probe (decode's roofline); %%peak: FLOP/s over the "
+              "probe of the kernel's dot-product instruction (isa avx512bf16: vdpbf16ps, avx512vnni: vpdpbusd, avx512: "
+              "vfmadd231ps);\n"
+              "%%roof: the batched roofline max(bytes / read, FLOPs / peak) over the time taken.\n");
+}
+
+void setup_kernels_bench(CLI::App& bench) {
+  auto flags = std::make_shared<KernelsFlags>();
+  auto* cmd = bench.add_subcommand("kernels", "Packed-format expert kernels against the read and dot-product probes");
+  cmd->add_option("--preset", flags->preset, "Expert shapes of a gen-model preset (mini, mixtral-8x7b, ...)")->capture_default_str();
+  cmd->add_option("--hidden", flags->hidden, "Override the hidden size");
+  cmd->add_option("--intermediate", flags->intermediate, "Override the intermediate size");
+  cmd->add_option("--tokens", flags->tokens, "Tokens per call, comma-separated")->capture_default_str();
+  cmd->add_option("--formats", flags->formats, "Weight formats, comma-separated")->capture_default_str();
+  cmd->add_option("--kernels", flags->kernels, "w1, gate_up, down, comma-separated")->capture_default_str();
+  cmd->add_option("--repeats", flags->repeats, "Samples per cell (median reported)")->capture_default_str();
+  cmd->add_option("--roofline-mb", flags->roofline_mb, "Read-probe buffer size")->capture_default_str();
+  cmd->add_option("--threads", flags->threads, "Threads (0: all cores)");
+  cmd->add_flag("--cpu-clock", flags->cpu_clock,
+                "Time on the thread's CPU clock (with --threads 1, when other processes load the machine)");
+  cmd->add_flag("--json", flags->json, "Machine-readable output");
+  cmd->callback([flags] { run_kernels(*flags); });
+}
+MOEX_REGISTER_BENCH(setup_kernels_bench);
+
+}  // namespace
+}  // namespace moex::tools
