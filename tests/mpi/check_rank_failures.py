@@ -41,11 +41,11 @@ CASES = {
     # The tokenizer is read before any check: rank 0 is already waiting in a collective (the abort path).
     "bad_tokenizer_one_rank": (GEN + ["--model", "{tiny}"], GEN + ["--model", "{badtok}"], 2,
                                [r"rank 1: cannot load tokenizer .*badtok/tokenizer.model"]),
-    # Same command everywhere; rank 0 alone writes --stats-out, after the prompt pass, and fails there while
-    # rank 1 is already in the decode steps' collectives.
+    # Same command everywhere; rank 0 alone writes --stats-out, after the forward passes, and fails there
+    # while rank 1 has gone on (the abort path, not the start-up check).
     "error_mid_run_one_rank": (logits() + ["--model", "{tiny}", "--stats-out", "{missing}/stats.json"],
                                logits() + ["--model", "{tiny}", "--stats-out", "{missing}/stats.json"], 2,
-                               [r"rank 0: cannot write .*no-such-folder/stats.json"]),
+                               [r"rank 0: --stats-out: cannot write .*no-such-folder/stats.json"]),
     "error_on_both_ranks": (GEN + ["--model", "{tiny}", "--top-p", "5"], GEN + ["--model", "{tiny}", "--top-p", "5"],
                             2, [r"ranks? 0(,1)?: --top-p must be in \(0, 1\], got 5"]),
     "distinct_errors_on_both_ranks": (GEN + ["--model", "{badcfg}"], GEN + ["--model", "{trunc}"], 2,
