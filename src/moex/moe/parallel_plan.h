@@ -1,4 +1,4 @@
-// ParallelPlan: how N ranks share one Mixtral model (DESIGN.md §1, issue 6).
+// ParallelPlan: how N ranks share one Mixtral model (docs/DESIGN.md §1, docs/moe.md).
 //   attention  tp: query heads split over all N ranks (KV heads split, or replicated when there are fewer
 //                  KV heads than ranks), one all-reduce after o_proj; every rank sees every token.
 //              dp: every rank holds all of attention and serves its own sequences (slot % N == rank).
@@ -6,9 +6,9 @@
 //              ep: whole experts per rank (E/N each).
 //              tpxep: ep groups of experts, each expert split across the tp ranks of its group.
 // With tp attention (tokens replicated) every MoE plan computes its share and ends in ONE all-reduce per
-// MoE layer (the sum over experts and over slices is linear, so one reduction serves all experts - not
-// one per expert, as the field report has it). With dp attention, tokens travel to their experts' ranks
-// by all-to-all(v) and come back the same way.
+// MoE layer (the sum over experts and over slices is linear, so one reduction serves all experts; one per
+// expert would multiply the all-reduces by the experts per token). With dp attention, tokens travel to
+// their experts' ranks by all-to-all(v) and come back the same way.
 #pragma once
 #include <string>
 
