@@ -26,7 +26,7 @@ void paged_kv_write(const PagedKvLayout& layout, uint16_t* pool, int64_t layer, 
 
 int64_t paged_attention_scratch_floats(const PagedKvLayout& layout, int64_t heads) {
   const int64_t rows = kPagedQueryTile * (heads / layout.kv_heads);
-  // k_t [hd][bs], v [bs][hd], scores [bs], acc [rows][hd], running max and sum [rows]
+  // k [bs][hd], v [bs][hd], scores [bs], acc [rows][hd], running max and sum [rows]
   return 2 * layout.block_size * layout.head_dim + layout.block_size + rows * layout.head_dim + 2 * rows;
 }
 
@@ -40,8 +40,8 @@ void attend_tile(const PagedKvLayout& layout, const uint16_t* pool, int64_t laye
   const int64_t hd = layout.head_dim, bs = layout.block_size;
   const int64_t rows = (row_end - row_begin) * group;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  float* k_t = scratch;              // [hd][bs]: transposed, so a row's scores are bs-wide multiply-adds
-  float* v = k_t + hd * bs;          // [bs][hd]
+  float* k = scratch;                // [bs][hd] the block's K tile, widened to fp32 once for all rows
+  float* v = k + bs * hd;            // [bs][hd]
   float* scores = v + bs * hd;       // [bs]
   float* acc = scores + bs;          // [rows][hd]
   float* m = acc + rows * hd;        // [rows]
@@ -56,10 +56,7 @@ void attend_tile(const PagedKvLayout& layout, const uint16_t* pool, int64_t laye
     const int64_t first = b * bs, valid = std::min(bs, last_position + 1 - first);
     const uint16_t* k_tile = pool + layout.tile_offset(seq.block_table[b], layer, 0, g);
     const uint16_t* v_tile = pool + layout.tile_offset(seq.block_table[b], layer, 1, g);
-    for (int64_t j = 0; j < valid; ++j)
-      for (int64_t e = 0; e < hd; ++e) k_t[e * bs + j] = bf16_to_f32(k_tile[j * hd + e]);
-    for (int64_t j = valid; j < bs; ++j)
-      for (int64_t e = 0; e < hd; ++e) k_t[e * bs + j] = 0.0f;
+    for (int64_t i = 0; i < valid * hd; ++i) k[i] = bf16_to_f32(k_tile[i]);
     for (int64_t i = 0; i < valid * hd; ++i) v[i] = bf16_to_f32(v_tile[i]);
 
     for (int64_t r = 0; r < row_end - row_begin; ++r) {
@@ -69,15 +66,13 @@ void attend_tile(const PagedKvLayout& layout, const uint16_t* pool, int64_t laye
       for (int64_t h = 0; h < group; ++h) {
         const float* qh = q + (row * heads + g * group + h) * hd;
         const int64_t idx = r * group + h;
-        for (int64_t j = 0; j < bs; ++j) scores[j] = 0.0f;
-        for (int64_t e = 0; e < hd; ++e) {
-          const float qe = qh[e];
-          const float* k_col = k_t + e * bs;
-          for (int64_t j = 0; j < bs; ++j) scores[j] += qe * k_col[j];
-        }
         float block_max = -INFINITY;
         for (int64_t j = 0; j < keys; ++j) {
-          scores[j] *= scale;
+          const float* kj = k + j * hd;
+          float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)  // lets the compiler reorder the sum into vector lanes
+          for (int64_t e = 0; e < hd; ++e) dot += qh[e] * kj[e];
+          scores[j] = dot * scale;
           block_max = std::max(block_max, scores[j]);
         }
         const float new_max = std::max(m[idx], block_max);
