@@ -160,6 +160,30 @@ TEST(Scheduler, CancellationFreesBlocksAtTheNextStep) {
   EXPECT_EQ(scheduler.num_waiting(), 0);
 }
 
+TEST(Scheduler, FinishedSequenceFreesItsBlocksAtTheNextStep) {
+  KvBlockManager blocks(8, 16, /*prefix_caching=*/false);
+  Scheduler scheduler({4, 64}, blocks);
+  FakeModel model(blocks);
+  scheduler.add(1, tokens_from(20, 0), /*max_new_tokens=*/2);
+  scheduler.add(2, tokens_from(5, 50), 10);
+  for (int step = 0; step < 2; ++step) {  // prefill samples the first token, one decode the second
+    const StepPlan& plan = scheduler.schedule();
+    EXPECT_TRUE(plan.released.empty());
+    scheduler.complete(plan, model.run(plan, scheduler).data());
+  }
+  EXPECT_EQ(scheduler.state(1), SeqState::kFinishing);
+  EXPECT_EQ(scheduler.tokens(1).size(), 22u);
+  EXPECT_EQ(blocks.num_used_blocks(), 3);  // still held until the next step
+  const StepPlan& plan = scheduler.schedule();
+  EXPECT_EQ(plan.released, std::vector<SeqId>{1});
+  EXPECT_EQ(blocks.num_used_blocks(), 1);
+  // EOS: the engine calls finish(), with the same effect.
+  EXPECT_TRUE(scheduler.finish(2));
+  EXPECT_EQ(scheduler.schedule().released, std::vector<SeqId>{2});
+  EXPECT_EQ(blocks.num_used_blocks(), 0);
+  EXPECT_TRUE(scheduler.idle());
+}
+
 TEST(Scheduler, AdmitsInArrivalOrder) {
   KvBlockManager blocks(64, 16);
   Scheduler scheduler({/*max_num_seqs=*/2, 64}, blocks);
