@@ -1,0 +1,132 @@
+#include "moex/kernels/paged_attention.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "moex/base/dtype.h"
+#include "moex/base/threads.h"
+
+namespace moex::kernels {
+
+void paged_kv_write(const PagedKvLayout& layout, uint16_t* pool, int64_t layer, const int32_t* block_table,
+                    int64_t position, const float* k_row, const float* v_row) {
+  const int64_t hd = layout.head_dim, block = block_table[position / layout.block_size],
+                row = position % layout.block_size;
+  for (int64_t g = 0; g < layout.kv_heads; ++g) {
+    uint16_t* k = pool + layout.tile_offset(block, layer, 0, g) + row * hd;
+    uint16_t* v = pool + layout.tile_offset(block, layer, 1, g) + row * hd;
+    for (int64_t e = 0; e < hd; ++e) {
+      k[e] = f32_to_bf16(k_row[g * hd + e]);
+      v[e] = f32_to_bf16(v_row[g * hd + e]);
+    }
+  }
+}
+
+int64_t paged_attention_scratch_floats(const PagedKvLayout& layout, int64_t heads) {
+  const int64_t rows = kPagedQueryTile * (heads / layout.kv_heads);
+  // k [bs][hd], v [bs][hd], scores [bs], acc [rows][hd], running max and sum [rows]
+  return 2 * layout.block_size * layout.head_dim + layout.block_size + rows * layout.head_dim + 2 * rows;
+}
+
+namespace {
+
+// One work item: query rows [row_begin, row_end) of `seq` x the `group` query heads of KV head g.
+// Online softmax (running max m, sum l, unnormalised acc) over the blocks the last row reaches.
+void attend_tile(const PagedKvLayout& layout, const uint16_t* pool, int64_t layer, const PagedAttentionSeq& seq,
+                 int64_t row_begin, int64_t row_end, int64_t g, int64_t group, const float* q, int64_t heads,
+                 float* out, float* scratch) {
+  const int64_t hd = layout.head_dim, bs = layout.block_size;
+  const int64_t rows = (row_end - row_begin) * group;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  float* k = scratch;                // [bs][hd] the block's K tile, widened to fp32 once for all rows
+  float* v = k + bs * hd;            // [bs][hd]
+  float* scores = v + bs * hd;       // [bs]
+  float* acc = scores + bs;          // [rows][hd]
+  float* m = acc + rows * hd;        // [rows]
+  float* l = m + rows;               // [rows]
+  std::fill(acc, acc + rows * hd, 0.0f);
+  std::fill(m, m + rows, -INFINITY);
+  std::fill(l, l + rows, 0.0f);
+
+  const int64_t last_position = seq.q_pos + row_end - 1;
+  const int64_t blocks = last_position / bs + 1;
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t first = b * bs, valid = std::min(bs, last_position + 1 - first);
+    const uint16_t* k_tile = pool + layout.tile_offset(seq.block_table[b], layer, 0, g);
+    const uint16_t* v_tile = pool + layout.tile_offset(seq.block_table[b], layer, 1, g);
+    for (int64_t i = 0; i < valid * hd; ++i) k[i] = bf16_to_f32(k_tile[i]);
+    for (int64_t i = 0; i < valid * hd; ++i) v[i] = bf16_to_f32(v_tile[i]);
+
+    for (int64_t r = 0; r < row_end - row_begin; ++r) {
+      const int64_t row = seq.q_row + row_begin + r;
+      const int64_t keys = std::min(valid, seq.q_pos + row_begin + r + 1 - first);  // causal
+      if (keys <= 0) continue;
+      for (int64_t h = 0; h < group; ++h) {
+        const float* qh = q + (row * heads + g * group + h) * hd;
+        const int64_t idx = r * group + h;
+        float block_max = -INFINITY;
+        for (int64_t j = 0; j < keys; ++j) {
+          const float* kj = k + j * hd;
+          float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)  // lets the compiler reorder the sum into vector lanes
+          for (int64_t e = 0; e < hd; ++e) dot += qh[e] * kj[e];
+          scores[j] = dot * scale;
+          block_max = std::max(block_max, scores[j]);
+        }
+        const float new_max = std::max(m[idx], block_max);
+        const float correction = std::exp(m[idx] - new_max);  // exp(-inf) = 0 on the first block
+        float sum = 0.0f;
+        for (int64_t j = 0; j < keys; ++j) {
+          scores[j] = std::exp(scores[j] - new_max);
+          sum += scores[j];
+        }
+        l[idx] = l[idx] * correction + sum;
+        m[idx] = new_max;
+        float* a = acc + idx * hd;
+        for (int64_t e = 0; e < hd; ++e) a[e] *= correction;
+        for (int64_t j = 0; j < keys; ++j) {
+          const float p = scores[j];
+          const float* vj = v + j * hd;
+          for (int64_t e = 0; e < hd; ++e) a[e] += p * vj[e];
+        }
+      }
+    }
+  }
+  for (int64_t r = 0; r < row_end - row_begin; ++r) {
+    const int64_t row = seq.q_row + row_begin + r;
+    for (int64_t h = 0; h < group; ++h) {
+      const int64_t idx = r * group + h;
+      const float inv = 1.0f / l[idx];
+      float* oh = out + (row * heads + g * group + h) * hd;
+      for (int64_t e = 0; e < hd; ++e) oh[e] = acc[idx * hd + e] * inv;
+    }
+  }
+}
+
+}  // namespace
+
+void paged_attention(const PagedKvLayout& layout, const uint16_t* pool, int64_t layer, const PagedAttentionSeq* seqs,
+                     int64_t num_seqs, const float* q, int64_t heads, float* out, float* scratch) {
+  const int64_t kv_heads = layout.kv_heads, group = heads / kv_heads;
+  const int64_t per_thread = paged_attention_scratch_floats(layout, heads);
+  int64_t max_tiles = 0;
+  for (int64_t s = 0; s < num_seqs; ++s)
+    max_tiles = std::max(max_tiles, (seqs[s].q_len + kPagedQueryTile - 1) / kPagedQueryTile);
+  // Items (sequence, KV head, query tile) over a dense grid; tiles past a sequence's rows are skipped.
+  // Dynamic schedule: items differ by their context length.
+  const int64_t items = num_seqs * kv_heads * max_tiles;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads()) if (items > 1)
+  for (int64_t item = 0; item < items; ++item) {
+    const int64_t s = item / (kv_heads * max_tiles), g = (item / max_tiles) % kv_heads, tile = item % max_tiles;
+    const PagedAttentionSeq& seq = seqs[s];
+    const int64_t row_begin = tile * kPagedQueryTile;
+    if (row_begin >= seq.q_len) continue;
+    const int64_t row_end = std::min(seq.q_len, row_begin + kPagedQueryTile);
+    attend_tile(layout, pool, layer, seq, row_begin, row_end, g, group, q, heads, out,
+                scratch + static_cast<int64_t>(omp_get_thread_num()) * per_thread);
+  }
+}
+
+}  // namespace moex::kernels
