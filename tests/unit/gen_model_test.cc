@@ -14,9 +14,9 @@
 
 #include "moex/base/error.h"
 #include "moex/model/config.h"
-#include "moex/model/safetensors_writer.h"
-#include "moex/model/synthetic.h"
-#include "moex/runtime/tokenizer_train.h"
+#include "tools/lib/safetensors_writer.h"
+#include "tools/lib/synthetic.h"
+#include "tools/lib/tokenizer_train.h"
 
 namespace moex {
 namespace {

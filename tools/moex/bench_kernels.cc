@@ -8,7 +8,7 @@
 
 #include "moex/base/threads.h"
 #include "moex/kernels/bench_kernels.h"
-#include "moex/model/synthetic.h"
+#include "tools/lib/synthetic.h"
 #include "tools/moex/bench.h"
 
 namespace moex::tools {

@@ -23,7 +23,7 @@
 
 #include "moex/base/dtype.h"
 #include "moex/model/config.h"
-#include "moex/model/safetensors_writer.h"
+#include "tools/lib/safetensors_writer.h"
 
 namespace moex {
 

@@ -1,4 +1,4 @@
-#include "moex/model/synthetic.h"
+#include "tools/lib/synthetic.h"
 
 #include <algorithm>
 #include <cmath>
