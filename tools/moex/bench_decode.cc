@@ -14,6 +14,7 @@
 #include "moex/base/threads.h"
 #include "moex/kernels/probe.h"
 #include "moex/runtime/generation.h"
+#include "tools/lib/synthetic.h"
 #include "tools/moex/bench.h"
 #include "tools/moex/model_flags.h"
 #include "tools/moex/profile_flags.h"
@@ -27,7 +28,8 @@ double measure_read_bandwidth(size_t bytes, int repeats) {
   MOEX_CHECK(buffer != MAP_FAILED, "cannot map ", bytes, " bytes for the roofline probe");
   std::memset(buffer, 1, bytes);  // touch every page so the probe measures DRAM, not page faults
   volatile float sink = 0.0f;
-  const double seconds = median_seconds(repeats, [&] { sink = sink + kernels::stream_read(buffer, bytes); });
+  const double seconds =
+      measure_median({.repeats = repeats}, [&] { sink = sink + kernels::stream_read(buffer, bytes); }).seconds;
   ::munmap(buffer, bytes);
   return static_cast<double>(bytes) / seconds;
 }
@@ -35,7 +37,7 @@ double measure_read_bandwidth(size_t bytes, int repeats) {
 struct RooflineFlags {
   size_t megabytes = 2048;
   int repeats = 5;
-  int threads = 0;
+  ThreadsFlags threads;
   bool json = false;
 };
 
@@ -50,7 +52,7 @@ void check_roofline_buffer(size_t megabytes, const char* flag) {
 
 void run_roofline(const RooflineFlags& f) {
   MOEX_CHECK_INPUT(f.repeats >= 1, "--repeats must be >= 1");
-  set_num_threads(f.threads);
+  f.threads.apply();
   check_roofline_buffer(f.megabytes, "--buffer-mb");
   const double bandwidth = measure_read_bandwidth(f.megabytes << 20, f.repeats);
   if (f.json) {
@@ -82,21 +84,18 @@ void run_decode(DecodeFlags& f) {
   f.model.max_seq_len = std::max(f.model.max_seq_len, f.prompt_len + f.steps + 1);
   auto model = f.model.load(f.batch);
   const ModelConfig& c = model->config();
-  std::vector<std::vector<int>> prompts(f.batch);
-  for (int s = 0; s < f.batch; ++s)
-    for (int i = 0; i < f.prompt_len; ++i) prompts[s].push_back((1 + 7919 * (i + 31 * s)) % c.vocab_size);
+  const std::vector<std::vector<int>> prompts = synthetic_prompts(f.batch, f.prompt_len, c.vocab_size);
   GenerationOptions options;
   options.max_new_tokens = f.steps;
   options.stop_at_eos = false;
   std::vector<double> step_seconds;
   f.profile.start();
   // Median over repeats of the mean decode step time (each repeat re-prefills: same positions, same work).
-  const double seconds = median_seconds(f.repeats, [&] {
+  measure_median({.repeats = f.repeats}, [&] {
     const GenerationResult r = generate(*model, prompts, options);
     step_seconds.push_back(r.decode_seconds / std::max<int64_t>(r.decode_steps, 1));
     if (step_seconds.size() == 1) f.profile.after_warmup();  // the profile covers the timed runs only
   });
-  (void)seconds;
   std::vector<double> sorted(step_seconds.begin() + 1, step_seconds.end());  // drop the warm-up run
   std::sort(sorted.begin(), sorted.end());
   const double step = sorted[sorted.size() / 2];
@@ -129,7 +128,7 @@ void setup_decode_benches(CLI::App& bench) {
   auto* r = bench.add_subcommand("roofline", "Measure the memory read bandwidth (the decode roofline)");
   r->add_option("--buffer-mb", roofline->megabytes, "Buffer size; keep it far above the L3 cache")->capture_default_str();
   r->add_option("--repeats", roofline->repeats, "Passes (median reported)")->capture_default_str();
-  r->add_option("--threads", roofline->threads, "Threads (0: all cores)");
+  roofline->threads.add_to(r);
   r->add_flag("--json", roofline->json, "Machine-readable output");
   r->callback([roofline] { run_roofline(*roofline); });
 

@@ -11,7 +11,6 @@
 #include "moex/base/system_memory.h"
 #include "moex/base/threads.h"
 #include "moex/comm/job.h"
-#include "moex/comm/selector.h"
 #include "moex/model/safetensors.h"
 #include "moex/model/weights.h"
 #include "moex/runtime/run_memory.h"
@@ -46,30 +45,15 @@ void ModelFlags::add_to(CLI::App* cmd) {
   cmd->add_option("--router-fusion", router_fusion, "Router: none | topk_softmax | full")->capture_default_str();
   cmd->add_option("--capacity-factor", capacity_factor, "Expert capacity factor; <= 0 is dropless")
       ->capture_default_str();
-  cmd->add_option("--threads", threads, "Threads per rank (0: all cores)")->capture_default_str();
-  cmd->add_option("--moe-parallel", plan.moe, "MoE over ranks: tp | ep | tpxep")->capture_default_str();
-  cmd->add_option("--attn-parallel", plan.attn, "Attention over ranks: tp (heads) | dp (sequences)")
-      ->capture_default_str();
-  // 0 stands for "derived" inside PlanRequest, so a 0 the user typed must not reach it.
-  cmd->add_option("--tp", plan.tp, "TP group size (tpxep; default derived)")->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--ep", plan.ep, "EP group size (tpxep; default derived)")->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--comm-dtype", plan.comm_dtype, "Activations between ranks: fp32 | bf16 | fp8")
-      ->capture_default_str();
-  cmd->add_flag("--overlap", plan.overlap, "Overlap the MoE all-reduce with the expert computation (chunked)");
-  cmd->add_option("--allreduce-algo", allreduce_algo, "auto | ring | rd | rabenseifner | nhr | mesh | shm | mpi");
-  cmd->add_option("--alltoall-algo", alltoall_algo, "auto | pairwise | bruck | mpi");
-  cmd->add_option("--comm-tuning", comm_tuning, "Tuning table from `moex tune-comm` (JSON)");
   cmd->add_flag("--check-weights", check_weights,
                 "Read every weight once and refuse a checkpoint holding NaN or infinity, naming the tensor");
-}
-
-comm::Communicator& ModelFlags::world() const {
-  comm::set_comm_options(comm::comm_options_from_flags(allreduce_algo, alltoall_algo, comm_tuning));
-  return comm::world();
+  ThreadsFlags::add_to(cmd);
+  ParallelFlags::add_to(cmd);
+  CommFlags::add_to(cmd);
 }
 
 std::unique_ptr<MixtralModel> ModelFlags::load(int batch) const {
-  set_num_threads(threads);
+  ThreadsFlags::apply();
   comm::Communicator& comm = world();
   // Every rank must load the same model (same content; the path may differ): a mismatch is one error.
   if (comm.size() > 1) comm::check_same_on_all_ranks(comm, [&] { return describe_model(model_dir); });

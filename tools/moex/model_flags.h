@@ -1,5 +1,5 @@
-// Flags every command that loads a model shares (--model, --max-seq-len, --router-fusion, the parallel
-// plan and the collectives' algorithms), and the model they build on this rank.
+// Flags every command that loads a model shares (--model, --max-seq-len, --router-fusion, ... and the
+// threads, parallel and comm groups of flags.h), and the model they build on this rank.
 #pragma once
 #include <memory>
 #include <string>
@@ -8,24 +8,20 @@
 
 #include "moex/comm/communicator.h"
 #include "moex/model/mixtral.h"
+#include "tools/moex/flags.h"
 
 namespace moex::tools {
 
-struct ModelFlags {
+struct ModelFlags : ThreadsFlags, ParallelFlags, CommFlags {
   std::string model_dir;
   int max_seq_len = 2048;
   int max_step_tokens = 512;
   std::string router_fusion = "full";
   float capacity_factor = 0.0f;
-  int threads = 0;
   bool check_weights = false;  // scan every tensor for NaN / infinity before loading
-  // Parallel execution over the ranks mpirun started (a single process is world size 1).
-  PlanRequest plan;
-  std::string allreduce_algo, alltoall_algo, comm_tuning;
 
+  // Adds these flags and the three groups'.
   void add_to(CLI::App* cmd);
-  // The world communicator, with --allreduce-algo / --alltoall-algo / MOEX_COMM_ALGO applied.
-  comm::Communicator& world() const;
   // Applies --threads, builds the plan for this rank and loads its share of the model for `batch`
   // sequence slots.
   std::unique_ptr<MixtralModel> load(int batch) const;

@@ -8,6 +8,7 @@
 #include "moex/base/threads.h"
 #include "moex/comm/communicator.h"
 #include "moex/runtime/generation.h"
+#include "tools/lib/synthetic.h"
 #include "tools/moex/command.h"
 #include "tools/moex/model_flags.h"
 #include "tools/moex/profile_flags.h"
@@ -34,9 +35,7 @@ void run_profile(ProfileCommandFlags& f) {
   f.model.max_seq_len = std::max(f.model.max_seq_len, f.prompt_len + std::max(f.steps, f.warmup) + 2);
   auto model = f.model.load(f.batch);
   const ModelConfig& c = model->config();
-  std::vector<std::vector<int>> prompts(f.batch);  // the same synthetic ids as `bench decode`
-  for (int s = 0; s < f.batch; ++s)
-    for (int i = 0; i < f.prompt_len; ++i) prompts[s].push_back((1 + 7919 * (i + 31 * s)) % c.vocab_size);
+  const std::vector<std::vector<int>> prompts = synthetic_prompts(f.batch, f.prompt_len, c.vocab_size);
 
   ProfileFlags profile;
   profile.record = true;
