@@ -14,7 +14,6 @@
 #include "moex/base/threads.h"
 #include "moex/kernels/probe.h"
 #include "moex/runtime/generation.h"
-#include "tools/lib/synthetic.h"
 #include "tools/moex/bench.h"
 #include "tools/moex/model_flags.h"
 #include "tools/moex/profile_flags.h"
@@ -64,11 +63,9 @@ void run_roofline(const RooflineFlags& f) {
   }
 }
 
-struct DecodeFlags {
+struct DecodeFlags : SyntheticRunFlags {
+  DecodeFlags() : SyntheticRunFlags(16) {}
   ModelFlags model;
-  int batch = 1;
-  int prompt_len = 16;
-  int steps = 32;
   int repeats = 5;
   size_t roofline_mb = 2048;
   bool json = false;
@@ -76,15 +73,13 @@ struct DecodeFlags {
 };
 
 void run_decode(DecodeFlags& f) {
-  MOEX_CHECK_INPUT(f.batch >= 1 && f.prompt_len >= 1 && f.steps >= 1 && f.repeats >= 1,
-                   "--batch, --prompt-len, --steps and --repeats must be >= 1");
-  MOEX_CHECK_INPUT(f.prompt_len <= kMaxBenchTokens && f.steps <= kMaxBenchTokens, "--prompt-len and --steps must be <= ",
-                   kMaxBenchTokens);
+  f.check();
+  MOEX_CHECK_INPUT(f.repeats >= 1, "--repeats must be >= 1");
   check_roofline_buffer(f.roofline_mb, "--roofline-mb");
   f.model.max_seq_len = std::max(f.model.max_seq_len, f.prompt_len + f.steps + 1);
   auto model = f.model.load(f.batch);
   const ModelConfig& c = model->config();
-  const std::vector<std::vector<int>> prompts = synthetic_prompts(f.batch, f.prompt_len, c.vocab_size);
+  const std::vector<std::vector<int>> prompts = f.prompts(c.vocab_size);
   GenerationOptions options;
   options.max_new_tokens = f.steps;
   options.stop_at_eos = false;
@@ -135,9 +130,7 @@ void setup_decode_benches(CLI::App& bench) {
   auto decode = std::make_shared<DecodeFlags>();
   auto* d = bench.add_subcommand("decode", "Decode throughput against the memory roofline, measured in one run");
   decode->model.add_to(d);
-  d->add_option("--batch", decode->batch, "Sequences decoded together")->capture_default_str();
-  d->add_option("--prompt-len", decode->prompt_len, "Prompt tokens per sequence")->capture_default_str();
-  d->add_option("--steps", decode->steps, "Decode steps per run")->capture_default_str();
+  decode->SyntheticRunFlags::add_to(d, "Decode steps per run");
   d->add_option("--repeats", decode->repeats, "Runs (median reported)")->capture_default_str();
   d->add_option("--roofline-mb", decode->roofline_mb, "Roofline probe buffer")->capture_default_str();
   d->add_flag("--json", decode->json, "Machine-readable output");

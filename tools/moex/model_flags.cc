@@ -14,6 +14,7 @@
 #include "moex/model/safetensors.h"
 #include "moex/model/weights.h"
 #include "moex/runtime/run_memory.h"
+#include "tools/lib/synthetic.h"
 
 namespace moex::tools {
 
@@ -80,6 +81,22 @@ std::unique_ptr<MixtralModel> ModelFlags::load(int batch) const {
   options.comm = &comm;
   check_run_memory(estimate_run_memory(config, options, num_threads()), config, options, available_memory());
   return std::make_unique<MixtralModel>(model_dir, options);
+}
+
+void SyntheticRunFlags::add_to(CLI::App* cmd, const std::string& steps_help) {
+  cmd->add_option("--batch", batch, "Sequences decoded together")->capture_default_str();
+  cmd->add_option("--prompt-len", prompt_len, "Synthetic prompt tokens per sequence")->capture_default_str();
+  cmd->add_option("--steps", steps, steps_help)->capture_default_str();
+}
+
+void SyntheticRunFlags::check() const {
+  MOEX_CHECK_INPUT(batch >= 1 && prompt_len >= 1 && steps >= 1, "--batch, --prompt-len and --steps must be >= 1");
+  MOEX_CHECK_INPUT(prompt_len <= kMaxBenchTokens && steps <= kMaxBenchTokens, "--prompt-len and --steps must be <= ",
+                   kMaxBenchTokens);
+}
+
+std::vector<std::vector<int>> SyntheticRunFlags::prompts(int vocab_size) const {
+  return synthetic_prompts(batch, prompt_len, vocab_size);
 }
 
 }  // namespace moex::tools

@@ -3,6 +3,7 @@
 #pragma once
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -30,6 +31,20 @@ struct ModelFlags : ThreadsFlags, ParallelFlags, CommFlags {
 // Bound on the synthetic prompt lengths and step counts of `bench decode` and `profile`, so that the sums
 // they size --max-seq-len with stay ints; the model's max_position_embeddings then decides.
 inline constexpr int kMaxBenchTokens = 1 << 24;
+
+// The synthetic workload of `bench decode` and `profile`: --batch sequences of --prompt-len synthetic_prompts
+// ids, then --steps decode steps.
+struct SyntheticRunFlags {
+  int batch = 1;
+  int prompt_len;
+  int steps = 32;
+
+  explicit SyntheticRunFlags(int default_prompt_len) : prompt_len(default_prompt_len) {}
+  void add_to(CLI::App* cmd, const std::string& steps_help);
+  // Each at least 1 and at most kMaxBenchTokens.
+  void check() const;
+  std::vector<std::vector<int>> prompts(int vocab_size) const;
+};
 
 // Sequences are dealt to ranks round-robin under attention DP; everything else sees every sequence.
 inline bool rank_serves_sequence(const ParallelPlan& plan, int sequence) {
