@@ -171,6 +171,13 @@ def main():
         ("ep_zero", "--ep", ["logits", "--model", good, "--ids", "1", "--ep", "0", "--out", "x.npy"]),
         ("seed_negative", "--seed", ["generate", "--model", good, "--prompt", "hi", "--seed", "-1"]),
         ("seed_past_uint64", "--seed", ["generate", "--model", good, "--prompt", "hi", "--seed", "18446744073709551616"]),
+        ("gen_model_seed_negative", "--seed", ["gen-model", "--preset", "tiny", "--out", "gs", "--seed", "-1"]),
+        # One spelling of dtypes (f32, as the comm library, tuning tables and gen-model --dtype spell it).
+        ("comm_dtype_fp32", "{f32,bf16,fp8}", ["logits", "--model", good, "--ids", "1", "--comm-dtype", "fp32", "--out", "x.npy"]),
+        ("bench_router_skew_past_max", "--router-skew", ["bench", "moe-layer", "--hidden", "64", "--intermediate", "64", "--layers", "1", "--tokens", "1", "--router-skew", "17"]),
+        # Lists are parsed one way in every command: each item checked, the error naming it.
+        ("bench_tokens_zero", "'0' is not a whole number in 1..", ["bench", "router", "--tokens", "1,0"]),
+        ("bench_kernels_tokens_bad", "'x' is not a whole number", ["bench", "kernels", "--tokens", "x"]),
     ]
     # config_not_json: write broken JSON over the variant's config.
     with open(os.path.join(args.workdir, "nj", "config.json"), "w") as f:

@@ -8,15 +8,16 @@
 #include <filesystem>
 #include <fstream>
 #include <numeric>
+#include <random>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "moex/base/error.h"
 #include "moex/model/config.h"
-#include "moex/model/safetensors_writer.h"
-#include "moex/model/synthetic.h"
-#include "moex/runtime/tokenizer_train.h"
+#include "tools/lib/safetensors_writer.h"
+#include "tools/lib/synthetic.h"
+#include "tools/lib/tokenizer_train.h"
 
 namespace moex {
 namespace {
@@ -254,6 +255,33 @@ TEST(SyntheticModel, RouterSkewFollowsZipf) {
   EXPECT_GT(SyntheticModel(c, 0, 1.2f, DType::kBF16).router_skew().max_over_mean, 3.0);
 }
 
+// The calibration `bench moe-layer` uses: logits N(0, 1) plus an offset on a constant channel of 1. Checked
+// against Zipf shares computed here by hand, on a sample the calibration did not see.
+TEST(ZipfRouter, CalibratedOffsetsGiveZipfSharesOnFreshLogits) {
+  const int experts = 4, top_k = 1, tokens = 20000;
+  const auto normal_noise = [&](uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> noise(static_cast<size_t>(tokens) * experts);
+    for (float& v : noise) v = normal(rng);
+    return noise;
+  };
+  const std::vector<float> ones(tokens, 1.0f);
+  const ZipfRouterCalibration c = calibrate_zipf_router(1.0f, top_k, normal_noise(1), ones);
+  const double harmonic = 1.0 + 1.0 / 2 + 1.0 / 3 + 1.0 / 4;  // Zipf(1) over 4 experts, below the 0.95 cap
+  const std::vector<double> shares = route_shares(normal_noise(2), ones, c.gate_offset, top_k);
+  for (int e = 0; e < experts; ++e) {
+    EXPECT_NEAR(c.target_share[e], 1.0 / (e + 1) / harmonic, 1e-12) << e;
+    EXPECT_NEAR(shares[e], 1.0 / (e + 1) / harmonic, 0.015) << e;
+  }
+  // No skew: no offsets, balanced target.
+  const ZipfRouterCalibration flat = calibrate_zipf_router(0.0f, top_k, normal_noise(1), ones);
+  for (int e = 0; e < experts; ++e) {
+    EXPECT_EQ(flat.gate_offset[e], 0.0f);
+    EXPECT_DOUBLE_EQ(flat.target_share[e], 0.25);
+  }
+}
+
 TEST(Tokenizer, TrainsLlamaStyleByteFallbackBpe) {
   const TrainedTokenizer trained = train_builtin_tokenizer(512);
   EXPECT_EQ(trained.vocab_size, 512);
@@ -330,6 +358,9 @@ TEST(GenModelCommand, BadFlagsExitWithTwo) {
   EXPECT_EQ(run("gen-model --preset huge" + out), 2);
   EXPECT_EQ(run("gen-model --preset tiny --layers 0" + out), 2);
   EXPECT_EQ(run("gen-model --preset tiny --dtype f16" + out), 2);
+  EXPECT_EQ(run("gen-model --preset tiny --dtype fp32" + out), 2);  // one spelling: f32
+  EXPECT_EQ(run("gen-model --preset tiny --seed -1" + out), 2);     // would wrap to 2^64 - 1
+  EXPECT_EQ(run("gen-model --preset tiny --threads -1" + out), 2);
   EXPECT_EQ(run("gen-model --preset tiny --max-shard-size lots" + out), 2);
   EXPECT_EQ(run("gen-model --preset tiny --hidden 65" + out), 2);
   EXPECT_EQ(run("gen-model --preset tiny --router-skew -1" + out), 2);

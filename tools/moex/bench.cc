@@ -1,6 +1,9 @@
 #include "tools/moex/bench.h"
 
+#include <time.h>
+
 #include <algorithm>
+#include <chrono>
 
 namespace moex::tools {
 namespace {
@@ -24,16 +27,57 @@ bool register_bench(BenchSetup setup) {
   return true;
 }
 
-double median_seconds(int repeats, const std::function<void()>& fn) {
-  fn();  // warm-up: page in weights, size buffers
-  std::vector<double> times;
-  for (int i = 0; i < std::max(repeats, 1); ++i) {
-    const auto start = std::chrono::steady_clock::now();
+namespace {
+
+double thread_cpu_now() {
+  timespec now;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
+  return static_cast<double>(now.tv_sec) + static_cast<double>(now.tv_nsec) * 1e-9;
+}
+
+double wall_now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+void MoEShapeFlags::add_to(CLI::App* cmd, const std::string& layers_help) {
+  add_list_flag(cmd, "--tokens", tokens, "Token counts T")->check(whole_number_in(1, INT32_MAX));
+  cmd->add_option("--hidden", hidden, "Model dimension d")->capture_default_str();
+  cmd->add_option("--experts", experts, "Experts E")->capture_default_str();
+  cmd->add_option("--top-k", top_k, "Experts per token k")->capture_default_str();
+  cmd->add_option("--layers", layers, layers_help)->capture_default_str();
+}
+
+void MoEShapeFlags::check() const {
+  MOEX_CHECK_INPUT(hidden > 1 && experts > 0 && top_k >= 1 && top_k <= experts && layers >= 1,
+                   "--hidden must be > 1, --experts and --layers > 0, --top-k in 1..--experts");
+}
+
+int MoEShapeFlags::max_tokens() const { return tokens.empty() ? 1 : *std::max_element(tokens.begin(), tokens.end()); }
+
+Timing measure_median(const TimingOptions& options, const std::function<void()>& fn) {
+  // The warm-up pages in weights and sizes buffers; with sample_ms it also counts the calls per sample.
+  const double warmup_start = wall_now();
+  int calls = 0;
+  do {
     fn();
-    times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    ++calls;
+  } while (options.sample_ms > 0 && wall_now() - warmup_start < options.sample_ms * 1e-3);
+  const double warmup = wall_now() - warmup_start;
+  const int calls_per_sample = options.sample_ms > 0 ? calls : 1;
+  const auto now = options.cpu_clock ? thread_cpu_now : wall_now;
+  std::vector<double> samples;
+  double spent = warmup;
+  while (static_cast<int>(samples.size()) < std::max(options.repeats, 1) && spent + warmup < options.budget_s) {
+    const double start = now();
+    for (int i = 0; i < calls_per_sample; ++i) fn();
+    samples.push_back(now() - start);
+    spent += samples.back();
   }
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
+  if (samples.empty()) samples.push_back(warmup);
+  std::sort(samples.begin(), samples.end());
+  return {samples[samples.size() / 2] / calls_per_sample, static_cast<int>(samples.size())};
 }
 
 }  // namespace moex::tools

@@ -16,11 +16,12 @@
 #include "moex/comm/measure.h"
 #include "moex/comm/selector.h"
 #include "tools/moex/command.h"
+#include "tools/moex/flags.h"
 
 namespace moex::tools {
 namespace {
 
-struct BenchCommFlags {
+struct BenchCommFlags : CommFlags {
   std::string collective = "allreduce";
   std::string dtype = "f32";
   std::string algos;  // comma list; empty: all
@@ -29,8 +30,6 @@ struct BenchCommFlags {
   bool json = false;
   bool registered = false;
   std::string plot;
-  std::string tuning;
-  std::string allreduce_algo, alltoall_algo;
 };
 
 std::string human_bytes(uint64_t bytes) {
@@ -86,7 +85,7 @@ void write_plot(const std::string& path, const std::vector<Row>& rows, const std
 }
 
 void run_bench_comm(const BenchCommFlags& flags) {
-  comm::set_comm_options(comm::comm_options_from_flags(flags.allreduce_algo, flags.alltoall_algo, flags.tuning));
+  flags.CommFlags::apply();
   comm::Communicator& world = comm::init();
   const int p = world.size();
   const bool leader = world.rank() == 0;
@@ -283,9 +282,7 @@ void setup_bench_comm(CLI::App& app) {
   cmd->add_flag("--registered", flags->registered,
                 "all-reduce on registered memory (Communicator::alloc_registered; shm reads peers in place)");
   cmd->add_option("--plot", flags->plot, "write busbw vs size to this PNG (gnuplot)");
-  cmd->add_option("--comm-tuning", flags->tuning, "tuning table from `moex tune-comm` for auto");
-  cmd->add_option("--allreduce-algo", flags->allreduce_algo, "force auto's all-reduce choice");
-  cmd->add_option("--alltoall-algo", flags->alltoall_algo, "force auto's all-to-all choice");
+  flags->CommFlags::add_to(cmd);
   cmd->callback([flags] { run_bench_comm(*flags); });
 }
 MOEX_REGISTER_COMMAND(setup_bench_comm);

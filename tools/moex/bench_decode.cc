@@ -27,7 +27,8 @@ double measure_read_bandwidth(size_t bytes, int repeats) {
   MOEX_CHECK(buffer != MAP_FAILED, "cannot map ", bytes, " bytes for the roofline probe");
   std::memset(buffer, 1, bytes);  // touch every page so the probe measures DRAM, not page faults
   volatile float sink = 0.0f;
-  const double seconds = median_seconds(repeats, [&] { sink = sink + kernels::stream_read(buffer, bytes); });
+  const double seconds =
+      measure_median({.repeats = repeats}, [&] { sink = sink + kernels::stream_read(buffer, bytes); }).seconds;
   ::munmap(buffer, bytes);
   return static_cast<double>(bytes) / seconds;
 }
@@ -35,7 +36,7 @@ double measure_read_bandwidth(size_t bytes, int repeats) {
 struct RooflineFlags {
   size_t megabytes = 2048;
   int repeats = 5;
-  int threads = 0;
+  ThreadsFlags threads;
   bool json = false;
 };
 
@@ -50,7 +51,7 @@ void check_roofline_buffer(size_t megabytes, const char* flag) {
 
 void run_roofline(const RooflineFlags& f) {
   MOEX_CHECK_INPUT(f.repeats >= 1, "--repeats must be >= 1");
-  set_num_threads(f.threads);
+  f.threads.apply();
   check_roofline_buffer(f.megabytes, "--buffer-mb");
   const double bandwidth = measure_read_bandwidth(f.megabytes << 20, f.repeats);
   if (f.json) {
@@ -62,11 +63,9 @@ void run_roofline(const RooflineFlags& f) {
   }
 }
 
-struct DecodeFlags {
+struct DecodeFlags : SyntheticRunFlags {
+  DecodeFlags() : SyntheticRunFlags(16) {}
   ModelFlags model;
-  int batch = 1;
-  int prompt_len = 16;
-  int steps = 32;
   int repeats = 5;
   size_t roofline_mb = 2048;
   bool json = false;
@@ -74,29 +73,24 @@ struct DecodeFlags {
 };
 
 void run_decode(DecodeFlags& f) {
-  MOEX_CHECK_INPUT(f.batch >= 1 && f.prompt_len >= 1 && f.steps >= 1 && f.repeats >= 1,
-                   "--batch, --prompt-len, --steps and --repeats must be >= 1");
-  MOEX_CHECK_INPUT(f.prompt_len <= kMaxBenchTokens && f.steps <= kMaxBenchTokens, "--prompt-len and --steps must be <= ",
-                   kMaxBenchTokens);
+  f.check();
+  MOEX_CHECK_INPUT(f.repeats >= 1, "--repeats must be >= 1");
   check_roofline_buffer(f.roofline_mb, "--roofline-mb");
   f.model.max_seq_len = std::max(f.model.max_seq_len, f.prompt_len + f.steps + 1);
   auto model = f.model.load(f.batch);
   const ModelConfig& c = model->config();
-  std::vector<std::vector<int>> prompts(f.batch);
-  for (int s = 0; s < f.batch; ++s)
-    for (int i = 0; i < f.prompt_len; ++i) prompts[s].push_back((1 + 7919 * (i + 31 * s)) % c.vocab_size);
+  const std::vector<std::vector<int>> prompts = f.prompts(c.vocab_size);
   GenerationOptions options;
   options.max_new_tokens = f.steps;
   options.stop_at_eos = false;
   std::vector<double> step_seconds;
   f.profile.start();
   // Median over repeats of the mean decode step time (each repeat re-prefills: same positions, same work).
-  const double seconds = median_seconds(f.repeats, [&] {
+  measure_median({.repeats = f.repeats}, [&] {
     const GenerationResult r = generate(*model, prompts, options);
     step_seconds.push_back(r.decode_seconds / std::max<int64_t>(r.decode_steps, 1));
     if (step_seconds.size() == 1) f.profile.after_warmup();  // the profile covers the timed runs only
   });
-  (void)seconds;
   std::vector<double> sorted(step_seconds.begin() + 1, step_seconds.end());  // drop the warm-up run
   std::sort(sorted.begin(), sorted.end());
   const double step = sorted[sorted.size() / 2];
@@ -129,16 +123,14 @@ void setup_decode_benches(CLI::App& bench) {
   auto* r = bench.add_subcommand("roofline", "Measure the memory read bandwidth (the decode roofline)");
   r->add_option("--buffer-mb", roofline->megabytes, "Buffer size; keep it far above the L3 cache")->capture_default_str();
   r->add_option("--repeats", roofline->repeats, "Passes (median reported)")->capture_default_str();
-  r->add_option("--threads", roofline->threads, "Threads (0: all cores)");
+  roofline->threads.add_to(r);
   r->add_flag("--json", roofline->json, "Machine-readable output");
   r->callback([roofline] { run_roofline(*roofline); });
 
   auto decode = std::make_shared<DecodeFlags>();
   auto* d = bench.add_subcommand("decode", "Decode throughput against the memory roofline, measured in one run");
   decode->model.add_to(d);
-  d->add_option("--batch", decode->batch, "Sequences decoded together")->capture_default_str();
-  d->add_option("--prompt-len", decode->prompt_len, "Prompt tokens per sequence")->capture_default_str();
-  d->add_option("--steps", decode->steps, "Decode steps per run")->capture_default_str();
+  decode->SyntheticRunFlags::add_to(d, "Decode steps per run");
   d->add_option("--repeats", decode->repeats, "Runs (median reported)")->capture_default_str();
   d->add_option("--roofline-mb", decode->roofline_mb, "Roofline probe buffer")->capture_default_str();
   d->add_flag("--json", decode->json, "Machine-readable output");

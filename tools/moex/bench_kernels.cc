@@ -8,8 +8,9 @@
 
 #include "moex/base/threads.h"
 #include "moex/kernels/bench_kernels.h"
-#include "moex/model/synthetic.h"
+#include "tools/lib/synthetic.h"
 #include "tools/moex/bench.h"
+#include "tools/moex/flags.h"
 
 namespace moex::tools {
 namespace {
@@ -17,34 +18,26 @@ namespace {
 struct KernelsFlags {
   std::string preset = "mini";
   int hidden = 0, intermediate = 0;
-  std::string tokens = "1,64,512";
-  std::string formats = "bf16,int8,int8-w8a8,int4-g128,int4-g128-asym,fp8-e4m3";
-  std::string kernels = "w1,gate_up,down";
+  // The defaults are kernels::KernelBenchOptions'.
+  std::vector<int64_t> tokens = ::moex::kernels::KernelBenchOptions{}.tokens;
+  std::vector<std::string> formats = ::moex::kernels::KernelBenchOptions{}.formats;
+  std::vector<std::string> kernels = ::moex::kernels::KernelBenchOptions{}.kernels;
   int repeats = 5;
   size_t roofline_mb = 1024;
-  int threads = 0;
+  ThreadsFlags threads;
   bool cpu_clock = false;
   bool json = false;
 };
 
-std::vector<std::string> split(const std::string& text) {
-  std::vector<std::string> out;
-  std::stringstream in(text);
-  for (std::string item; std::getline(in, item, ',');)
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
-
 void run_kernels(const KernelsFlags& f) {
-  set_num_threads(f.threads);
+  f.threads.apply();
   const ModelConfig preset = synthetic_preset(f.preset);
   kernels::KernelBenchOptions o;
   o.hidden = f.hidden > 0 ? f.hidden : preset.hidden_size;
   o.intermediate = f.intermediate > 0 ? f.intermediate : preset.intermediate_size;
-  o.tokens.clear();
-  for (int t : parse_int_list(f.tokens, "--tokens")) o.tokens.push_back(t);
-  o.formats = split(f.formats);
-  o.kernels = split(f.kernels);
+  o.tokens = f.tokens;
+  o.formats = f.formats;
+  o.kernels = f.kernels;
   o.repeats = f.repeats;
   o.roofline_mb = f.roofline_mb;
   o.cpu_clock = f.cpu_clock;
@@ -93,12 +86,12 @@ void setup_kernels_bench(CLI::App& bench) {
   cmd->add_option("--preset", flags->preset, "Expert shapes of a gen-model preset (mini, mixtral-8x7b, ...)")->capture_default_str();
   cmd->add_option("--hidden", flags->hidden, "Override the hidden size");
   cmd->add_option("--intermediate", flags->intermediate, "Override the intermediate size");
-  cmd->add_option("--tokens", flags->tokens, "Tokens per call, comma-separated")->capture_default_str();
-  cmd->add_option("--formats", flags->formats, "Weight formats, comma-separated")->capture_default_str();
-  cmd->add_option("--kernels", flags->kernels, "w1, gate_up, down, comma-separated")->capture_default_str();
+  add_list_flag(cmd, "--tokens", flags->tokens, "Tokens per call")->check(whole_number_in(1, INT32_MAX));
+  add_list_flag(cmd, "--formats", flags->formats, "Weight formats");
+  add_list_flag(cmd, "--kernels", flags->kernels, "w1, gate_up, down");
   cmd->add_option("--repeats", flags->repeats, "Samples per cell (median reported)")->capture_default_str();
   cmd->add_option("--roofline-mb", flags->roofline_mb, "Read-probe buffer size")->capture_default_str();
-  cmd->add_option("--threads", flags->threads, "Threads (0: all cores)");
+  flags->threads.add_to(cmd);
   cmd->add_flag("--cpu-clock", flags->cpu_clock,
                 "Time on the thread's CPU clock (with --threads 1, when other processes load the machine)");
   cmd->add_flag("--json", flags->json, "Machine-readable output");

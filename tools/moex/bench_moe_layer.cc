@@ -20,23 +20,21 @@
 #include "moex/base/threads.h"
 #include "moex/moe/dynamic_batch.h"
 #include "moex/moe/gating.h"
+#include "tools/lib/synthetic.h"
 #include "tools/moex/bench.h"
+#include "tools/moex/flags.h"
 
 namespace moex::tools {
 namespace {
 
-struct MoELayerFlags {
-  std::string tokens = "1,16,64,256";
-  int hidden = 4096;
+struct MoELayerFlags : MoEShapeFlags {
+  MoELayerFlags() : MoEShapeFlags({1, 16, 64, 256}, 2) {}
   int intermediate = 14336;
-  int experts = 8;
-  int top_k = 2;
-  int layers = 2;
   float router_skew = 0.0f;
   float capacity_factor = 0.0f;
   int repeats = 3;
   double budget_s = 12.0;
-  int threads = 0;
+  ThreadsFlags threads;
   bool json = false;
 };
 
@@ -74,83 +72,29 @@ void fill_from_table(uint16_t* out, int64_t n, const std::vector<uint16_t>& tabl
   });
 }
 
-// Per-expert logit offsets so top-k routing of N(0,1) logits gives expert e a share ~ 1/(e+1)^skew of the
-// assignments (capped at 0.95/k: an expert takes at most one of each token's k choices).
-std::vector<float> calibrate_offsets(float skew, int E, int k, std::vector<double>* target_out) {
-  std::vector<double> target(E);
-  double sum = 0;
-  for (int e = 0; e < E; ++e) sum += (target[e] = std::pow(e + 1.0, -static_cast<double>(skew)));
-  for (double& s : target) s /= sum;
-  for (int pass = 0; pass < E; ++pass) {  // cap and hand the excess to the uncapped experts
-    double excess = 0, free_share = 0;
-    for (double& s : target) {
-      if (s > 0.95 / k) excess += s - 0.95 / k, s = 0.95 / k;
-      else if (s < 0.95 / k) free_share += s;
-    }
-    if (excess <= 0 || free_share <= 0) break;
-    for (double& s : target)
-      if (s < 0.95 / k) s += excess * s / free_share;
-  }
-  if (target_out) *target_out = target;
-  std::vector<float> offsets(E, 0.0f);
-  if (skew <= 0) return offsets;
+// Gate offsets for --router-skew: the router sees logits ~ N(0, 1) (the gate's other channels) plus
+// offset[e] times the constant channel 0 of x, which is 1; calibrated like gen-model's gate on a sample of
+// such logits.
+ZipfRouterCalibration calibrate_offsets(float skew, int experts, int top_k) {
   const int samples = 8192;
   std::mt19937 rng(99);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> base(static_cast<size_t>(samples) * E), logits(E), values(k);
-  std::vector<int32_t> ids(k);
-  for (float& v : base) v = normal(rng);
-  for (int iter = 0; iter < 300; ++iter) {
-    std::vector<int> counts(E, 0);
-    for (int t = 0; t < samples; ++t) {
-      for (int e = 0; e < E; ++e) logits[e] = base[static_cast<size_t>(t) * E + e] + offsets[e];
-      gating::top_k(logits.data(), E, k, ids.data(), values.data());
-      for (int j = 0; j < k; ++j) ++counts[ids[j]];
-    }
-    for (int e = 0; e < E; ++e) {
-      const double share = std::max(counts[e], 1) / static_cast<double>(samples * k);
-      offsets[e] += static_cast<float>(0.3 * std::log(target[e] / share));
-    }
-  }
-  return offsets;
-}
-
-// Seconds of fn(): one warm-up run (timed), then up to `repeats` runs while within `budget_s`; the median
-// of the runs after the warm-up, or the warm-up itself when a single run already spent the budget.
-double median_within_budget(int repeats, double budget_s, const std::function<void()>& fn, int* runs) {
-  const auto time_one = [&] {
-    const auto start = std::chrono::steady_clock::now();
-    fn();
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  };
-  const double first = time_one();
-  double spent = first;
-  std::vector<double> times;
-  while (static_cast<int>(times.size()) < repeats && spent + first < budget_s) {
-    times.push_back(time_one());
-    spent += times.back();
-  }
-  if (times.empty()) times.push_back(first);
-  std::sort(times.begin(), times.end());
-  *runs = static_cast<int>(times.size());
-  return times[times.size() / 2];
+  std::vector<float> noise(static_cast<size_t>(samples) * experts);
+  for (float& v : noise) v = normal(rng);
+  return calibrate_zipf_router(skew, top_k, noise, std::vector<float>(samples, 1.0f));
 }
 
 void run_moe_layer(const MoELayerFlags& f) {
-  const std::vector<int> token_counts = parse_int_list(f.tokens, "--tokens");
-  MOEX_CHECK_INPUT(f.hidden > 1 && f.intermediate > 0 && f.experts > 0 && f.top_k >= 1 && f.top_k <= f.experts &&
-                       f.layers >= 1 && f.repeats >= 1,
-                   "--hidden, --intermediate, --experts, --layers, --repeats must be > 0, --top-k in 1..--experts");
+  f.check();
+  MOEX_CHECK_INPUT(f.intermediate > 0 && f.repeats >= 1, "--intermediate and --repeats must be > 0");
   MOEX_CHECK_INPUT(std::isfinite(f.capacity_factor), "--capacity-factor ", f.capacity_factor,
                    " must be a finite number (<= 0: dropless)");
-  set_num_threads(f.threads);
+  MOEX_CHECK_INPUT(f.router_skew >= 0 && f.router_skew <= kMaxRouterSkew, "--router-skew ", f.router_skew,
+                   " must be in 0..", kMaxRouterSkew);
+  f.threads.apply();
   const int64_t d = f.hidden, I = f.intermediate, E = f.experts;
   const int k = f.top_k;
-  int max_tokens = 1;
-  for (int t : token_counts) {
-    MOEX_CHECK_INPUT(t >= 1, "--tokens entries must be >= 1");
-    max_tokens = std::max(max_tokens, t);
-  }
+  const int max_tokens = f.max_tokens();
 
   // Filled in full below: refuse what the machine cannot hold (in double: the product is what is checked).
   check_fits_in_memory(double(f.layers) * double(E) * 3.0 * double(I) * double(d) * 2, "the expert weights",
@@ -181,8 +125,8 @@ void run_moe_layer(const MoELayerFlags& f) {
 
   // Router: gate ~ N(0, 1/d) so logits ~ N(0, 1); channel 0 of x is a constant 1 and gate[e][0] holds
   // expert e's calibrated offset, which is what tilts the load (the same trick as gen-model --router-skew).
-  std::vector<double> target_share;
-  const std::vector<float> offsets = calibrate_offsets(f.router_skew, f.experts, k, &target_share);
+  const ZipfRouterCalibration calibration = calibrate_offsets(f.router_skew, f.experts, k);
+  const std::vector<float>& offsets = calibration.gate_offset;
   std::mt19937 rng(4321);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<uint16_t> gate(static_cast<size_t>(E) * d);
@@ -246,9 +190,11 @@ void run_moe_layer(const MoELayerFlags& f) {
                 "drops", "runs", "tokens per expert");
   }
   nlohmann::json rows = nlohmann::json::array();
-  for (int T : token_counts) {
-    int batched_runs = 0, loop_runs = 0;
-    const double batched = median_within_budget(f.repeats, f.budget_s, [&] { batched_layer(T); }, &batched_runs);
+  const TimingOptions timing{.repeats = f.repeats, .budget_s = f.budget_s};
+  for (int T : f.tokens) {
+    const Timing batched_timing = measure_median(timing, [&] { batched_layer(T); });
+    const double batched = batched_timing.seconds;
+    const int batched_runs = batched_timing.samples;
     const MoELoadStats stats = batcher.stats();
     // Same kernels per row and the same combine order: the two must agree (bitwise, in practice). Checked
     // on the first tokens of the last batched step, with its layer.
@@ -257,8 +203,9 @@ void run_moe_layer(const MoELayerFlags& f) {
     double max_diff = 0.0;
     for (size_t i = 0; i < static_cast<size_t>(checked) * d; ++i)
       max_diff = std::max(max_diff, static_cast<double>(std::fabs(out_batched[i] - out_loop[i])));
-    const double loop =
-        median_within_budget(f.repeats, f.budget_s, [&] { per_token_loop(T, T, -1); }, &loop_runs);
+    const Timing loop_timing = measure_median(timing, [&] { per_token_loop(T, T, -1); });
+    const double loop = loop_timing.seconds;
+    const int loop_runs = loop_timing.samples;
     std::string load;
     for (int c : stats.tokens_per_expert) load += (load.empty() ? "" : ",") + std::to_string(c);
     if (f.json) {
@@ -277,7 +224,7 @@ void run_moe_layer(const MoELayerFlags& f) {
     std::printf("%s\n", nlohmann::json{{"hidden", d}, {"intermediate", I}, {"experts", E}, {"top_k", k},
                                        {"layers", f.layers}, {"weight_gb", weight_bytes / 1e9},
                                        {"threads", num_threads()}, {"router_skew", f.router_skew},
-                                       {"target_share", target_share}, {"capacity_factor", f.capacity_factor},
+                                       {"target_share", calibration.target_share}, {"capacity_factor", f.capacity_factor},
                                        {"results", rows}}.dump().c_str());
   } else {
     std::printf("ms per layer step, median of the runs shown (batched/per-token); per_token: each token runs its k "
@@ -288,13 +235,8 @@ void run_moe_layer(const MoELayerFlags& f) {
 void setup_moe_layer_bench(CLI::App& bench) {
   auto flags = std::make_shared<MoELayerFlags>();
   auto* cmd = bench.add_subcommand("moe-layer", "Whole MoE layer: dynamic batching against a per-token loop");
-  cmd->add_option("--tokens", flags->tokens, "Token counts T, comma-separated")->capture_default_str();
-  cmd->add_option("--hidden", flags->hidden, "Model dimension d")->capture_default_str();
+  flags->MoEShapeFlags::add_to(cmd, "Layers of expert weights cycled (keep them far above the L3 cache)");
   cmd->add_option("--intermediate", flags->intermediate, "Expert FFN dimension I")->capture_default_str();
-  cmd->add_option("--experts", flags->experts, "Experts E")->capture_default_str();
-  cmd->add_option("--top-k", flags->top_k, "Experts per token k")->capture_default_str();
-  cmd->add_option("--layers", flags->layers, "Layers of expert weights cycled (keep them far above the L3 cache)")
-      ->capture_default_str();
   cmd->add_option("--router-skew", flags->router_skew, "Zipf exponent of expert popularity (0: balanced)")
       ->capture_default_str();
   cmd->add_option("--capacity-factor", flags->capacity_factor, "Expert capacity factor; <= 0 is dropless")
@@ -303,7 +245,7 @@ void setup_moe_layer_bench(CLI::App& bench) {
       ->capture_default_str();
   cmd->add_option("--budget-s", flags->budget_s, "Stop repeating a cell after this many seconds")
       ->capture_default_str();
-  cmd->add_option("--threads", flags->threads, "Threads (0: all cores)");
+  flags->threads.add_to(cmd);
   cmd->add_flag("--json", flags->json, "Machine-readable output");
   cmd->callback([flags] { run_moe_layer(*flags); });
 }

@@ -18,68 +18,25 @@
 #include "moex/kernels/matmul.h"
 #include "moex/moe/gating.h"
 #include "tools/moex/bench.h"
+#include "tools/moex/flags.h"
 
 namespace moex::tools {
 namespace {
 
-struct RouterFlags {
-  std::string tokens = "1,16,64,256,2048";
-  int hidden = 4096;
-  int experts = 8;
-  int top_k = 2;
-  int layers = 32;
+struct RouterFlags : MoEShapeFlags {
+  RouterFlags() : MoEShapeFlags({1, 16, 64, 256, 2048}, 32) {}
   int repeats = 21;
   double sample_ms = 2.0;
-  int threads = 0;
+  ThreadsFlags threads;
   bool cpu_clock = false;
   bool json = false;
 };
 
-// Seconds of fn() on the calling thread's CPU clock: immune to other processes' load, so only meaningful
-// single-threaded (--threads 1); for checking kernels on a busy shared machine.
-double thread_cpu_seconds(const std::function<void()>& fn) {
-  timespec a, b;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &a);
-  fn();
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &b);
-  return (b.tv_sec - a.tv_sec) + (b.tv_nsec - a.tv_nsec) * 1e-9;
-}
-
-// Median over `repeats` samples of the seconds per call; each sample runs enough calls to last ~sample_ms.
-double median_call_seconds(int repeats, double sample_ms, bool cpu_clock, const std::function<void()>& fn) {
-  const auto start = std::chrono::steady_clock::now();
-  int calls = 0;
-  do {
-    fn();
-    ++calls;
-  } while (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() < sample_ms * 1e-3);
-  const int per_sample = calls;  // the warm-up doubles as calibration
-  if (cpu_clock) {
-    std::vector<double> times;
-    for (int r = 0; r < repeats; ++r)
-      times.push_back(thread_cpu_seconds([&] {
-        for (int i = 0; i < per_sample; ++i) fn();
-      }));
-    std::sort(times.begin(), times.end());
-    return times[times.size() / 2] / per_sample;
-  }
-  const double median = median_seconds(repeats, [&] {
-    for (int i = 0; i < per_sample; ++i) fn();
-  });
-  return median / per_sample;
-}
-
 void run_router(const RouterFlags& f) {
-  const std::vector<int> token_counts = parse_int_list(f.tokens, "--tokens");
-  MOEX_CHECK_INPUT(f.hidden > 0 && f.experts > 0 && f.top_k >= 1 && f.top_k <= f.experts && f.layers >= 1,
-                   "--hidden, --experts, --layers must be > 0 and --top-k in 1..--experts");
-  set_num_threads(f.threads);
+  f.check();
+  f.threads.apply();
   const int64_t d = f.hidden, E = f.experts;
-  int max_tokens = 1;
-  for (int t : token_counts) {
-    MOEX_CHECK_INPUT(t >= 1, "--tokens entries must be >= 1");
-    max_tokens = std::max(max_tokens, t);
-  }
+  const int max_tokens = f.max_tokens();
   std::mt19937 rng(1234);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<float> x(static_cast<size_t>(max_tokens) * d);
@@ -105,26 +62,24 @@ void run_router(const RouterFlags& f) {
     std::printf("%6s %10s %10s | %10s %12s %10s | %9s %9s\n", "T", "matmul", "mm_nsplit", "none", "topk_softmax",
                 "full", "full/mm", "full/none");
   }
-  for (int T : token_counts) {
+  const TimingOptions timing{.repeats = f.repeats, .sample_ms = f.sample_ms, .cpu_clock = f.cpu_clock};
+  for (int T : f.tokens) {
     int layer = 0;
     const auto next_gate = [&]() -> const TensorView& {
       layer = (layer + 1) % f.layers;
       return gate_views[layer];
     };
     // The floor: what the unfused modes' first pass costs (threads split tokens).
-    const double matmul = median_call_seconds(f.repeats, f.sample_ms, f.cpu_clock, [&] {
-      gating::router_logits(x.data(), T, next_gate(), logits.data());
-    });
+    const double matmul =
+        measure_median(timing, [&] { gating::router_logits(x.data(), T, next_gate(), logits.data()); }).seconds;
     // kernels::matmul as the dense layers use it (threads split the E rows: one thread for E=8), for reference.
-    const double matmul_nsplit = median_call_seconds(f.repeats, f.sample_ms, f.cpu_clock, [&] {
-      kernels::matmul(x.data(), T, next_gate(), logits.data());
-    });
+    const double matmul_nsplit =
+        measure_median(timing, [&] { kernels::matmul(x.data(), T, next_gate(), logits.data()); }).seconds;
     double mode_seconds[3];
     for (int m = 0; m < 3; ++m) {
       GatingTopK& router = *routers[m];
-      mode_seconds[m] = median_call_seconds(f.repeats, f.sample_ms, f.cpu_clock, [&] {
-        router.route(x.data(), T, next_gate(), ids.data(), weights.data());
-      });
+      mode_seconds[m] =
+          measure_median(timing, [&] { router.route(x.data(), T, next_gate(), ids.data(), weights.data()); }).seconds;
     }
     const double full = mode_seconds[2];
     if (f.json) {
@@ -150,14 +105,10 @@ void run_router(const RouterFlags& f) {
 void setup_router_bench(CLI::App& bench) {
   auto flags = std::make_shared<RouterFlags>();
   auto* cmd = bench.add_subcommand("router", "MoE router: each fusion mode against the bare gating matmul");
-  cmd->add_option("--tokens", flags->tokens, "Token counts T, comma-separated")->capture_default_str();
-  cmd->add_option("--hidden", flags->hidden, "Model dimension d")->capture_default_str();
-  cmd->add_option("--experts", flags->experts, "Experts E")->capture_default_str();
-  cmd->add_option("--top-k", flags->top_k, "Experts per token k")->capture_default_str();
-  cmd->add_option("--layers", flags->layers, "Gates cycled through (keeps them out of L1/L2)")->capture_default_str();
+  flags->MoEShapeFlags::add_to(cmd, "Gates cycled through (keeps them out of L1/L2)");
   cmd->add_option("--repeats", flags->repeats, "Samples per cell (median reported)")->capture_default_str();
   cmd->add_option("--sample-ms", flags->sample_ms, "Length of one sample")->capture_default_str();
-  cmd->add_option("--threads", flags->threads, "Threads (0: all cores)");
+  flags->threads.add_to(cmd);
   cmd->add_flag("--cpu-clock", flags->cpu_clock,
                 "Time on the thread's CPU clock (use with --threads 1 when other processes load the machine)");
   cmd->add_flag("--json", flags->json, "Machine-readable output");

@@ -11,9 +11,6 @@ namespace moex::tools {
 using CommandSetup = void (*)(CLI::App& app);
 bool register_command(CommandSetup setup);
 
-// Parses "1,2,3" into integers; throws Error(kInvalidInput) naming the flag on a bad entry.
-std::vector<int> parse_int_list(const std::string& text, const char* flag);
-
 }  // namespace moex::tools
 
 #define MOEX_REGISTER_COMMAND(setup) \

@@ -21,10 +21,11 @@
 #include "moex/base/error.h"
 #include "moex/base/threads.h"
 #include "moex/model/config.h"
-#include "moex/model/safetensors_writer.h"
-#include "moex/model/synthetic.h"
-#include "moex/runtime/tokenizer_train.h"
+#include "tools/lib/safetensors_writer.h"
+#include "tools/lib/synthetic.h"
+#include "tools/lib/tokenizer_train.h"
 #include "tools/moex/command.h"
+#include "tools/moex/flags.h"
 
 namespace moex::tools {
 namespace {
@@ -37,10 +38,25 @@ struct GenModelOptions {
   float router_skew = 0;
   std::string dtype = "bf16";
   std::string max_shard_size = "2GB";
-  int threads = 0;
+  ThreadsFlags threads;
   bool force = false;
   std::set<std::string> given;  // override flags present on the command line (so "--layers 0" is an error)
 };
+
+// --dtype: the file dtype, spelled like --comm-dtype and the comm tuning tables (f32, bf16: safetensors'
+// F32 / BF16 in lower case), with config.json's torch_dtype for it.
+struct WeightDType {
+  const char* flag;
+  DType dtype;
+  const char* torch_dtype;
+};
+constexpr WeightDType kWeightDTypes[] = {{"bf16", DType::kBF16, "bfloat16"}, {"f32", DType::kF32, "float32"}};
+
+const WeightDType& weight_dtype(const std::string& name) {
+  for (const WeightDType& d : kWeightDTypes)
+    if (name == d.flag) return d;
+  throw_error(ErrorKind::kInvalidInput, "--dtype: '" + name + "' is not one of bf16, f32");
+}
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -74,7 +90,7 @@ ModelConfig build_config(const GenModelOptions& o) {
   c.head_dim = c.hidden_size / c.num_attention_heads;
   MOEX_CHECK_INPUT(c.vocab_size >= 384, "--vocab ", c.vocab_size,
                    " is too small for a byte-fallback tokenizer (use at least 384)");
-  c.torch_dtype = o.dtype == "f32" ? "float32" : "bfloat16";
+  c.torch_dtype = weight_dtype(o.dtype).torch_dtype;
   validate_model_config(c);
   return c;
 }
@@ -177,8 +193,8 @@ std::vector<std::string> files_to_keep(const std::filesystem::path& out) {
 
 void run_gen_model(const GenModelOptions& o) {
   const auto start = std::chrono::steady_clock::now();
-  if (o.threads > 0) set_num_threads(o.threads);
-  MOEX_CHECK_INPUT(o.dtype == "bf16" || o.dtype == "f32", "--dtype: '", o.dtype, "' is not bf16 or f32");
+  o.threads.apply();
+  const DType dtype = weight_dtype(o.dtype).dtype;
   const ModelConfig config = build_config(o);
   const uint64_t max_shard = parse_byte_size(o.max_shard_size, "--max-shard-size");
 
@@ -203,7 +219,7 @@ void run_gen_model(const GenModelOptions& o) {
     }
   }
 
-  const SyntheticModel model(config, o.seed, o.router_skew, o.dtype == "f32" ? DType::kF32 : DType::kBF16);
+  const SyntheticModel model(config, o.seed, o.router_skew, dtype);
   const SafetensorsPlan plan = plan_safetensors(model.tensors(), max_shard, model.checkpoint_id());
   uint64_t file_bytes = 0;
   for (const auto& shard : plan.shards) file_bytes += shard.file_size;
@@ -257,7 +273,7 @@ void run_gen_model(const GenModelOptions& o) {
               c.head_dim, c.num_local_experts, c.num_experts_per_tok, c.vocab_size);
   std::printf("  parameters   %s total, %s active per token\n", human_count(static_cast<double>(c.total_params())).c_str(),
               human_count(static_cast<double>(c.active_params_per_token())).c_str());
-  std::printf("  weights      %s, %s in %zu file%s (%s)\n", o.dtype == "f32" ? "F32" : "BF16",
+  std::printf("  weights      %s, %s in %zu file%s (%s)\n", std::string(dtype_name(dtype)).c_str(),
               human_bytes(static_cast<double>(file_bytes)).c_str(), plan.shards.size(), plan.shards.size() == 1 ? "" : "s",
               plan.shards.size() == 1 ? "model.safetensors" : "model-*-of-*.safetensors + model.safetensors.index.json");
   std::printf("  tokenizer    SentencePiece BPE with byte fallback, %d pieces", tokenizer.vocab_size);
@@ -293,7 +309,7 @@ void setup_gen_model(CLI::App& app) {
                 "Replace the model in a non-empty --out (other files there are kept; old shards are replaced "
                 "by new files, never rewritten in place)");
   cmd->add_option("--layers", options->layers, "Number of layers (cuts or extends the preset's depth)");
-  cmd->add_option("--seed", options->seed, "Weights are a pure function of the seed (default 0)");
+  add_seed_flag(cmd, options->seed, "Weights are a pure function of the seed");
   cmd->add_option("--router-skew", options->router_skew,
                   "Zipf exponent S of expert popularity: expert e gets a share ~ 1/(e+1)^S (0 = balanced; at most 16: "
                   "the calibration stays finite to ~300, and past 16 the tail experts already get no tokens)");
@@ -307,7 +323,7 @@ void setup_gen_model(CLI::App& app) {
   cmd->add_option("--experts", options->experts, "Override num_local_experts");
   cmd->add_option("--top-k", options->top_k, "Override num_experts_per_tok");
   cmd->add_option("--vocab", options->vocab, "Override vocab_size (>= 384)");
-  cmd->add_option("--threads", options->threads, "Threads for generation (default: all cores)");
+  options->threads.add_to(cmd);
   cmd->callback([options, cmd] {
     for (const char* flag : {"--layers", "--hidden", "--intermediate", "--heads", "--kv-heads", "--experts", "--top-k", "--vocab"}) {
       if (cmd->count(flag)) options->given.insert(flag);

@@ -1,8 +1,6 @@
 // `moex generate`: text in, text out, then prefill and decode throughput.
-#include <charconv>
 #include <cstdio>
 #include <exception>
-#include <limits>
 #include <string>
 
 #include "moex/runtime/generation.h"
@@ -83,17 +81,7 @@ void setup_generate(CLI::App& app) {
   cmd->add_option("--temperature", flags->temperature, "0 is greedy")->capture_default_str();
   cmd->add_option("--top-k", flags->top_k, "Keep the k most likely tokens (0: all)")->capture_default_str();
   cmd->add_option("--top-p", flags->top_p, "Nucleus sampling mass")->capture_default_str();
-  // Checked here: CLI11 reads -1 into the uint64_t as 2^64 - 1 and lets 2^64 wrap.
-  const CLI::Validator seed_range(
-      [](std::string& text) {
-        uint64_t value = 0;
-        const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-        return error == std::errc() && end == text.data() + text.size()
-                   ? std::string()
-                   : "'" + text + "' is not a whole number in 0.." + std::to_string(std::numeric_limits<uint64_t>::max());
-      },
-      "UINT64");
-  cmd->add_option("--seed", flags->seed, "Sampling seed")->capture_default_str()->check(seed_range);
+  add_seed_flag(cmd, flags->seed, "Sampling seed");
   cmd->add_flag("--ignore-eos", flags->ignore_eos, "Keep generating after the end-of-sequence token");
   flags->profile.add_to(cmd);
   cmd->callback([flags] { run_generate(*flags); });

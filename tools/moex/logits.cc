@@ -27,7 +27,7 @@ namespace {
 
 struct LogitsFlags {
   ModelFlags model;
-  std::string ids;
+  std::vector<int> ids;
   int decode_steps = 0;
   std::string out;
   std::string tokens_out;
@@ -153,7 +153,7 @@ void check_logits_finite(const std::vector<float>& logits, int vocab, size_t pro
 }
 
 void run_logits(const LogitsFlags& flags) {
-  const std::vector<int> prompt = parse_int_list(flags.ids, "--ids");
+  const std::vector<int>& prompt = flags.ids;
   MOEX_CHECK_INPUT(flags.decode_steps >= 0, "--decode must be >= 0");
   check_outputs(flags.model.model_dir,
                 {{"--out", flags.out}, {"--tokens-out", flags.tokens_out}, {"--stats-out", flags.stats_out}});
@@ -223,7 +223,7 @@ void setup_logits(CLI::App& app) {
   auto flags = std::make_shared<LogitsFlags>();
   auto* cmd = app.add_subcommand("logits", "Write the logits of a prompt (and N greedy decode steps) as .npy");
   flags->model.add_to(cmd);
-  cmd->add_option("--ids", flags->ids, "Prompt token ids, comma-separated")->required();
+  add_list_flag(cmd, "--ids", flags->ids, "Prompt token ids")->required()->check(whole_number_in(0, INT32_MAX));
   cmd->add_option("--decode", flags->decode_steps, "Greedy decode steps after the prompt")->capture_default_str();
   cmd->add_option("--out", flags->out, "Output .npy file: float32 [positions, vocab]")->required();
   cmd->add_option("--tokens-out", flags->tokens_out, "Also write the greedy tokens, one per line");

@@ -25,28 +25,6 @@ bool register_command(CommandSetup setup) {
   return true;
 }
 
-std::vector<int> parse_int_list(const std::string& text, const char* flag) {
-  std::vector<int> out;
-  size_t pos = 0;
-  while (pos <= text.size()) {
-    const size_t comma = text.find(',', pos);
-    const std::string item = text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
-    size_t used = 0;
-    long value = 0;
-    try {
-      value = std::stol(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    MOEX_CHECK_INPUT(!item.empty() && used == item.size() && value >= 0 && value <= INT32_MAX, flag,
-                     ": '", item, "' is not a non-negative integer (expected a list like 1,2,3)");
-    out.push_back(static_cast<int>(value));
-    if (comma == std::string::npos) break;
-    pos = comma + 1;
-  }
-  return out;
-}
-
 // Environment that may differ per rank: it changes how fast a rank runs or what it logs, never what it
 // computes or which collectives it calls. Every other MOEX_* variable must match rank 0 (a different
 // MOEX_COMM_ALGO or MOEX_SHM_* would run mismatched collectives).

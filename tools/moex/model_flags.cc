@@ -11,10 +11,10 @@
 #include "moex/base/system_memory.h"
 #include "moex/base/threads.h"
 #include "moex/comm/job.h"
-#include "moex/comm/selector.h"
 #include "moex/model/safetensors.h"
 #include "moex/model/weights.h"
 #include "moex/runtime/run_memory.h"
+#include "tools/lib/synthetic.h"
 
 namespace moex::tools {
 
@@ -46,30 +46,15 @@ void ModelFlags::add_to(CLI::App* cmd) {
   cmd->add_option("--router-fusion", router_fusion, "Router: none | topk_softmax | full")->capture_default_str();
   cmd->add_option("--capacity-factor", capacity_factor, "Expert capacity factor; <= 0 is dropless")
       ->capture_default_str();
-  cmd->add_option("--threads", threads, "Threads per rank (0: all cores)")->capture_default_str();
-  cmd->add_option("--moe-parallel", plan.moe, "MoE over ranks: tp | ep | tpxep")->capture_default_str();
-  cmd->add_option("--attn-parallel", plan.attn, "Attention over ranks: tp (heads) | dp (sequences)")
-      ->capture_default_str();
-  // 0 stands for "derived" inside PlanRequest, so a 0 the user typed must not reach it.
-  cmd->add_option("--tp", plan.tp, "TP group size (tpxep; default derived)")->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--ep", plan.ep, "EP group size (tpxep; default derived)")->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--comm-dtype", plan.comm_dtype, "Activations between ranks: fp32 | bf16 | fp8")
-      ->capture_default_str();
-  cmd->add_flag("--overlap", plan.overlap, "Overlap the MoE all-reduce with the expert computation (chunked)");
-  cmd->add_option("--allreduce-algo", allreduce_algo, "auto | ring | rd | rabenseifner | nhr | mesh | shm | mpi");
-  cmd->add_option("--alltoall-algo", alltoall_algo, "auto | pairwise | bruck | mpi");
-  cmd->add_option("--comm-tuning", comm_tuning, "Tuning table from `moex tune-comm` (JSON)");
   cmd->add_flag("--check-weights", check_weights,
                 "Read every weight once and refuse a checkpoint holding NaN or infinity, naming the tensor");
-}
-
-comm::Communicator& ModelFlags::world() const {
-  comm::set_comm_options(comm::comm_options_from_flags(allreduce_algo, alltoall_algo, comm_tuning));
-  return comm::world();
+  ThreadsFlags::add_to(cmd);
+  ParallelFlags::add_to(cmd);
+  CommFlags::add_to(cmd);
 }
 
 std::unique_ptr<MixtralModel> ModelFlags::load(int batch) const {
-  set_num_threads(threads);
+  ThreadsFlags::apply();
   comm::Communicator& comm = world();
   // Every rank must load the same model (same content; the path may differ): a mismatch is one error.
   if (comm.size() > 1) comm::check_same_on_all_ranks(comm, [&] { return describe_model(model_dir); });
@@ -96,6 +81,22 @@ std::unique_ptr<MixtralModel> ModelFlags::load(int batch) const {
   options.comm = &comm;
   check_run_memory(estimate_run_memory(config, options, num_threads()), config, options, available_memory());
   return std::make_unique<MixtralModel>(model_dir, options);
+}
+
+void SyntheticRunFlags::add_to(CLI::App* cmd, const std::string& steps_help) {
+  cmd->add_option("--batch", batch, "Sequences decoded together")->capture_default_str();
+  cmd->add_option("--prompt-len", prompt_len, "Synthetic prompt tokens per sequence")->capture_default_str();
+  cmd->add_option("--steps", steps, steps_help)->capture_default_str();
+}
+
+void SyntheticRunFlags::check() const {
+  MOEX_CHECK_INPUT(batch >= 1 && prompt_len >= 1 && steps >= 1, "--batch, --prompt-len and --steps must be >= 1");
+  MOEX_CHECK_INPUT(prompt_len <= kMaxBenchTokens && steps <= kMaxBenchTokens, "--prompt-len and --steps must be <= ",
+                   kMaxBenchTokens);
+}
+
+std::vector<std::vector<int>> SyntheticRunFlags::prompts(int vocab_size) const {
+  return synthetic_prompts(batch, prompt_len, vocab_size);
 }
 
 }  // namespace moex::tools

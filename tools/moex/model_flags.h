@@ -1,31 +1,28 @@
-// Flags every command that loads a model shares (--model, --max-seq-len, --router-fusion, the parallel
-// plan and the collectives' algorithms), and the model they build on this rank.
+// Flags every command that loads a model shares (--model, --max-seq-len, --router-fusion, ... and the
+// threads, parallel and comm groups of flags.h), and the model they build on this rank.
 #pragma once
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
 #include "moex/comm/communicator.h"
 #include "moex/model/mixtral.h"
+#include "tools/moex/flags.h"
 
 namespace moex::tools {
 
-struct ModelFlags {
+struct ModelFlags : ThreadsFlags, ParallelFlags, CommFlags {
   std::string model_dir;
   int max_seq_len = 2048;
   int max_step_tokens = 512;
   std::string router_fusion = "full";
   float capacity_factor = 0.0f;
-  int threads = 0;
   bool check_weights = false;  // scan every tensor for NaN / infinity before loading
-  // Parallel execution over the ranks mpirun started (a single process is world size 1).
-  PlanRequest plan;
-  std::string allreduce_algo, alltoall_algo, comm_tuning;
 
+  // Adds these flags and the three groups'.
   void add_to(CLI::App* cmd);
-  // The world communicator, with --allreduce-algo / --alltoall-algo / MOEX_COMM_ALGO applied.
-  comm::Communicator& world() const;
   // Applies --threads, builds the plan for this rank and loads its share of the model for `batch`
   // sequence slots.
   std::unique_ptr<MixtralModel> load(int batch) const;
@@ -34,6 +31,20 @@ struct ModelFlags {
 // Bound on the synthetic prompt lengths and step counts of `bench decode` and `profile`, so that the sums
 // they size --max-seq-len with stay ints; the model's max_position_embeddings then decides.
 inline constexpr int kMaxBenchTokens = 1 << 24;
+
+// The synthetic workload of `bench decode` and `profile`: --batch sequences of --prompt-len synthetic_prompts
+// ids, then --steps decode steps.
+struct SyntheticRunFlags {
+  int batch = 1;
+  int prompt_len;
+  int steps = 32;
+
+  explicit SyntheticRunFlags(int default_prompt_len) : prompt_len(default_prompt_len) {}
+  void add_to(CLI::App* cmd, const std::string& steps_help);
+  // Each at least 1 and at most kMaxBenchTokens.
+  void check() const;
+  std::vector<std::vector<int>> prompts(int vocab_size) const;
+};
 
 // Sequences are dealt to ranks round-robin under attention DP; everything else sees every sequence.
 inline bool rank_serves_sequence(const ParallelPlan& plan, int sequence) {

@@ -15,28 +15,22 @@
 namespace moex::tools {
 namespace {
 
-struct ProfileCommandFlags {
+struct ProfileCommandFlags : SyntheticRunFlags {
+  ProfileCommandFlags() : SyntheticRunFlags(64) {}
   ModelFlags model;
-  int batch = 1;
-  int prompt_len = 64;
-  int steps = 32;
   int warmup = 4;
   std::string trace;
   bool json = false;
 };
 
 void run_profile(ProfileCommandFlags& f) {
-  MOEX_CHECK_INPUT(f.batch >= 1 && f.prompt_len >= 1 && f.steps >= 1, "--batch, --prompt-len and --steps must be >= 1");
-  MOEX_CHECK_INPUT(f.warmup >= 0, "--warmup must be >= 0");
-  MOEX_CHECK_INPUT(f.prompt_len <= kMaxBenchTokens && f.steps <= kMaxBenchTokens && f.warmup <= kMaxBenchTokens,
-                   "--prompt-len, --steps and --warmup must be <= ", kMaxBenchTokens);
+  f.check();
+  MOEX_CHECK_INPUT(f.warmup >= 0 && f.warmup <= kMaxBenchTokens, "--warmup must be in 0..", kMaxBenchTokens);
   // +1: generate() samples the first new token from the prefill logits, so N decode steps make N+1 tokens.
   f.model.max_seq_len = std::max(f.model.max_seq_len, f.prompt_len + std::max(f.steps, f.warmup) + 2);
   auto model = f.model.load(f.batch);
   const ModelConfig& c = model->config();
-  std::vector<std::vector<int>> prompts(f.batch);  // the same synthetic ids as `bench decode`
-  for (int s = 0; s < f.batch; ++s)
-    for (int i = 0; i < f.prompt_len; ++i) prompts[s].push_back((1 + 7919 * (i + 31 * s)) % c.vocab_size);
+  const std::vector<std::vector<int>> prompts = f.prompts(c.vocab_size);
 
   ProfileFlags profile;
   profile.record = true;
@@ -91,9 +85,7 @@ void setup_profile(CLI::App& app) {
   auto flags = std::make_shared<ProfileCommandFlags>();
   auto* cmd = app.add_subcommand("profile", "Where a step's time goes: zones per phase, expert load, trace");
   flags->model.add_to(cmd);
-  cmd->add_option("--batch", flags->batch, "Sequences decoded together")->capture_default_str();
-  cmd->add_option("--prompt-len", flags->prompt_len, "Synthetic prompt tokens per sequence")->capture_default_str();
-  cmd->add_option("--steps", flags->steps, "Decode steps measured")->capture_default_str();
+  flags->SyntheticRunFlags::add_to(cmd, "Decode steps measured");
   cmd->add_option("--warmup", flags->warmup, "Decode steps of an unrecorded warm-up run (0: none)")
       ->capture_default_str();
   cmd->add_option("--trace", flags->trace, "Write a Chrome trace (JSON; open in ui.perfetto.dev) to this file");

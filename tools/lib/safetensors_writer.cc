@@ -1,4 +1,4 @@
-#include "moex/model/safetensors_writer.h"
+#include "tools/lib/safetensors_writer.h"
 
 #include <fcntl.h>
 #include <unistd.h>

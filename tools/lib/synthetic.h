@@ -23,7 +23,7 @@
 
 #include "moex/base/dtype.h"
 #include "moex/model/config.h"
-#include "moex/model/safetensors_writer.h"
+#include "tools/lib/safetensors_writer.h"
 
 namespace moex {
 
@@ -48,6 +48,22 @@ struct RouterSkewReport {
 // mixtral-size expert counts and the calibration would divide 0 by 0 (NaN gate weights); long before that the
 // tail's share is below one routed token in the calibration sample, so a larger exponent means nothing more.
 constexpr float kMaxRouterSkew = 16.0f;
+
+// Router logits of `tokens` tokens for `experts` experts, modelled as noise[t * experts + e] (the part of the
+// gate that does not read the bias channel) + gate_offset[e] * channel[t] (the bias channel's value).
+// route_shares: each expert's share of the tokens * top_k assignments under top-k (lower index wins ties).
+std::vector<double> route_shares(const std::vector<float>& noise, const std::vector<float>& channel,
+                                 const std::vector<float>& gate_offset, int top_k);
+
+// The gate offsets that make those logits route expert e a Zipf share ~ 1/(e+1)^skew, water-filled under a
+// cap of 0.95/top_k (an expert takes at most one of a token's k picks): found by iterating on route_shares.
+// skew <= 0 (or a cap the experts cannot meet) gives zero offsets and the balanced target.
+struct ZipfRouterCalibration {
+  std::vector<double> target_share;  // per expert
+  std::vector<float> gate_offset;    // per expert, the bias channel's gate weight
+};
+ZipfRouterCalibration calibrate_zipf_router(float skew, int top_k, const std::vector<float>& noise,
+                                            const std::vector<float>& channel);
 
 class SyntheticModel {
  public:
@@ -93,6 +109,11 @@ class SyntheticModel {
   std::vector<float> gate_offset_;  // per expert: gate[e][kBiasChannel], before rounding
   RouterSkewReport skew_;
 };
+
+// Prompt ids for the benchmarks and the profiler: `batch` sequences of `length` ids, spread over the
+// vocabulary by a prime stride and different per sequence, so every command that times a model times the
+// same prompts (and a rerun the same ones).
+std::vector<std::vector<int>> synthetic_prompts(int batch, int length, int vocab_size);
 
 // generation_config.json: bos/eos ids, as transformers writes it from the model config.
 std::string generation_config_json(const ModelConfig& config);

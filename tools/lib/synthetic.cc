@@ -1,4 +1,4 @@
-#include "moex/model/synthetic.h"
+#include "tools/lib/synthetic.h"
 
 #include <algorithm>
 #include <cmath>
@@ -195,6 +195,77 @@ TensorFill SyntheticModel::filler() const {
 // token. We pick the E offsets so that top-k routing of sampled tokens gives expert e (rank r = e + 1) a
 // share of the assignments proportional to 1/r^S, by fixed-point iteration on the measured shares
 // (offset_e += 0.5 * log(target_e / measured_e)), then round the offsets as stored and measure again.
+std::vector<double> route_shares(const std::vector<float>& noise, const std::vector<float>& channel,
+                                 const std::vector<float>& gate_offset, int top_k) {
+  const int experts = static_cast<int>(gate_offset.size());
+  const int tokens = static_cast<int>(channel.size());
+  std::vector<double> share(experts, 0.0);
+  std::vector<float> logits(experts);
+  std::vector<char> taken(experts);
+  for (int t = 0; t < tokens; ++t) {
+    for (int e = 0; e < experts; ++e) logits[e] = noise[t * experts + e] + gate_offset[e] * channel[t];
+    std::fill(taken.begin(), taken.end(), 0);
+    for (int k = 0; k < top_k; ++k) {
+      int best = -1;
+      for (int e = 0; e < experts; ++e) {
+        if (!taken[e] && (best < 0 || logits[e] > logits[best])) best = e;
+      }
+      taken[best] = 1;
+      share[best] += 1.0 / (static_cast<double>(tokens) * top_k);
+    }
+  }
+  return share;
+}
+
+ZipfRouterCalibration calibrate_zipf_router(float skew, int top_k, const std::vector<float>& noise,
+                                            const std::vector<float>& channel) {
+  const int tokens = static_cast<int>(channel.size());
+  const int experts = static_cast<int>(noise.size() / channel.size());
+  double mean_channel = 0;
+  for (float c : channel) mean_channel += c / tokens;
+
+  // Zipf target, water-filled under a cap of 0.95/k: top-k picks k distinct experts per token, so no
+  // expert can hold more than 1/k of the assignments; the 5% margin keeps routing from degenerating.
+  const double cap = 0.95 / top_k;
+  ZipfRouterCalibration out;
+  std::vector<double>& target = out.target_share;
+  target.assign(experts, 1.0 / experts);
+  out.gate_offset.assign(experts, 0.0f);
+  const bool feasible = skew > 0 && cap * experts > 1.0;
+  if (!feasible) return out;
+  std::vector<char> capped(experts, 0);
+  for (bool changed = true; changed;) {
+    changed = false;
+    double free_mass = 1.0, weight_sum = 0;
+    for (int e = 0; e < experts; ++e) {
+      if (capped[e]) free_mass -= cap;
+      else weight_sum += std::pow(e + 1.0, -skew);
+    }
+    for (int e = 0; e < experts; ++e) {
+      target[e] = capped[e] ? cap : free_mass * std::pow(e + 1.0, -skew) / weight_sum;
+      if (!capped[e] && target[e] > cap) capped[e] = 1, changed = true;
+    }
+  }
+  std::vector<float> offset(experts);  // in logit units
+  for (int e = 0; e < experts; ++e) offset[e] = static_cast<float>(std::log(target[e] / target[0]));
+  std::vector<float> column(experts);
+  const double floor_share = 0.5 / (static_cast<double>(tokens) * top_k);
+  for (int iteration = 0; iteration < 400; ++iteration) {
+    for (int e = 0; e < experts; ++e) column[e] = static_cast<float>(offset[e] / mean_channel);
+    const std::vector<double> share = route_shares(noise, channel, column, top_k);
+    const float step = iteration < 200 ? 0.5f : 0.2f;
+    double mean_offset = 0;
+    for (int e = 0; e < experts; ++e) {
+      offset[e] += step * static_cast<float>(std::log(target[e] / std::max(share[e], floor_share)));
+      offset[e] = std::clamp(offset[e], -30.0f, 30.0f);
+      mean_offset += offset[e] / experts;
+    }
+    for (int e = 0; e < experts; ++e) offset[e] -= static_cast<float>(mean_offset);  // top-k ignores shifts
+  }
+  for (int e = 0; e < experts; ++e) out.gate_offset[e] = static_cast<float>(offset[e] / mean_channel);
+  return out;
+}
+
 void SyntheticModel::calibrate_router_skew(float skew) {
   const int experts = config_.num_local_experts, top_k = config_.num_experts_per_tok;
   const int64_t d = config_.hidden_size, vocab = config_.vocab_size;
@@ -232,79 +303,29 @@ void SyntheticModel::calibrate_router_skew(float skew) {
       }
     }
   });
-  double mean_channel = 0;
-  for (float c : channel) mean_channel += c / tokens;
-
-  // Shares of the tokens*k assignments for gate column offsets `offset` (top-k, lower index wins ties).
-  auto measure = [&](const std::vector<float>& offset) {
-    std::vector<double> share(experts, 0.0);
-    std::vector<float> logits(experts);
-    std::vector<char> taken(experts);
-    for (int t = 0; t < tokens; ++t) {
-      for (int e = 0; e < experts; ++e) logits[e] = noise[t * experts + e] + offset[e] * channel[t];
-      std::fill(taken.begin(), taken.end(), 0);
-      for (int k = 0; k < top_k; ++k) {
-        int best = -1;
-        for (int e = 0; e < experts; ++e) {
-          if (!taken[e] && (best < 0 || logits[e] > logits[best])) best = e;
-        }
-        taken[best] = 1;
-        share[best] += 1.0 / (static_cast<double>(tokens) * top_k);
-      }
-    }
-    return share;
-  };
-
-  // Zipf target, water-filled under a cap of 0.95/k: top-k picks k distinct experts per token, so no
-  // expert can hold more than 1/k of the assignments; the 5% margin keeps routing from degenerating.
   skew_.skew = skew;
   skew_.tokens = tokens;
-  const double cap = 0.95 / top_k;
-  std::vector<double> target(experts, 1.0 / experts);
-  const bool feasible = skew > 0 && cap * experts > 1.0;
-  if (feasible) {
-    std::vector<char> capped(experts, 0);
-    for (bool changed = true; changed;) {
-      changed = false;
-      double free_mass = 1.0, weight_sum = 0;
-      for (int e = 0; e < experts; ++e) {
-        if (capped[e]) free_mass -= cap;
-        else weight_sum += std::pow(e + 1.0, -skew);
-      }
-      for (int e = 0; e < experts; ++e) {
-        target[e] = capped[e] ? cap : free_mass * std::pow(e + 1.0, -skew) / weight_sum;
-        if (!capped[e] && target[e] > cap) capped[e] = 1, changed = true;
-      }
-    }
-    std::vector<float> offset(experts);  // in logit units
-    for (int e = 0; e < experts; ++e) offset[e] = static_cast<float>(std::log(target[e] / target[0]));
-    std::vector<float> column(experts);
-    const double floor_share = 0.5 / (static_cast<double>(tokens) * top_k);
-    for (int iteration = 0; iteration < 400; ++iteration) {
-      for (int e = 0; e < experts; ++e) column[e] = static_cast<float>(offset[e] / mean_channel);
-      const std::vector<double> share = measure(column);
-      const float step = iteration < 200 ? 0.5f : 0.2f;
-      double mean_offset = 0;
-      for (int e = 0; e < experts; ++e) {
-        offset[e] += step * static_cast<float>(std::log(target[e] / std::max(share[e], floor_share)));
-        offset[e] = std::clamp(offset[e], -30.0f, 30.0f);
-        mean_offset += offset[e] / experts;
-      }
-      for (int e = 0; e < experts; ++e) offset[e] -= static_cast<float>(mean_offset);  // top-k ignores shifts
-    }
-    for (int e = 0; e < experts; ++e) gate_offset_[e] = static_cast<float>(offset[e] / mean_channel);
-  }
+  const ZipfRouterCalibration calibration = calibrate_zipf_router(skew, top_k, noise, channel);
+  gate_offset_ = calibration.gate_offset;
+  skew_.target_share = calibration.target_share;
   for (int e = 0; e < experts; ++e) {
     MOEX_CHECK(std::isfinite(gate_offset_[e]), "router skew ", skew, " calibrated expert ", e, " to a non-finite gate");
   }
   // Measure what is stored: the offsets rounded to the file dtype, like every other gate weight.
   skew_.gate_offset.resize(experts);
   for (int e = 0; e < experts; ++e) skew_.gate_offset[e] = round_to(dtype_, gate_offset_[e]);
-  skew_.target_share = target;
-  skew_.measured_share = measure(skew_.gate_offset);
+  skew_.measured_share = route_shares(noise, channel, skew_.gate_offset, top_k);
   const auto [lo, hi] = std::minmax_element(skew_.measured_share.begin(), skew_.measured_share.end());
   skew_.max_over_mean = *hi * experts;
   skew_.min_over_mean = *lo * experts;
+}
+
+std::vector<std::vector<int>> synthetic_prompts(int batch, int length, int vocab_size) {
+  std::vector<std::vector<int>> prompts(batch);
+  for (int s = 0; s < batch; ++s)
+    for (int i = 0; i < length; ++i)
+      prompts[s].push_back(static_cast<int>((1 + int64_t{7919} * (i + int64_t{31} * s)) % vocab_size));
+  return prompts;
 }
 
 std::string generation_config_json(const ModelConfig& config) {

@@ -1,4 +1,4 @@
-#include "moex/runtime/tokenizer_train.h"
+#include "tools/lib/tokenizer_train.h"
 
 #include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>
