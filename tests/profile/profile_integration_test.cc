@@ -131,7 +131,7 @@ TEST(ProfileFlags, ExpertLoadTableShowsMaxOverMean) {
   profile::PhaseReport& decode = report.phases[static_cast<int>(profile::Phase::kDecode)];
   decode.steps = 2;
   decode.tokens_per_expert = {{4, 0, 0, 0}, {1, 1, 1, 1}};  // 2 steps x batch 1 x k 2 = 4 per layer
-  const std::string text = format_expert_load(report);
+  const std::string text = profile::format_expert_load(report);
   EXPECT_NE(text.find("decode expert load"), std::string::npos) << text;
   EXPECT_NE(text.find("4.00    4 0 0 0"), std::string::npos) << text;  // busiest = 4x the mean
   EXPECT_NE(text.find("1.00    1 1 1 1"), std::string::npos) << text;

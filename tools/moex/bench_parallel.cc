@@ -69,7 +69,7 @@ void run_sweep(SweepFlags& f) {
   for (const PlanChoice& choice : plans) {
     for (bool overlap : {false, true}) {
       if (overlap && choice.attn == "dp") continue;  // dp attention uses all-to-all, not a reducible sum
-      for (const std::string dtype : {"fp32", "bf16", "fp8"}) {
+      for (const std::string dtype : {"f32", "bf16", "fp8"}) {
         ModelFlags flags = f.model;
         flags.plan = {choice.moe, choice.attn, choice.tp, choice.ep, dtype, overlap};
         flags.threads = 1;  // ranks already oversubscribe the cores
@@ -104,13 +104,13 @@ void run_sweep(SweepFlags& f) {
           const double tokens = static_cast<double>(std::max<int64_t>(phase.tokens, 1));
           row.bytes_per_token_layer = comm_bytes(phase) / tokens / config.num_hidden_layers;
           const uint64_t message = static_cast<uint64_t>(batch) * (prefill ? prompt_len : 1) * config.hidden_size *
-                                   comm::comm_dtype_buffer_size(*comm::comm_dtype_from_name(dtype == "fp32" ? "f32" : dtype));
+                                   comm::comm_dtype_buffer_size(*comm::comm_dtype_from_name(dtype));
           row.auto_algo = choice.attn == "dp"
                               ? std::string(comm::algo_name(comm::select_alltoall(comm::AlltoallAlgo::kAuto, n,
                                                                                  message / n)))
                               : std::string(comm::algo_name(comm::select_allreduce(
                                     comm::AllreduceAlgo::kAuto, n,
-                                    *comm::comm_dtype_from_name(dtype == "fp32" ? "f32" : dtype), message,
+                                    *comm::comm_dtype_from_name(dtype), message,
                                     /*shm_available=*/true)));  // mpirun -np N on this one node
           rows.push_back(row);
           if (world.rank() == 0 && !f.json)
@@ -130,7 +130,7 @@ void run_sweep(SweepFlags& f) {
         for (int batch : f.batches) measure("decode b=" + std::to_string(batch), batch, f.prompt_len, f.steps);
         measure("prefill " + std::to_string(f.prefill_len), 1, f.prefill_len, 0);
         // Expert load per rank under EP (tokens are replicated under tp attention, so the stats are global).
-        if (choice.moe == "ep" && choice.attn == "tp" && !overlap && dtype == "fp32" && world.rank() == 0) {
+        if (choice.moe == "ep" && choice.attn == "tp" && !overlap && dtype == "f32" && world.rank() == 0) {
           const auto& stats = model->moe_stats();
           double worst = 0;
           for (const MoELoadStats& s : stats) {

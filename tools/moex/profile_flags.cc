@@ -66,16 +66,6 @@ std::vector<std::vector<uint8_t>> gather_bytes(std::vector<uint8_t> mine) {
   return all;
 }
 
-void appendf(std::string& out, const char* format, ...) __attribute__((format(printf, 2, 3)));
-void appendf(std::string& out, const char* format, ...) {
-  char line[512];
-  va_list args;
-  va_start(args, format);
-  vsnprintf(line, sizeof line, format, args);
-  va_end(args);
-  out += line;
-}
-
 void write_text(const std::string& path, const std::string& text) {
   if (path == "-") {
     std::fputs(text.c_str(), stdout);
@@ -142,8 +132,8 @@ nlohmann::json ProfileFlags::finish(std::FILE* out, bool expert_detail) const {
     std::string text = reports.size() == 1 ? profile::format_table(reports[0]) : profile::format_rank_tables(reports);
     if (expert_detail) {
       for (const profile::Report& r : reports) {
-        if (reports.size() > 1) appendf(text, "\n== rank %d: expert load ==", r.rank);
-        text += "\n" + format_expert_load(r);
+        if (reports.size() > 1) text += "\n== rank " + std::to_string(r.rank) + ": expert load ==";
+        text += "\n" + profile::format_expert_load(r);
       }
     }
 #ifdef MOEX_PROFILE_ZONES_OFF
@@ -161,39 +151,6 @@ nlohmann::json ProfileFlags::finish(std::FILE* out, bool expert_detail) const {
                  traces.size() == 1 ? "" : "s");
   }
   return json;
-}
-
-std::string format_expert_load(const profile::Report& report) {
-  std::string out;
-  for (int phase = 0; phase < profile::kNumPhases; ++phase) {
-    const profile::PhaseReport& p = report.phases[phase];
-    if (p.tokens_per_expert.empty()) continue;
-    const double steps = static_cast<double>(std::max<int64_t>(p.steps, 1));
-    size_t experts = 0;
-    for (const auto& per_expert : p.tokens_per_expert) experts = std::max(experts, per_expert.size());
-    const bool show_counts = experts <= 16;
-    appendf(out, "%s expert load: tokens routed per expert per step (summed over %lld steps)\n",
-            profile::phase_name(static_cast<profile::Phase>(phase)), static_cast<long long>(p.steps));
-    appendf(out, "  %-6s %10s %8s %8s %8s %9s", "layer", "tokens", "min", "max", "mean", "max/mean");
-    if (show_counts) out += "   tokens per expert (whole phase)";
-    out += "\n";
-    for (size_t layer = 0; layer < p.tokens_per_expert.size(); ++layer) {
-      const auto& counts = p.tokens_per_expert[layer];
-      if (counts.empty()) continue;
-      const uint64_t total = std::accumulate(counts.begin(), counts.end(), uint64_t{0});
-      const uint64_t lo = *std::min_element(counts.begin(), counts.end());
-      const uint64_t hi = *std::max_element(counts.begin(), counts.end());
-      const double mean = static_cast<double>(total) / counts.size();
-      appendf(out, "  %-6zu %10.2f %8.2f %8.2f %8.2f %9.2f", layer, total / steps, lo / steps, hi / steps,
-              mean / steps, mean > 0 ? hi / mean : 0.0);
-      if (show_counts) {
-        out += "   ";
-        for (uint64_t c : counts) appendf(out, " %llu", static_cast<unsigned long long>(c));
-      }
-      out += "\n";
-    }
-  }
-  return out;
 }
 
 }  // namespace moex::tools

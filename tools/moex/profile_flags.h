@@ -39,8 +39,6 @@ struct ProfileFlags {
   nlohmann::json finish(std::FILE* out = stdout, bool expert_detail = false) const;
 };
 
-// Per layer and phase: tokens routed to each expert, their min/max/mean and busiest/mean.
-std::string format_expert_load(const profile::Report& report);
 
 // The reports of every rank on rank 0 (rank order); an empty vector on the other ranks. Collective.
 std::vector<profile::Report> gather_reports(const profile::Report& mine);

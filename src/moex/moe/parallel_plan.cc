@@ -17,8 +17,8 @@ ParallelPlan make_parallel_plan(const PlanRequest& r, const PlanShape& s, int wo
   p.world = world;
   p.rank = rank;
   p.overlap = r.overlap;
-  const auto dtype = comm::comm_dtype_from_name(r.comm_dtype == "fp32" ? "f32" : r.comm_dtype);
-  MOEX_CHECK_INPUT(dtype.has_value(), "unknown --comm-dtype \"", r.comm_dtype, "\" (valid: fp32, bf16, fp8)");
+  const auto dtype = comm::comm_dtype_from_name(r.comm_dtype);
+  MOEX_CHECK_INPUT(dtype.has_value(), "unknown --comm-dtype \"", r.comm_dtype, "\" (valid: f32, bf16, fp8)");
   p.comm_dtype = *dtype;
   if (r.attn == "tp") p.attn = AttnParallel::kTP;
   else if (r.attn == "dp") p.attn = AttnParallel::kDP;

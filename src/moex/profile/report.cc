@@ -468,4 +468,38 @@ nlohmann::json rank_reports_to_json(std::span<const Report> ranks) {
           {"slowest_rank", slowest}};
 }
 
+std::string format_expert_load(const Report& report) {
+  std::string out;
+  for (int phase = 0; phase < kNumPhases; ++phase) {
+    const PhaseReport& p = report.phases[phase];
+    if (p.tokens_per_expert.empty()) continue;
+    const double steps = static_cast<double>(std::max<int64_t>(p.steps, 1));
+    size_t experts = 0;
+    for (const auto& per_expert : p.tokens_per_expert) experts = std::max(experts, per_expert.size());
+    const bool show_counts = experts <= 16;
+    appendf(out, "%s expert load: tokens routed per expert per step (summed over %lld steps)\n",
+            phase_name(static_cast<Phase>(phase)), static_cast<long long>(p.steps));
+    appendf(out, "  %-6s %10s %8s %8s %8s %9s", "layer", "tokens", "min", "max", "mean", "max/mean");
+    if (show_counts) out += "   tokens per expert (whole phase)";
+    out += "\n";
+    for (size_t layer = 0; layer < p.tokens_per_expert.size(); ++layer) {
+      const auto& counts = p.tokens_per_expert[layer];
+      if (counts.empty()) continue;
+      const uint64_t total = std::accumulate(counts.begin(), counts.end(), uint64_t{0});
+      const uint64_t lo = *std::min_element(counts.begin(), counts.end());
+      const uint64_t hi = *std::max_element(counts.begin(), counts.end());
+      const double mean = static_cast<double>(total) / counts.size();
+      appendf(out, "  %-6zu %10.2f %8.2f %8.2f %8.2f %9.2f", layer, total / steps, lo / steps, hi / steps,
+              mean / steps, mean > 0 ? hi / mean : 0.0);
+      if (show_counts) {
+        out += "   ";
+        for (uint64_t c : counts) appendf(out, " %llu", static_cast<unsigned long long>(c));
+      }
+      out += "\n";
+    }
+  }
+  return out;
+}
+
+
 }  // namespace moex::profile

@@ -62,6 +62,8 @@ Report collect();  // this process; see profile.h for when it is safe to call
 // Human table, prefill and decode separately; zones sorted by time. Its last row, "other", is the zone
 // kOther plus the unzoned rest, so the printed shares add up to 100%.
 std::string format_table(const Report& report);
+// Per layer and phase: tokens routed to each expert, their min/max/mean and busiest/mean.
+std::string format_expert_load(const Report& report);
 
 // Raw fields plus derived shares and per-layer times; report_from_json reads back the raw fields.
 nlohmann::json report_to_json(const Report& report);
