@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <limits>
 #include <random>
 #include <string>
@@ -17,9 +18,9 @@
 #include "moex/comm/codec.h"
 #include "moex/comm/codec_ref.h"
 #include "moex/comm/communicator.h"
-#include "moex/comm/measure.h"
 #include "moex/comm/selector.h"
 #include "moex/comm/x86/codec_avx512.h"
+#include "tools/lib/measure.h"
 
 namespace moex::comm {
 namespace {
@@ -296,13 +297,11 @@ TEST(CommSelector, TuningTableRoundTripAndLookup) {
   table.add({Collective::kAllreduce, 2, CommDType::kF32, 1024, "shm", 3.0});
   table.add({Collective::kAllreduce, 2, CommDType::kF32, 1 << 20, "ring", 90.0});
   table.add({Collective::kAlltoall, 2, CommDType::kF32, 64, "pairwise", 5.0});
-  table.add({Collective::kAllreduce, 2, CommDType::kF32, 1 << 20, "shm", 40.0, /*registered=*/true, {"mpi", "ring"}});
+  table.add({Collective::kAllreduce, 2, CommDType::kF32, 1 << 20, "shm", 40.0, /*registered=*/true});
   const std::string path = ::testing::TempDir() + "comm_tuning_test.json";
   table.save(path);
   const TuningTable loaded = TuningTable::load(path);
   EXPECT_EQ(loaded.entries().size(), 4u);
-  EXPECT_EQ(loaded.entries()[3].alternates, (std::vector<std::string>{"mpi", "ring"}));
-  EXPECT_TRUE(loaded.entries()[1].alternates.empty());
   // Registered memory has its own winners; without one for the size class, the other kind's nearest entry.
   EXPECT_EQ(loaded.lookup(Collective::kAllreduce, 2, CommDType::kF32, 1 << 20, /*registered=*/true), "shm");
   EXPECT_EQ(loaded.lookup(Collective::kAllreduce, 2, CommDType::kF32, 1 << 20, /*registered=*/false), "ring");
@@ -310,6 +309,28 @@ TEST(CommSelector, TuningTableRoundTripAndLookup) {
   EXPECT_EQ(loaded.lookup(Collective::kAllreduce, 2, CommDType::kF32, 2000), "shm");
   EXPECT_EQ(loaded.lookup(Collective::kAllreduce, 2, CommDType::kBF16, 800000), "ring");  // falls back to f32
   EXPECT_EQ(loaded.lookup(Collective::kAllreduce, 4, CommDType::kF32, 2000), std::nullopt);
+  std::remove(path.c_str());
+}
+
+// Tables written before auto lost its run-time race list runners-up ("alternates") per entry: they still
+// load, the field ignored (even a name this version does not know), and the winner is what auto runs.
+TEST(CommSelector, ATableWithTheOldAlternatesFieldStillLoads) {
+  const std::string path = ::testing::TempDir() + "comm_tuning_alternates.json";
+  {
+    std::ofstream out(path);
+    out << R"({"version": 1, "entries": [{"collective": "allreduce", "group_size": 2, "dtype": "f32",)"
+        << R"( "bytes": 1048576, "algo": "rd", "time_us": 9.0, "registered": false,)"
+        << R"( "alternates": ["ring", "shm", "warp"]}]})";
+  }
+  const TuningTable table = TuningTable::load(path);
+  ASSERT_EQ(table.entries().size(), 1u);
+  EXPECT_EQ(table.lookup(Collective::kAllreduce, 2, CommDType::kF32, 1 << 20), "rd");
+  CommOptions options;
+  options.tuning_path = path;
+  set_comm_options(options);
+  EXPECT_EQ(select_allreduce(AllreduceAlgo::kAuto, 2, CommDType::kF32, 1 << 20, /*shm_available=*/true),
+            AllreduceAlgo::kRecursiveDoubling);
+  set_comm_options(CommOptions{.tuning_path = "none"});
   std::remove(path.c_str());
 }
 

@@ -69,19 +69,4 @@ void alltoall_pairwise(MpiCommunicator& comm, const AlltoallArgs& args);
 void alltoall_bruck(MpiCommunicator& comm, const AlltoallArgs& args);
 void alltoall_mpi(MpiCommunicator& comm, const AlltoallArgs& args);
 
-// The reference copy bench-comm compares against: `bytes` from rank 0's private `source` to rank 1's
-// private `target` through the shared window, pipelined in `chunk_bytes` pieces (rank 0 copies chunk i+1 in
-// while rank 1 copies chunk i out). Ranks other than 0 and 1 return at once. Collective (the window may grow).
-// With `streaming`, rank 1 copies out with non-temporal stores (AVX-512 only).
-void shm_copy(MpiCommunicator& comm, const std::byte* source, std::byte* target, size_t bytes, size_t chunk_bytes,
-              bool streaming);
-struct CopyBandwidth {
-  double bytes_per_second = 0;
-  size_t chunk_bytes = 0;
-  bool streaming = false;
-};
-// Best of `iters` shm_copy calls of `bytes` at each chunk size from 64 KB to 4 MB, with and without streaming
-// stores (on every rank); zero when fewer than 2 ranks share a node.
-CopyBandwidth measure_shm_copy_bandwidth(MpiCommunicator& comm, size_t bytes, int iters);
-
 }  // namespace moex::comm::detail
