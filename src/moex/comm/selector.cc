@@ -237,10 +237,15 @@ double allreduce_cost_seconds(AllreduceAlgo algo, int group_size, uint64_t bytes
     case AllreduceAlgo::kMesh:  // all peers at once: latency of 2 steps, but p-1 messages share one CPU
       return 2 * model.alpha_s * (1 + 0.25 * (p - 2)) + 2 * reduce_scatter_bytes * model.beta_s_per_byte +
              reduce_scatter_bytes * model.gamma_s_per_byte;
-    case AllreduceAlgo::kShm:  // window copies cost about half a network byte; one or two barriers
-      return (n <= 64 * 1024 ? model.shm_alpha_s + (p - 1) * n * model.gamma_s_per_byte
-                             : 2 * model.shm_alpha_s * std::ceil(n / (1 << 20)) +
-                                   reduce_scatter_bytes * (model.beta_s_per_byte + model.gamma_s_per_byte));
+    case AllreduceAlgo::kShm: {
+      // One-shot (up to 64 KB): one barrier, every rank reads all p buffers and sums. Two-shot: two barriers
+      // per 1 MB segment and 3 + 1/p passes over the buffer (copy in, read to reduce, write the sum, copy
+      // out): cheap while the buffer stays in cache, 3x the traffic of a p2p algorithm once it does not.
+      if (n <= 64 * 1024) return model.shm_alpha_s + (p - 1) * n * model.gamma_s_per_byte;
+      const double pass_s_per_byte =
+          bytes <= model.shm_cached_max_bytes ? model.shm_cached_beta_s_per_byte : model.beta_s_per_byte;
+      return 2 * model.shm_alpha_s * std::ceil(n / (1 << 20)) + (3 + 1 / p) * n * pass_s_per_byte;
+    }
     case AllreduceAlgo::kMpi:  // unknown internals: assume a tuned Rabenseifner plus a library overhead
       return 1.2 * allreduce_cost_seconds(AllreduceAlgo::kRabenseifner, group_size, bytes, model);
     case AllreduceAlgo::kAuto: break;

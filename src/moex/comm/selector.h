@@ -67,12 +67,18 @@ class TuningTable {
   std::vector<TuningEntry> entries_;
 };
 
-// Alpha-beta(-gamma) constants for this kind of machine (defaults measured on a 2-core shared-memory VM).
+// Alpha-beta(-gamma) constants for this kind of machine (defaults measured on a 2-core shared-memory VM,
+// AMD EPYC, 2 and 4 ranks; docs/comm.md "Cost model").
 struct CostModel {
   double alpha_s = 4e-6;           // per message step through MPI
   double beta_s_per_byte = 2e-10;  // per byte moved (~5 GB/s)
   double gamma_s_per_byte = 1e-10; // per byte reduced (~10 GB/s of fp32 adds)
   double shm_alpha_s = 1e-6;       // one shared-memory barrier
+  // shm copies each byte through the window: in, read to reduce, out (3 + 1/p passes over the buffer per
+  // rank, against about one for a p2p algorithm). While a rank's buffer stays in cache a pass costs this
+  // much; beyond shm_cached_max_bytes it costs beta_s_per_byte, like any byte through memory.
+  double shm_cached_beta_s_per_byte = 5e-11;
+  uint64_t shm_cached_max_bytes = 2 << 20;  // measured: shm falls behind from 2 MB (2 ranks) or 4 MB (4 ranks)
 };
 double allreduce_cost_seconds(AllreduceAlgo algo, int group_size, uint64_t bytes, const CostModel& model = {});
 
