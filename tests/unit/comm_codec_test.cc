@@ -17,10 +17,9 @@
 #include "moex/base/dtype.h"
 #include "moex/base/error.h"
 #include "moex/comm/codec.h"
-#include "moex/comm/codec_ref.h"
+#include "moex/comm/codec_impl.h"
 #include "moex/comm/communicator.h"
 #include "moex/comm/selector.h"
-#include "moex/comm/x86/codec_avx512.h"
 #include "tools/lib/measure.h"
 
 namespace moex::comm {

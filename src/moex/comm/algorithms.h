@@ -42,6 +42,18 @@ int cyclic_ranges(const Partition& partition, int first, int n, Range out[2]);
 void exchange(MpiCommunicator& comm, WireFormat wire, float* data, std::span<const Range> send_ranges, int dest,
               std::span<const Range> recv_ranges, int src, bool add);
 
+// The power-of-two algorithms (recursive doubling, Rabenseifner) on any group size: the first 2*rem ranks
+// fold in pairs (even sends its whole buffer to odd, which adds it), leaving pof2 ranks; after the algorithm
+// the odd ones send the result back. new_rank: this rank among the pof2, -1 when folded away.
+struct PowerOfTwoFold {
+  int pof2 = 1, rem = 0, new_rank = -1;
+  // The group rank of the rank that is `rank_new` among the pof2.
+  int real_rank(int rank_new) const { return rank_new < rem ? rank_new * 2 + 1 : rank_new + rem; }
+};
+PowerOfTwoFold fold_to_power_of_two(MpiCommunicator& comm, WireFormat wire, float* data, size_t count);
+void unfold_from_power_of_two(MpiCommunicator& comm, const PowerOfTwoFold& fold, WireFormat wire, float* data,
+                              size_t count);
+
 // Scratch slots used by the algorithms (slot 0 belongs to the dispatcher's bf16 working copy).
 enum ScratchSlot : int { kScratchWork = 0, kScratchSend = 1, kScratchRecv = 2, kScratchExtra = 3 };
 

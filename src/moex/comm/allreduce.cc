@@ -75,6 +75,37 @@ void exchange(MpiCommunicator& comm, WireFormat wire, float* data, std::span<con
   }
 }
 
+PowerOfTwoFold fold_to_power_of_two(MpiCommunicator& comm, WireFormat wire, float* data, size_t count) {
+  const int p = comm.size(), r = comm.rank();
+  PowerOfTwoFold fold;
+  while (fold.pof2 * 2 <= p) fold.pof2 *= 2;
+  fold.rem = p - fold.pof2;
+  const Range all{0, count};
+  const std::span<const Range> whole{&all, 1}, none{};
+  if (r >= 2 * fold.rem) {
+    fold.new_rank = r - fold.rem;
+  } else if (r % 2 == 0) {
+    exchange(comm, wire, data, whole, r + 1, none, -1, true);
+  } else {
+    exchange(comm, wire, data, none, -1, whole, r - 1, true);
+    fold.new_rank = r / 2;
+  }
+  return fold;
+}
+
+void unfold_from_power_of_two(MpiCommunicator& comm, const PowerOfTwoFold& fold, WireFormat wire, float* data,
+                              size_t count) {
+  const int r = comm.rank();
+  if (r >= 2 * fold.rem) return;
+  const Range all{0, count};
+  const std::span<const Range> whole{&all, 1}, none{};
+  if (r % 2 == 1) {
+    exchange(comm, wire, data, whole, r - 1, none, -1, false);
+  } else {
+    exchange(comm, wire, data, none, -1, whole, r + 1, false);
+  }
+}
+
 }  // namespace detail
 
 void MpiCommunicator::allreduce(void* data, size_t count, CommDType dtype, AllreduceAlgo requested) {
