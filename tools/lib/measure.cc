@@ -90,8 +90,8 @@ std::vector<std::vector<double>> time_interleaved(Communicator& comm, size_t n, 
   for (size_t i = 0; i < n; ++i) order[i] = i;
   for (int s = 0; s < rounds; ++s) {
     // A fresh order each round (the same on every rank: same seed, same binary). A fixed cyclic order is
-    // biased whenever one algorithm disturbs the next call (a large MPI_Allreduce did, by page-faulting a
-    // fresh temporary, until ranks kept freed memory): the disturbed one would always be the same.
+    // biased whenever one algorithm disturbs the next call (a large MPI_Allreduce that page-faults a fresh
+    // temporary slows whatever runs next): the disturbed one would always be the same.
     std::mt19937 rng(static_cast<uint32_t>(s) * 2654435761u + 1u);
     std::shuffle(order.begin(), order.end(), rng);
     for (size_t k = 0; k < n; ++k) {
