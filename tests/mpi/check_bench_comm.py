@@ -5,10 +5,9 @@ Under `mpirun -np 2` (small sizes, few samples, so it stays quick on 2 cores):
   - tune-comm writes a table with one allreduce entry per (dtype, size) — fp32 once on ordinary and once on
     registered memory — and alltoall entries, into --out
     or, without --out, into $MOEX_CACHE_DIR/comm-tuning.json;
-  - bench-comm --json checks every result (all rows "correct") and reports what auto ran: the table's winner
-    or one of its close runners-up ("alternates"), after an online trial exactly where it lists some;
-  - with a hand-written table naming ring (then rd) at every size, auto runs exactly that algorithm; with
-    runners-up listed, auto runs a trial at every size (none under MOEX_COMM_ONLINE=0); with
+  - bench-comm --json checks every result (all rows "correct") and reports what auto ran: the table's winner;
+  - with a hand-written table naming ring (then rd) at every size, auto runs exactly that algorithm, also
+    when the table is in the older format that lists runners-up ("alternates", now ignored); with
     separate winners for registered memory, bench-comm --registered runs those; from the default location
     too; MOEX_COMM_TUNING=none ignores the default table;
   - a corrupt table is one error line naming the file, exit 2.
@@ -51,9 +50,11 @@ def auto_ran(doc):
     return {row["bytes"]: row["ran"] for row in doc["results"] if row["algo"] == "auto"}
 
 
-def write_table(path, algo, registered_algo=None, alternates=()):
+def write_table(path, algo, registered_algo=None, alternates=None):
     entries = [{"collective": "allreduce", "group_size": 2, "dtype": "f32", "bytes": 8 << k, "algo": algo,
-                "time_us": 1.0, "alternates": list(alternates)} for k in range(10)]
+                "time_us": 1.0} for k in range(10)]
+    if alternates is not None:
+        entries = [dict(e, alternates=list(alternates)) for e in entries]
     if registered_algo:
         entries += [dict(e, algo=registered_algo, registered=True) for e in entries]
     with open(path, "w") as f:
@@ -79,17 +80,14 @@ def main():
         check(not any(e["registered"] for e in allreduce if e["dtype"] == "fp8"), "tune-comm: fp8 not registered")
         check(any(e["collective"] == "alltoall" for e in doc["entries"]), "tune-comm: alltoall entries")
         check(all(e["group_size"] == 2 for e in doc["entries"]), "tune-comm: group size 2")
+        check(not any("alternates" in e for e in doc["entries"]), "tune-comm: no runners-up stored")
 
         doc = bench(moex, extra=("--comm-tuning", table))
         if doc:
             check(all(row["correct"] for row in doc["results"]), "bench-comm: every result correct")
-            tuned = {e["bytes"]: [e["algo"]] + e.get("alternates", []) for e in allreduce
-                     if e["dtype"] == "f32" and not e["registered"]}
+            tuned = {e["bytes"]: e["algo"] for e in allreduce if e["dtype"] == "f32" and not e["registered"]}
             ran = auto_ran(doc)
-            check(all(ran[b] in tuned[b] for b in ran), f"auto runs the measured winner or a close one: {ran} vs {tuned}")
-            trials = {row["bytes"]: row["trial_calls"] for row in doc["results"] if row["algo"] == "auto"}
-            check(all((trials[b] > 0) == (len(tuned[b]) > 1) for b in trials),
-                  f"auto runs an online trial exactly where the table lists runners-up: {trials} vs {tuned}")
+            check(all(ran[b] == tuned[b] for b in ran), f"auto runs the measured winner: {ran} vs {tuned}")
             check(any(row["algo"] == "copy" for row in doc["results"]), "bench-comm: copy probe rows")
 
         for algo in ("ring", "rd"):
@@ -98,18 +96,11 @@ def main():
             ran = auto_ran(doc) if doc else {}
             check(ran and set(ran.values()) == {algo}, f"table naming {algo}: auto runs {algo} (got {ran})")
 
-        # Runners-up in the table: an online trial at every size, then one of the three; none with MOEX_COMM_ONLINE=0.
+        # A table from before runners-up were dropped: they are ignored, auto runs the winner at every size.
         write_table(table, "rd", alternates=("ring", "shm"))
-        for env, want_trial in (({}, True), ({"MOEX_COMM_ONLINE": "0"}, False)):
-            doc = bench(moex, env, extra=("--comm-tuning", table))
-            rows = [row for row in doc["results"] if row["algo"] == "auto"] if doc else []
-            trials = [row["trial_calls"] > 0 for row in rows]
-            ran = {row["ran"] for row in rows}
-            check(rows and all(t == want_trial for t in trials) and ran <= ({"rd", "ring", "shm"} if want_trial else {"rd"}),
-                  f"alternates, env {env}: trials {want_trial} at every size, auto ran {ran}")
-        code, _, err = run([moex, "bench-comm", "--max-bytes", "8"], {"MOEX_COMM_ONLINE": "maybe"})
-        check(code == 2 and "MOEX_COMM_ONLINE" in err and len(err.strip().splitlines()) == 1,
-              f"bad MOEX_COMM_ONLINE: one error line, exit 2 (got {code}: {err.strip()})")
+        doc = bench(moex, extra=("--comm-tuning", table))
+        ran = auto_ran(doc) if doc else {}
+        check(ran and set(ran.values()) == {"rd"}, f"table with alternates: auto runs the winner rd (got {ran})")
 
         write_table(table, "ring", registered_algo="rd")
         doc = bench(moex, extra=("--comm-tuning", table, "--registered"))

@@ -1,11 +1,11 @@
-// The tuning table's winner rule (comm::pick_winner) and its close runners-up, which tune-comm applies size by size.
+// The tuning table's winner rule (comm::pick_winner), which tune-comm applies size by size.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <vector>
 
-#include "moex/comm/measure.h"
+#include "tools/lib/measure.h"
 
 namespace moex::comm {
 namespace {
@@ -34,19 +34,6 @@ TEST(CommMeasure, PickWinnerKeepsThePreviousWinnerUnlessBeatenByTheMargin) {
   EXPECT_EQ(pick_winner(drift, 1), 1u);
   // A previous index beyond the candidates (the list changed) is ignored.
   EXPECT_EQ(pick_winner(close, 7), 1u);
-}
-
-TEST(CommMeasure, CloseRunnersUpAreTheAlgorithmsWithinTheMarginClosestFirst) {
-  // Paired ratios to the winner (index 1): a 1.10, c 1.25, d 1.50, e 1.02.
-  const std::vector<Measurement> results = {timed({1.10, 2.20, 1.10}), timed({1.0, 2.0, 1.0}),
-                                            timed({1.25, 2.50, 1.25}), timed({1.5, 3.0, 1.5}),
-                                            timed({1.02, 2.04, 1.02})};
-  EXPECT_EQ(close_runners_up(results, 1), (std::vector<size_t>{4, 0, 2, 3}));
-  EXPECT_EQ(close_runners_up(results, 1, 2.0, 3), (std::vector<size_t>{4, 0, 2}));
-  EXPECT_EQ(close_runners_up(results, 1, 1.2), (std::vector<size_t>{4, 0}));
-  EXPECT_EQ(close_runners_up(results, 1, 1.3, 1), (std::vector<size_t>{4}));
-  // A winner kept by hysteresis has the faster algorithm as a runner-up (ratio below 1).
-  EXPECT_EQ(close_runners_up(results, 4, 1.01), (std::vector<size_t>{1}));
 }
 
 }  // namespace

@@ -13,7 +13,7 @@
 
 #include "moex/base/error.h"
 #include "moex/comm/communicator.h"
-#include "moex/comm/measure.h"
+#include "tools/lib/measure.h"
 #include "moex/comm/selector.h"
 #include "tools/moex/command.h"
 #include "tools/moex/flags.h"
@@ -52,7 +52,6 @@ struct Row {
   double vs_fastest;   // auto: time / the fastest algorithm's time at this size
   double pct_copy = 0;  // busbw / the interleaved copy's bandwidth at this size (paired by round)
   std::vector<double> round_us;  // one call's time in each round (slowest rank)
-  int trial_calls = 0;           // auto: calls of its online trial at this size, before timing (untimed)
 };
 
 void write_plot(const std::string& path, const std::vector<Row>& rows, const std::vector<std::string>& algos,
@@ -86,6 +85,7 @@ void write_plot(const std::string& path, const std::vector<Row>& rows, const std
 
 void run_bench_comm(const BenchCommFlags& flags) {
   flags.CommFlags::apply();
+  comm::keep_freed_memory_for_benchmarks();
   comm::Communicator& world = comm::init();
   const int p = world.size();
   const bool leader = world.rank() == 0;
@@ -142,8 +142,6 @@ void run_bench_comm(const BenchCommFlags& flags) {
                 "median over rounds of the ratio within a round\n");
     std::printf("# error: max |result - exact sum| / sum |inputs| over elements (0 for exact); auto/fastest: median "
                 "over rounds of auto's time / the fastest's time in the same round\n");
-    std::printf("# auto: where the tuning table lists close runners-up, auto's first calls at a size are an online "
-                "trial among them (untimed here, shown as 'after an N-call trial'); MOEX_COMM_ONLINE=0 turns it off\n");
     std::printf("%10s %-13s %11s %9s %9s %7s %7s %6s %8s %11s %5s %s\n", "bytes", "algo", "time(us)", "algbw",
                 "busbw", "%peak", "%copy", "check", "error", "sent(B)", "batch", "note");
   }
@@ -200,7 +198,7 @@ void run_bench_comm(const BenchCommFlags& flags) {
       const std::string name = i < measured.size() ? measured[i] : "copy";
       const comm::Measurement& m = results[i];
       Row row{actual, name, m.seconds * 1e6, 0, 0, 0, m.correct, m.max_error, m.bytes_sent, std::string(m.algorithm),
-              m.batch, 0, 0, {}, m.trial_calls};
+              m.batch, 0, 0, {}};
       for (double seconds : m.rounds) row.round_us.push_back(seconds * 1e6);
       row.algbw_gbps = m.seconds > 0 ? actual / m.seconds / 1e9 : 0;
       row.busbw_gbps = row.algbw_gbps * (name == "copy" ? 1.0 : bus_factor);
@@ -224,8 +222,7 @@ void run_bench_comm(const BenchCommFlags& flags) {
         char note[192] = "";
         if (!honours_dtype(name)) std::snprintf(note, sizeof(note), "sends fp32: not a %s candidate", flags.dtype.c_str());
         if (name == "auto" && !fastest.empty())
-          std::snprintf(note, sizeof(note), "-> %s%s, fastest %s %.1f us, auto/fastest %.3f", row.chosen.c_str(),
-                        row.trial_calls ? (" after a " + std::to_string(row.trial_calls) + "-call trial").c_str() : "",
+          std::snprintf(note, sizeof(note), "-> %s, fastest %s %.1f us, auto/fastest %.3f", row.chosen.c_str(),
                         fastest.c_str(), fastest_us, row.vs_fastest);
         std::printf("%10s %-13s %11.2f %9.3f %9.3f %7.1f %7.1f %6s %8.1e %11llu %5d %s\n",
                     human_bytes(actual).c_str(), name.c_str(), row.time_us, row.algbw_gbps, row.busbw_gbps,
@@ -248,8 +245,7 @@ void run_bench_comm(const BenchCommFlags& flags) {
       results.push_back({{"bytes", row.bytes}, {"algo", row.algo}, {"ran", row.chosen}, {"time_us", row.time_us},
                          {"algbw_GBps", row.algbw_gbps}, {"busbw_GBps", row.busbw_gbps}, {"pct_peak", row.pct_peak}, {"pct_copy", row.pct_copy},
                          {"correct", row.correct}, {"max_error", row.max_error}, {"bytes_sent", row.bytes_sent},
-                         {"batch", row.batch}, {"auto_vs_fastest", row.vs_fastest}, {"round_us", row.round_us},
-                         {"trial_calls", row.trial_calls}});
+                         {"batch", row.batch}, {"auto_vs_fastest", row.vs_fastest}, {"round_us", row.round_us}});
     nlohmann::json doc = {{"collective", flags.collective}, {"ranks", p}, {"dtype", flags.dtype},
                           {"registered", flags.registered}, {"peak_copy_GBps", peak_gbps},
                           {"peak_copy_chunk_bytes", peak.chunk_bytes},

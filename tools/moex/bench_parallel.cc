@@ -1,15 +1,18 @@
-// `moex bench parallel-sweep` (also `moex bench --parallel-sweep`): the field report's table, measured.
+// `moex bench parallel-sweep` (also `moex bench --parallel-sweep`): how each parallel plan performs, measured.
 // For each plan (TP=N, EP=N, TP x EP), with and without overlap, and each comm dtype: decode at batch
 // 1/16/64 and a prefill, with tokens/s, the share of step time in communication, bytes each rank puts on
-// the wire per token per layer, and the algorithm `auto` picks for the MoE all-reduce. Run under mpirun.
+// the wire per token per layer, and the algorithms that ran for the MoE all-reduce (all-to-all under dp
+// attention), as the profiler recorded them. Run under mpirun.
+#include <algorithm>
 #include <cstdio>
+#include <map>
 #include <memory>
 
 #include <nlohmann/json.hpp>
 
-#include "moex/comm/selector.h"
 #include "moex/profile/profile.h"
 #include "moex/profile/report.h"
+#include "moex/profile/trace.h"
 #include "moex/runtime/generation.h"
 #include "tools/moex/bench.h"
 #include "tools/moex/model_flags.h"
@@ -28,7 +31,7 @@ struct SweepFlags {
 };
 
 struct SweepRow {
-  std::string plan, dtype, workload, auto_algo;
+  std::string plan, dtype, workload, algorithms_ran;
   bool overlap = false;
   double tokens_per_s = 0, comm_share = 0, bytes_per_token_layer = 0;
 };
@@ -39,6 +42,21 @@ double comm_share(const profile::PhaseReport& phase) {
                           profile::Zone::kReduceScatter, profile::Zone::kBroadcast})
     share += phase.share(z);
   return share;
+}
+
+// The algorithms of the `zone` collectives this rank ran in `phase` (the profiler records each call's),
+// most calls first, joined by '+': "shm", or "rabenseifner+shm" when sizes called for different ones.
+std::string algorithms_ran(const profile::RankTrace& trace, profile::Zone zone, profile::Phase phase) {
+  std::map<std::string, int64_t> calls;
+  for (const profile::ThreadTrace& thread : trace.threads)
+    for (const profile::TraceSlice& slice : thread.slices)
+      if (slice.comm >= 0 && slice.zone == zone && slice.phase == phase) ++calls[thread.comm[slice.comm].algorithm];
+  std::vector<std::pair<int64_t, std::string>> order;
+  for (const auto& [name, count] : calls) order.emplace_back(-count, name);
+  std::sort(order.begin(), order.end());
+  std::string out;
+  for (const auto& [count, name] : order) out += (out.empty() ? "" : "+") + name;
+  return out.empty() ? "-" : out;
 }
 
 uint64_t comm_bytes(const profile::PhaseReport& phase) {
@@ -103,20 +121,14 @@ void run_sweep(SweepFlags& f) {
           row.comm_share = comm_share(phase);
           const double tokens = static_cast<double>(std::max<int64_t>(phase.tokens, 1));
           row.bytes_per_token_layer = comm_bytes(phase) / tokens / config.num_hidden_layers;
-          const uint64_t message = static_cast<uint64_t>(batch) * (prefill ? prompt_len : 1) * config.hidden_size *
-                                   comm::comm_dtype_buffer_size(*comm::comm_dtype_from_name(dtype));
-          row.auto_algo = choice.attn == "dp"
-                              ? std::string(comm::algo_name(comm::select_alltoall(comm::AlltoallAlgo::kAuto, n,
-                                                                                 message / n)))
-                              : std::string(comm::algo_name(comm::select_allreduce(
-                                    comm::AllreduceAlgo::kAuto, n,
-                                    *comm::comm_dtype_from_name(dtype), message,
-                                    /*shm_available=*/true)));  // mpirun -np N on this one node
+          row.algorithms_ran =
+              algorithms_ran(profile::collect_trace(), choice.attn == "dp" ? profile::Zone::kAllToAll : profile::Zone::kAllReduce,
+                             prefill ? profile::Phase::kPrefill : profile::Phase::kDecode);
           rows.push_back(row);
           if (world.rank() == 0 && !f.json)
             std::printf("%-18s %-7s %-5s %-12s %10.1f %9.1f%% %14.0f  %s\n", row.plan.c_str(), overlap ? "yes" : "no",
                         dtype.c_str(), workload.c_str(), row.tokens_per_s, 100 * row.comm_share,
-                        row.bytes_per_token_layer, row.auto_algo.c_str());
+                        row.bytes_per_token_layer, row.algorithms_ran.c_str());
           std::fflush(stdout);
         };
         if (world.rank() == 0 && !f.json && rows.empty()) {
@@ -125,7 +137,7 @@ void run_sweep(SweepFlags& f) {
                       "correctness are.\n\n",
                       n, f.model.model_dir.c_str(), config.num_hidden_layers, n);
           std::printf("%-18s %-7s %-5s %-12s %10s %10s %14s  %s\n", "plan", "overlap", "comm", "workload", "tokens/s",
-                      "comm share", "bytes/tok/layer", "auto algorithm");
+                      "comm share", "bytes/tok/layer", "algorithm that ran");
         }
         for (int batch : f.batches) measure("decode b=" + std::to_string(batch), batch, f.prompt_len, f.steps);
         measure("prefill " + std::to_string(f.prefill_len), 1, f.prefill_len, 0);
@@ -151,7 +163,7 @@ void run_sweep(SweepFlags& f) {
     for (const SweepRow& r : rows)
       out.push_back({{"plan", r.plan}, {"overlap", r.overlap}, {"comm_dtype", r.dtype}, {"workload", r.workload},
                      {"tokens_per_s", r.tokens_per_s}, {"comm_share", r.comm_share},
-                     {"bytes_per_token_per_layer", r.bytes_per_token_layer}, {"auto_algorithm", r.auto_algo}});
+                     {"bytes_per_token_per_layer", r.bytes_per_token_layer}, {"algorithms_ran", r.algorithms_ran}});
     std::printf("%s\n", nlohmann::json{{"ranks", n}, {"rows", out}}.dump(1).c_str());
   }
 }

@@ -29,8 +29,7 @@ bool register_command(CommandSetup setup) {
 // computes or which collectives it calls. Every other MOEX_* variable must match rank 0 (a different
 // MOEX_COMM_ALGO or MOEX_SHM_* would run mismatched collectives).
 static bool may_differ_per_rank(std::string_view name) {
-  for (const char* allowed : {"MOEX_THREADS", "MOEX_PIN_THREADS", "MOEX_LOG_LEVEL", "MOEX_COMM_TIMEOUT",
-                              "MOEX_KEEP_FREED_MEMORY"})
+  for (const char* allowed : {"MOEX_THREADS", "MOEX_PIN_THREADS", "MOEX_LOG_LEVEL", "MOEX_COMM_TIMEOUT"})
     if (name == allowed) return true;
   return false;
 }

@@ -1,6 +1,5 @@
 // `moex tune-comm [--out FILE]`: measures every algorithm at each size (doubling) on this group of ranks and
-// saves the fastest per (collective, group size, dtype, size), with the all-reduce runners-up close to it (auto's
-// online trial times those again at run time, online.h), as the JSON table `auto` reads (--comm-tuning
+// saves the fastest per (collective, group size, dtype, size) as the JSON table `auto` reads (--comm-tuning
 // FILE, MOEX_COMM_TUNING, or by default comm::default_tuning_path()). Run under mpirun with each group size
 // the engine will use (the TP/EP group sizes); runs merge into one file.
 #include <cstdint>
@@ -14,7 +13,7 @@
 
 #include "moex/base/error.h"
 #include "moex/comm/communicator.h"
-#include "moex/comm/measure.h"
+#include "tools/lib/measure.h"
 #include "moex/comm/selector.h"
 #include "tools/moex/command.h"
 
@@ -41,6 +40,7 @@ size_t checked_winner(const std::vector<comm::Measurement>& results, std::span<c
 }
 
 void run_tune_comm(const TuneCommFlags& flags) {
+  comm::keep_freed_memory_for_benchmarks();
   comm::Communicator& world = comm::init();
   const int p = world.size();
   const bool leader = world.rank() == 0;
@@ -79,15 +79,9 @@ void run_tune_comm(const TuneCommFlags& flags) {
         comm::TuningEntry entry{comm::Collective::kAllreduce, p, *dtype, bytes,
                                 std::string(comm::algo_name(candidates[best])), results[best].seconds * 1e6,
                                 registered};
-        std::string close;
-        for (size_t i : comm::close_runners_up(results, best)) {
-          entry.alternates.emplace_back(comm::algo_name(candidates[i]));
-          close += " " + entry.alternates.back();
-        }
         if (leader)
-          std::printf("allreduce %-4s%s %10llu B: %-13s %10.2f us%s%s\n", name.c_str(), registered ? " registered" : "",
-                      static_cast<unsigned long long>(bytes), entry.algo.c_str(), entry.time_us,
-                      close.empty() ? "" : "  close:", close.c_str());
+          std::printf("allreduce %-4s%s %10llu B: %-13s %10.2f us\n", name.c_str(), registered ? " registered" : "",
+                      static_cast<unsigned long long>(bytes), entry.algo.c_str(), entry.time_us);
         table.add(std::move(entry));
       }
     }

@@ -42,6 +42,18 @@ int cyclic_ranges(const Partition& partition, int first, int n, Range out[2]);
 void exchange(MpiCommunicator& comm, WireFormat wire, float* data, std::span<const Range> send_ranges, int dest,
               std::span<const Range> recv_ranges, int src, bool add);
 
+// The power-of-two algorithms (recursive doubling, Rabenseifner) on any group size: the first 2*rem ranks
+// fold in pairs (even sends its whole buffer to odd, which adds it), leaving pof2 ranks; after the algorithm
+// the odd ones send the result back. new_rank: this rank among the pof2, -1 when folded away.
+struct PowerOfTwoFold {
+  int pof2 = 1, rem = 0, new_rank = -1;
+  // The group rank of the rank that is `rank_new` among the pof2.
+  int real_rank(int rank_new) const { return rank_new < rem ? rank_new * 2 + 1 : rank_new + rem; }
+};
+PowerOfTwoFold fold_to_power_of_two(MpiCommunicator& comm, WireFormat wire, float* data, size_t count);
+void unfold_from_power_of_two(MpiCommunicator& comm, const PowerOfTwoFold& fold, WireFormat wire, float* data,
+                              size_t count);
+
 // Scratch slots used by the algorithms (slot 0 belongs to the dispatcher's bf16 working copy).
 enum ScratchSlot : int { kScratchWork = 0, kScratchSend = 1, kScratchRecv = 2, kScratchExtra = 3 };
 
@@ -68,20 +80,5 @@ struct AlltoallArgs {
 void alltoall_pairwise(MpiCommunicator& comm, const AlltoallArgs& args);
 void alltoall_bruck(MpiCommunicator& comm, const AlltoallArgs& args);
 void alltoall_mpi(MpiCommunicator& comm, const AlltoallArgs& args);
-
-// The reference copy bench-comm compares against: `bytes` from rank 0's private `source` to rank 1's
-// private `target` through the shared window, pipelined in `chunk_bytes` pieces (rank 0 copies chunk i+1 in
-// while rank 1 copies chunk i out). Ranks other than 0 and 1 return at once. Collective (the window may grow).
-// With `streaming`, rank 1 copies out with non-temporal stores (AVX-512 only).
-void shm_copy(MpiCommunicator& comm, const std::byte* source, std::byte* target, size_t bytes, size_t chunk_bytes,
-              bool streaming);
-struct CopyBandwidth {
-  double bytes_per_second = 0;
-  size_t chunk_bytes = 0;
-  bool streaming = false;
-};
-// Best of `iters` shm_copy calls of `bytes` at each chunk size from 64 KB to 4 MB, with and without streaming
-// stores (on every rank); zero when fewer than 2 ranks share a node.
-CopyBandwidth measure_shm_copy_bandwidth(MpiCommunicator& comm, size_t bytes, int iters);
 
 }  // namespace moex::comm::detail

@@ -1,7 +1,6 @@
 // All-reduce entry point: picks the algorithm, gives it an fp32 buffer (a working copy for bf16),
 // reports the event. The shared exchange step used by the p2p algorithms lives here too.
 #include <cstring>
-#include <tuple>
 
 #include "moex/base/error.h"
 #include "moex/comm/algorithms.h"
@@ -76,43 +75,47 @@ void exchange(MpiCommunicator& comm, WireFormat wire, float* data, std::span<con
   }
 }
 
+PowerOfTwoFold fold_to_power_of_two(MpiCommunicator& comm, WireFormat wire, float* data, size_t count) {
+  const int p = comm.size(), r = comm.rank();
+  PowerOfTwoFold fold;
+  while (fold.pof2 * 2 <= p) fold.pof2 *= 2;
+  fold.rem = p - fold.pof2;
+  const Range all{0, count};
+  const std::span<const Range> whole{&all, 1}, none{};
+  if (r >= 2 * fold.rem) {
+    fold.new_rank = r - fold.rem;
+  } else if (r % 2 == 0) {
+    exchange(comm, wire, data, whole, r + 1, none, -1, true);
+  } else {
+    exchange(comm, wire, data, none, -1, whole, r - 1, true);
+    fold.new_rank = r / 2;
+  }
+  return fold;
+}
+
+void unfold_from_power_of_two(MpiCommunicator& comm, const PowerOfTwoFold& fold, WireFormat wire, float* data,
+                              size_t count) {
+  const int r = comm.rank();
+  if (r >= 2 * fold.rem) return;
+  const Range all{0, count};
+  const std::span<const Range> whole{&all, 1}, none{};
+  if (r % 2 == 1) {
+    exchange(comm, wire, data, whole, r - 1, none, -1, false);
+  } else {
+    exchange(comm, wire, data, none, -1, whole, r + 1, false);
+  }
+}
+
 }  // namespace detail
-
-static_assert(std::tuple_size_v<decltype(AllreduceCandidates::algos)> <= OnlineChoice::kMaxCandidates,
-              "the race must take every candidate the selector can list");
-
-AllreduceCandidates MpiCommunicator::auto_candidates(const void* data, size_t count, CommDType dtype,
-                                                     AllreduceAlgo requested, OnlineChoice::Key* key,
-                                                     ShmWindow** registered, size_t* offset) const {
-  const size_t buffer_bytes = count * comm_dtype_buffer_size(dtype);
-  *offset = 0;
-  *registered = dtype == CommDType::kF32 && !registered_.empty() ? registered_window(data, buffer_bytes, offset)
-                                                                 : nullptr;
-  *key = OnlineChoice::Key{buffer_bytes, dtype, *registered != nullptr};
-  return allreduce_candidates(requested, size_, dtype, buffer_bytes, all_on_one_node_, *registered != nullptr);
-}
-
-bool MpiCommunicator::allreduce_trial_pending(const void* data, size_t count, CommDType dtype) const {
-  OnlineChoice::Key key;
-  ShmWindow* registered = nullptr;
-  size_t offset = 0;
-  const auto candidates = auto_candidates(data, count, dtype, AllreduceAlgo::kAuto, &key, &registered, &offset);
-  return races(candidates, count) && online_.pending(key, candidates.span());
-}
-
-bool MpiCommunicator::races(const AllreduceCandidates& candidates, size_t count) const {
-  return candidates.count > 1 && size_ > 1 && count > 0 && (!oversubscribed_ || candidates.force_trial);
-}
 
 void MpiCommunicator::allreduce(void* data, size_t count, CommDType dtype, AllreduceAlgo requested) {
   const size_t buffer_bytes = count * comm_dtype_buffer_size(dtype);
-  OnlineChoice::Key key;
-  ShmWindow* registered = nullptr;
   size_t registered_offset = 0;
-  const auto candidates = auto_candidates(data, count, dtype, requested, &key, &registered, &registered_offset);
-  AllreduceAlgo algo = candidates.algos[0];
-  bool trial = false;  // a call of auto's online trial: timed, as it comes
-  if (races(candidates, count)) algo = online_.next(key, candidates.span(), &trial);
+  ShmWindow* registered = dtype == CommDType::kF32 && !registered_.empty()
+                              ? registered_window(data, buffer_bytes, &registered_offset)
+                              : nullptr;
+  const AllreduceAlgo algo =
+      select_allreduce(requested, size_, dtype, buffer_bytes, all_on_one_node_, registered != nullptr);
   static constexpr const char* kOperation[] = {"allreduce(auto)", "allreduce(ring)", "allreduce(rd)",
                                                "allreduce(rabenseifner)", "allreduce(nhr)", "allreduce(mesh)",
                                                "allreduce(shm)", "allreduce(mpi)"};  // AllreduceAlgo order
@@ -146,12 +149,6 @@ void MpiCommunicator::allreduce(void* data, size_t count, CommDType dtype, Allre
   if (has_event_observer()) {
     notify_event(CollectiveEvent{Collective::kAllreduce, zero_copy ? "shm-registered" : algo_name(algo), dtype, size_,
                                  buffer_bytes, stats_.bytes_sent, stats_.bytes_received, start, end, stats_.wait_ns});
-  }
-  if (trial && online_.record(key, (end - start) * 1e-9)) {
-    online_.end_round(key, [this](std::span<double> seconds) {
-      check(MPI_Allreduce(MPI_IN_PLACE, seconds.data(), static_cast<int>(seconds.size()), MPI_DOUBLE, MPI_MAX, comm_),
-            "MPI_Allreduce");
-    });
   }
 }
 

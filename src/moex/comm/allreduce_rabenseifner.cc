@@ -6,33 +6,14 @@
 namespace moex::comm::detail {
 
 void allreduce_rabenseifner(MpiCommunicator& comm, float* data, size_t count, WireFormat wire) {
-  const int p = comm.size(), r = comm.rank();
-  int pof2 = 1;
-  while (pof2 * 2 <= p) pof2 *= 2;
-  const int rem = p - pof2;
-  const Range all{0, count};
-  const std::span<const Range> whole{&all, 1}, none{};
-
-  int new_rank;
-  if (r < 2 * rem) {
-    if (r % 2 == 0) {
-      exchange(comm, wire, data, whole, r + 1, none, -1, true);
-      new_rank = -1;
-    } else {
-      exchange(comm, wire, data, none, -1, whole, r - 1, true);
-      new_rank = r / 2;
-    }
-  } else {
-    new_rank = r - rem;
-  }
-  auto real_rank = [&](int rank_new) { return rank_new < rem ? rank_new * 2 + 1 : rank_new + rem; };
-
+  const PowerOfTwoFold fold = fold_to_power_of_two(comm, wire, data, count);
+  const int pof2 = fold.pof2, new_rank = fold.new_rank;
   if (new_rank >= 0) {
     const Partition chunks{count, wire_granule(wire), pof2};
     auto span_of = [&](int lo, int hi) { return Range{chunks.begin(lo), chunks.begin(hi) - chunks.begin(lo)}; };
     int lo = 0, hi = pof2;  // chunk window this rank is still responsible for
     for (int distance = pof2 / 2; distance >= 1; distance /= 2) {
-      const int partner = real_rank(new_rank ^ distance), mid = lo + (hi - lo) / 2;
+      const int partner = fold.real_rank(new_rank ^ distance), mid = lo + (hi - lo) / 2;
       const bool keep_low = (new_rank & distance) == 0;
       const Range send = keep_low ? span_of(mid, hi) : span_of(lo, mid);
       const Range keep = keep_low ? span_of(lo, mid) : span_of(mid, hi);
@@ -42,7 +23,7 @@ void allreduce_rabenseifner(MpiCommunicator& comm, float* data, size_t count, Wi
     const Range mine = span_of(lo, hi);  // chunk new_rank, fully reduced
     if (!wire_is_lossless(wire)) wire_round_trip(wire, data + mine.begin, mine.count);
     for (int distance = 1; distance < pof2; distance *= 2) {
-      const int partner = real_rank(new_rank ^ distance), width = hi - lo;
+      const int partner = fold.real_rank(new_rank ^ distance), width = hi - lo;
       const bool partner_above = (new_rank & distance) == 0;
       const Range send = span_of(lo, hi);
       const Range recv = partner_above ? span_of(hi, hi + width) : span_of(lo - width, lo);
@@ -50,13 +31,7 @@ void allreduce_rabenseifner(MpiCommunicator& comm, float* data, size_t count, Wi
       (partner_above ? hi : lo) = partner_above ? hi + width : lo - width;
     }
   }
-  if (r < 2 * rem) {
-    if (r % 2 == 1) {
-      exchange(comm, wire, data, whole, r - 1, none, -1, false);
-    } else {
-      exchange(comm, wire, data, none, -1, whole, r + 1, false);
-    }
-  }
+  unfold_from_power_of_two(comm, fold, wire, data, count);
 }
 
 }  // namespace moex::comm::detail

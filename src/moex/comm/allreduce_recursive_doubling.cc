@@ -6,42 +6,19 @@
 namespace moex::comm::detail {
 
 void allreduce_recursive_doubling(MpiCommunicator& comm, float* data, size_t count, WireFormat wire) {
-  const int p = comm.size(), r = comm.rank();
-  int pof2 = 1;
-  while (pof2 * 2 <= p) pof2 *= 2;
-  const int rem = p - pof2;
+  const PowerOfTwoFold fold = fold_to_power_of_two(comm, wire, data, count);
   const Range all{0, count};
-  const std::span<const Range> whole{&all, 1}, none{};
+  const std::span<const Range> whole{&all, 1};
   const bool lossy = !wire_is_lossless(wire);
-
-  int new_rank;  // rank among the pof2 ranks that take part in the doubling, -1 when folded away
-  if (r < 2 * rem) {
-    if (r % 2 == 0) {
-      exchange(comm, wire, data, whole, r + 1, none, -1, true);
-      new_rank = -1;
-    } else {
-      exchange(comm, wire, data, none, -1, whole, r - 1, true);
-      new_rank = r / 2;
-    }
-  } else {
-    new_rank = r - rem;
-  }
-  if (new_rank >= 0) {
-    for (int mask = 1; mask < pof2; mask <<= 1) {
-      const int partner_new = new_rank ^ mask;
-      const int partner = partner_new < rem ? partner_new * 2 + 1 : partner_new + rem;
+  if (fold.new_rank >= 0) {
+    for (int mask = 1; mask < fold.pof2; mask <<= 1) {
+      const int partner = fold.real_rank(fold.new_rank ^ mask);
       if (lossy) wire_round_trip(wire, data, count);
       exchange(comm, wire, data, whole, partner, whole, partner, true);
     }
     if (lossy) wire_round_trip(wire, data, count);  // what the folded-away partner will receive
   }
-  if (r < 2 * rem) {
-    if (r % 2 == 1) {
-      exchange(comm, wire, data, whole, r - 1, none, -1, false);
-    } else {
-      exchange(comm, wire, data, none, -1, whole, r + 1, false);
-    }
-  }
+  unfold_from_power_of_two(comm, fold, wire, data, count);
 }
 
 }  // namespace moex::comm::detail

@@ -13,9 +13,11 @@
 
 #include "moex/base/cpu.h"
 #include "moex/comm/algorithms.h"
+#include "moex/comm/shm_copy.h"
 #include "moex/comm/x86/memory_avx512.h"
 
-namespace moex::comm::detail {
+namespace moex::comm {
+namespace detail {
 namespace {
 
 size_t env_bytes(const char* name, size_t fallback) {
@@ -166,10 +168,18 @@ void allreduce_shm(MpiCommunicator& comm, float* data, size_t count, WireFormat 
   }
 }
 
-void shm_copy(MpiCommunicator& comm, const std::byte* source, std::byte* target, size_t bytes, size_t chunk_bytes,
-              bool streaming) {
+}  // namespace detail
+
+bool can_copy_through_shm(Communicator& comm) {
+  auto* mpi = dynamic_cast<MpiCommunicator*>(&comm);
+  return mpi && mpi->size() >= 2 && mpi->all_on_one_node();
+}
+
+void copy_through_shm(Communicator& group, const std::byte* source, std::byte* target, size_t bytes,
+                      size_t chunk_bytes, bool streaming) {
+  if (bytes == 0 || !can_copy_through_shm(group)) return;
+  auto& comm = static_cast<MpiCommunicator&>(group);
   const int r = comm.rank();
-  if (bytes == 0) return;
   const size_t chunk = std::min<size_t>(std::max<size_t>(chunk_bytes, 4096), bytes);
   ShmWindow& window = comm.shm_window(2 * chunk);  // every rank: growing the window is collective
   if (r > 1) return;
@@ -196,25 +206,26 @@ void shm_copy(MpiCommunicator& comm, const std::byte* source, std::byte* target,
   if (r == 0) window.wait_for(1, base + chunks, stats);  // the copy is done when rank 1 has it
 }
 
-CopyBandwidth measure_shm_copy_bandwidth(MpiCommunicator& comm, size_t bytes, int iters) {
-  if (comm.size() < 2 || !comm.all_on_one_node()) return {};
+CopyBandwidth measure_copy_through_shm(Communicator& group, size_t bytes, int iters) {
+  if (!can_copy_through_shm(group)) return {};
+  auto& comm = static_cast<MpiCommunicator&>(group);
   const int r = comm.rank();
-  auto* source = static_cast<std::byte*>(comm.scratch(kScratchSend, bytes));  // [bytes] rank 0's private data
-  auto* target = static_cast<std::byte*>(comm.scratch(kScratchRecv, bytes));  // [bytes] rank 1's private copy
+  auto* source = static_cast<std::byte*>(comm.scratch(detail::kScratchSend, bytes));  // [bytes] rank 0's private data
+  auto* target = static_cast<std::byte*>(comm.scratch(detail::kScratchRecv, bytes));  // [bytes] rank 1's private copy
   std::memset(r == 0 ? source : target, r, bytes);
   CollectiveStats stats{"copy-bandwidth"};
   CopyBandwidth best;
   // The pipeline's chunk decides where the handoff lives (L2 for small chunks, L3/DRAM for large), and
   // streaming stores may speed the copy out: take the best, so the reference is the fastest copy this
   // method makes, not an arbitrary one.
-  const bool can_stream = have_avx512();
+  const bool can_stream = detail::have_avx512();
   for (int streaming = 0; streaming <= (can_stream ? 1 : 0); ++streaming) {
     for (size_t chunk = 64 << 10; chunk <= (4u << 20); chunk *= 2) {
       double best_s = 1e30;
       for (int iter = 0; iter < iters; ++iter) {
         comm.shm_window(2 * std::min(chunk, bytes)).barrier(stats);
         const int64_t start = steady_now_ns();
-        shm_copy(comm, source, target, bytes, chunk, streaming);
+        copy_through_shm(comm, source, target, bytes, chunk, streaming);
         if (r <= 1) best_s = std::min(best_s, (steady_now_ns() - start) * 1e-9);
       }
       comm.shm_window(0).barrier(stats);
@@ -226,4 +237,4 @@ CopyBandwidth measure_shm_copy_bandwidth(MpiCommunicator& comm, size_t bytes, in
   return best;
 }
 
-}  // namespace moex::comm::detail
+}  // namespace moex::comm

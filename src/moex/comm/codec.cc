@@ -1,13 +1,13 @@
 #include "moex/comm/codec.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 
 #include "moex/base/cpu.h"
 #include "moex/base/dtype.h"
-#include "moex/comm/codec_ref.h"
-#include "moex/comm/x86/codec_avx512.h"
+#include "moex/comm/codec_impl.h"
 
 // The codec loops are written branch-free for the auto-vectoriser; comm/ is built for baseline x86-64, so
 // each hot loop is also compiled for AVX2 and AVX-512 and picked at load time (GCC function multi-versioning).
@@ -25,16 +25,8 @@
 namespace moex::comm {
 namespace {
 
-inline uint32_t float_bits(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, 4);
-  return bits;
-}
-inline float bits_float(uint32_t bits) {
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
+inline uint32_t float_bits(float f) { return std::bit_cast<uint32_t>(f); }
+inline float bits_float(uint32_t bits) { return std::bit_cast<float>(bits); }
 
 // Smallest power of two s with absmax / s <= 448, so every scaled value fits E4M3 without saturating.
 inline float f8_block_scale(float absmax) {

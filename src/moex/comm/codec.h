@@ -45,7 +45,7 @@ void bf16_to_f32_span(const uint16_t* src, size_t count, float* dst);
 void f32_to_bf16_span(const float* src, size_t count, uint16_t* dst);
 
 // The fp8 block codec on its own: scales [ceil(count/128)], codes [count]. AVX-512 when the CPU has it,
-// else the scalar ref:: of codec_ref.h; both give the same bits.
+// else the scalar ref:: of codec_impl.h; both give the same bits.
 void f8_block_encode(const float* src, size_t count, float* scales, uint8_t* codes);
 void f8_block_decode(const float* scales, const uint8_t* codes, size_t count, float* dst);
 

@@ -2,7 +2,6 @@
 
 #include "moex/comm/codec.h"
 
-#include <malloc.h>
 #include <sched.h>
 #include <unistd.h>
 
@@ -97,19 +96,6 @@ class SelfCommunicator final : public Communicator {
   std::vector<std::unique_ptr<std::byte[]>> buffers_;
 };
 
-// Ranks keep freed memory instead of returning it to the kernel (glibc: no mmap'd chunks, no trimming), the
-// setting Open MPI documents for its leave-pinned mode. Why here: glibc serves every allocation of 32 MB and
-// more with a fresh mmap and unmaps it on free, so a collective with a large temporary (MPI_Allreduce above
-// ~32 MB allocates one per call) faults its pages in on every call. Measured at 2 ranks: MPI_Allreduce of
-// 256 MB took ~1 s (0.25 GB/s) and left the next collectives up to 10x slower; with this, 49 ms. The engine
-// allocates its buffers once, so keeping what is freed costs it nothing. MOEX_KEEP_FREED_MEMORY=0 opts out.
-void keep_freed_memory() {
-  const char* opt = std::getenv("MOEX_KEEP_FREED_MEMORY");
-  if (opt && std::strcmp(opt, "0") == 0) return;
-  mallopt(M_MMAP_MAX, 0);
-  mallopt(M_TRIM_THRESHOLD, -1);
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------------
@@ -158,7 +144,6 @@ Communicator& world() {
     g_world = std::make_unique<SelfCommunicator>();
     return *g_world;
   }
-  keep_freed_memory();
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (!initialized) {
@@ -215,13 +200,6 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm) : comm_(comm) {
   int node_size = 0;
   MPI_Comm_size(node_comm_, &node_size);
   all_on_one_node_ = node_size == size_;
-  // More ranks on this node than CPUs (the whole job's, when the launcher says: a sub-group's ranks share
-  // cores with the others too).
-  int local_ranks = node_size;
-  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"})
-    if (const char* value = std::getenv(name)) local_ranks = std::max(local_ranks, std::atoi(value));
-  const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-  oversubscribed_ = cpus > 0 && local_ranks > cpus;
   scratch_.resize(4);
 }
 

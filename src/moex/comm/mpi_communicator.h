@@ -13,7 +13,6 @@
 
 #include "moex/comm/codec.h"
 #include "moex/comm/communicator.h"
-#include "moex/comm/online.h"
 #include "moex/comm/selector.h"
 
 namespace moex::comm {
@@ -89,10 +88,6 @@ class MpiCommunicator final : public Communicator {
   void* alloc_registered(size_t bytes) override;
   void free_registered(void* buffer) override;
 
-  // True while an auto all-reduce of this buffer would still be a call of auto's online trial (online.h).
-  // Collective in effect: every rank gives the same answer for the same call. The bench warms auto up with it.
-  bool allreduce_trial_pending(const void* data, size_t count, CommDType dtype) const;
-
   // ---- for the algorithm files ----
   // The shared window holding [data, data + bytes) when it is registered memory (offset from the window's
   // start in *offset), else nullptr.
@@ -115,21 +110,11 @@ class MpiCommunicator final : public Communicator {
   MPI_Comm node_comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 0;
   bool all_on_one_node_ = false;
-  bool oversubscribed_ = false;  // more ranks on the node than CPUs: auto's online trial is off (online.h)
   CollectiveStats stats_;
   std::vector<std::vector<std::byte>> scratch_;
   std::unique_ptr<ShmWindow> shm_;
   std::vector<std::unique_ptr<ShmWindow>> registered_;          // alloc_registered on one node
   std::vector<std::unique_ptr<std::byte[]>> registered_plain_;  // alloc_registered across nodes
-  // What auto may run for this buffer, with the online key; *registered/*offset as registered_window() gives.
-  AllreduceCandidates auto_candidates(const void* data, size_t count, CommDType dtype, AllreduceAlgo requested,
-                                      OnlineChoice::Key* key, ShmWindow** registered, size_t* offset) const;
-
-  // Whether auto's online race applies to this call: several candidates, a real group and buffer, and a node
-  // that is not oversubscribed (unless MOEX_COMM_ONLINE=1).
-  bool races(const AllreduceCandidates& candidates, size_t count) const;
-
-  OnlineChoice online_;  // auto's trials among close candidates, per message size
   std::unique_ptr<MpiCommunicator> async_twin_;  // MPI_Comm_dup'ed, driven by progress_
   std::unique_ptr<ProgressThread> progress_;
 };

@@ -43,15 +43,10 @@ std::shared_ptr<const TuningTable> load_table(const std::string& named) {
   return path.empty() ? nullptr : std::make_shared<const TuningTable>(TuningTable::load(path));
 }
 
-// MOEX_COMM_ALGO, MOEX_COMM_TUNING and MOEX_COMM_ONLINE into options (a bad value throws, exit 2).
+// MOEX_COMM_ALGO and MOEX_COMM_TUNING into options (a bad value throws, exit 2).
 void options_from_env(CommOptions* options) {
   if (const char* spec = std::getenv("MOEX_COMM_ALGO")) parse_algo_spec(spec, options);
   if (const char* path = std::getenv("MOEX_COMM_TUNING")) options->tuning_path = path;
-  if (const char* online = std::getenv("MOEX_COMM_ONLINE")) {
-    const std::string value = trim(online);
-    MOEX_CHECK_INPUT(value == "0" || value == "1", "MOEX_COMM_ONLINE='", online, "' must be 0 or 1");
-    options->online = value == "1";
-  }
 }
 
 // First use without set_comm_options(): take the environment alone.
@@ -169,14 +164,9 @@ TuningTable TuningTable::load(const std::string& path) {
       entry.algo = item.at("algo").get<std::string>();
       entry.time_us = item.value("time_us", 0.0);
       entry.registered = item.value("registered", false);
-      entry.alternates = item.value("alternates", std::vector<std::string>{});
       const std::string source = "comm tuning table " + path;
-      auto check_name = [&](const std::string& name) {
-        if (entry.collective == Collective::kAllreduce) parse_allreduce_algo(name, source);
-        if (entry.collective == Collective::kAlltoall) parse_alltoall_algo(name, source);
-      };
-      check_name(entry.algo);
-      for (const auto& name : entry.alternates) check_name(name);
+      if (entry.collective == Collective::kAllreduce) parse_allreduce_algo(entry.algo, source);
+      if (entry.collective == Collective::kAlltoall) parse_alltoall_algo(entry.algo, source);
       table.add(std::move(entry));
     }
   } catch (const nlohmann::json::exception& e) {
@@ -194,8 +184,7 @@ void TuningTable::save(const std::string& path) const {
                        {"bytes", entry.bytes},
                        {"algo", entry.algo},
                        {"time_us", entry.time_us},
-                       {"registered", entry.registered},
-                       {"alternates", entry.alternates}});
+                       {"registered", entry.registered}});
   }
   std::ofstream out(path);
   MOEX_CHECK_INPUT(out.good(), "cannot write ", path);
@@ -204,12 +193,6 @@ void TuningTable::save(const std::string& path) const {
 
 std::optional<std::string> TuningTable::lookup(Collective collective, int group_size, CommDType dtype,
                                                uint64_t bytes, bool registered) const {
-  const TuningEntry* entry = find(collective, group_size, dtype, bytes, registered);
-  return entry ? std::optional<std::string>(entry->algo) : std::nullopt;
-}
-
-const TuningEntry* TuningTable::find(Collective collective, int group_size, CommDType dtype, uint64_t bytes,
-                                     bool registered) const {
   for (CommDType want_dtype : {dtype, CommDType::kF32}) {
     for (bool want_registered : {registered, !registered}) {
       const TuningEntry* best = nullptr;
@@ -222,10 +205,10 @@ const TuningEntry* TuningTable::find(Collective collective, int group_size, Comm
                                           std::log2(static_cast<double>(std::max<uint64_t>(bytes, 1))));
         if (distance < best_distance) best_distance = distance, best = &entry;
       }
-      if (best) return best;
+      if (best) return best->algo;
     }
   }
-  return nullptr;
+  return std::nullopt;
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -254,10 +237,15 @@ double allreduce_cost_seconds(AllreduceAlgo algo, int group_size, uint64_t bytes
     case AllreduceAlgo::kMesh:  // all peers at once: latency of 2 steps, but p-1 messages share one CPU
       return 2 * model.alpha_s * (1 + 0.25 * (p - 2)) + 2 * reduce_scatter_bytes * model.beta_s_per_byte +
              reduce_scatter_bytes * model.gamma_s_per_byte;
-    case AllreduceAlgo::kShm:  // window copies cost about half a network byte; one or two barriers
-      return (n <= 64 * 1024 ? model.shm_alpha_s + (p - 1) * n * model.gamma_s_per_byte
-                             : 2 * model.shm_alpha_s * std::ceil(n / (1 << 20)) +
-                                   reduce_scatter_bytes * (model.beta_s_per_byte + model.gamma_s_per_byte));
+    case AllreduceAlgo::kShm: {
+      // One-shot (up to 64 KB): one barrier, every rank reads all p buffers and sums. Two-shot: two barriers
+      // per 1 MB segment and 3 + 1/p passes over the buffer (copy in, read to reduce, write the sum, copy
+      // out): cheap while the buffer stays in cache, 3x the traffic of a p2p algorithm once it does not.
+      if (n <= 64 * 1024) return model.shm_alpha_s + (p - 1) * n * model.gamma_s_per_byte;
+      const double pass_s_per_byte =
+          bytes <= model.shm_cached_max_bytes ? model.shm_cached_beta_s_per_byte : model.beta_s_per_byte;
+      return 2 * model.shm_alpha_s * std::ceil(n / (1 << 20)) + (3 + 1 / p) * n * pass_s_per_byte;
+    }
     case AllreduceAlgo::kMpi:  // unknown internals: assume a tuned Rabenseifner plus a library overhead
       return 1.2 * allreduce_cost_seconds(AllreduceAlgo::kRabenseifner, group_size, bytes, model);
     case AllreduceAlgo::kAuto: break;
@@ -271,47 +259,31 @@ bool allreduce_auto_candidate(AllreduceAlgo algo, CommDType dtype) {
 
 namespace {
 
-AllreduceCandidates allreduce_candidates_uncached(int group_size, CommDType dtype, uint64_t bytes, bool shm_available,
-                                                 bool registered) {
-  AllreduceCandidates out;
+AllreduceAlgo select_allreduce_uncached(int group_size, CommDType dtype, uint64_t bytes, bool shm_available,
+                                        bool registered) {
   const CommOptions& options = comm_options();
-  if (options.allreduce_algo != AllreduceAlgo::kAuto) {
-    out.algos[out.count++] = options.allreduce_algo;
-    return out;
-  }
-  auto usable = [&](AllreduceAlgo algo) {
-    return (algo != AllreduceAlgo::kShm || shm_available) && allreduce_auto_candidate(algo, dtype);
-  };
+  if (options.allreduce_algo != AllreduceAlgo::kAuto) return options.allreduce_algo;
   if (auto table = current_table()) {
-    if (const TuningEntry* entry = table->find(Collective::kAllreduce, group_size, dtype, bytes, registered)) {
-      const AllreduceAlgo winner = *allreduce_algo_from_name(entry->algo);
-      if (winner != AllreduceAlgo::kShm || shm_available) {  // mpi stays when bf16 falls back to f32 entries
-        out.algos[out.count++] = winner;
-        out.force_trial = options.online.value_or(false);
-        for (size_t i = 0; options.online.value_or(true) && i < entry->alternates.size() &&
-                           out.count < static_cast<int>(out.algos.size()); ++i) {
-          const AllreduceAlgo algo = *allreduce_algo_from_name(entry->alternates[i]);
-          if (usable(algo) && algo != winner) out.algos[out.count++] = algo;
-        }
-        return out;
-      }
+    if (auto name = table->lookup(Collective::kAllreduce, group_size, dtype, bytes, registered)) {
+      const AllreduceAlgo winner = *allreduce_algo_from_name(*name);
+      if (winner != AllreduceAlgo::kShm || shm_available) return winner;  // mpi stays when bf16 falls back to f32
     }
   }
   AllreduceAlgo best = AllreduceAlgo::kRing;
   double best_cost = std::numeric_limits<double>::infinity();
   for (AllreduceAlgo algo : all_allreduce_algos()) {
-    if (!usable(algo)) continue;
+    if ((algo == AllreduceAlgo::kShm && !shm_available) || !allreduce_auto_candidate(algo, dtype)) continue;
     const double cost = allreduce_cost_seconds(algo, group_size, bytes, CostModel{});
     if (cost < best_cost) best_cost = cost, best = algo;
   }
-  out.algos[out.count++] = best;
-  return out;
+  return best;
 }
+
 }  // namespace
 
-AllreduceCandidates allreduce_candidates(AllreduceAlgo requested, int group_size, CommDType dtype, uint64_t bytes,
-                                         bool shm_available, bool registered) {
-  if (requested != AllreduceAlgo::kAuto) return AllreduceCandidates{{requested}, 1};
+AllreduceAlgo select_allreduce(AllreduceAlgo requested, int group_size, CommDType dtype, uint64_t bytes,
+                               bool shm_available, bool registered) {
+  if (requested != AllreduceAlgo::kAuto) return requested;
   // The engine repeats the same few sizes: remember recent decisions (a lookup costs ~0.3 us, a small
   // all-reduce ~1 us).
   struct Decision {
@@ -319,7 +291,7 @@ AllreduceCandidates allreduce_candidates(AllreduceAlgo requested, int group_size
     int group_size = 0;
     CommDType dtype = CommDType::kF32;
     bool shm = false, registered = false;
-    AllreduceCandidates candidates;
+    AllreduceAlgo algo = AllreduceAlgo::kAuto;
   };
   static thread_local Decision recent[8];
   static thread_local unsigned next_slot = 0;
@@ -327,16 +299,10 @@ AllreduceCandidates allreduce_candidates(AllreduceAlgo requested, int group_size
   for (const Decision& d : recent)
     if (d.generation == generation && d.bytes == bytes && d.group_size == group_size && d.dtype == dtype &&
         d.shm == shm_available && d.registered == registered)
-      return d.candidates;
-  const AllreduceCandidates candidates =
-      allreduce_candidates_uncached(group_size, dtype, bytes, shm_available, registered);
-  recent[next_slot++ % 8] = Decision{generation, bytes, group_size, dtype, shm_available, registered, candidates};
-  return candidates;
-}
-
-AllreduceAlgo select_allreduce(AllreduceAlgo requested, int group_size, CommDType dtype, uint64_t bytes,
-                               bool shm_available, bool registered) {
-  return allreduce_candidates(requested, group_size, dtype, bytes, shm_available, registered).algos[0];
+      return d.algo;
+  const AllreduceAlgo algo = select_allreduce_uncached(group_size, dtype, bytes, shm_available, registered);
+  recent[next_slot++ % 8] = Decision{generation, bytes, group_size, dtype, shm_available, registered, algo};
+  return algo;
 }
 
 AlltoallAlgo select_alltoall(AlltoallAlgo requested, int group_size, uint64_t bytes_per_peer) {

@@ -3,9 +3,7 @@
 // cost model of DESIGN.md §3 decides. Every rank must decide the same, so inputs are only the group
 // size and the byte count (identical on all ranks) and the table (same file).
 #pragma once
-#include <array>
 #include <optional>
-#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -19,9 +17,6 @@ struct CommOptions {
   AllreduceAlgo allreduce_algo = AllreduceAlgo::kAuto;
   AlltoallAlgo alltoall_algo = AlltoallAlgo::kAuto;
   std::string tuning_path;  // JSON written by `moex tune-comm`; "none": cost model only; empty: the cost model
-  // Auto's online trial among the table's alternates (online.h): nullopt, on unless the node is oversubscribed
-  // (timing a call there times the scheduler); MOEX_COMM_ONLINE=1 forces it on, 0 off.
-  std::optional<bool> online = std::nullopt;
 };
 
 // Where `moex tune-comm` saves and `auto` looks when neither --comm-tuning nor MOEX_COMM_TUNING names a
@@ -34,7 +29,7 @@ AlltoallAlgo parse_alltoall_algo(std::string_view name, std::string_view source 
 // "allreduce=nhr;alltoall=pairwise" (either part optional) into options; bad keys/names throw (exit 2).
 void parse_algo_spec(std::string_view spec, CommOptions* options);
 
-// MOEX_COMM_ALGO, MOEX_COMM_TUNING and MOEX_COMM_ONLINE ("0" or "1") first, then the flags (an empty flag
+// MOEX_COMM_ALGO and MOEX_COMM_TUNING first, then the flags (an empty flag
 // leaves the env's choice); with no table named, default_tuning_path() if that file exists. "none" (flag or
 // env) means no table.
 CommOptions comm_options_from_flags(std::string_view allreduce_flag, std::string_view alltoall_flag,
@@ -52,13 +47,13 @@ struct TuningEntry {
   std::string algo;
   double time_us = 0;
   bool registered = false;  // measured on registered memory (Communicator::alloc_registered)
-  // Runners-up close to `algo` at this size, fastest first: auto's online trial times them against it.
-  std::vector<std::string> alternates = {};
 };
 
 class TuningTable {
  public:
-  static TuningTable load(const std::string& path);  // throws Error(kInvalidInput) on a bad file
+  // Throws Error(kInvalidInput) on a bad file. Fields it does not use (e.g. "alternates", the runners-up that
+  // tables written by earlier versions list) are ignored, so old tables still load.
+  static TuningTable load(const std::string& path);
   void save(const std::string& path) const;
   void add(TuningEntry entry) { entries_.push_back(std::move(entry)); }
   const std::vector<TuningEntry>& entries() const { return entries_; }
@@ -67,20 +62,23 @@ class TuningTable {
   // has nothing for the group size.
   std::optional<std::string> lookup(Collective collective, int group_size, CommDType dtype, uint64_t bytes,
                                     bool registered = false) const;
-  // The same entry itself (winner and alternates), or nullptr.
-  const TuningEntry* find(Collective collective, int group_size, CommDType dtype, uint64_t bytes,
-                          bool registered = false) const;
 
  private:
   std::vector<TuningEntry> entries_;
 };
 
-// Alpha-beta(-gamma) constants for this kind of machine (defaults measured on a 2-core shared-memory VM).
+// Alpha-beta(-gamma) constants for this kind of machine (defaults measured on a 2-core shared-memory VM,
+// AMD EPYC, 2 and 4 ranks; docs/comm.md "Cost model").
 struct CostModel {
   double alpha_s = 4e-6;           // per message step through MPI
   double beta_s_per_byte = 2e-10;  // per byte moved (~5 GB/s)
   double gamma_s_per_byte = 1e-10; // per byte reduced (~10 GB/s of fp32 adds)
   double shm_alpha_s = 1e-6;       // one shared-memory barrier
+  // shm copies each byte through the window: in, read to reduce, out (3 + 1/p passes over the buffer per
+  // rank, against about one for a p2p algorithm). While a rank's buffer stays in cache a pass costs this
+  // much; beyond shm_cached_max_bytes it costs beta_s_per_byte, like any byte through memory.
+  double shm_cached_beta_s_per_byte = 5e-11;
+  uint64_t shm_cached_max_bytes = 2 << 20;  // measured: shm falls behind from 2 MB (2 ranks) or 4 MB (4 ranks)
 };
 double allreduce_cost_seconds(AllreduceAlgo algo, int group_size, uint64_t bytes, const CostModel& model = {});
 
@@ -88,18 +86,7 @@ double allreduce_cost_seconds(AllreduceAlgo algo, int group_size, uint64_t bytes
 // (2x/4x the bytes asked for), so it is a candidate for fp32 only. The tuner and the bench use the same rule.
 bool allreduce_auto_candidate(AllreduceAlgo algo, CommDType dtype);
 
-// What auto may run for one all-reduce: the chosen algorithm first, then (from the tuning table, with the
-// online trial on) its alternates that can run here. One entry for an explicit choice or the cost model.
-struct AllreduceCandidates {
-  std::array<AllreduceAlgo, 6> algos{};
-  int count = 0;
-  bool force_trial = false;  // MOEX_COMM_ONLINE=1: race them even on an oversubscribed node
-  std::span<const AllreduceAlgo> span() const { return {algos.data(), static_cast<size_t>(count)}; }
-};
-AllreduceCandidates allreduce_candidates(AllreduceAlgo requested, int group_size, CommDType dtype, uint64_t bytes,
-                                         bool shm_available, bool registered = false);
-
-// Resolves kAuto (and the process-wide override) to a concrete algorithm: allreduce_candidates()'s first.
+// Resolves kAuto (and the process-wide override) to a concrete algorithm.
 // `bytes` is the size of the caller's buffer; shm is only chosen when all ranks share a node.
 // `registered`: the buffer is registered memory (the table may hold separate winners for it).
 AllreduceAlgo select_allreduce(AllreduceAlgo requested, int group_size, CommDType dtype, uint64_t bytes,

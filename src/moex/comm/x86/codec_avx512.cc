@@ -12,7 +12,7 @@
 
 #include "moex/base/dtype.h"
 #include "moex/comm/codec.h"
-#include "moex/comm/x86/codec_avx512.h"
+#include "moex/comm/codec_impl.h"
 
 // After the includes: inline functions from the headers above stay baseline x86-64, so an out-of-line copy
 // the linker may share with baseline code never holds AVX-512 instructions. comm/ has no per-ISA build

@@ -1,6 +1,9 @@
-#include "moex/comm/measure.h"
+#include "tools/lib/measure.h"
+
+#include <malloc.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -10,11 +13,24 @@
 #include <utility>
 
 #include "moex/base/dtype.h"
-#include "moex/comm/algorithms.h"
-#include "moex/comm/stats.h"
+#include "moex/base/error.h"
+#include "moex/comm/shm_copy.h"
 
 namespace moex::comm {
 namespace {
+
+int64_t steady_now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// Median (mean of the middle two for an even count); 0 for none.
+double median(std::vector<double> values) {
+  if (values.empty()) return 0.0;
+  std::sort(values.begin(), values.end());
+  const size_t m = values.size() / 2;
+  return values.size() % 2 ? values[m] : 0.5 * (values[m - 1] + values[m]);
+}
 
 float pattern(int rank, size_t i, bool random_data) {
   if (!random_data) return static_cast<float>(static_cast<int>((i * 7 + rank * 13) % 17) - 8);
@@ -39,14 +55,9 @@ std::vector<double> max_over_ranks(Communicator& comm, const std::vector<double>
 // The timing loop of measure.h for `n` algorithms: run(i) makes one call of algorithm i, restore() puts
 // the input back. Returns, per algorithm, seconds per call of each round (the slowest rank's sample);
 // `batch` = calls per sample (the same for every algorithm).
-// in_trial(i) (optional): algorithm i is auto in its online trial (online.h). Before the rounds it takes
-// untimed samples, made exactly like the timed ones (input restored, barrier, `batch` calls back to back),
-// until the trial is over: the trial must see the calls the way the timed samples make them, since which
-// algorithm is faster depends on that. (*trial_calls)[i] counts them.
 std::vector<std::vector<double>> time_interleaved(Communicator& comm, size_t n, const std::function<void(size_t)>& run,
                                      const std::function<void()>& restore, const MeasureOptions& options,
-                                     int& batch, const std::function<bool(size_t)>& in_trial = {},
-                                     std::vector<int>* trial_calls = nullptr) {
+                                     int& batch) {
   std::vector<double> estimate(n, 0.0);
   for (size_t i = 0; i < n; ++i) {
     for (int w = 0; w < std::max(1, options.warmup); ++w) {
@@ -74,21 +85,13 @@ std::vector<std::vector<double>> time_interleaved(Communicator& comm, size_t n, 
     rounds = static_cast<int>(std::clamp(std::min(wanted, affordable), static_cast<double>(options.samples),
                                          static_cast<double>(std::max(options.samples, options.max_samples))));
   }
-  for (size_t i = 0; in_trial && i < n; ++i) {
-    while (in_trial(i)) {
-      restore();
-      comm.barrier();
-      for (int b = 0; b < batch; ++b) run(i);
-      if (trial_calls) (*trial_calls)[i] += batch;
-    }
-  }
   std::vector<std::vector<double>> samples(n);
   std::vector<size_t> order(n);
   for (size_t i = 0; i < n; ++i) order[i] = i;
   for (int s = 0; s < rounds; ++s) {
     // A fresh order each round (the same on every rank: same seed, same binary). A fixed cyclic order is
-    // biased whenever one algorithm disturbs the next call (a large MPI_Allreduce did, by page-faulting a
-    // fresh temporary, until ranks kept freed memory): the disturbed one would always be the same.
+    // biased whenever one algorithm disturbs the next call (a large MPI_Allreduce that page-faults a fresh
+    // temporary slows whatever runs next): the disturbed one would always be the same.
     std::mt19937 rng(static_cast<uint32_t>(s) * 2654435761u + 1u);
     std::shuffle(order.begin(), order.end(), rng);
     for (size_t k = 0; k < n; ++k) {
@@ -134,10 +137,9 @@ void store_rounds(std::vector<Measurement>& results, std::vector<std::vector<dou
   }
 }
 
-// The copy probe of MeasureOptions, or nullptr when this group cannot run it.
-MpiCommunicator* copy_probe_comm(Communicator& comm, const MeasureOptions& options) {
-  auto* mpi = dynamic_cast<MpiCommunicator*>(&comm);
-  return options.copy_probe && mpi && mpi->size() >= 2 && mpi->all_on_one_node() ? mpi : nullptr;
+// Whether this measurement includes the copy probe of MeasureOptions (the group can run it).
+bool with_copy_probe(Communicator& comm, const MeasureOptions& options) {
+  return options.copy_probe && can_copy_through_shm(comm);
 }
 
 }  // namespace
@@ -150,20 +152,6 @@ size_t pick_winner(std::span<const Measurement> results, size_t previous, double
   return best;
 }
 
-std::vector<size_t> close_runners_up(std::span<const Measurement> results, size_t winner, double margin,
-                                     size_t max_count) {
-  std::vector<std::pair<double, size_t>> close;
-  for (size_t i = 0; i < results.size(); ++i) {
-    if (i == winner) continue;
-    const double ratio = paired_ratio(results[i], results[winner]);
-    if (ratio <= margin) close.emplace_back(ratio, i);
-  }
-  std::sort(close.begin(), close.end());
-  std::vector<size_t> out;
-  for (size_t k = 0; k < std::min(close.size(), max_count); ++k) out.push_back(close[k].second);
-  return out;
-}
-
 int samples_for_size(uint64_t bytes, int samples, uint64_t budget_bytes) {
   if (bytes < (16u << 20)) return samples;
   return std::max(5, std::min(samples, static_cast<int>(budget_bytes / bytes)));
@@ -171,8 +159,10 @@ int samples_for_size(uint64_t bytes, int samples, uint64_t budget_bytes) {
 
 double paired_ratio(const Measurement& a, const Measurement& b) {
   const size_t rounds = std::min(a.rounds.size(), b.rounds.size());
-  if (std::any_of(b.rounds.begin(), b.rounds.begin() + rounds, [](double x) { return x > 0; }))
-    return paired_median_ratio(a.rounds, b.rounds);
+  std::vector<double> ratios;  // per round both were timed in
+  for (size_t r = 0; r < rounds; ++r)
+    if (b.rounds[r] > 0) ratios.push_back(a.rounds[r] / b.rounds[r]);
+  if (!ratios.empty()) return median(std::move(ratios));
   return b.seconds > 0 ? a.seconds / b.seconds : 0.0;  // nothing to pair: the medians
 }
 
@@ -225,36 +215,20 @@ std::vector<Measurement> measure_allreduce(Communicator& comm, std::span<const A
     }
     result.correct = all_true(comm, result.max_error <= bound);
   }
-  MpiCommunicator* probe = copy_probe_comm(comm, options);
+  const bool probe = with_copy_probe(comm, options);
   std::vector<std::byte> copy_target(probe && r == 1 ? buffer.size() : 0);
   if (probe) results.emplace_back().algorithm = "copy";
-  // Auto's online trial (online.h) happens once per size: time_interleaved runs it to its end untimed, so
-  // auto is timed the way it runs from then on.
-  auto* mpi = dynamic_cast<MpiCommunicator*>(&comm);
-  auto in_trial = [&](size_t a) {
-    return mpi && a < algos.size() && algos[a] == AllreduceAlgo::kAuto &&
-           mpi->allreduce_trial_pending(buffer.data(), count, dtype);
-  };
   const auto restore = [&] { std::memcpy(buffer.data(), input.data(), buffer.size()); };
   int batch = 1;
-  std::vector<int> trial_calls(results.size(), 0);
   auto seconds = time_interleaved(
       comm, results.size(),
       [&](size_t a) {
         if (a < algos.size()) comm.allreduce(buffer.data(), count, dtype, algos[a]);
-        else detail::shm_copy(*probe, input.data(), copy_target.data(), buffer.size(), options.copy_chunk_bytes,
+        else copy_through_shm(comm, input.data(), copy_target.data(), buffer.size(), options.copy_chunk_bytes,
                                    options.copy_streaming);
       },
-      restore, options, batch, in_trial, &trial_calls);
+      restore, options, batch);
   store_rounds(results, seconds, batch);
-  for (size_t a = 0; a < algos.size(); ++a) {  // what auto kept, from one more (untimed) call
-    results[a].trial_calls = trial_calls[a];
-    if (!trial_calls[a]) continue;
-    record_events_into(results[a]);
-    restore();
-    comm.allreduce(buffer.data(), count, dtype, AllreduceAlgo::kAuto);
-    set_event_observer({});
-  }
   return results;
 }
 
@@ -279,14 +253,13 @@ std::vector<Measurement> measure_alltoall(Communicator& comm, std::span<const Al
         ok &= recv[j * bytes_per_peer + k] == static_cast<uint8_t>(j * 31 + r * 7 + k);
     result.correct = all_true(comm, ok);
   }
-  MpiCommunicator* probe = copy_probe_comm(comm, options);
-  if (probe) results.emplace_back().algorithm = "copy";
+  if (with_copy_probe(comm, options)) results.emplace_back().algorithm = "copy";
   int batch = 1;
   auto seconds = time_interleaved(
       comm, results.size(),
       [&](size_t a) {
         if (a < algos.size()) comm.alltoallv(send.data(), counts, offsets, recv.data(), counts, offsets, 1, algos[a]);
-        else detail::shm_copy(*probe, reinterpret_cast<const std::byte*>(send.data()),
+        else copy_through_shm(comm, reinterpret_cast<const std::byte*>(send.data()),
                               reinterpret_cast<std::byte*>(recv.data()), send.size(), options.copy_chunk_bytes,
                               options.copy_streaming);
       },
@@ -308,10 +281,13 @@ uint64_t parse_byte_size(const std::string& text, const char* flag) {
   return static_cast<uint64_t>(value * scale);
 }
 
+void keep_freed_memory_for_benchmarks() {
+  mallopt(M_MMAP_MAX, 0);
+  mallopt(M_TRIM_THRESHOLD, -1);
+}
+
 PeakCopy measure_peak_copy_bandwidth(Communicator& comm, size_t bytes) {
-  auto* mpi = dynamic_cast<MpiCommunicator*>(&comm);
-  if (!mpi) return {};
-  const auto best = detail::measure_shm_copy_bandwidth(*mpi, bytes, 5);
+  const auto best = measure_copy_through_shm(comm, bytes, 5);
   return best.bytes_per_second > 0 ? PeakCopy{best.bytes_per_second, best.chunk_bytes, best.streaming} : PeakCopy{};
 }
 

@@ -5,7 +5,6 @@
 //  - warm-up calls estimate one call's time (slowest rank), which fixes one batch for all algorithms: enough
 //    back-to-back calls that the fastest one's sample lasts ~target_sample_us (sub-microsecond collectives
 //    are not timed one by one); cheap sizes get more samples (min_total_ms, max_total_ms);
-//  - auto finishes its online trial (online.h) in untimed samples made like the timed ones below;
 //  - samples are interleaved: every algorithm's sample once per round, in a shuffled order each round, so a
 //    change in machine load during the run hits every algorithm alike, and no algorithm always follows the
 //    same one (a slow large call can leave the next call slow);
@@ -30,7 +29,6 @@ struct Measurement {
   uint64_t bytes_sent = 0;     // by this rank in one call (from the collective's event)
   std::string_view algorithm;  // what actually ran (auto resolved)
   int batch = 1;               // calls per timed sample
-  int trial_calls = 0;         // auto: calls of its online trial in untimed samples before the rounds (online.h)
 };
 
 struct MeasureOptions {
@@ -71,12 +69,13 @@ double paired_ratio(const Measurement& a, const Measurement& b);
 // whenever the noise goes the other way, and neighbouring sizes rarely change the best algorithm. The
 // margin stays well inside the 5% that auto is held to: a kept winner is never more than 3% slower.
 size_t pick_winner(std::span<const Measurement> results, size_t previous, double switch_margin = 1.03);
-// The runners-up within `margin` of results[winner] (paired ratio), closest first, at most `max_count`: the
-// alternates a tuning table stores for auto's online trial. 2.0: between runs on this VM the MPI-based
-// algorithms' times at 2 ranks moved by up to 1.6x against shm's (2 MB: 330, 451 and >534 us in three runs
-// while shm took 327-372 us), enough to swap the order at 1-8 MB and 64-256 MB.
-std::vector<size_t> close_runners_up(std::span<const Measurement> results, size_t winner, double margin = 2.0,
-                                     size_t max_count = 5);
+// Makes this process keep the memory it frees (glibc: no mmap'd chunks, no trimming), as Open MPI's
+// leave-pinned mode asks. Only bench-comm and tune-comm set it: glibc serves allocations of 32 MB and more with
+// a fresh mmap and unmaps them on free, and MPI_Allreduce above ~32 MB allocates such a temporary per call, so
+// each call faulted its pages in again (at 2 ranks, 256 MB took ~1 s instead of 49 ms and slowed the next
+// collectives up to 10x) and `mpi` would be timed at its worst. The engine is left alone: comm's own large
+// buffers (scratch, shared windows) are allocated once and reused.
+void keep_freed_memory_for_benchmarks();
 // "8", "64K", "16M", "1G" -> bytes; anything else throws Error(kInvalidInput) naming `flag` (exit 2).
 uint64_t parse_byte_size(const std::string& text, const char* flag);
 // Peak copy bandwidth between two ranks of this node through shared memory: the best pipeline chunk from
