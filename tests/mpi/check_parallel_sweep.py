@@ -2,8 +2,8 @@
 """`moex bench parallel-sweep` reports the all-reduce algorithms that ran, not a prediction.
 
 A tuning table names ring for ordinary buffers and rd for registered ones at every size (2 ranks). The
-engine's fp32 prefill all-reduces registered buffers, bf16/fp8 never do (registered memory is fp32 only), so
-what ran differs from what a prediction from the message size alone says (ring). Expected per row: fp32
+engine's f32 prefill all-reduces registered buffers, bf16/fp8 never do (registered memory is fp32 only), so
+what ran differs from what a prediction from the message size alone says (ring). Expected per row: f32
 prefill reports rd (alone or with ring), every bf16/fp8 row of a TP or EP plan reports ring only, dp-attention
 rows report an all-to-all algorithm.
 """
@@ -43,9 +43,9 @@ def main():
             what = f"{row['plan']} overlap={row['overlap']} {row['comm_dtype']} {row['workload']}: ran {ran}"
             if "dp-attn" in row["plan"]:
                 ok = ran <= {"pairwise", "bruck", "mpi"}
-            elif row["comm_dtype"] == "fp32" and row["workload"].startswith("prefill"):
+            elif row["comm_dtype"] == "f32" and row["workload"].startswith("prefill"):
                 ok = "rd" in ran and ran <= {"rd", "ring"}
-            elif row["comm_dtype"] != "fp32":
+            elif row["comm_dtype"] != "f32":
                 ok = ran == {"ring"}
             else:
                 ok = ran <= {"rd", "ring"}
