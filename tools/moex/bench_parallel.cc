@@ -14,7 +14,9 @@
 #include "moex/profile/report.h"
 #include "moex/profile/trace.h"
 #include "moex/runtime/generation.h"
+#include "tools/lib/synthetic.h"
 #include "tools/moex/bench.h"
+#include "tools/moex/flags.h"
 #include "tools/moex/model_flags.h"
 #include "tools/moex/profile_flags.h"
 
@@ -99,9 +101,7 @@ void run_sweep(SweepFlags& f) {
           break;
         }
         const auto measure = [&](const std::string& workload, int batch, int prompt_len, int new_tokens) {
-          std::vector<std::vector<int>> prompts(batch);
-          for (int s = 0; s < batch; ++s)
-            for (int i = 0; i < prompt_len; ++i) prompts[s].push_back(3 + (i * 131 + s * 17) % (config.vocab_size - 3));
+          const std::vector<std::vector<int>> prompts = synthetic_prompts(batch, prompt_len, config.vocab_size);
           GenerationOptions options;
           options.max_new_tokens = new_tokens;
           options.stop_at_eos = false;
@@ -172,7 +172,7 @@ void setup_parallel_sweep(CLI::App& bench) {
   auto flags = std::make_shared<SweepFlags>();
   auto* cmd = bench.add_subcommand("parallel-sweep", "Every parallel plan side by side (run under mpirun)");
   flags->model.add_to(cmd);
-  cmd->add_option("--batches", flags->batches, "Decode batch sizes, comma-separated")->delimiter(',')->capture_default_str();
+  add_list_flag(cmd, "--batches", flags->batches, "Decode batch sizes")->check(whole_number_in(1, 1 << 16));
   cmd->add_option("--prompt-len", flags->prompt_len, "Prompt tokens per sequence before decoding")->capture_default_str();
   cmd->add_option("--prefill-len", flags->prefill_len, "Prompt tokens of the prefill workload")->capture_default_str();
   cmd->add_option("--steps", flags->steps, "Decode steps per measurement")->capture_default_str();

@@ -16,13 +16,14 @@
 #include "tools/lib/measure.h"
 #include "moex/comm/selector.h"
 #include "tools/moex/command.h"
+#include "tools/moex/flags.h"
 
 namespace moex::tools {
 namespace {
 
 struct TuneCommFlags {
   std::string out;
-  std::string dtypes = "f32,bf16,fp8";
+  std::vector<std::string> dtypes = kCommDTypeNames;
   std::string max_bytes = "64M";
   int iters = 11;
   bool alltoall = true;
@@ -53,13 +54,9 @@ void run_tune_comm(const TuneCommFlags& flags) {
     options.min_total_ms = 20;
     return options;
   };
-  size_t pos = 0;
-  while (pos <= flags.dtypes.size()) {
-    const size_t comma = std::min(flags.dtypes.find(',', pos), flags.dtypes.size());
-    const std::string name = flags.dtypes.substr(pos, comma - pos);
-    pos = comma + 1;
+  for (const std::string& name : flags.dtypes) {
     const auto dtype = comm::comm_dtype_from_name(name);
-    MOEX_CHECK_INPUT(dtype.has_value(), "--dtypes: '", name, "' is not one of f32, bf16, fp8");
+    MOEX_CHECK(dtype.has_value(), "--dtypes was checked against kCommDTypeNames: ", name);
     const size_t elem = comm::comm_dtype_buffer_size(*dtype);
     std::vector<comm::AllreduceAlgo> candidates;
     for (comm::AllreduceAlgo algo : comm::all_allreduce_algos())
@@ -126,7 +123,8 @@ void setup_tune_comm(CLI::App& app) {
   cmd->add_option("--out", flags->out,
                   "JSON table to write, merged with what it holds (default: the table auto reads, " +
                       comm::default_tuning_path() + ")");
-  cmd->add_option("--dtypes", flags->dtypes, "comma list of f32, bf16, fp8")->capture_default_str();
+  add_list_flag(cmd, "--dtypes", flags->dtypes, "Payload dtypes to tune (f32, bf16, fp8)")
+      ->check(CLI::IsMember(kCommDTypeNames));
   cmd->add_option("--max-bytes", flags->max_bytes, "largest message size (64K, 16M, ...)")->capture_default_str();
   cmd->add_option("--iters", flags->iters, "timed samples per algorithm and size")->capture_default_str();
   cmd->callback([flags] { run_tune_comm(*flags); });
