@@ -32,6 +32,8 @@ def main():
     p.add_argument("--tol", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--moex-args", default="", help="extra flags for moex logits")
+    p.add_argument("--ref-args", default="", help="extra flags for mixtral_ref.py")
+    p.add_argument("--ranks", type=int, default=1, help="run moex under mpirun -np RANKS (with a plan in --moex-args)")
     args = p.parse_args()
 
     model = os.path.join(args.workdir, "model")
@@ -45,10 +47,11 @@ def main():
 
     ours, theirs = os.path.join(args.workdir, "moex.npy"), os.path.join(args.workdir, "ref.npy")
     ours_tok, theirs_tok = ours + ".tokens", theirs + ".tokens"
-    run([args.moex, "logits", "--model", model, "--ids", ids, "--decode", str(args.decode), "--out", ours,
+    launcher = [] if args.ranks == 1 else ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(args.ranks)]
+    run([*launcher, args.moex, "logits", "--model", model, "--ids", ids, "--decode", str(args.decode), "--out", ours,
          "--tokens-out", ours_tok, *args.moex_args.split()])
     run([sys.executable, os.path.join(HERE, "mixtral_ref.py"), "--model", model, "--ids", ids, "--decode",
-         str(args.decode), "--out", theirs, "--tokens-out", theirs_tok])
+         str(args.decode), "--out", theirs, "--tokens-out", theirs_tok, *args.ref_args.split()])
 
     a, b = np.load(ours), np.load(theirs)
     failures = []

@@ -9,6 +9,10 @@ Usage:
   /usr/bin/python3 tests/reference/mixtral_ref.py --model DIR --ids 1,2,3 [--decode N]
       [--capacity-factor C] [--dtype float64|float32] --out LOGITS.npy
       [--tokens-out TOKENS.txt] [--stats-out STATS.json]
+      [--expert-weights bf16|int8|int4|fp8 [--group-size G]]
+
+--expert-weights models `moex --weights`: the experts' weights quantized and dequantized as MoEX does,
+and their input activations rounded as its kernels round them (quantize_ref.py).
 
 --out holds float32 logits [len(ids) + N, V]: one row per prompt position, then one row per
 greedily decoded token at that token's position. Row len(ids)-1 predicts decoded token 1; row
@@ -213,6 +217,15 @@ def load_model(model_dir, dtype=torch.float64):
     return MixtralRef(cfg, read_checkpoint(model_dir), dtype)
 
 
+def quantize_experts(model, fmt, group=128):
+    """Every expert's weights as `moex --weights fmt` holds them, and its activation rounding."""
+    import quantize_ref
+    for layer in model.layers:
+        for name in ("w1", "w3", "w2"):
+            layer[name] = [quantize_ref.dequantize(w, fmt, group).to(model.dtype) for w in layer[name]]
+        layer["expert_act"] = quantize_ref.activation_rounding(fmt)
+
+
 # ---------------------------------------------------------------------------------------------
 # Layers
 # ---------------------------------------------------------------------------------------------
@@ -294,9 +307,10 @@ def capacity_keep_mask(expert_ids, num_experts, capacity):
     return (place_in_queue < capacity).view(k, num_tokens).t()
 
 
-def expert_ffn(x, w1, w3, w2):
-    """SwiGLU expert: w2(silu(w1 x) * (w3 x))."""
-    return (torch.nn.functional.silu(x @ w1.t()) * (x @ w3.t())) @ w2.t()
+def expert_ffn(x, w1, w3, w2, act=lambda v: v):
+    """SwiGLU expert: w2(silu(w1 x) * (w3 x)); `act` is what the kernels do to each product's input."""
+    x = act(x)
+    return act(torch.nn.functional.silu(x @ w1.t()) * (x @ w3.t())) @ w2.t()
 
 
 def moe(x, layer, cfg, capacity_factor=None, call_lengths=None):
@@ -322,7 +336,8 @@ def moe(x, layer, cfg, capacity_factor=None, call_lengths=None):
         token_idx, slot = torch.nonzero((expert_ids == e) & keep, as_tuple=True)
         if token_idx.numel() == 0:
             continue
-        y = expert_ffn(x[token_idx], layer["w1"][e], layer["w3"][e], layer["w2"][e])
+        y = expert_ffn(x[token_idx], layer["w1"][e], layer["w3"][e], layer["w2"][e],
+                       layer.get("expert_act", lambda v: v))
         out.index_add_(0, token_idx, y * weights[token_idx, slot].unsqueeze(-1))
 
     drops_per_expert = torch.bincount(expert_ids[~keep], minlength=num_experts)
@@ -416,6 +431,9 @@ def parse_args(argv):
     parser.add_argument("--out", required=True, help="float32 .npy logits [len(ids) + N, V]")
     parser.add_argument("--tokens-out", help="greedy tokens, one per line")
     parser.add_argument("--stats-out", help="JSON MoE load and drop stats of the prompt call")
+    parser.add_argument("--expert-weights", choices=["bf16", "int8", "int4", "fp8"],
+                        help="model moex --weights: experts quantized as MoEX quantizes them")
+    parser.add_argument("--group-size", type=int, default=128, choices=[32, 64, 128], help="int4 group size")
     args = parser.parse_args(argv)
     if args.decode < 0:
         parser.error("--decode must be >= 0")
@@ -429,6 +447,8 @@ def parse_args(argv):
 def main(argv=None):
     args = parse_args(argv)
     model = load_model(args.model, COMPUTE_DTYPES[args.dtype])
+    if args.expert_weights:
+        quantize_experts(model, args.expert_weights, args.group_size)
     logits, tokens = greedy_decode(model, args.ids, args.decode, args.capacity_factor)
     np.save(args.out, logits.to(torch.float32).numpy())
     if args.tokens_out:

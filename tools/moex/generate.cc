@@ -1,4 +1,5 @@
 // `moex generate`: text in, text out, then prefill and decode throughput.
+#include <chrono>
 #include <cstdio>
 #include <exception>
 #include <string>
@@ -29,7 +30,9 @@ void run_generate(const GenerateFlags& flags) {
   Tokenizer tokenizer(flags.model.model_dir + "/tokenizer.model");
   std::vector<std::vector<int>> prompts;
   for (const std::string& text : flags.prompts) prompts.push_back(tokenizer.encode(text, /*add_bos=*/true));
+  const auto load_start = std::chrono::steady_clock::now();
   auto model = flags.model.load(static_cast<int>(prompts.size()));
+  const double load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
   MOEX_CHECK_INPUT(tokenizer.vocab_size() <= model->config().vocab_size, "tokenizer.model has ",
                    tokenizer.vocab_size(), " pieces but config.json's vocab_size is ", model->config().vocab_size);
   GenerationOptions options;
@@ -64,6 +67,10 @@ void run_generate(const GenerateFlags& flags) {
                  prompts.size() > 1 ? ("[" + std::to_string(s) + "] ").c_str() : "", result.new_tokens[s].size(),
                  flags.max_new_tokens, prompts[s].size(), model->options().max_seq_len);
   }
+  const MixtralWeights& weights = model->weights();
+  std::printf("load:    %.3f s (experts %s", load_seconds, model->options().expert_weights.name().c_str());
+  if (model->options().expert_weights.packed) std::printf(", packed in %.3f s", weights.pack_seconds);
+  std::printf(")\n");
   std::printf("prefill: %lld tokens in %.3f s = %.1f tokens/s\n", static_cast<long long>(result.prefill_tokens),
               result.prefill_seconds, result.prefill_tokens / std::max(result.prefill_seconds, 1e-9));
   std::printf("decode:  %lld tokens in %.3f s = %.1f tokens/s (%lld steps, batch %zu)\n",

@@ -48,9 +48,31 @@ void ModelFlags::add_to(CLI::App* cmd) {
       ->capture_default_str();
   cmd->add_flag("--check-weights", check_weights,
                 "Read every weight once and refuse a checkpoint holding NaN or infinity, naming the tensor");
+  cmd->add_option("--weights", weights,
+                  "Expert weights: as-stored (checkpoint dtype, f32 activations) | bf16 | int8 (weight-only) | int4 "
+                  "(symmetric, per --group-size) | fp8 (e4m3, 128x128 blocks): quantized and packed once at load")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"as-stored", "bf16", "int8", "int4", "fp8"}));
+  group_size_option = cmd->add_option("--group-size", group_size, "int4: weights per scale along K (32 | 64 | 128)")
+                          ->capture_default_str()
+                          ->check(CLI::IsMember({32, 64, 128}));
   ThreadsFlags::add_to(cmd);
   ParallelFlags::add_to(cmd);
   CommFlags::add_to(cmd);
+}
+
+ExpertWeightFormat ModelFlags::expert_weight_format() const {
+  MOEX_CHECK_INPUT(group_size_option == nullptr || group_size_option->count() == 0 || weights == "int4",
+                   "--group-size applies to --weights int4 only (got --weights ", weights, ")");
+  ExpertWeightFormat f;
+  f.packed = weights != "as-stored";
+  f.group = group_size;
+  if (weights == "bf16") f.format = kernels::WeightFormat::kBF16;
+  else if (weights == "int8") f.format = kernels::WeightFormat::kInt8;
+  else if (weights == "int4") f.format = kernels::WeightFormat::kInt4;
+  else if (weights == "fp8") f.format = kernels::WeightFormat::kFP8E4M3;
+  else MOEX_CHECK_INPUT(weights == "as-stored", "--weights ", weights, ": use as-stored, bf16, int8, int4 or fp8");
+  return f;
 }
 
 std::unique_ptr<MixtralModel> ModelFlags::load(int batch) const {
@@ -79,6 +101,7 @@ std::unique_ptr<MixtralModel> ModelFlags::load(int batch) const {
                                      config.intermediate_size},
                                     comm.size(), comm.rank());
   options.comm = &comm;
+  options.expert_weights = expert_weight_format();
   check_run_memory(estimate_run_memory(config, options, num_threads()), config, options, available_memory());
   return std::make_unique<MixtralModel>(model_dir, options);
 }

@@ -20,6 +20,12 @@ struct ModelFlags : ThreadsFlags, ParallelFlags, CommFlags {
   std::string router_fusion = "full";
   float capacity_factor = 0.0f;
   bool check_weights = false;  // scan every tensor for NaN / infinity before loading
+  std::string weights = "as-stored";  // the experts: as-stored | bf16 | int8 | int4 | fp8 (packed at load)
+  int group_size = 128;               // int4: weights per scale along K
+  CLI::Option* group_size_option = nullptr;
+
+  // --weights / --group-size as the model option (one error line for a bad combination).
+  ExpertWeightFormat expert_weight_format() const;
 
   // Adds these flags and the three groups'.
   void add_to(CLI::App* cmd);

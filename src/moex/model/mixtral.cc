@@ -25,13 +25,17 @@ static const ModelOptions& validated(const ModelOptions& options) {
                    "--max-seq-len, --batch and the step size must be positive");
   MOEX_CHECK(options.plan.world == 1 || (options.comm && options.comm->size() == options.plan.world),
              "the parallel plan needs a communicator of its world size");
+  // The chunked all-reduce overlap splits w2 by output columns at batch 1; the fused packed down projection
+  // does not take a column range yet.
+  MOEX_CHECK_INPUT(!(options.expert_weights.packed && options.plan.overlap), "--weights ",
+                   options.expert_weights.name(), " is not supported with --overlap yet (use --weights as-stored)");
   return options;
 }
 
 MixtralModel::MixtralModel(const std::string& model_dir, const ModelOptions& options)
     : config_(load_model_config(model_dir + "/config.json")),
       options_(options),
-      weights_(load_mixtral_weights(model_dir, config_, validated(options).plan)),
+      weights_(load_mixtral_weights(model_dir, config_, validated(options).plan, options.expert_weights)),
       kv_cache_(config_, weights_.kv_heads_local, options.max_batch, options.max_seq_len),
       moe_(MoELayerShape{config_.hidden_size, weights_.intermediate_local, config_.num_local_experts,
                          config_.num_experts_per_tok, config_.norm_topk_prob},
@@ -63,8 +67,12 @@ int64_t MixtralModel::weight_bytes_per_token() const {
   for (const LayerWeights& l : weights_.layers) {
     total += bytes(l.input_norm) + bytes(l.wq) + bytes(l.wk) + bytes(l.wv) + bytes(l.wo) + bytes(l.post_norm) +
              bytes(l.moe.gate);
-    const ExpertWeights& e = l.moe.local[0];  // per rank: k experts' slices at most
-    total += std::min(config_.num_experts_per_tok, l.moe.experts.count) * (bytes(e.w1) + bytes(e.w3) + bytes(e.w2));
+    // per rank: k experts' slices at most
+    const int64_t expert_bytes =
+        l.moe.packed.empty()
+            ? bytes(l.moe.local[0].w1) + bytes(l.moe.local[0].w3) + bytes(l.moe.local[0].w2)
+            : static_cast<int64_t>(l.moe.packed[0].w13.weight_bytes() + l.moe.packed[0].w2.weight_bytes());
+    total += std::min(config_.num_experts_per_tok, l.moe.experts.count) * expert_bytes;
   }
   return total;
 }

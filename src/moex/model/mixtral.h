@@ -23,6 +23,7 @@ struct ModelOptions {
   float capacity_factor = 0.0f;   // <= 0: dropless
   ParallelPlan plan;              // single rank unless set
   comm::Communicator* comm = nullptr;  // required when plan.world > 1
+  ExpertWeightFormat expert_weights;   // as stored, or quantized + packed at load (`--weights`)
 };
 
 // One forward call. Token t is tokens[t] of cache slot seq_slots[t] at position positions[t]; a slot's

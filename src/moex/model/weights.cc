@@ -1,5 +1,6 @@
 #include "moex/model/weights.h"
 
+#include <chrono>
 #include <cstring>
 
 #include "moex/base/error.h"
@@ -91,7 +92,8 @@ void check_weights_finite(const WeightStore& store) {
   }
 }
 
-MixtralWeights load_mixtral_weights(const std::string& model_dir, const ModelConfig& c, const ParallelPlan& plan) {
+MixtralWeights load_mixtral_weights(const std::string& model_dir, const ModelConfig& c, const ParallelPlan& plan,
+                                    const ExpertWeightFormat& expert_format) {
   MixtralWeights w;
   w.store = std::make_unique<WeightStore>(model_dir);
   const WeightStore& s = *w.store;
@@ -132,6 +134,11 @@ MixtralWeights load_mixtral_weights(const std::string& model_dir, const ModelCon
       if (e < experts.first || e >= experts.first + experts.count) continue;
       lw.moe.local.push_back({resident(w1.rows(inter.begin, inter.end)), resident(w3.rows(inter.begin, inter.end)),
                               owned_copy(w2.columns(inter.begin, inter.end), w.owned)});
+    }
+    if (expert_format.packed) {  // once per load; the quantizers and pack split rows over the threads
+      const auto start = std::chrono::steady_clock::now();
+      for (const ExpertWeights& e : lw.moe.local) lw.moe.packed.push_back(pack_expert(e, expert_format));
+      w.pack_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     }
     w.layers.push_back(std::move(lw));
   }

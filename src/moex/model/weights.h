@@ -34,6 +34,7 @@ struct MixtralWeights {
   TensorView lm_head;     // [V, d] (the embedding when tie_word_embeddings)
   int heads_local = 0, kv_heads_local = 0;
   int64_t intermediate_local = 0;
+  double pack_seconds = 0.0;  // quantizing and packing the experts at load (0 when as stored)
 };
 
 // Reads every value of every floating-point tensor (`--check-weights`, a full pass over the files) and throws
@@ -41,7 +42,9 @@ struct MixtralWeights {
 void check_weights_finite(const WeightStore& store);
 
 // Throws Error(kInvalidInput) naming the tensor for a missing tensor, a wrong shape or an unsupported dtype.
+// With a packed `experts` format, every local expert is quantized and packed once here (layers[l].moe.packed).
 MixtralWeights load_mixtral_weights(const std::string& model_dir, const ModelConfig& config,
-                                    const ParallelPlan& plan = ParallelPlan{});
+                                    const ParallelPlan& plan = ParallelPlan{},
+                                    const ExpertWeightFormat& experts = ExpertWeightFormat{});
 
 }  // namespace moex

@@ -12,6 +12,34 @@
 
 namespace moex {
 
+std::string ExpertWeightFormat::name() const {
+  if (!packed) return "as-stored";
+  switch (format) {
+    case kernels::WeightFormat::kInt4: return "int4-g" + std::to_string(group);
+    case kernels::WeightFormat::kFP8E4M3: return "fp8";
+    default: return std::string(kernels::weight_format_name(format));
+  }
+}
+
+PackedExpert pack_expert(const ExpertWeights& w, const ExpertWeightFormat& f) {
+  MOEX_CHECK(f.packed, "pack_expert needs a packed format");
+  const auto quantize = [&](const TensorView& m) {
+    switch (f.format) {
+      case kernels::WeightFormat::kBF16: return kernels::quantize_bf16(m);
+      case kernels::WeightFormat::kInt8:
+      case kernels::WeightFormat::kInt8W8A8: return kernels::quantize_int8(m, f.format);
+      case kernels::WeightFormat::kInt4: return kernels::quantize_int4(m, f.group, /*symmetric=*/true);
+      case kernels::WeightFormat::kFP8E4M3: return kernels::quantize_fp8(m);
+    }
+    MOEX_CHECK(false, "unknown weight format");
+    return kernels::QuantizedMatrix{};
+  };
+  PackedExpert packed;
+  packed.w13 = kernels::pack_gate_up(quantize(w.w1), quantize(w.w3));
+  packed.w2 = kernels::pack(quantize(w.w2));
+  return packed;
+}
+
 MoELayer::MoELayer(const MoELayerShape& shape, const ParallelPlan& plan, comm::Communicator* comm,
                    RouterFusion fusion, float capacity_factor, int64_t max_tokens)
     : shape_(shape),
@@ -27,6 +55,7 @@ MoELayer::MoELayer(const MoELayerShape& shape, const ParallelPlan& plan, comm::C
   hidden_up_.resize(T * k * I);
   act_.resize(T * k * I);
   expert_out_.resize(T * k * d);
+  row_weights_.resize(T * k);
   if (!plan.single()) partial_ = static_cast<float*>(comm->alloc_registered(T * d * sizeof(float)));
   if (plan.overlap) column_chunk_.resize(k * d);
   if (plan.comm_dtype == comm::CommDType::kBF16) bf16_buffer_.resize(T * d);
@@ -76,7 +105,8 @@ void MoELayer::forward_replicated(int layer, const MoELayerWeights& w, const flo
     for (int64_t r = row_begin; r < row_end; ++r)  // only the rows of this rank's experts
       std::memcpy(gathered_.data() + (r - row_begin) * d, x + int64_t{row_token[r]} * d, d * sizeof(float));
   }
-  {
+  const bool packed = !w.packed.empty();
+  if (!packed) {
     MOEX_ZONE_LAYER(kExperts, layer);
     for (int e = first; e < last; ++e) {
       const int64_t begin = offsets[e] - row_begin, rows = offsets[e + 1] - offsets[e];
@@ -122,14 +152,20 @@ void MoELayer::forward_replicated(int layer, const MoELayerWeights& w, const flo
     }
   };
 
+  // The whole expert stage for every token into out [T, d].
+  const auto experts_and_combine = [&](float* out, bool accumulate) {
+    if (packed) packed_experts(layer, w, tokens, row_begin, row_end, out, accumulate);
+    else down_and_combine(0, tokens, 0, d, out, accumulate);
+  };
   if (plan_.single()) {
-    down_and_combine(0, tokens, 0, d, residual, /*accumulate=*/true);
+    experts_and_combine(residual, /*accumulate=*/true);
     return;
   }
   float* partial = partial_;
   const bool overlap = plan_.overlap && plan_.comm_dtype != comm::CommDType::kBF16;
+  MOEX_CHECK(!(overlap && packed), "--overlap with packed expert weights is refused when the model is built");
   if (!overlap) {
-    down_and_combine(0, tokens, 0, d, partial, /*accumulate=*/false);
+    experts_and_combine(partial, /*accumulate=*/false);
     MOEX_ZONE_LAYER(kAllReduce, layer);
     comm::allreduce_f32(*comm_, partial, static_cast<size_t>(tokens * d), plan_.comm_dtype, bf16_buffer_);
   } else {
@@ -157,6 +193,28 @@ void MoELayer::forward_replicated(int layer, const MoELayerWeights& w, const flo
   }
   for (int64_t i = 0; i < tokens * d; ++i) residual[i] += partial[i];
   last_bytes_sent_ = static_cast<uint64_t>(tokens * d) * comm::wire_bytes(comm::wire_format_for(plan_.comm_dtype), 1);
+}
+
+void MoELayer::packed_experts(int layer, const MoELayerWeights& w, int64_t tokens, int64_t row_begin,
+                              int64_t row_end, float* out, bool accumulate) {
+  const int64_t d = shape_.hidden, I = shape_.intermediate_local;
+  const int k = shape_.top_k;
+  MOEX_ZONE_LAYER(kExperts, layer);
+  if (!accumulate) std::fill(out, out + tokens * d, 0.0f);
+  const auto& offsets = batcher_.expert_offsets();
+  const auto& row_token = batcher_.row_token();
+  const auto& row_choice = batcher_.row_choice();
+  for (int64_t r = row_begin; r < row_end; ++r)
+    row_weights_[r - row_begin] = expert_weights_[int64_t{row_token[r]} * k + row_choice[r]];
+  for (int e = w.experts.first; e < w.experts.first + w.experts.count; ++e) {
+    const int64_t begin = offsets[e] - row_begin, rows = offsets[e + 1] - offsets[e];
+    if (rows == 0) continue;
+    const PackedExpert& pe = w.packed[e - w.experts.first];
+    float* h = act_.data() + begin * I;  // [rows, I]
+    kernels::expert_gate_up(gathered_.data() + begin * d, rows, pe.w13, h);
+    // Rows of one expert are distinct tokens, so no two rows of a call add into the same output row.
+    kernels::expert_down_accumulate(h, rows, pe.w2, row_weights_.data() + begin, row_token.data() + offsets[e], out, d);
+  }
 }
 
 // dp attention + ep: each rank routes its own tokens, sends every assignment's row to the rank owning
@@ -260,8 +318,14 @@ void MoELayer::forward_dispatch(int layer, const MoELayerWeights& w, const float
     for (int le = 0; le < per_rank; ++le) {
       const int64_t begin = expert_begin[le], rows = expert_begin[le + 1] - begin;
       if (rows == 0) continue;
-      expert_up(w.local[le], by_expert_.data() + begin * d, rows, act_.data(), hidden_up_.data());
-      kernels::matmul(act_.data(), rows, w.local[le].w2, by_expert_.data() + begin * d);  // in place: rows done
+      float* rows_x = by_expert_.data() + begin * d;  // [rows, d], overwritten in place by the expert's output
+      if (!w.packed.empty()) {
+        kernels::expert_gate_up(rows_x, rows, w.packed[le].w13, act_.data());
+        kernels::packed_matmul(act_.data(), rows, w.packed[le].w2, rows_x);
+      } else {
+        expert_up(w.local[le], rows_x, rows, act_.data(), hidden_up_.data());
+        kernels::matmul(act_.data(), rows, w.local[le].w2, rows_x);
+      }
     }
     regroup(by_expert_.data(), received_.data(), false);
   }

@@ -4,19 +4,38 @@
 // each rank serves its own tokens (dp attention + ep).
 #pragma once
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "moex/comm/communicator.h"
+#include "moex/kernels/packed.h"
 #include "moex/moe/dynamic_batch.h"
 #include "moex/moe/gating.h"
 #include "moex/moe/parallel_plan.h"
 
 namespace moex {
 
+// How the experts' weights are held (`--weights`): as the checkpoint stores them (read from the mapping by
+// kernels::matmul with f32 activations), or quantized and repacked once at load into a kernels::WeightFormat.
+struct ExpertWeightFormat {
+  bool packed = false;
+  kernels::WeightFormat format = kernels::WeightFormat::kBF16;
+  int64_t group = 128;  // kInt4: codes per scale along K (32, 64, 128); symmetric (zero 8)
+  std::string name() const;  // "as-stored", "bf16", "int8", "int4-g128", "fp8"
+};
+
+// One expert repacked for the fused kernels: w13 = pack_gate_up(w1, w3) [I_local outputs], w2 [d outputs].
+struct PackedExpert {
+  kernels::PackedWeights w13, w2;
+};
+// Quantizes (per `format`, which must be packed) and packs one expert's weights; threads split the rows.
+PackedExpert pack_expert(const ExpertWeights& w, const ExpertWeightFormat& format);
+
 struct MoELayerWeights {
   TensorView gate;                     // [E, d] router (every rank)
   ExpertRange experts;                 // the global experts this rank computes
   std::vector<ExpertWeights> local;    // [experts.count]: w1/w3 [I_local, d], w2 [d, I_local] (strided under TP)
+  std::vector<PackedExpert> packed;    // [experts.count] when the experts are packed; empty: `local` runs
 };
 
 struct MoELayerShape {
@@ -43,6 +62,11 @@ class MoELayer {
  private:
   void forward_replicated(int layer, const MoELayerWeights& w, const float* x, int64_t tokens, float* residual);
   void forward_dispatch(int layer, const MoELayerWeights& w, const float* x, int64_t tokens, float* residual);
+  // The expert stage over packed weights for rows [row_begin, row_end) of the plan (gathered_): per local
+  // expert, gate/up in one pass into act_, then the down projection times each row's routing weight added
+  // into its token's row of out [T, d] (zeroed first unless `accumulate`): the combine is fused in.
+  void packed_experts(int layer, const MoELayerWeights& w, int64_t tokens, int64_t row_begin, int64_t row_end,
+                      float* out, bool accumulate);
 
   MoELayerShape shape_;
   ParallelPlan plan_;
@@ -57,6 +81,7 @@ class MoELayer {
   std::vector<float> hidden_up_;       // [T*k, I_local]
   std::vector<float> act_;             // [T*k, I_local]
   std::vector<float> expert_out_;      // [T*k, d]
+  std::vector<float> row_weights_;     // [T*k] routing weight of each plan row (packed experts)
   // [T, d] this rank's share of the output, before the all-reduce. Registered memory of comm_ (owned by it):
   // the shm all-reduce reads it in place instead of copying it into its window.
   float* partial_ = nullptr;
