@@ -14,13 +14,57 @@ int argmax(const float* logits, int n) {
   return best;
 }
 
-Sampler::Sampler(const SamplerOptions& options) : options_(options), rng_(options.seed) {
-  MOEX_CHECK_INPUT(options.temperature >= 0.0f, "--temperature must be >= 0, got ", options.temperature);
-  MOEX_CHECK_INPUT(options.top_k >= 0, "--top-k must be >= 0, got ", options.top_k);
-  MOEX_CHECK_INPUT(options.top_p > 0.0f && options.top_p <= 1.0f, "--top-p must be in (0, 1], got ", options.top_p);
+float token_logprob(const float* logits, int n, int token, int k, std::vector<TokenLogprob>* top) {
+  // log_softmax(x)[j] = x[j] - (max + log(sum exp(x - max))), the sum in double.
+  float max_logit = logits[0];
+  for (int i = 1; i < n; ++i) max_logit = std::max(max_logit, logits[i]);
+  double total = 0.0;
+  for (int i = 0; i < n; ++i) total += std::exp(static_cast<double>(logits[i]) - max_logit);
+  const double log_normalizer = static_cast<double>(max_logit) + std::log(total);
+  if (top != nullptr) {
+    // A running top-k by insertion into `top` itself (k <= 20: cheaper than sorting the vocabulary, and
+    // no allocation once `top` has grown); ids first, turned into logprobs at the end.
+    top->clear();
+    k = std::min(k, n);
+    const auto better = [&](int a, int b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+    for (int i = 0; i < n && k > 0; ++i) {
+      if (static_cast<int>(top->size()) == k && !better(i, top->back().token)) continue;
+      auto at = std::upper_bound(top->begin(), top->end(), i,
+                                 [&](int id, const TokenLogprob& entry) { return better(id, entry.token); });
+      top->insert(at, TokenLogprob{i, 0.0f});
+      if (static_cast<int>(top->size()) > k) top->pop_back();
+    }
+    for (TokenLogprob& entry : *top) entry.logprob = static_cast<float>(logits[entry.token] - log_normalizer);
+  }
+  return static_cast<float>(logits[token] - log_normalizer);
 }
 
-int Sampler::sample(const float* logits, int vocab_size) {
+Sampler::Sampler(const SamplerOptions& options) : options_(options), rng_(options.seed) {
+  MOEX_CHECK_INPUT(std::isfinite(options.temperature) && options.temperature >= 0.0f,
+                   "temperature (--temperature) must be >= 0, got ", options.temperature);
+  MOEX_CHECK_INPUT(options.top_k >= 0, "top_k (--top-k) must be >= 0, got ", options.top_k);
+  MOEX_CHECK_INPUT(options.top_p > 0.0f && options.top_p <= 1.0f, "top_p (--top-p) must be in (0, 1], got ",
+                   options.top_p);
+  MOEX_CHECK_INPUT(options.presence_penalty >= -2.0f && options.presence_penalty <= 2.0f,
+                   "presence_penalty must be in [-2, 2], got ", options.presence_penalty);
+  MOEX_CHECK_INPUT(options.frequency_penalty >= -2.0f && options.frequency_penalty <= 2.0f,
+                   "frequency_penalty must be in [-2, 2], got ", options.frequency_penalty);
+  MOEX_CHECK_INPUT(options.top_logprobs >= 0 && options.top_logprobs <= kMaxTopLogprobs,
+                   "top_logprobs must be in [0, ", kMaxTopLogprobs, "], got ", options.top_logprobs);
+  MOEX_CHECK_INPUT(options.top_logprobs == 0 || options.logprobs, "top_logprobs needs logprobs");
+}
+
+int Sampler::sample(const float* logits, int vocab_size, const TokenCounts* generated) {
+  const bool penalised = generated != nullptr && !generated->entries().empty() &&
+                         (options_.presence_penalty != 0.0f || options_.frequency_penalty != 0.0f);
+  if (penalised) {  // OpenAI's penalties, on a copy: the caller's logits also feed the logprobs
+    adjusted_.assign(logits, logits + vocab_size);
+    for (const auto& [token, count] : generated->entries()) {
+      if (token < 0 || token >= vocab_size || count <= 0) continue;
+      adjusted_[token] -= count * options_.frequency_penalty + options_.presence_penalty;
+    }
+    logits = adjusted_.data();
+  }
   if (options_.temperature == 0.0f) return argmax(logits, vocab_size);
   candidates_.resize(vocab_size);
   for (int i = 0; i < vocab_size; ++i) candidates_[i] = {logits[i] / options_.temperature, i};
@@ -48,6 +92,15 @@ int Sampler::sample(const float* logits, int vocab_size) {
     if (r <= 0.0) return candidates_[i].second;
   }
   return candidates_[keep - 1].second;
+}
+
+void Sampler::sample(const float* logits, int vocab_size, const TokenCounts* generated, SampledToken* out) {
+  out->token = sample(logits, vocab_size, generated);
+  out->top.clear();
+  out->logprob = 0.0f;
+  if (options_.logprobs)
+    out->logprob = token_logprob(logits, vocab_size, out->token, options_.top_logprobs,
+                                 options_.top_logprobs > 0 ? &out->top : nullptr);
 }
 
 }  // namespace moex
