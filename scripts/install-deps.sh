@@ -6,6 +6,9 @@ pkgs=(cmake g++ make pkg-config libgtest-dev libgmock-dev libbenchmark-dev libop
       libclang-rt-14-dev
       libcpp-httplib-dev python3-jinja2 python3-prometheus-client)
 missing=()
+# Node.js and npm (the openai client, HF tokenizers and llama.cpp in the tests): Debian's, unless a node is already there.
+command -v node >/dev/null 2>&1 || pkgs+=(nodejs)
+command -v npm >/dev/null 2>&1 || pkgs+=(npm)
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done

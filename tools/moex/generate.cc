@@ -27,7 +27,8 @@ struct GenerateFlags {
 
 void run_generate(const GenerateFlags& flags) {
   MOEX_CHECK_INPUT(flags.max_new_tokens >= 0, "-n must be >= 0");
-  Tokenizer tokenizer(flags.model.model_dir + "/tokenizer.model");
+  const std::unique_ptr<Tokenizer> tokenizer_owner = Tokenizer::for_model(flags.model.model_dir);
+  const Tokenizer& tokenizer = *tokenizer_owner;
   std::vector<std::vector<int>> prompts;
   for (const std::string& text : flags.prompts) prompts.push_back(tokenizer.encode(text, /*add_bos=*/true));
   const auto load_start = std::chrono::steady_clock::now();

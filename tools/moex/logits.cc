@@ -93,6 +93,8 @@ void check_outputs(const std::string& model_dir, const std::vector<std::pair<std
     struct stat st {};
     if (::stat(entry.path().c_str(), &st) == 0) model_files.emplace_back(st.st_dev, st.st_ino);
   }
+  if (struct stat st {}; std::filesystem::is_regular_file(model_dir, ec) && ::stat(model_dir.c_str(), &st) == 0)
+    model_files.emplace_back(st.st_dev, st.st_ino);  // a .gguf model is one file
   std::vector<std::tuple<dev_t, ino_t, std::string>> seen;
   std::vector<std::pair<std::string, std::string>> seen_names;
   for (const auto& [flag, path] : outputs) {

@@ -11,6 +11,7 @@
 #include "moex/base/system_memory.h"
 #include "moex/base/threads.h"
 #include "moex/comm/job.h"
+#include "moex/model/gguf.h"
 #include "moex/model/safetensors.h"
 #include "moex/model/weights.h"
 #include "moex/runtime/run_memory.h"
@@ -23,6 +24,21 @@ namespace moex::tools {
 // and the tokenizer, whose ids every rank computes for itself.
 comm::Description describe_model(const std::string& model_dir) {
   comm::Description out;
+  if (is_gguf_path(model_dir)) {  // the metadata as the engine reads it, the tensor infos, the vocabulary
+    const GgufFile file(model_dir);
+    const nlohmann::json config = nlohmann::json::parse(model_config_to_json(gguf_model_config(file.contents(), model_dir)));
+    for (const auto& [key, value] : config.items()) out.emplace_back("GGUF config " + key, value.dump());
+    for (const GgufTensorInfo& t : file.contents().tensors) {
+      std::string dims;
+      for (uint64_t n : t.ne) dims += " " + std::to_string(n);
+      out.emplace_back("tensor " + t.name, ggml_type_name(t.type) + dims);
+    }
+    const std::string vocab = gguf_sentencepiece_proto(file.contents(), model_dir);
+    char digest[48];
+    std::snprintf(digest, sizeof(digest), "%zu bytes, hash %016zx", vocab.size(), std::hash<std::string>{}(vocab));
+    out.emplace_back("GGUF vocabulary", digest);
+    return out;
+  }
   const nlohmann::json config = nlohmann::json::parse(model_config_to_json(load_model_config(model_dir + "/config.json")));
   for (const auto& [key, value] : config.items()) out.emplace_back("config.json " + key, value.dump());
   const WeightStore store(model_dir);
@@ -39,7 +55,7 @@ comm::Description describe_model(const std::string& model_dir) {
 }
 
 void ModelFlags::add_to(CLI::App* cmd) {
-  cmd->add_option("--model", model_dir, "Hugging Face model folder (config.json + safetensors)")->required();
+  cmd->add_option("--model", model_dir, "Hugging Face model folder (config.json + safetensors), or a llama.cpp .gguf file")->required();
   cmd->add_option("--max-seq-len", max_seq_len, "KV cache length per sequence")->capture_default_str();
   cmd->add_option("--step-tokens", max_step_tokens, "Most tokens in one forward call (prefill chunk)")
       ->capture_default_str();
@@ -80,7 +96,7 @@ std::unique_ptr<MixtralModel> ModelFlags::load(int batch) const {
   comm::Communicator& comm = world();
   // Every rank must load the same model (same content; the path may differ): a mismatch is one error.
   if (comm.size() > 1) comm::check_same_on_all_ranks(comm, [&] { return describe_model(model_dir); });
-  const ModelConfig config = load_model_config(model_dir + "/config.json");
+  const ModelConfig config = load_checkpoint_config(model_dir);
   MOEX_CHECK_INPUT(max_seq_len > 0, "--max-seq-len ", max_seq_len, " must be positive");
   MOEX_CHECK_INPUT(max_seq_len <= config.max_position_embeddings, "--max-seq-len ", max_seq_len,
                    " is more than the model's max_position_embeddings (", config.max_position_embeddings,

@@ -33,7 +33,7 @@ static const ModelOptions& validated(const ModelOptions& options) {
 }
 
 MixtralModel::MixtralModel(const std::string& model_dir, const ModelOptions& options)
-    : config_(load_model_config(model_dir + "/config.json")),
+    : config_(load_checkpoint_config(model_dir)),
       options_(options),
       weights_(load_mixtral_weights(model_dir, config_, validated(options).plan, options.expert_weights)),
       kv_cache_(config_, weights_.kv_heads_local, options.max_batch, options.max_seq_len),

@@ -100,6 +100,11 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {
 }
 
 WeightStore::WeightStore(const std::string& model_dir) {
+  if (is_gguf_path(model_dir)) {
+    gguf_ = load_gguf_checkpoint(model_dir);
+    tensors_ = gguf_->tensors;
+    return;
+  }
   namespace fs = std::filesystem;
   const fs::path dir(model_dir);
   const fs::path index_path = dir / "model.safetensors.index.json";
@@ -175,7 +180,7 @@ const TensorView& WeightStore::get(const std::string& name) const {
 size_t WeightStore::file_bytes() const {
   size_t total = 0;
   for (const auto& f : files_) total += f->size();
-  return total;
+  return gguf_ ? gguf_->file->size() : total;
 }
 
 }  // namespace moex

@@ -10,6 +10,7 @@
 
 #include "moex/base/mapped_file.h"
 #include "moex/base/tensor.h"
+#include "moex/model/gguf.h"
 
 namespace moex {
 
@@ -39,6 +40,7 @@ class SafetensorsFile {
 // metadata.total_size is the tensors' bytes, every "moex_checkpoint_id" (shards, index) is the same, and no
 // other weight file (a model.safetensors beside an index, a shard beside a single file) is left next to
 // them: which of two is current cannot be told, and loading the wrong one gives wrong logits silently.
+// A `model_dir` that is a .gguf file is read as GGUF instead (gguf.h: its tensors under the HF names).
 class WeightStore {
  public:
   explicit WeightStore(const std::string& model_dir);
@@ -50,6 +52,7 @@ class WeightStore {
 
  private:
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::unique_ptr<GgufCheckpoint> gguf_;
   std::map<std::string, TensorView> tensors_;
 };
 

@@ -4,6 +4,7 @@
 
 #include "moex/base/error.h"
 #include "moex/base/small_file.h"
+#include "moex/model/gguf.h"
 
 namespace moex {
 
@@ -14,6 +15,17 @@ Tokenizer::Tokenizer(const std::string& model_path)
   const std::string bytes = read_small_file(model_path, kMaxTokenizerFileBytes, "(the checkpoint's SentencePiece tokenizer.model)");
   const auto status = processor_->LoadFromSerializedProto(bytes);
   MOEX_CHECK_INPUT(status.ok(), "cannot load tokenizer ", model_path, ": ", status.ToString());
+}
+
+Tokenizer::Tokenizer(const Proto& proto) : processor_(std::make_unique<sentencepiece::SentencePieceProcessor>()) {
+  const auto status = processor_->LoadFromSerializedProto(proto.bytes);
+  MOEX_CHECK_INPUT(status.ok(), "cannot load the tokenizer of ", proto.origin, ": ", status.ToString());
+}
+
+std::unique_ptr<Tokenizer> Tokenizer::for_model(const std::string& model) {
+  if (!is_gguf_path(model)) return std::make_unique<Tokenizer>(model + "/tokenizer.model");
+  const GgufFile file(model);
+  return std::make_unique<Tokenizer>(Proto{gguf_sentencepiece_proto(file.contents(), model), model});
 }
 
 Tokenizer::~Tokenizer() = default;

@@ -1,0 +1,340 @@
+// GGUF metadata -> ModelConfig, GGUF tensors -> the Hugging Face names and layouts, and the vocabulary ->
+// a SentencePiece ModelProto. The conventions are llama.cpp's for the "llama" architecture with experts
+// (Mixtral): see docs/model.md.
+#include <cmath>
+#include <cstring>
+#include <set>
+
+#include "moex/base/error.h"
+#include "moex/model/gguf.h"
+
+namespace moex {
+namespace {
+
+[[noreturn]] void fail(const std::string& origin, const std::string& problem) {
+  throw_error(ErrorKind::kInvalidInput, origin + ": " + problem);
+}
+
+int64_t get_int(const GgufContents& g, const std::string& origin, const std::string& key, int64_t fallback, bool required,
+                int64_t lo = 1, int64_t hi = INT32_MAX) {
+  const GgufValue* v = g.find(key);
+  if (!v) {
+    if (required) fail(origin, "metadata has no \"" + key + "\"");
+    return fallback;
+  }
+  int64_t out = 0;
+  if (!v->integer(&out)) fail(origin, "metadata \"" + key + "\" must be an integer, got " + v->str());
+  if (out < lo || out > hi)
+    fail(origin, "metadata \"" + key + "\" is " + std::to_string(out) + ", outside [" + std::to_string(lo) + ", " +
+                     std::to_string(hi) + "]");
+  return out;
+}
+
+double get_float(const GgufContents& g, const std::string& origin, const std::string& key, double fallback, bool required) {
+  const GgufValue* v = g.find(key);
+  if (!v) {
+    if (required) fail(origin, "metadata has no \"" + key + "\"");
+    return fallback;
+  }
+  if (v->type != GgufType::kF32 && v->type != GgufType::kF64)
+    fail(origin, "metadata \"" + key + "\" must be a float, got " + v->str());
+  if (!std::isfinite(v->f) || v->f <= 0) fail(origin, "metadata \"" + key + "\" must be finite and positive, got " + v->str());
+  return v->f;
+}
+
+const GgufValue* get_array(const GgufContents& g, const std::string& origin, const std::string& key, GgufType element) {
+  const GgufValue* v = g.find(key);
+  if (!v) return nullptr;
+  if (v->type != GgufType::kArray || v->element != element)
+    fail(origin, "metadata \"" + key + "\" must be an array of " + (element == GgufType::kString ? "strings" : "numbers") +
+                     ", got " + v->str());
+  return v;
+}
+
+// The llama.* keys llama.cpp's converter writes for Mixtral and MoEX uses; any other key of the architecture
+// could change the computation (rope scaling, sliding windows, logit soft-capping...) and is refused.
+const std::set<std::string> kLlamaKeys = {
+    "llama.context_length", "llama.embedding_length", "llama.block_count", "llama.feed_forward_length",
+    "llama.attention.head_count", "llama.attention.head_count_kv", "llama.attention.layer_norm_rms_epsilon",
+    "llama.rope.freq_base", "llama.rope.dimension_count", "llama.expert_count", "llama.expert_used_count",
+    "llama.vocab_size", "llama.attention.key_length", "llama.attention.value_length"};
+
+}  // namespace
+
+ModelConfig gguf_model_config(const GgufContents& g, const std::string& origin) {
+  const GgufValue* arch = g.find("general.architecture");
+  if (!arch || arch->type != GgufType::kString) fail(origin, "metadata has no string \"general.architecture\"");
+  if (arch->s != "llama")
+    fail(origin, "general.architecture is \"" + arch->s +
+                     "\": MoEX loads GGUF files of the \"llama\" architecture with experts (Mixtral) only");
+  for (const auto& [key, value] : g.metadata) {
+    const std::string prefix = key.substr(0, key.find('.'));
+    if (prefix == "general" || prefix == "tokenizer" || prefix == "quantize") continue;  // not the computation
+    if (prefix == "split") {
+      int64_t parts = 0;
+      if (key == "split.count" && !(value.integer(&parts) && parts <= 1))
+        fail(origin, "is one part of a split GGUF (split.count " + value.str() +
+                         "): merge the parts first (llama-gguf-split --merge)");
+      continue;
+    }
+    if (prefix != "llama") fail(origin, "metadata key \"" + key + "\" belongs to no architecture MoEX loads");
+    if (kLlamaKeys.count(key)) continue;
+    if (key == "llama.rope.scaling.type" && value.type == GgufType::kString && value.s == "none") continue;
+    fail(origin, "metadata key \"" + key + "\" (" + value.str() + ") is not supported: MoEX would run the model wrongly");
+  }
+  ModelConfig c;
+  c.model_type = "mixtral";
+  c.hidden_size = static_cast<int>(get_int(g, origin, "llama.embedding_length", 0, true));
+  c.num_hidden_layers = static_cast<int>(get_int(g, origin, "llama.block_count", 0, true));
+  c.intermediate_size = static_cast<int>(get_int(g, origin, "llama.feed_forward_length", 0, true));
+  c.num_attention_heads = static_cast<int>(get_int(g, origin, "llama.attention.head_count", 0, true));
+  c.num_key_value_heads =
+      static_cast<int>(get_int(g, origin, "llama.attention.head_count_kv", c.num_attention_heads, false));
+  c.max_position_embeddings = static_cast<int>(get_int(g, origin, "llama.context_length", 0, true));
+  if (!g.find("llama.expert_count"))
+    fail(origin, "has no llama.expert_count: a dense llama model, and MoEX runs Mixture-of-Experts models only");
+  c.num_local_experts = static_cast<int>(get_int(g, origin, "llama.expert_count", 0, true));
+  c.num_experts_per_tok = static_cast<int>(get_int(g, origin, "llama.expert_used_count", 0, true));
+  if (c.hidden_size % c.num_attention_heads != 0 && !g.find("llama.rope.dimension_count"))
+    fail(origin, "llama.embedding_length is not a multiple of llama.attention.head_count");
+  c.head_dim = static_cast<int>(get_int(g, origin, "llama.rope.dimension_count", c.hidden_size / c.num_attention_heads, false));
+  for (const char* key : {"llama.attention.key_length", "llama.attention.value_length"}) {
+    if (get_int(g, origin, key, c.head_dim, false) != c.head_dim)
+      fail(origin, std::string(key) + " differs from the rotary dimension " + std::to_string(c.head_dim) +
+                       ": partial rotary embeddings are not supported");
+  }
+  c.rms_norm_eps = static_cast<float>(get_float(g, origin, "llama.attention.layer_norm_rms_epsilon", 0, true));
+  c.rope_theta = static_cast<float>(get_float(g, origin, "llama.rope.freq_base", 10000.0, false));
+  const GgufValue* tokens = get_array(g, origin, "tokenizer.ggml.tokens", GgufType::kString);
+  const GgufTensorInfo* embd = g.tensor("token_embd.weight");
+  if (!embd || embd->ne.size() != 2) fail(origin, "has no 2-D tensor \"token_embd.weight\"");
+  c.vocab_size = static_cast<int>(get_int(g, origin, "llama.vocab_size", tokens ? static_cast<int64_t>(tokens->count) : 0, !tokens));
+  c.tie_word_embeddings = g.tensor("output.weight") == nullptr;
+  c.norm_topk_prob = true;  // llama.cpp's llama architecture renormalises the top-k softmax weights, as HF's Mixtral
+  c.bos_token_id = static_cast<int>(get_int(g, origin, "tokenizer.ggml.bos_token_id", 1, false, 0));
+  c.eos_token_id = static_cast<int>(get_int(g, origin, "tokenizer.ggml.eos_token_id", 2, false, 0));
+  c.torch_dtype = embd->type == static_cast<uint32_t>(GgmlType::kBF16) ? "bfloat16" : "float32";
+  try {
+    validate_model_config(c);
+  } catch (const Error& e) {
+    fail(origin, e.what());
+  }
+  return c;
+}
+
+ModelConfig load_checkpoint_config(const std::string& model) {
+  if (!is_gguf_path(model)) return load_model_config(model + "/config.json");
+  const GgufFile file(model);
+  return gguf_model_config(file.contents(), model);
+}
+
+namespace {
+
+// Maps GGUF tensors onto HF names; every tensor of the file must be used exactly once.
+class Mapper {
+ public:
+  Mapper(GgufCheckpoint& ck, const ModelConfig& c, const std::string& origin)
+      : ck_(ck), g_(ck.file->contents()), c_(c), origin_(origin) {}
+
+  // The GGUF tensor `name` with exactly the dims `ne` (ggml order).
+  const GgufTensorInfo& get(const std::string& name, std::vector<uint64_t> ne) {
+    const GgufTensorInfo* t = g_.tensor(name);
+    if (!t) fail(origin_, "has no tensor \"" + name + "\"");
+    if (t->ne != ne) fail(origin_, "tensor \"" + name + "\" has dims " + dims(t->ne) + " but the metadata implies " + dims(ne));
+    used_.insert(name);
+    return *t;
+  }
+
+  // Rows [row0, row0 + rows) of `t` seen as a matrix of ne[0] columns, as HF tensor `hf` of shape `shape`.
+  // `head_dim` > 0 undoes llama.cpp's rotary permutation: within each head the converter stores HF row
+  // (h * head_dim/2 + j) at row (2 j + h), so HF's row r of a head comes from GGUF row perm(r).
+  void put(const std::string& hf, const GgufTensorInfo& t, int64_t row0, int64_t rows, Shape shape, int head_dim = 0) {
+    int64_t block = 0, block_bytes = 0;
+    ggml_block_size(t.type, &block, &block_bytes);
+    const int64_t cols = static_cast<int64_t>(t.ne[0]);
+    const size_t row_bytes = static_cast<size_t>(cols / block * block_bytes);
+    const uint8_t* src = t.data + row0 * row_bytes;
+    auto src_row = [&](int64_t r) {
+      if (head_dim == 0) return src + r * row_bytes;
+      const int64_t head = r / head_dim, within = r % head_dim, half = head_dim / 2;
+      const int64_t h = within / half, j = within % half;
+      return src + (head * head_dim + 2 * j + h) * row_bytes;
+    };
+    TensorView view;
+    view.shape = shape;
+    const bool as_stored = t.type == static_cast<uint32_t>(GgmlType::kF32) || t.type == static_cast<uint32_t>(GgmlType::kBF16);
+    if (as_stored && head_dim == 0) {  // a view into the mapping
+      view.dtype = t.type == static_cast<uint32_t>(GgmlType::kF32) ? DType::kF32 : DType::kBF16;
+      view.data = const_cast<uint8_t*>(src);
+    } else if (as_stored) {  // rows reordered, bytes as stored
+      view.dtype = t.type == static_cast<uint32_t>(GgmlType::kF32) ? DType::kF32 : DType::kBF16;
+      std::vector<uint8_t>& buffer = ck_.owned.emplace_back(rows * row_bytes);
+      for (int64_t r = 0; r < rows; ++r) std::memcpy(buffer.data() + r * row_bytes, src_row(r), row_bytes);
+      view.data = buffer.data();
+    } else {  // F16 widened, Q8_0 / Q4_0 / Q4_K dequantized: once, to f32
+      view.dtype = DType::kF32;
+      std::vector<uint8_t>& buffer = ck_.owned.emplace_back(static_cast<size_t>(rows * cols) * sizeof(float));
+      auto* out = reinterpret_cast<float*>(buffer.data());
+      for (int64_t r = 0; r < rows; ++r) gguf_dequantize(t.type, src_row(r), cols, out + r * cols);
+      view.data = buffer.data();
+    }
+    ck_.tensors.emplace(hf, view);
+  }
+
+  void check_all_used() const {
+    for (const GgufTensorInfo& t : g_.tensors)
+      if (!used_.count(t.name))
+        fail(origin_, "tensor \"" + t.name + "\" is not part of a Mixtral-style llama model: MoEX would ignore it");
+  }
+
+ private:
+  static std::string dims(const std::vector<uint64_t>& ne) {
+    std::string s = "[";
+    for (size_t k = 0; k < ne.size(); ++k) s += (k ? ", " : "") + std::to_string(ne[k]);
+    return s + "]";
+  }
+  GgufCheckpoint& ck_;
+  const GgufContents& g_;
+  const ModelConfig& c_;
+  const std::string& origin_;
+  std::set<std::string> used_;
+};
+
+}  // namespace
+
+std::unique_ptr<GgufCheckpoint> load_gguf_checkpoint(const std::string& path) {
+  auto ck = std::make_unique<GgufCheckpoint>();
+  ck->file = std::make_unique<GgufFile>(path);
+  const ModelConfig c = gguf_model_config(ck->file->contents(), path);
+  const GgufContents& g = ck->file->contents();
+  Mapper m(*ck, c, path);
+  const uint64_t d = c.hidden_size, V = c.vocab_size, I = c.intermediate_size, E = c.num_local_experts;
+  const uint64_t q = c.q_dim(), kv = c.kv_dim();
+  m.put("model.embed_tokens.weight", m.get("token_embd.weight", {d, V}), 0, V, {int64_t(V), int64_t(d)});
+  m.put("model.norm.weight", m.get("output_norm.weight", {d}), 0, 1, {int64_t(d)});
+  if (!c.tie_word_embeddings) m.put("lm_head.weight", m.get("output.weight", {d, V}), 0, V, {int64_t(V), int64_t(d)});
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    const std::string b = "blk." + std::to_string(l) + ".", p = "model.layers." + std::to_string(l) + ".";
+    m.put(p + "input_layernorm.weight", m.get(b + "attn_norm.weight", {d}), 0, 1, {int64_t(d)});
+    m.put(p + "self_attn.q_proj.weight", m.get(b + "attn_q.weight", {d, q}), 0, q, {int64_t(q), int64_t(d)}, c.head_dim);
+    m.put(p + "self_attn.k_proj.weight", m.get(b + "attn_k.weight", {d, kv}), 0, kv, {int64_t(kv), int64_t(d)}, c.head_dim);
+    m.put(p + "self_attn.v_proj.weight", m.get(b + "attn_v.weight", {d, kv}), 0, kv, {int64_t(kv), int64_t(d)});
+    m.put(p + "self_attn.o_proj.weight", m.get(b + "attn_output.weight", {q, d}), 0, d, {int64_t(d), int64_t(q)});
+    m.put(p + "post_attention_layernorm.weight", m.get(b + "ffn_norm.weight", {d}), 0, 1, {int64_t(d)});
+    m.put(p + "block_sparse_moe.gate.weight", m.get(b + "ffn_gate_inp.weight", {d, E}), 0, E, {int64_t(E), int64_t(d)});
+    const std::string x = p + "block_sparse_moe.experts.";
+    if (g.tensor(b + "ffn_gate_exps.weight")) {  // one 3-D tensor per projection: [E][rows][cols]
+      const GgufTensorInfo& gate = m.get(b + "ffn_gate_exps.weight", {d, I, E});
+      const GgufTensorInfo& up = m.get(b + "ffn_up_exps.weight", {d, I, E});
+      const GgufTensorInfo& down = m.get(b + "ffn_down_exps.weight", {I, d, E});
+      for (uint64_t e = 0; e < E; ++e) {
+        const std::string y = x + std::to_string(e) + ".";
+        m.put(y + "w1.weight", gate, e * I, I, {int64_t(I), int64_t(d)});
+        m.put(y + "w3.weight", up, e * I, I, {int64_t(I), int64_t(d)});
+        m.put(y + "w2.weight", down, e * d, d, {int64_t(d), int64_t(I)});
+      }
+    } else {  // older files: one 2-D tensor per expert (blk.N.ffn_gate.E.weight)
+      for (uint64_t e = 0; e < E; ++e) {
+        const std::string y = x + std::to_string(e) + ".", s = "." + std::to_string(e) + ".weight";
+        m.put(y + "w1.weight", m.get(b + "ffn_gate" + s, {d, I}), 0, I, {int64_t(I), int64_t(d)});
+        m.put(y + "w3.weight", m.get(b + "ffn_up" + s, {d, I}), 0, I, {int64_t(I), int64_t(d)});
+        m.put(y + "w2.weight", m.get(b + "ffn_down" + s, {I, d}), 0, d, {int64_t(d), int64_t(I)});
+      }
+    }
+  }
+  m.check_all_used();
+  return ck;
+}
+
+// ---- tokenizer.ggml.* -> SentencePiece ModelProto ------------------------------------------------------
+// Written as protobuf wire format by hand (libsentencepiece installs no .pb.h). Field numbers are those of
+// sentencepiece_model.proto: ModelProto {pieces 1, trainer_spec 2, normalizer_spec 3}; SentencePiece
+// {piece 1, score 2, type 3}; TrainerSpec {model_type 3, byte_fallback 35, unk_id 40, bos_id 41,
+// eos_id 42, pad_id 43}; NormalizerSpec {name 1, add_dummy_prefix 3, remove_extra_whitespaces 4,
+// escape_whitespaces 5}. GGUF's token types (1 normal .. 6 byte) are SentencePiece's piece types.
+namespace {
+
+void varint(std::string* out, uint64_t v) {
+  while (v >= 0x80) {
+    out->push_back(static_cast<char>((v & 0x7f) | 0x80));
+    v >>= 7;
+  }
+  out->push_back(static_cast<char>(v));
+}
+void tag(std::string* out, int field, int wire) { varint(out, static_cast<uint64_t>(field) << 3 | wire); }
+void field_varint(std::string* out, int field, int64_t v) {
+  tag(out, field, 0);
+  varint(out, static_cast<uint64_t>(v));  // negative int32: ten bytes, as protobuf sign-extends
+}
+void field_bytes(std::string* out, int field, const std::string& bytes) {
+  tag(out, field, 2);
+  varint(out, bytes.size());
+  *out += bytes;
+}
+
+}  // namespace
+
+std::string gguf_sentencepiece_proto(const GgufContents& g, const std::string& origin) {
+  const GgufValue* model = g.find("tokenizer.ggml.model");
+  if (!model || model->type != GgufType::kString) fail(origin, "metadata has no string \"tokenizer.ggml.model\"");
+  if (model->s != "llama")
+    fail(origin, "tokenizer.ggml.model is \"" + model->s + "\": MoEX reads the SentencePiece (\"llama\") vocabulary only");
+  const GgufValue* tokens = get_array(g, origin, "tokenizer.ggml.tokens", GgufType::kString);
+  if (!tokens || tokens->count == 0) fail(origin, "metadata has no tokenizer.ggml.tokens");
+  const GgufValue* scores = get_array(g, origin, "tokenizer.ggml.scores", GgufType::kF32);
+  const GgufValue* types = get_array(g, origin, "tokenizer.ggml.token_type", GgufType::kI32);
+  if (!scores || scores->count != tokens->count)
+    fail(origin, "tokenizer.ggml.scores must be an array of f32 with one score per token");
+  if (!types || types->count != tokens->count)
+    fail(origin, "tokenizer.ggml.token_type must be an array of i32 with one type per token");
+  const int64_t n = static_cast<int64_t>(tokens->count);
+  std::string proto;
+  bool has_bytes = false;
+  std::set<std::string_view> seen;
+  for (int64_t k = 0; k < n; ++k) {
+    const int64_t type = types->integer_at(k);
+    if (type < 1 || type > 6) fail(origin, "token " + std::to_string(k) + " has type " + std::to_string(type) + " (1 to 6)");
+    if (tokens->strings[k].empty()) fail(origin, "token " + std::to_string(k) + " is empty");
+    if (!seen.insert(tokens->strings[k]).second)
+      fail(origin, "token " + std::to_string(k) + " \"" + std::string(tokens->strings[k]) + "\" appears twice");
+    has_bytes = has_bytes || type == 6;
+    const float score = static_cast<float>(scores->number_at(k));
+    if (!std::isfinite(score)) fail(origin, "token " + std::to_string(k) + " has a non-finite score");
+    std::string piece;
+    field_bytes(&piece, 1, std::string(tokens->strings[k]));
+    tag(&piece, 2, 5);
+    uint32_t bits;
+    std::memcpy(&bits, &score, 4);
+    for (int b = 0; b < 4; ++b) piece.push_back(static_cast<char>(bits >> (8 * b)));
+    field_varint(&piece, 3, type);
+    field_bytes(&proto, 1, piece);
+  }
+  auto id = [&](const char* key, int64_t fallback) {
+    const int64_t v = get_int(g, origin, key, fallback, false, -1, n - 1);
+    return v;
+  };
+  const int64_t unk = id("tokenizer.ggml.unknown_token_id", 0);
+  if (unk < 0 || types->integer_at(unk) != 2) fail(origin, "tokenizer.ggml.unknown_token_id must name a token of type 2 (unknown)");
+  std::string trainer;
+  field_varint(&trainer, 3, 2);  // BPE: merges by piece score, as llama.cpp's llama tokenizer does
+  if (has_bytes) field_varint(&trainer, 35, 1);
+  field_varint(&trainer, 40, unk);
+  field_varint(&trainer, 41, id("tokenizer.ggml.bos_token_id", 1));
+  field_varint(&trainer, 42, id("tokenizer.ggml.eos_token_id", 2));
+  field_varint(&trainer, 43, id("tokenizer.ggml.padding_token_id", -1));
+  field_bytes(&proto, 2, trainer);
+  bool add_space_prefix = true;
+  if (const GgufValue* v = g.find("tokenizer.ggml.add_space_prefix")) {
+    if (v->type != GgufType::kBool) fail(origin, "tokenizer.ggml.add_space_prefix must be a bool");
+    add_space_prefix = v->u != 0;
+  }
+  std::string normalizer;
+  field_bytes(&normalizer, 1, "identity");
+  field_varint(&normalizer, 3, add_space_prefix);
+  field_varint(&normalizer, 4, 0);
+  field_varint(&normalizer, 5, 1);
+  field_bytes(&proto, 3, normalizer);
+  return proto;
+}
+
+}  // namespace moex

@@ -1,0 +1,367 @@
+#include "tools/lib/gguf_writer.h"
+
+#include <sentencepiece_processor.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+
+#include "moex/base/dtype.h"
+#include "moex/base/error.h"
+#include "moex/base/small_file.h"
+#include "moex/model/config.h"
+#include "moex/model/safetensors.h"
+
+namespace moex::tools {
+namespace {
+
+template <typename T>
+void put(std::string* out, T v) {
+  char b[sizeof(T)];
+  std::memcpy(b, &v, sizeof(T));
+  out->append(b, sizeof(T));
+}
+void put_string(std::string* out, const std::string& s) {
+  put<uint64_t>(out, s.size());
+  *out += s;
+}
+void put_f16(std::vector<uint8_t>* out, float v) {
+  const uint16_t h = f32_to_f16(v);
+  out->push_back(static_cast<uint8_t>(h & 0xff));
+  out->push_back(static_cast<uint8_t>(h >> 8));
+}
+
+}  // namespace
+
+void GgufWriter::add_string(const std::string& key, const std::string& value) {
+  put_string(&header_, key), put<uint32_t>(&header_, uint32_t(GgufType::kString)), put_string(&header_, value), ++n_kv_;
+}
+void GgufWriter::add_u32(const std::string& key, uint32_t value) {
+  put_string(&header_, key), put<uint32_t>(&header_, uint32_t(GgufType::kU32)), put(&header_, value), ++n_kv_;
+}
+void GgufWriter::add_i32(const std::string& key, int32_t value) {
+  put_string(&header_, key), put<uint32_t>(&header_, uint32_t(GgufType::kI32)), put(&header_, value), ++n_kv_;
+}
+void GgufWriter::add_f32(const std::string& key, float value) {
+  put_string(&header_, key), put<uint32_t>(&header_, uint32_t(GgufType::kF32)), put(&header_, value), ++n_kv_;
+}
+void GgufWriter::add_bool(const std::string& key, bool value) {
+  put_string(&header_, key), put<uint32_t>(&header_, uint32_t(GgufType::kBool)), put<uint8_t>(&header_, value), ++n_kv_;
+}
+void GgufWriter::add_string_array(const std::string& key, const std::vector<std::string>& values) {
+  put_string(&header_, key), put<uint32_t>(&header_, uint32_t(GgufType::kArray));
+  put<uint32_t>(&header_, uint32_t(GgufType::kString)), put<uint64_t>(&header_, values.size());
+  for (const std::string& v : values) put_string(&header_, v);
+  ++n_kv_;
+}
+void GgufWriter::add_f32_array(const std::string& key, const std::vector<float>& values) {
+  put_string(&header_, key), put<uint32_t>(&header_, uint32_t(GgufType::kArray));
+  put<uint32_t>(&header_, uint32_t(GgufType::kF32)), put<uint64_t>(&header_, values.size());
+  for (float v : values) put(&header_, v);
+  ++n_kv_;
+}
+void GgufWriter::add_i32_array(const std::string& key, const std::vector<int32_t>& values) {
+  put_string(&header_, key), put<uint32_t>(&header_, uint32_t(GgufType::kArray));
+  put<uint32_t>(&header_, uint32_t(GgufType::kI32)), put<uint64_t>(&header_, values.size());
+  for (int32_t v : values) put(&header_, v);
+  ++n_kv_;
+}
+
+void GgufWriter::add_tensor(const std::string& name, const std::vector<uint64_t>& ne, GgmlType type,
+                            std::function<void(std::vector<uint8_t>*)> produce) {
+  int64_t block = 0, block_bytes = 0;
+  MOEX_CHECK(ggml_block_size(uint32_t(type), &block, &block_bytes) && !ne.empty() && ne[0] % block == 0,
+             "tensor ", name, " cannot be stored as ", ggml_type_name(uint32_t(type)));
+  uint64_t numel = 1;
+  for (uint64_t n : ne) numel *= n;
+  tensors_.push_back({name, ne, type, numel / block * block_bytes, std::move(produce)});
+}
+
+void GgufWriter::write(const std::string& path) const {
+  std::string head;
+  head += "GGUF";
+  put<uint32_t>(&head, 3);
+  put<uint64_t>(&head, tensors_.size());
+  put<uint64_t>(&head, n_kv_ + 1);
+  head += header_;
+  put_string(&head, "general.alignment"), put<uint32_t>(&head, uint32_t(GgufType::kU32)), put<uint32_t>(&head, kAlignment);
+  uint64_t offset = 0;
+  for (const Tensor& t : tensors_) {
+    put_string(&head, t.name);
+    put<uint32_t>(&head, t.ne.size());
+    for (uint64_t n : t.ne) put<uint64_t>(&head, n);
+    put<uint32_t>(&head, uint32_t(t.type));
+    put<uint64_t>(&head, offset);
+    offset += (t.bytes + kAlignment - 1) / kAlignment * kAlignment;
+  }
+  head.resize((head.size() + kAlignment - 1) / kAlignment * kAlignment, '\0');
+  std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path.c_str(), "wb"), &std::fclose);
+  MOEX_CHECK_INPUT(f, "cannot create ", path);
+  bool ok = std::fwrite(head.data(), 1, head.size(), f.get()) == head.size();
+  std::vector<uint8_t> bytes;
+  for (const Tensor& t : tensors_) {
+    bytes.clear();
+    t.produce(&bytes);
+    MOEX_CHECK(bytes.size() == t.bytes, "tensor ", t.name, " produced ", bytes.size(), " bytes, expected ", t.bytes);
+    bytes.resize((bytes.size() + kAlignment - 1) / kAlignment * kAlignment, 0);
+    ok = ok && std::fwrite(bytes.data(), 1, bytes.size(), f.get()) == bytes.size();
+  }
+  ok = ok && std::fflush(f.get()) == 0;
+  MOEX_CHECK_INPUT(ok, "cannot write ", path, " (disk full?)");
+}
+
+// ---- Quantizers -------------------------------------------------------------------------------------------
+
+void quantize_q8_0(const float* x, int64_t n, std::vector<uint8_t>* out) {
+  for (int64_t b = 0; b < n; b += kQ8_0Block, x += kQ8_0Block) {
+    float amax = 0.0f;
+    for (int j = 0; j < kQ8_0Block; ++j) amax = std::max(amax, std::fabs(x[j]));
+    const float d = amax / 127.0f, inv = d != 0.0f ? 1.0f / d : 0.0f;
+    put_f16(out, d);
+    for (int j = 0; j < kQ8_0Block; ++j) out->push_back(static_cast<uint8_t>(static_cast<int8_t>(std::lround(x[j] * inv))));
+  }
+}
+
+void quantize_q4_0(const float* x, int64_t n, std::vector<uint8_t>* out) {
+  for (int64_t b = 0; b < n; b += kQ4_0Block, x += kQ4_0Block) {
+    float m = 0.0f;
+    for (int j = 0; j < kQ4_0Block; ++j)
+      if (std::fabs(x[j]) > std::fabs(m)) m = x[j];
+    const float d = m / -8.0f, inv = d != 0.0f ? 1.0f / d : 0.0f;
+    put_f16(out, d);
+    auto q = [&](float v) { return static_cast<uint8_t>(std::clamp<long>(std::lround(v * inv) + 8, 0, 15)); };
+    for (int j = 0; j < kQ4_0Block / 2; ++j) out->push_back(q(x[j]) | q(x[j + kQ4_0Block / 2]) << 4);
+  }
+}
+
+void quantize_q4_k(const float* x, int64_t n, std::vector<uint8_t>* out) {
+  for (int64_t b = 0; b < n; b += kQ4_KBlock, x += kQ4_KBlock) {
+    float scale[8], min[8], max_scale = 0.0f, max_min = 0.0f;
+    for (int s = 0; s < 8; ++s) {
+      const float* v = x + 32 * s;
+      float lo = 0.0f, hi = v[0];
+      for (int l = 0; l < 32; ++l) lo = std::min(lo, v[l]), hi = std::max(hi, v[l]);
+      scale[s] = (hi - lo) / 15.0f;
+      min[s] = -lo;
+      max_scale = std::max(max_scale, scale[s]);
+      max_min = std::max(max_min, min[s]);
+    }
+    // The super-block scales as stored (f16), so the 6-bit and 4-bit codes are chosen against them.
+    const float d = f16_to_f32(f32_to_f16(max_scale / 63.0f)), dmin = f16_to_f32(f32_to_f16(max_min / 63.0f));
+    uint8_t sc[8], mn[8];
+    for (int s = 0; s < 8; ++s) {
+      sc[s] = d > 0 ? static_cast<uint8_t>(std::clamp<long>(std::lround(scale[s] / d), 0, 63)) : 0;
+      mn[s] = dmin > 0 ? static_cast<uint8_t>(std::clamp<long>(std::lround(min[s] / dmin), 0, 63)) : 0;
+    }
+    put_f16(out, d);
+    put_f16(out, dmin);
+    uint8_t packed[12];
+    for (int j = 0; j < 4; ++j) {
+      packed[j] = (sc[j] & 63) | ((sc[j + 4] >> 4) << 6);
+      packed[j + 4] = (mn[j] & 63) | ((mn[j + 4] >> 4) << 6);
+      packed[j + 8] = (sc[j + 4] & 0xF) | ((mn[j + 4] & 0xF) << 4);
+    }
+    out->insert(out->end(), packed, packed + 12);
+    uint8_t q[256];
+    for (int s = 0; s < 8; ++s) {
+      const float step = d * sc[s], offset = dmin * mn[s];
+      for (int l = 0; l < 32; ++l) {
+        const float v = x[32 * s + l];
+        q[32 * s + l] = step > 0 ? static_cast<uint8_t>(std::clamp<long>(std::lround((v + offset) / step), 0, 15)) : 0;
+      }
+    }
+    for (int chunk = 0; chunk < 4; ++chunk)
+      for (int l = 0; l < 32; ++l) out->push_back(q[64 * chunk + l] | q[64 * chunk + 32 + l] << 4);
+  }
+}
+
+bool gguf_convert_type(const std::string& name, GgmlType* out) {
+  if (name == "f32") *out = GgmlType::kF32;
+  else if (name == "f16") *out = GgmlType::kF16;
+  else if (name == "bf16") *out = GgmlType::kBF16;
+  else if (name == "q8_0") *out = GgmlType::kQ8_0;
+  else if (name == "q4_0") *out = GgmlType::kQ4_0;
+  else if (name == "q4_K") *out = GgmlType::kQ4_K;
+  else return false;
+  return true;
+}
+
+// ---- Conversion -------------------------------------------------------------------------------------------
+
+namespace {
+
+// `rows` x `cols` weights of `view` starting at row `row0`, as f32, rows optionally taken through `perm`.
+std::vector<float> rows_f32(const TensorView& view, int64_t row0, int64_t rows, int64_t cols,
+                            const std::function<int64_t(int64_t)>& perm = nullptr) {
+  std::vector<float> out(static_cast<size_t>(rows * cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t src = row0 + (perm ? perm(r) : r);
+    for (int64_t k = 0; k < cols; ++k) {
+      const int64_t i = src * cols + k;
+      out[r * cols + k] = view.dtype == DType::kF32 ? view.as<float>()[i] : bf16_to_f32(view.as<uint16_t>()[i]);
+    }
+  }
+  return out;
+}
+
+void encode(const std::vector<float>& x, int64_t cols, GgmlType type, std::vector<uint8_t>* out) {
+  switch (type) {
+    case GgmlType::kF32: {
+      const size_t at = out->size();
+      out->resize(at + x.size() * 4);
+      std::memcpy(out->data() + at, x.data(), x.size() * 4);
+      return;
+    }
+    case GgmlType::kF16:
+      for (float v : x) put_f16(out, v);
+      return;
+    case GgmlType::kBF16:
+      for (float v : x) {
+        const uint16_t h = f32_to_bf16(v);
+        out->push_back(h & 0xff), out->push_back(h >> 8);
+      }
+      return;
+    case GgmlType::kQ8_0:
+      for (size_t r = 0; r < x.size(); r += cols) quantize_q8_0(x.data() + r, cols, out);
+      return;
+    case GgmlType::kQ4_0:
+      for (size_t r = 0; r < x.size(); r += cols) quantize_q4_0(x.data() + r, cols, out);
+      return;
+    case GgmlType::kQ4_K:
+      for (size_t r = 0; r < x.size(); r += cols) quantize_q4_k(x.data() + r, cols, out);
+      return;
+  }
+}
+
+uint32_t file_type(GgmlType t) {  // llama.cpp's LLAMA_FTYPE_* for general.file_type
+  switch (t) {
+    case GgmlType::kF32: return 0;
+    case GgmlType::kF16: return 1;
+    case GgmlType::kQ4_0: return 2;
+    case GgmlType::kQ8_0: return 7;
+    case GgmlType::kQ4_K: return 14;  // Q4_K_S: every weight matrix Q4_K
+    case GgmlType::kBF16: return 32;
+  }
+  return 0;
+}
+
+}  // namespace
+
+std::string convert_to_gguf(const std::string& model_dir, const std::string& path, GgmlType type) {
+  const ModelConfig c = load_model_config(model_dir + "/config.json");
+  MOEX_CHECK_INPUT(c.model_type == "mixtral", model_dir, ": model_type \"", c.model_type,
+                   "\": moex convert writes Mixtral checkpoints only");
+  const auto store = std::make_shared<WeightStore>(model_dir);
+  sentencepiece::SentencePieceProcessor sp;
+  const std::string proto = read_small_file(model_dir + "/tokenizer.model", kMaxTokenizerFileBytes, "(SentencePiece)");
+  const auto status = sp.LoadFromSerializedProto(proto);
+  MOEX_CHECK_INPUT(status.ok(), "cannot load ", model_dir, "/tokenizer.model: ", status.ToString());
+
+  GgufWriter w;
+  w.add_string("general.architecture", "llama");
+  w.add_string("general.name", "moex-converted");
+  w.add_u32("general.file_type", file_type(type));
+  w.add_u32("general.quantization_version", 2);
+  w.add_u32("llama.context_length", c.max_position_embeddings);
+  w.add_u32("llama.embedding_length", c.hidden_size);
+  w.add_u32("llama.block_count", c.num_hidden_layers);
+  w.add_u32("llama.feed_forward_length", c.intermediate_size);
+  w.add_u32("llama.rope.dimension_count", c.head_dim);
+  w.add_u32("llama.attention.head_count", c.num_attention_heads);
+  w.add_u32("llama.attention.head_count_kv", c.num_key_value_heads);
+  w.add_f32("llama.rope.freq_base", c.rope_theta);
+  w.add_f32("llama.attention.layer_norm_rms_epsilon", c.rms_norm_eps);
+  w.add_u32("llama.expert_count", c.num_local_experts);
+  w.add_u32("llama.expert_used_count", c.num_experts_per_tok);
+  w.add_u32("llama.vocab_size", c.vocab_size);
+  if (c.head_dim * c.num_attention_heads != c.hidden_size) {
+    w.add_u32("llama.attention.key_length", c.head_dim);
+    w.add_u32("llama.attention.value_length", c.head_dim);
+  }
+  // The vocabulary as llama.cpp's converter writes a SentencePiece model: every id up to vocab_size (ids past
+  // the tokenizer's pieces are padding, as HF pads the embedding), its score and type.
+  std::vector<std::string> tokens;
+  std::vector<float> scores;
+  std::vector<int32_t> types;
+  MOEX_CHECK_INPUT(sp.GetPieceSize() <= c.vocab_size, "tokenizer.model has ", sp.GetPieceSize(),
+                   " pieces, more than vocab_size ", c.vocab_size);
+  for (int id = 0; id < c.vocab_size; ++id) {
+    if (id >= sp.GetPieceSize()) {
+      tokens.push_back("[PAD" + std::to_string(id) + "]"), scores.push_back(-1000.0f), types.push_back(5);
+      continue;
+    }
+    tokens.push_back(sp.IdToPiece(id));
+    scores.push_back(sp.GetScore(id));
+    types.push_back(sp.IsUnknown(id) ? 2 : sp.IsControl(id) ? 3 : sp.IsUnused(id) ? 5 : sp.IsByte(id) ? 6 : 1);
+  }
+  w.add_string("tokenizer.ggml.model", "llama");
+  w.add_string("tokenizer.ggml.pre", "default");
+  w.add_string_array("tokenizer.ggml.tokens", tokens);
+  w.add_f32_array("tokenizer.ggml.scores", scores);
+  w.add_i32_array("tokenizer.ggml.token_type", types);
+  w.add_u32("tokenizer.ggml.bos_token_id", c.bos_token_id);
+  w.add_u32("tokenizer.ggml.eos_token_id", c.eos_token_id);
+  w.add_u32("tokenizer.ggml.unknown_token_id", std::max(sp.unk_id(), 0));
+  w.add_bool("tokenizer.ggml.add_bos_token", true);
+  w.add_bool("tokenizer.ggml.add_eos_token", false);
+  w.add_bool("tokenizer.ggml.add_space_prefix", true);
+
+  std::map<GgmlType, int> written;
+  // A 2-D weight of `cols` per row in `type`, or the fallback when its rows do not hold whole blocks.
+  auto weight_type = [&](int64_t cols) {
+    int64_t block = 0, bytes = 0;
+    for (GgmlType t : {type, GgmlType::kQ8_0, GgmlType::kF16}) {
+      ggml_block_size(uint32_t(t), &block, &bytes);
+      if (cols % block == 0) return t;
+    }
+    return GgmlType::kF16;
+  };
+  // HF tensor `hf` (rows x cols) as GGUF tensor `name` of dims `ne`; `perm` maps a GGUF row to its HF row.
+  auto add = [&](const std::string& name, std::vector<uint64_t> ne, GgmlType t, std::vector<std::string> hf,
+                 int64_t rows, int64_t cols, std::function<int64_t(int64_t)> perm = nullptr) {
+    std::vector<TensorView> views;
+    for (const std::string& h : hf) views.push_back(store->get(h));
+    ++written[t];
+    w.add_tensor(name, ne, t, [views, rows, cols, t, perm](std::vector<uint8_t>* out) {
+      for (const TensorView& v : views) encode(rows_f32(v, 0, rows, cols, perm), cols, t, out);
+    });
+  };
+  const int64_t d = c.hidden_size, V = c.vocab_size, I = c.intermediate_size, E = c.num_local_experts, hd = c.head_dim;
+  // llama.cpp's llama architecture applies rotary embeddings to adjacent pairs; HF's Mixtral to the two
+  // halves of each head. The converter therefore stores HF row (h * hd/2 + j) of a head at row (2 j + h).
+  auto rotary = [hd](int64_t r) {
+    const int64_t head = r / hd, within = r % hd;
+    return head * hd + (within % 2) * (hd / 2) + within / 2;
+  };
+  add("token_embd.weight", {uint64_t(d), uint64_t(V)}, weight_type(d), {"model.embed_tokens.weight"}, V, d);
+  add("output_norm.weight", {uint64_t(d)}, GgmlType::kF32, {"model.norm.weight"}, 1, d);
+  if (store->contains("lm_head.weight"))
+    add("output.weight", {uint64_t(d), uint64_t(V)}, weight_type(d), {"lm_head.weight"}, V, d);
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    const std::string b = "blk." + std::to_string(l) + ".", p = "model.layers." + std::to_string(l) + ".";
+    const uint64_t ud = d, q = c.q_dim(), kv = c.kv_dim();
+    add(b + "attn_norm.weight", {ud}, GgmlType::kF32, {p + "input_layernorm.weight"}, 1, d);
+    add(b + "attn_q.weight", {ud, q}, weight_type(d), {p + "self_attn.q_proj.weight"}, q, d, rotary);
+    add(b + "attn_k.weight", {ud, kv}, weight_type(d), {p + "self_attn.k_proj.weight"}, kv, d, rotary);
+    add(b + "attn_v.weight", {ud, kv}, weight_type(d), {p + "self_attn.v_proj.weight"}, kv, d);
+    add(b + "attn_output.weight", {q, ud}, weight_type(q), {p + "self_attn.o_proj.weight"}, d, q);
+    add(b + "ffn_norm.weight", {ud}, GgmlType::kF32, {p + "post_attention_layernorm.weight"}, 1, d);
+    add(b + "ffn_gate_inp.weight", {ud, uint64_t(E)}, GgmlType::kF32, {p + "block_sparse_moe.gate.weight"}, E, d);
+    std::vector<std::string> w1, w2, w3;
+    for (int e = 0; e < E; ++e) {
+      const std::string x = p + "block_sparse_moe.experts." + std::to_string(e) + ".";
+      w1.push_back(x + "w1.weight"), w2.push_back(x + "w2.weight"), w3.push_back(x + "w3.weight");
+    }
+    add(b + "ffn_gate_exps.weight", {ud, uint64_t(I), uint64_t(E)}, weight_type(d), w1, I, d);
+    add(b + "ffn_up_exps.weight", {ud, uint64_t(I), uint64_t(E)}, weight_type(d), w3, I, d);
+    add(b + "ffn_down_exps.weight", {uint64_t(I), ud, uint64_t(E)}, weight_type(I), w2, d, I);
+  }
+  w.write(path);
+  std::string summary;
+  for (const auto& [t, n] : written) summary += (summary.empty() ? "" : ", ") + std::to_string(n) + " " + ggml_type_name(uint32_t(t));
+  return summary;
+}
+
+}  // namespace moex::tools
