@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -198,6 +199,39 @@ TEST(ChatTemplate, GenModelWritesMixtralsTemplate) {
   std::ofstream(dir / "tokenizer_config.json") << config.dump();
   EXPECT_EQ(ChatTemplate::load(dir.string()).family(), "mixtral");
   std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace moex
+
+namespace moex {
+namespace {
+
+// Random templates built from Jinja's pieces: each is either refused or rendered, with moex::Error as the
+// only way to fail (never another exception, a crash or a hang).
+TEST(ChatTemplate, RandomTemplatesFailOnlyWithError) {
+  const std::vector<std::string> pieces = {
+      "{{", "}}", "{%", "%}", "{#", "#}", "{%-", "-%}", "{{-", "-}}", " if ", " elif ", " else ", " endif ",
+      " for ", " in ", " endfor ", " set ", " = ", "messages", "message", "loop", ".index0", ".first", "[0]",
+      "['role']", "['content']", "[1:]", "[::-1]", "[", "]", "(", ")", " + ", " - ", " * ", " / ", " // ", " % ",
+      " ~ ", " == ", " != ", " < ", " and ", " or ", " not ", " is ", " defined ", " none ", "|length", "|trim",
+      "|upper", "'x'", "\"y\"", "'", "0", "7", "-1", ",", ":", ".", "raise_exception", ".strip()", "\n", " ",
+      "text", "bos_token", "add_generation_prompt", "True", "None"};
+  std::mt19937 rng(17);
+  int rendered = 0;
+  for (int trial = 0; trial < 20000; ++trial) {
+    std::string source;
+    for (int n = 1 + rng() % 12; n > 0; --n) source += pieces[rng() % pieces.size()];
+    try {
+      const ChatTemplate t(source, "<s>", "</s>");
+      t.render(msgs({{"system", "s"}, {"user", "u"}, {"assistant", "a"}}));
+      ++rendered;
+    } catch (const Error&) {
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "not a moex::Error: " << e.what() << " for template: " << source;
+    }
+  }
+  EXPECT_GT(rendered, 100);
 }
 
 }  // namespace
