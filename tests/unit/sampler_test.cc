@@ -165,15 +165,19 @@ TEST(Sampler, TheSeedFixesTheStream) {
 // `moex generate`'s draws for its flags (temperature, top-k, top-p, seed) stay what they were: the stream
 // of the algorithm as documented in sampler.h (sort by logit, ties to the lower id; top-k; exp; the
 // smallest prefix reaching top_p; one uniform draw over the kept mass, walked in that order), written here.
+// Both the small vocabulary (sorted at once) and the full one (sorted lazily) paths, large top-k too.
 TEST(Sampler, GenerateDrawsAreThoseOfTheDocumentedAlgorithm) {
-  const int n = 500;
-  const auto logits = random_logits(n, 21, 2.0f);
   struct Case {
+    int n;
     float t;
     int k;
     float p;
   };
-  for (const Case c : {Case{0.8f, 0, 1.0f}, Case{1.0f, 40, 1.0f}, Case{1.2f, 0, 0.9f}, Case{0.7f, 50, 0.5f}}) {
+  for (const Case c : {Case{500, 0.8f, 0, 1.0f}, Case{500, 1.0f, 40, 1.0f}, Case{500, 1.2f, 0, 0.9f},
+                       Case{500, 0.7f, 50, 0.5f}, Case{32000, 1.0f, 0, 1.0f}, Case{32000, 1.5f, 0, 0.95f},
+                       Case{32000, 1.0f, 5000, 1.0f}, Case{32000, 2.0f, 0, 1.0f}}) {
+    const int n = c.n;
+    const auto logits = random_logits(n, 21, 2.0f);
     SamplerOptions options;
     options.temperature = c.t;
     options.top_k = c.k;
@@ -181,7 +185,7 @@ TEST(Sampler, GenerateDrawsAreThoseOfTheDocumentedAlgorithm) {
     options.seed = 99;
     Sampler sampler(options);
     std::mt19937_64 rng(99);
-    for (int step = 0; step < 200; ++step) {
+    for (int step = 0; step < (n > 1000 ? 40 : 200); ++step) {
       std::vector<std::pair<float, int>> cand(n);
       for (int i = 0; i < n; ++i) cand[i] = {logits[i] / c.t, i};
       std::stable_sort(cand.begin(), cand.end(), [](auto& a, auto& b) { return a.first > b.first; });
