@@ -12,6 +12,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <random>
 #include <thread>
 
@@ -56,7 +57,14 @@ TEST(SseParser, EventsSurviveAnySplit) {
 class FakeServer {
  public:
   FakeServer() {
-    server_.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    server_.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) { handle(req, res, false); });
+    server_.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) { handle(req, res, true); });
+    port_ = server_.bind_to_any_port("127.0.0.1");
+    thread_ = std::thread([this] { server_.listen_after_bind(); });
+    while (!server_.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  void handle(const httplib::Request& req, httplib::Response& res, bool chat) {
+    {
       if (req.get_header_value("Authorization") != "Bearer secret") {
         res.status = 401;
         res.set_content(R"({"error":{"message":"bad api key","type":"invalid_request_error"}})", "application/json");
@@ -70,8 +78,13 @@ class FakeServer {
         return;
       }
       const int tokens = body["max_tokens"];
-      const int prompt_tokens = body["prompt"].is_array() ? static_cast<int>(body["prompt"].size()) : 7;
-      const std::string mode = mode_;
+      if (chat != body.contains("messages") || chat == body.contains("prompt")) {
+        res.status = 400;
+        res.set_content(R"({"error":{"message":"prompt for completions, messages for chat"}})", "application/json");
+        return;
+      }
+      const int prompt_tokens = !chat && body["prompt"].is_array() ? static_cast<int>(body["prompt"].size()) : 7;
+      const std::string mode = this->mode();
       res.set_chunked_content_provider("text/event-stream", [=, this](size_t, httplib::DataSink& sink) {
         std::this_thread::sleep_for(std::chrono::milliseconds(first_ms));
         for (int i = 0; i < tokens; ++i) {
@@ -82,6 +95,9 @@ class FakeServer {
           }
           json chunk = {{"id", "cmpl-1"}, {"object", "text_completion"},
                         {"choices", {{{"index", 0}, {"text", " t" + std::to_string(i)}, {"finish_reason", nullptr}}}}};
+          if (chat)
+            chunk = {{"id", "chatcmpl-1"}, {"object", "chat.completion.chunk"},
+                     {"choices", {{{"index", 0}, {"delta", {{"content", " t" + std::to_string(i)}}}, {"finish_reason", nullptr}}}}};
           sink.os << "data: " << chunk.dump() << "\n\n";
         }
         if (mode == "no_done") {
@@ -95,17 +111,21 @@ class FakeServer {
         sink.done();
         return true;
       });
-    });
-    port_ = server_.bind_to_any_port("127.0.0.1");
-    thread_ = std::thread([this] { server_.listen_after_bind(); });
-    while (!server_.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
   }
   ~FakeServer() {
     server_.stop();
     thread_.join();
   }
   std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
-  void set_mode(const std::string& m) { mode_ = m; }
+  void set_mode(const std::string& m) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    mode_ = m;
+  }
+  std::string mode() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return mode_;
+  }
 
   int first_ms = 30, gap_ms = 10;
   json last_body;
@@ -114,6 +134,7 @@ class FakeServer {
   httplib::Server server_;
   int port_ = 0;
   std::thread thread_;
+  std::mutex mutex_;
   std::string mode_ = "ok";
 };
 
@@ -152,6 +173,18 @@ TEST(ServeBench, StreamingClientTimesTokensAndReadsUsage) {
   bad = send_completion(options, request);
   EXPECT_FALSE(bad.success);
   EXPECT_NE(bad.error.find("[DONE]"), std::string::npos) << bad.error;
+  server.set_mode("ok");
+  options.url = server.url() + "/v1/chat/completions";
+  bad = send_completion(options, request);  // token ids cannot be a chat message
+  EXPECT_FALSE(bad.success);
+  EXPECT_NE(bad.error.find("text prompts"), std::string::npos) << bad.error;
+  request.prompt = "Hello there";
+  const RequestResult chat = send_completion(options, request);
+  ASSERT_TRUE(chat.success) << chat.error;
+  EXPECT_EQ(server.last_body["messages"][0]["content"], "Hello there");
+  EXPECT_EQ(chat.text, " t0 t1 t2 t3 t4 t5");
+  EXPECT_EQ(chat.output_tokens, 6);
+  EXPECT_EQ(chat.itl.size(), 5u);
   options.url = "http://127.0.0.1:1";  // nothing listens
   bad = send_completion(options, request);
   EXPECT_FALSE(bad.success);
