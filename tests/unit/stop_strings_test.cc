@@ -78,6 +78,23 @@ TEST(IncrementalDetokenizer, NeverEmitsHalfACodePoint) {
   EXPECT_EQ(detok.flush(), tok.decode({3 + 0xE6}));
 }
 
+TEST(IncrementalDetokenizer, IdsBeyondTheTokenizerHaveNoText) {
+  const Tokenizer& tok = test_tokenizer();
+  const std::vector<int> prompt = tok.encode("Once", true);
+  IncrementalDetokenizer detok(tok, {prompt[0], tok.vocab_size() + 5, prompt[1]});
+  const std::vector<int> ids = tok.encode("the old man", false);
+  std::string out;
+  for (int id : ids) {
+    out += detok.add(id);
+    out += detok.add(tok.vocab_size());  // a padded vocabulary's id between every real one
+    out += detok.add(-1);
+  }
+  out += detok.flush();
+  std::vector<int> all = prompt;
+  all.insert(all.end(), ids.begin(), ids.end());
+  EXPECT_EQ(out, tok.decode(all).substr(tok.decode(prompt).size()));
+}
+
 TEST(IncrementalDetokenizer, RandomIdsMatchTheWholeDecode) {
   const Tokenizer& tok = test_tokenizer();
   std::mt19937 rng(5);
