@@ -29,6 +29,13 @@ const char* const kMixtralV1Template =
     "{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token}}"
     "{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %}";
 
+// ChatML that adds a default system prompt when none is given (the form of the Qwen1.5 chat models).
+const char* const kQwenChatMLTemplate =
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}{% endif %}"
+    "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
 // Exercises the rest of the subset: whitespace control with trim/lstrip_blocks, loop variables, scoping
 // of set inside a loop, slices, filters, tests, methods, inline if, in, arithmetic, comments.
 const char* const kFeatureTemplate = R"JINJA({# a comment line #}
@@ -85,7 +92,8 @@ json reference_render(const json& cases) {
 }
 
 TEST(ChatTemplate, RendersAsJinja2DoesForTheKnownTemplates) {
-  const std::vector<std::string> templates = {kMixtralChatTemplate, kMixtralV1Template, kChatMLTemplate, kFeatureTemplate};
+  const std::vector<std::string> templates = {kMixtralChatTemplate, kMixtralV1Template, kChatMLTemplate,
+                                              kQwenChatMLTemplate, kFeatureTemplate};
   json cases = json::array();
   struct Expect {
     size_t t, c;
