@@ -154,9 +154,11 @@ TEST(ServeBench, StreamingClientTimesTokensAndReadsUsage) {
   EXPECT_EQ(r.output_tokens, 6);
   EXPECT_EQ(r.text, " t0 t1 t2 t3 t4 t5");
   EXPECT_GE(r.ttft, 0.030);
+  // Lower bounds only, which load cannot break: the server needs 30 + 5 x 10 ms for the stream (single gaps
+  // are not checked: a client descheduled for a while reads several chunks at once).
   ASSERT_EQ(r.itl.size(), 5u);
-  for (double gap : r.itl) EXPECT_GE(gap, 0.009);
-  EXPECT_GE(r.latency, r.ttft + 0.045);
+  EXPECT_GE(r.latency, 0.080);
+  EXPECT_GE(r.latency, r.ttft);
 
   // Failures are failed requests with the server's message, never a crash.
   options.api_key = "wrong";
@@ -216,7 +218,7 @@ TEST(ServeBench, EndToEndAgainstTheFakeServer) {
   EXPECT_EQ(s.total_input, 12 * 16);
   EXPECT_EQ(s.total_output, 12 * 4);
   EXPECT_GE(s.ttft_ms.median, 5.0);
-  EXPECT_GE(s.itl_ms.median, 1.9);
+  EXPECT_GE(s.e2el_ms.median, 5.0 + 3 * 2.0);
   const std::string table = format_summary(s);
   for (const char* line : {"Successful requests:", "Failed requests:", "Request throughput (req/s):",
                            "Output token throughput (tok/s):", "Median TTFT (ms):", "P99 TPOT (ms):",
@@ -245,11 +247,22 @@ TEST(ServeBench, LoadRespectsConcurrencyAndRequestRate) {
   run_load(requests, {3, 0.0, 0}, fake, &duration);
   EXPECT_EQ(peak.load(), 3);
   EXPECT_GE(duration, 0.020 * 16 / 3);  // ceil(16/3) = 6 rounds of 20 ms at best
-  // Poisson arrivals at 200/s: 16 requests take about 16/200 s; with plenty of workers never all at once.
-  peak = 0;
-  run_load(requests, {16, 200.0, 7}, fake, &duration);
-  EXPECT_LT(peak.load(), 16);
-  EXPECT_GE(duration, 0.02);
+  // Poisson arrivals at 100/s (seeded, so the same times every run): with a worker per request, the last
+  // one still waits for its arrival, about 15/100 s after the first; load can only delay it further.
+  std::mutex mutex;
+  std::vector<double> starts;
+  const auto begin = std::chrono::steady_clock::now();
+  const auto record = [&](const BenchRequest& r) {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      starts.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count());
+    }
+    return fake(r);
+  };
+  run_load(requests, {16, 100.0, 7}, record, &duration);
+  ASSERT_EQ(starts.size(), 16u);
+  EXPECT_GE(*std::max_element(starts.begin(), starts.end()), 0.3 * 15 / 100.0);
+  EXPECT_GE(duration, 0.3 * 15 / 100.0 + 0.020);
 }
 
 TEST(ServeBench, StatisticsFollowNumpyAndVllm) {
