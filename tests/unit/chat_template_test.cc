@@ -1,6 +1,7 @@
 // ChatTemplate against Python's jinja2 (tests/reference/chat_template_ref.py, set up as HF's
 // apply_chat_template sets it up) rendering the same template text for the same messages.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -176,9 +177,11 @@ TEST(ChatTemplate, LoadsFromTheModelOrAFileAndRefusesWhatIsMissing) {
 }
 
 TEST(ChatTemplate, EncodeTurnsSpecialTokensIntoTheirIds) {
-  const auto path = std::filesystem::temp_directory_path() / "moex_chat_template_test_tokenizer.model";
+  const auto path = std::filesystem::temp_directory_path() /
+                    ("moex_chat_template_test_tokenizer_" + std::to_string(getpid()) + ".model");
   std::ofstream(path, std::ios::binary) << train_builtin_tokenizer(1000).model_proto;
   const Tokenizer tok(path.string());
+  std::filesystem::remove(path);
   const ChatTemplate tmpl(kMixtralChatTemplate, "<s>", "</s>");
   const std::string text = tmpl.render(msgs({{"user", "the old man"}, {"assistant", "the dog"}, {"user", "a river"}}));
   const std::vector<int> ids = tmpl.encode(tok, text);

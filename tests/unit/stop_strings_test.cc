@@ -1,6 +1,7 @@
 // Incremental detokenization against SentencePiece's own decode of the whole sequence, and stop strings
 // against a plain find() over the whole text.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -18,10 +19,14 @@ namespace {
 
 const Tokenizer& test_tokenizer() {
   static const Tokenizer* tokenizer = [] {
-    const auto path = std::filesystem::temp_directory_path() / "moex_stop_strings_test_tokenizer.model";
+    // One file per process: ctest may run several of these tests at once.
+    const auto path = std::filesystem::temp_directory_path() /
+                      ("moex_stop_strings_test_tokenizer_" + std::to_string(getpid()) + ".model");
     const TrainedTokenizer trained = train_builtin_tokenizer(2000);
     std::ofstream(path, std::ios::binary) << trained.model_proto;
-    return new Tokenizer(path.string());
+    auto* tokenizer = new Tokenizer(path.string());
+    std::filesystem::remove(path);
+    return tokenizer;
   }();
   return *tokenizer;
 }
