@@ -1,12 +1,14 @@
 // ChatTemplate against Python's jinja2 (tests/reference/chat_template_ref.py, set up as HF's
 // apply_chat_template sets it up) rendering the same template text for the same messages.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -27,6 +29,13 @@ const char* const kMixtralV1Template =
     "{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}"
     "{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token}}"
     "{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %}";
+
+// ChatML that adds a default system prompt when none is given (the form of the Qwen1.5 chat models).
+const char* const kQwenChatMLTemplate =
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}{% endif %}"
+    "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
 
 // Exercises the rest of the subset: whitespace control with trim/lstrip_blocks, loop variables, scoping
 // of set inside a loop, slices, filters, tests, methods, inline if, in, arithmetic, comments.
@@ -84,7 +93,8 @@ json reference_render(const json& cases) {
 }
 
 TEST(ChatTemplate, RendersAsJinja2DoesForTheKnownTemplates) {
-  const std::vector<std::string> templates = {kMixtralChatTemplate, kMixtralV1Template, kChatMLTemplate, kFeatureTemplate};
+  const std::vector<std::string> templates = {kMixtralChatTemplate, kMixtralV1Template, kChatMLTemplate,
+                                              kQwenChatMLTemplate, kFeatureTemplate};
   json cases = json::array();
   struct Expect {
     size_t t, c;
@@ -167,9 +177,11 @@ TEST(ChatTemplate, LoadsFromTheModelOrAFileAndRefusesWhatIsMissing) {
 }
 
 TEST(ChatTemplate, EncodeTurnsSpecialTokensIntoTheirIds) {
-  const auto path = std::filesystem::temp_directory_path() / "moex_chat_template_test_tokenizer.model";
+  const auto path = std::filesystem::temp_directory_path() /
+                    ("moex_chat_template_test_tokenizer_" + std::to_string(getpid()) + ".model");
   std::ofstream(path, std::ios::binary) << train_builtin_tokenizer(1000).model_proto;
   const Tokenizer tok(path.string());
+  std::filesystem::remove(path);
   const ChatTemplate tmpl(kMixtralChatTemplate, "<s>", "</s>");
   const std::string text = tmpl.render(msgs({{"user", "the old man"}, {"assistant", "the dog"}, {"user", "a river"}}));
   const std::vector<int> ids = tmpl.encode(tok, text);
@@ -198,6 +210,39 @@ TEST(ChatTemplate, GenModelWritesMixtralsTemplate) {
   std::ofstream(dir / "tokenizer_config.json") << config.dump();
   EXPECT_EQ(ChatTemplate::load(dir.string()).family(), "mixtral");
   std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace moex
+
+namespace moex {
+namespace {
+
+// Random templates built from Jinja's pieces: each is either refused or rendered, with moex::Error as the
+// only way to fail (never another exception, a crash or a hang).
+TEST(ChatTemplate, RandomTemplatesFailOnlyWithError) {
+  const std::vector<std::string> pieces = {
+      "{{", "}}", "{%", "%}", "{#", "#}", "{%-", "-%}", "{{-", "-}}", " if ", " elif ", " else ", " endif ",
+      " for ", " in ", " endfor ", " set ", " = ", "messages", "message", "loop", ".index0", ".first", "[0]",
+      "['role']", "['content']", "[1:]", "[::-1]", "[", "]", "(", ")", " + ", " - ", " * ", " / ", " // ", " % ",
+      " ~ ", " == ", " != ", " < ", " and ", " or ", " not ", " is ", " defined ", " none ", "|length", "|trim",
+      "|upper", "'x'", "\"y\"", "'", "0", "7", "-1", ",", ":", ".", "raise_exception", ".strip()", "\n", " ",
+      "text", "bos_token", "add_generation_prompt", "True", "None"};
+  std::mt19937 rng(17);
+  int rendered = 0;
+  for (int trial = 0; trial < 20000; ++trial) {
+    std::string source;
+    for (int n = 1 + rng() % 12; n > 0; --n) source += pieces[rng() % pieces.size()];
+    try {
+      const ChatTemplate t(source, "<s>", "</s>");
+      t.render(msgs({{"system", "s"}, {"user", "u"}, {"assistant", "a"}}));
+      ++rendered;
+    } catch (const Error&) {
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "not a moex::Error: " << e.what() << " for template: " << source;
+    }
+  }
+  EXPECT_GT(rendered, 100);
 }
 
 }  // namespace

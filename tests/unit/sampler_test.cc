@@ -162,6 +162,62 @@ TEST(Sampler, TheSeedFixesTheStream) {
   EXPECT_GT(differ, 0);
 }
 
+// `moex generate`'s draws for its flags (temperature, top-k, top-p, seed) stay what they were: the stream
+// of the algorithm as documented in sampler.h (sort by logit, ties to the lower id; top-k; exp; the
+// smallest prefix reaching top_p; one uniform draw over the kept mass, walked in that order), written here.
+// Both the small vocabulary (sorted at once) and the full one (sorted lazily) paths, large top-k too.
+TEST(Sampler, GenerateDrawsAreThoseOfTheDocumentedAlgorithm) {
+  struct Case {
+    int n;
+    float t;
+    int k;
+    float p;
+  };
+  for (const Case c : {Case{500, 0.8f, 0, 1.0f}, Case{500, 1.0f, 40, 1.0f}, Case{500, 1.2f, 0, 0.9f},
+                       Case{500, 0.7f, 50, 0.5f}, Case{32000, 1.0f, 0, 1.0f}, Case{32000, 1.5f, 0, 0.95f},
+                       Case{32000, 1.0f, 5000, 1.0f}, Case{32000, 2.0f, 0, 1.0f}}) {
+    const int n = c.n;
+    const auto logits = random_logits(n, 21, 2.0f);
+    SamplerOptions options;
+    options.temperature = c.t;
+    options.top_k = c.k;
+    options.top_p = c.p;
+    options.seed = 99;
+    Sampler sampler(options);
+    std::mt19937_64 rng(99);
+    for (int step = 0; step < (n > 1000 ? 40 : 200); ++step) {
+      std::vector<std::pair<float, int>> cand(n);
+      for (int i = 0; i < n; ++i) cand[i] = {logits[i] / c.t, i};
+      std::stable_sort(cand.begin(), cand.end(), [](auto& a, auto& b) { return a.first > b.first; });
+      int keep = c.k > 0 ? c.k : n;
+      const float max_logit = cand[0].first;
+      double total = 0;
+      for (int i = 0; i < keep; ++i) total += (cand[i].first = std::exp(cand[i].first - max_logit));
+      if (c.p < 1.0f) {
+        double cumulative = 0;
+        for (int i = 0; i < keep; ++i) {
+          cumulative += cand[i].first / total;
+          if (cumulative >= c.p) {
+            keep = i + 1;
+            total = cumulative * total;
+            break;
+          }
+        }
+      }
+      double r = std::uniform_real_distribution<double>(0.0, total)(rng);
+      int expected = cand[keep - 1].second;
+      for (int i = 0; i < keep; ++i) {
+        r -= cand[i].first;
+        if (r <= 0.0) {
+          expected = cand[i].second;
+          break;
+        }
+      }
+      ASSERT_EQ(sampler.sample(logits.data(), n), expected) << "step " << step << " T " << c.t;
+    }
+  }
+}
+
 TEST(Sampler, RefusesBadOptions) {
   const auto refused = [](SamplerOptions o) {
     try {

@@ -1,6 +1,7 @@
 // Incremental detokenization against SentencePiece's own decode of the whole sequence, and stop strings
 // against a plain find() over the whole text.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -18,10 +19,14 @@ namespace {
 
 const Tokenizer& test_tokenizer() {
   static const Tokenizer* tokenizer = [] {
-    const auto path = std::filesystem::temp_directory_path() / "moex_stop_strings_test_tokenizer.model";
+    // One file per process: ctest may run several of these tests at once.
+    const auto path = std::filesystem::temp_directory_path() /
+                      ("moex_stop_strings_test_tokenizer_" + std::to_string(getpid()) + ".model");
     const TrainedTokenizer trained = train_builtin_tokenizer(2000);
     std::ofstream(path, std::ios::binary) << trained.model_proto;
-    return new Tokenizer(path.string());
+    auto* tokenizer = new Tokenizer(path.string());
+    std::filesystem::remove(path);
+    return tokenizer;
   }();
   return *tokenizer;
 }
@@ -76,6 +81,23 @@ TEST(IncrementalDetokenizer, NeverEmitsHalfACodePoint) {
   // A sequence that ends broken comes out at flush as the replacement character, as decode shows it.
   EXPECT_EQ(detok.add(3 + 0xE6), "");
   EXPECT_EQ(detok.flush(), tok.decode({3 + 0xE6}));
+}
+
+TEST(IncrementalDetokenizer, IdsBeyondTheTokenizerHaveNoText) {
+  const Tokenizer& tok = test_tokenizer();
+  const std::vector<int> prompt = tok.encode("Once", true);
+  IncrementalDetokenizer detok(tok, {prompt[0], tok.vocab_size() + 5, prompt[1]});
+  const std::vector<int> ids = tok.encode("the old man", false);
+  std::string out;
+  for (int id : ids) {
+    out += detok.add(id);
+    out += detok.add(tok.vocab_size());  // a padded vocabulary's id between every real one
+    out += detok.add(-1);
+  }
+  out += detok.flush();
+  std::vector<int> all = prompt;
+  all.insert(all.end(), ids.begin(), ids.end());
+  EXPECT_EQ(out, tok.decode(all).substr(tok.decode(prompt).size()));
 }
 
 TEST(IncrementalDetokenizer, RandomIdsMatchTheWholeDecode) {

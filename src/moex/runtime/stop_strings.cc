@@ -50,7 +50,8 @@ bool is_valid_utf8(std::string_view text) {
 IncrementalDetokenizer::IncrementalDetokenizer(const Tokenizer& tokenizer, const std::vector<int>& context)
     : tokenizer_(tokenizer) {
   const size_t keep = std::min(context.size(), kContextTokens);
-  ids_.assign(context.end() - static_cast<std::ptrdiff_t>(keep), context.end());
+  for (auto it = context.end() - static_cast<std::ptrdiff_t>(keep); it != context.end(); ++it)
+    if (*it >= 0 && *it < tokenizer_.vocab_size()) ids_.push_back(*it);
   prefix_ = 0;
   read_ = ids_.size();
   prefix_text_ = decode(prefix_, read_);
@@ -62,6 +63,9 @@ std::string IncrementalDetokenizer::decode(size_t begin, size_t end) const {
 }
 
 std::string IncrementalDetokenizer::add(int token) {
+  // A model's vocabulary may be padded past the tokenizer's (config vocab_size >= pieces): such an id has
+  // no text. It is left out of the window, so it can never make a decode fail.
+  if (token < 0 || token >= tokenizer_.vocab_size()) return {};
   ids_.push_back(token);
   std::string text = decode(prefix_, ids_.size());
   // Held while the newest bytes do not yet form a code point (the decode shows them as U+FFFD), or

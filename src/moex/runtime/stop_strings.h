@@ -26,7 +26,7 @@ class IncrementalDetokenizer {
   // `context`: the ids before the first generated one (the prompt's tail is enough), so the first
   // generated piece keeps its leading space. The tokenizer must outlive this object.
   IncrementalDetokenizer(const Tokenizer& tokenizer, const std::vector<int>& context);
-  std::string add(int token);  // the text this token completes (may be empty)
+  std::string add(int token);  // the text this token completes (may be empty; ids the tokenizer lacks: none)
   std::string flush();         // at the end: whatever is held (an incomplete code point as U+FFFD)
   const std::vector<int>& ids() const { return ids_; }
 
