@@ -116,6 +116,33 @@ def main():
         if t in ("q4_0", "q4_K") and not d_llama < d_quant / 4:
             failures.append(f"{t}: the engines differ ({d_llama:.2e}) by more than a quarter of what {t} itself "
                             f"changes ({d_quant:.2e}): they do not read the same weights")
+    # Expert parallelism on 2 ranks reads the file as one rank does: against the reference (f32) and llama.cpp
+    # (q4_K) with the single-rank tolerances. Ranks given different files are one error before loading.
+    mpi = ["mpirun", "--allow-run-as-root", "--oversubscribe"]
+    types = args.types.split(",")
+    for t in [t for t in ("f32", "q4_K") if t in types]:
+        gguf, out = os.path.join(args.workdir, f"model-{t}.gguf"), os.path.join(args.workdir, f"moex-ep-{t}.npy")
+        run([*mpi, "-np", "2", args.moex, "logits", "--model", gguf, "--ids", ids_arg, "--out", out,
+             "--moe-parallel", "ep", "--ep", "2", "--threads", "1"], timeout=300)
+        ep = log_softmax(np.load(out))
+        if t == "f32":
+            d = np.abs(ep - refs["f32"]).max()
+            print(f"f32 under EP on 2 ranks: moex vs reference {d:.2e} (tol 1e-4)")
+            if d > 1e-4:
+                failures.append(f"f32 under EP: MoEX differs from the reference by {d:.2e}")
+        else:
+            d = np.median(np.abs(ep - llama_logprobs(gguf, ids, vocab)).max(-1))
+            print(f"{t} under EP on 2 ranks: moex vs llama.cpp {d:.2e} (tol {LLAMA_TOL[t]:.0e})")
+            if d > LLAMA_TOL[t]:
+                failures.append(f"{t} under EP: MoEX and llama.cpp differ by {d:.2e}")
+    if "f32" in types and "q8_0" in types:
+        files = [os.path.join(args.workdir, f"model-{t}.gguf") for t in ("f32", "q8_0")]
+        cmd = [*mpi, "-np", "1", args.moex, "logits", "--model", files[0], "--ids", ids_arg, "--out", os.devnull, ":",
+               "-np", "1", args.moex, "logits", "--model", files[1], "--ids", ids_arg, "--out", os.devnull]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        print(f"ranks given different GGUF files: exit {r.returncode}: {r.stderr.strip().splitlines()[:1]}")
+        if r.returncode != 2 or "differs from rank 0" not in r.stderr:
+            failures.append(f"ranks given different GGUF files: exit {r.returncode}, stderr {r.stderr!r}")
     if failures:
         sys.exit("FAIL:\n  " + "\n  ".join(failures))
     print("OK: llama.cpp loads every file and agrees with MoEX within the stated tolerances")
