@@ -12,9 +12,13 @@ each position, its median over the positions against llama.cpp (max against the 
                                   cache in f16 and rounds activations to the weights' type before each dot
                                   product (f16 / bf16, or Q8_0 / Q8_K blocks for quantized weights), which
                                   MoEX (f32 activations) does not: that is the whole expected difference.
-  moex(file) vs reference(src)    f32 and bf16: the reference on the source checkpoint must agree to 1e-4
+  moex(file) vs reference         f32 and bf16: the reference on the source checkpoint must agree to 1e-4
                                   (bf16 is converted from a bf16 checkpoint of the same seed, so the file
-                                  holds exactly the source's weights; f16 from the f32 one rounds them).
+                                  holds exactly the source's weights). f16 and the quantized types: the
+                                  reference on the file's weights as gguf_to_hf.py reads and dequantizes
+                                  them in numpy (written from the spec and ggml's block definitions,
+                                  independently of MoEX's reader), also to 1e-4: what is left is f32 against
+                                  the reference's f64 arithmetic (measured ~1.5e-6 for every type).
 A wrongly converted file (rotary permutation, block layout, tensor order) moves the log-probabilities by O(1),
 far above every tolerance, and flips the greedy tokens; each check also asserts that the engines agree much
 more closely with each other than the file agrees with the f32 original, so a loose tolerance cannot hide it.
@@ -113,9 +117,48 @@ def main():
             failures.append(f"{t}: greedy tokens agree at only {greedy_same:.0%} of positions (< {GREEDY_MIN[t]:.0%})")
         if t in ("f32", "bf16") and d_ref > 1e-4:
             failures.append(f"{t}: MoEX on the GGUF differs from the reference on the source by {d_ref:.2e} > 1e-4")
+        if t not in ("f32", "bf16"):
+            deq, deq_ref = os.path.join(args.workdir, f"dequantized-{t}"), os.path.join(args.workdir, f"ref-deq-{t}.npy")
+            run([sys.executable, os.path.join(HERE, "gguf_to_hf.py"), gguf, os.path.join(srcs["f32"], "config.json"), deq])
+            run([sys.executable, REF, "--model", deq, "--ids", ids_arg, "--out", deq_ref])
+            d_deq = np.abs(ours - log_softmax(np.load(deq_ref))).max()
+            print(f"      moex vs reference on the file's weights dequantized in numpy {d_deq:.2e} (tol 1e-4)")
+            if d_deq > 1e-4:
+                failures.append(f"{t}: MoEX differs from the reference on the numpy-dequantized weights by {d_deq:.2e}")
         if t in ("q4_0", "q4_K") and not d_llama < d_quant / 4:
             failures.append(f"{t}: the engines differ ({d_llama:.2e}) by more than a quarter of what {t} itself "
                             f"changes ({d_quant:.2e}): they do not read the same weights")
+    # Expert parallelism on 2 ranks reads the file as one rank does: against the reference (f32) and llama.cpp
+    # (q4_K) with the single-rank tolerances. Ranks given different files are one error before loading.
+    mpi = ["mpirun", "--allow-run-as-root", "--oversubscribe"]
+    types = args.types.split(",")
+    for t in [t for t in ("f32", "q4_K") if t in types]:
+        gguf, out = os.path.join(args.workdir, f"model-{t}.gguf"), os.path.join(args.workdir, f"moex-ep-{t}.npy")
+        run([*mpi, "-np", "2", args.moex, "logits", "--model", gguf, "--ids", ids_arg, "--out", out,
+             "--moe-parallel", "ep", "--ep", "2", "--threads", "1"], timeout=300)
+        ep = log_softmax(np.load(out))
+        if t == "f32":
+            d = np.abs(ep - refs["f32"]).max()
+            print(f"f32 under EP on 2 ranks: moex vs reference {d:.2e} (tol 1e-4)")
+            if d > 1e-4:
+                failures.append(f"f32 under EP: MoEX differs from the reference by {d:.2e}")
+        else:
+            d = np.median(np.abs(ep - llama_logprobs(gguf, ids, vocab)).max(-1))
+            print(f"{t} under EP on 2 ranks: moex vs llama.cpp {d:.2e} (tol {LLAMA_TOL[t]:.0e})")
+            if d > LLAMA_TOL[t]:
+                failures.append(f"{t} under EP: MoEX and llama.cpp differ by {d:.2e}")
+            d = np.abs(ep - log_softmax(np.load(os.path.join(args.workdir, f"ref-deq-{t}.npy")))).max()
+            print(f"{t} under EP on 2 ranks: moex vs reference on the numpy-dequantized weights {d:.2e} (tol 1e-4)")
+            if d > 1e-4:
+                failures.append(f"{t} under EP: MoEX differs from the reference on the dequantized weights by {d:.2e}")
+    if "f32" in types and "q8_0" in types:
+        files = [os.path.join(args.workdir, f"model-{t}.gguf") for t in ("f32", "q8_0")]
+        cmd = [*mpi, "-np", "1", args.moex, "logits", "--model", files[0], "--ids", ids_arg, "--out", os.devnull, ":",
+               "-np", "1", args.moex, "logits", "--model", files[1], "--ids", ids_arg, "--out", os.devnull]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        print(f"ranks given different GGUF files: exit {r.returncode}: {r.stderr.strip().splitlines()[:1]}")
+        if r.returncode != 2 or "differs from rank 0" not in r.stderr:
+            failures.append(f"ranks given different GGUF files: exit {r.returncode}, stderr {r.stderr!r}")
     if failures:
         sys.exit("FAIL:\n  " + "\n  ".join(failures))
     print("OK: llama.cpp loads every file and agrees with MoEX within the stated tolerances")

@@ -244,8 +244,10 @@ GgufContents parse_gguf(const uint8_t* bytes, size_t size, const std::string& or
     fail(origin, "is GGUF version " + std::to_string(g.version) + "; MoEX reads version 3 (re-convert with a current llama.cpp)");
   const uint64_t n_tensors = c.u64("tensor count"), n_kv = c.u64("metadata count");
   // A metadata entry takes at least 8 + 4 + 1 bytes, a tensor info at least 8 + 4 + 4 + 8.
-  if (n_kv > c.left() / 13) fail(origin, "metadata count " + std::to_string(n_kv) + " cannot fit in the file");
-  if (n_tensors > c.left() / 24) fail(origin, "tensor count " + std::to_string(n_tensors) + " cannot fit in the file");
+  if (n_kv > c.left() / 13) fail(origin, "metadata count " + std::to_string(n_kv) + " cannot fit in the " + std::to_string(c.left()) +
+                     " bytes left: truncated or corrupt");
+  if (n_tensors > c.left() / 24) fail(origin, "tensor count " + std::to_string(n_tensors) + " cannot fit in the " + std::to_string(c.left()) +
+                     " bytes left: truncated or corrupt");
   for (uint64_t k = 0; k < n_kv; ++k) {
     const std::string key(c.string("metadata key " + std::to_string(k), kMaxKeyBytes));
     if (key.empty()) fail(origin, "metadata key " + std::to_string(k) + " is empty");
