@@ -3,7 +3,7 @@
 set -euo pipefail
 pkgs=(cmake g++ make pkg-config libgtest-dev libgmock-dev libbenchmark-dev libopenmpi-dev openmpi-bin
       nlohmann-json3-dev libcli11-dev libsentencepiece-dev python3-torch python3-numpy gnuplot-nox clang
-      libclang-rt-14-dev)
+      libclang-rt-14-dev libpcre2-dev libutf8proc-dev python3-sentencepiece)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
