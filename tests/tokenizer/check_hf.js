@@ -2,7 +2,11 @@
 // prebuilt): the same ids for every text of corpus.json (with and without special tokens), the same text
 // for decoding them and for random id lists (byte tokens that form invalid UTF-8 included), and, with
 // --roundtrip, decode(encode(text)) giving the text back (NFC-normalized for --roundtrip nfc).
+// --variant rewrites a SentencePiece-style file into the other forms Hugging Face's converters write:
+// "metaspace" (no normalizer, a Metaspace pre-tokenizer with prepend_scheme "first": Llama's legacy=false),
+// "metaspace_split" (Metaspace "always" splitting at each "▁", decoded by ByteFallback, Fuse, Metaspace).
 //   node check_hf.js --modules DIR --probe BIN --tokenizer DIR --corpus FILE --work DIR [--roundtrip exact|nfc]
+//                    [--variant metaspace|metaspace_split]
 'use strict';
 const fs = require('fs');
 const path = require('path');
@@ -35,6 +39,26 @@ const show = (hex) => JSON.stringify(Buffer.from(hex, 'hex').toString('utf8'));
 async function main() {
   const args = parseArgs(process.argv.slice(2));
   const { Tokenizer } = require(path.join(path.resolve(args.modules), 'tokenizers'));
+  fs.mkdirSync(args.work, { recursive: true });
+  if (args.variant) {
+    const spec = JSON.parse(fs.readFileSync(path.join(args.tokenizer, 'tokenizer.json'), 'utf8'));
+    const metaspace = { type: 'Metaspace', replacement: '\u2581', prepend_scheme: 'first', split: false };
+    spec.normalizer = null;
+    if (args.variant === 'metaspace') {
+      spec.pre_tokenizer = metaspace;
+    } else if (args.variant === 'metaspace_split') {
+      spec.pre_tokenizer = { ...metaspace, prepend_scheme: 'always', split: true };
+      spec.decoder = { type: 'Sequence', decoders: [{ type: 'ByteFallback' }, { type: 'Fuse' },
+                                                    { ...metaspace, prepend_scheme: 'always', split: true }] };
+    } else {
+      throw new Error(`unknown --variant ${args.variant}`);
+    }
+    const dir = path.join(args.work, args.variant);
+    fs.mkdirSync(dir, { recursive: true });
+    fs.writeFileSync(path.join(dir, 'tokenizer.json'), JSON.stringify(spec));
+    fs.copyFileSync(path.join(args.tokenizer, 'tokenizer_config.json'), path.join(dir, 'tokenizer_config.json'));
+    args.tokenizer = dir;
+  }
   const file = path.join(args.tokenizer, 'tokenizer.json');
   const hf = Tokenizer.fromFile(file);
   const spec = JSON.parse(fs.readFileSync(file, 'utf8'));
@@ -60,7 +84,6 @@ async function main() {
   }
   idLists.push(added.map((t) => hf.tokenToId(t)));
 
-  fs.mkdirSync(args.work, { recursive: true });
   const casesPath = path.join(args.work, 'cases.json');
   const outPath = path.join(args.work, 'moex.json');
   fs.writeFileSync(casesPath, JSON.stringify({ texts: corpus.texts, id_lists: idLists }));

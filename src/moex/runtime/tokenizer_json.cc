@@ -726,17 +726,18 @@ struct Decoder {
         for (std::string& token : t) token = strip(token);
         return;
       case kMetaspace:
+        // The replacement becomes a space, except in the first token, where `tokenizers` drops every one
+        // (not only the leading one) unless the scheme is "never".
         for (size_t i = 0; i < t.size(); ++i) {
           std::string s;
           for (size_t k = 0; k < t[i].size();) {
             if (t[i].compare(k, text.size(), text) == 0) {
-              s += ' ';
+              if (!(i == 0 && prepend)) s += ' ';
               k += text.size();
             } else {
               s += t[i][k++];
             }
           }
-          if (i == 0 && prepend && !s.empty() && s[0] == ' ') s.erase(0, 1);
           t[i] = std::move(s);
         }
         return;
