@@ -6,7 +6,8 @@
 // "metaspace" (no normalizer, a Metaspace pre-tokenizer with prepend_scheme "first": Llama's legacy=false),
 // "metaspace_split" (Metaspace "always" splitting at each "▁", decoded by ByteFallback, Fuse, Metaspace).
 //   node check_hf.js --modules DIR --probe BIN --tokenizer DIR --corpus FILE --work DIR [--roundtrip exact|nfc]
-//                    [--variant metaspace|metaspace_split]
+//                    [--variant metaspace|metaspace_split|added_tokens]
+// ("added_tokens" adds non-special, normalized, lstrip/rstrip and overlapping added tokens to any file).
 'use strict';
 const fs = require('fs');
 const path = require('path');
@@ -43,10 +44,22 @@ async function main() {
   if (args.variant) {
     const spec = JSON.parse(fs.readFileSync(path.join(args.tokenizer, 'tokenizer.json'), 'utf8'));
     const metaspace = { type: 'Metaspace', replacement: '\u2581', prepend_scheme: 'first', split: false };
-    spec.normalizer = null;
-    if (args.variant === 'metaspace') {
+    if (args.variant === 'added_tokens') {
+      // Added tokens of every kind: not special, matched after normalization, stripping whitespace.
+      let next = Math.max(...Object.values(spec.model.vocab), ...spec.added_tokens.map((t) => t.id)) + 1;
+      const add = (content, fields) => spec.added_tokens.push({ id: next++, content, single_word: false, lstrip: false,
+        rstrip: false, normalized: false, special: false, ...fields });
+      add('<think>', {});
+      add('</think>', { normalized: true });
+      add('<mask>', { special: true, lstrip: true, rstrip: true });
+      add('caf\u00e9', { normalized: true });
+      add('<tool', { special: true });
+      add('<tool_call>', { special: true });
+    } else if (args.variant === 'metaspace') {
+      spec.normalizer = null;
       spec.pre_tokenizer = metaspace;
     } else if (args.variant === 'metaspace_split') {
+      spec.normalizer = null;
       spec.pre_tokenizer = { ...metaspace, prepend_scheme: 'always', split: true };
       spec.decoder = { type: 'Sequence', decoders: [{ type: 'ByteFallback' }, { type: 'Fuse' },
                                                     { ...metaspace, prepend_scheme: 'always', split: true }] };

@@ -902,6 +902,9 @@ struct AddedToken {
   int id;
   std::string content;
   bool special, normalized, lstrip, rstrip;
+  // What is matched and what decoding gives: the content, or for a normalized token the content through
+  // the normalizer (as `tokenizers` does: under Llama's Prepend("▁") a normalized "x" matches "▁x").
+  std::string text;
 };
 
 struct Match {
@@ -921,12 +924,12 @@ std::vector<Match> split_added(std::string_view s, const std::vector<const Added
   for (size_t i = 0; i < s.size();) {
     const AddedToken* best = nullptr;
     for (const AddedToken* t : tokens)
-      if ((!best || t->content.size() > best->content.size()) && s.compare(i, t->content.size(), t->content) == 0) best = t;
+      if ((!best || t->text.size() > best->text.size()) && s.compare(i, t->text.size(), t->text) == 0) best = t;
     if (!best) {
       i += char_length(s, i);
       continue;
     }
-    size_t a = i, b = i + best->content.size();
+    size_t a = i, b = i + best->text.size();
     if (best->lstrip) {
       while (a > last) {
         size_t k = a - 1;
@@ -1054,7 +1057,11 @@ std::unique_ptr<JsonTokenizer> JsonTokenizer::parse(std::string_view json_text, 
         impl->added.push_back(std::move(token));
       }
     }
-    for (const AddedToken& t : impl->added) (t.normalized ? impl->normalized_tokens : impl->raw_tokens).push_back(&t);
+    for (AddedToken& t : impl->added) {
+      t.text = t.normalized && impl->normalizer ? impl->normalizer->apply(t.content) : t.content;
+      if (t.text.empty()) continue;  // normalized to nothing: matches nowhere
+      (t.normalized ? impl->normalized_tokens : impl->raw_tokens).push_back(&t);
+    }
     impl->vocab_size = static_cast<int>(max_id + 1);
     for (const std::vector<int>* ids : {&impl->post.before, &impl->post.after})
       for (int id : *ids)
@@ -1103,7 +1110,7 @@ std::string JsonTokenizer::decode(const std::vector<int>& ids, bool skip_special
     auto it = m.added_by_id.find(id);
     if (it != m.added_by_id.end()) {
       const AddedToken& t = m.added[it->second];
-      if (!(skip_special_tokens && t.special)) tokens.push_back(t.content);
+      if (!(skip_special_tokens && t.special)) tokens.push_back(t.text);
     } else if (id >= 0 && id < static_cast<int>(m.model.has_id.size()) && m.model.has_id[id]) {
       tokens.push_back(m.model.id_to_token[id]);
     }
