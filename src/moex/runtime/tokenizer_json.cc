@@ -107,10 +107,12 @@ const char kReplacementChar[] = "\xEF\xBF\xBD";
 struct Where {
   const std::string& origin;
   std::string path;
-  Where at(const std::string& child) const { return Where{origin, path + child}; }
+  Where at(const std::string& child) const {  // ".model", "[2]": a JSON path, without the leading dot
+    return Where{origin, path.empty() && !child.empty() && child[0] == '.' ? child.substr(1) : path + child};
+  }
   template <typename... Args>
   [[noreturn]] void fail(const Args&... args) const {
-    throw_error(ErrorKind::kInvalidInput, detail::concat(origin, ": ", path, ": ", args...));
+    throw_error(ErrorKind::kInvalidInput, detail::concat(origin, ": ", path, path.empty() ? "" : ": ", args...));
   }
 };
 
@@ -1002,7 +1004,7 @@ std::unique_ptr<JsonTokenizer> JsonTokenizer::parse(std::string_view json_text, 
   } catch (const json::exception& e) {
     throw_error(ErrorKind::kInvalidInput, origin + ": not valid JSON: " + e.what());
   }
-  const Where w{origin, "tokenizer.json"};
+  const Where w{origin, ""};
   auto impl = std::make_unique<Impl>();
   try {
     check_fields(root, {"version", "truncation", "padding", "added_tokens", "normalizer", "pre_tokenizer", "model",
