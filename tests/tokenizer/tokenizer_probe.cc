@@ -2,12 +2,15 @@
 // `tokenizers` and with SentencePiece):
 //   tokenizer_probe write-byte-level qwen2|olmoe VOCAB DIR   tokenizer.json + tokenizer_config.json
 //   tokenizer_probe write-mixtral VOCAB DIR                  tokenizer.model + its tokenizer.json + config
+//   tokenizer_probe bench DIR                                 encode speed, tokenizer.json vs tokenizer.model
 //   tokenizer_probe run PATH CASES.json OUT.json               encode / decode every case with moex::Tokenizer
 //                                                             (PATH: a model folder, or the tokenizer file)
 // CASES.json: {"texts": [{"text": "..."} or {"hex": "ff41"}], "id_lists": [[1, 2, 3], ...]}.
 // OUT.json: per text "ids" (add special tokens), "ids_plain" (without), "decoded" (ids decoded, specials
 // skipped), "roundtrip" (ids_plain decoded), and, for a tokenizer.json, "decoded_keep" (specials kept); per id list "decoded" likewise. Text
 // comes back as hex so that no JSON layer changes a byte.
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <exception>
 #include <filesystem>
@@ -76,6 +79,43 @@ int run(int argc, char** argv) {
     write(dir + "/tokenizer.json", moex::mixtral_tokenizer_json(t.model_proto));
     write(dir + "/tokenizer_config.json", moex::llama_tokenizer_config_json(4096));
     std::printf("mixtral: %d pieces (%d trained)\n", t.vocab_size, t.trained_pieces);
+    return 0;
+  }
+  if (mode == "bench" && argc == 3) {
+    // Encode throughput of the built-in corpus line by line, tokenizer.json (MoEX's BPE) against
+    // tokenizer.model (libsentencepiece) of the same folder, interleaved, median of 5.
+    const std::string dir = argv[2];
+    const std::string corpus = moex::builtin_english_corpus();
+    std::vector<std::string> lines;
+    for (size_t a = 0, b; a < corpus.size(); a = b + 1) {
+      b = corpus.find('\n', a);
+      if (b == std::string::npos) b = corpus.size();
+      lines.push_back(corpus.substr(a, b - a));
+    }
+    auto t0 = std::chrono::steady_clock::now();
+    const moex::Tokenizer json_tok(dir + "/tokenizer.json");
+    const double load_json = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    t0 = std::chrono::steady_clock::now();
+    const moex::Tokenizer sp_tok(dir + "/tokenizer.model");
+    const double load_sp = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::vector<double> json_s, sp_s;
+    size_t tokens = 0;
+    for (int rep = 0; rep < 5; ++rep) {
+      for (const moex::Tokenizer* t : {&json_tok, &sp_tok}) {
+        const auto start = std::chrono::steady_clock::now();
+        size_t n = 0;
+        for (const std::string& line : lines) n += t->encode(line, true).size();
+        (t == &json_tok ? json_s : sp_s).push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+        tokens = n;
+      }
+    }
+    std::sort(json_s.begin(), json_s.end());
+    std::sort(sp_s.begin(), sp_s.end());
+    const double mb = corpus.size() / 1e6;
+    std::printf("corpus %.2f MB, %zu lines, %zu tokens\n", mb, lines.size(), tokens);
+    std::printf("load: tokenizer.json %.3f s, tokenizer.model %.3f s\n", load_json, load_sp);
+    std::printf("encode (median of 5): tokenizer.json %.2f MB/s, tokenizer.model %.2f MB/s, ratio %.2f\n",
+                mb / json_s[2], mb / sp_s[2], sp_s[2] / json_s[2]);
     return 0;
   }
   if (mode == "run" && argc == 5) {
