@@ -34,9 +34,9 @@ asan: deps
 	cmake --build build-asan -j$(JOBS) --target moex_unit_tests moex
 	cd build-asan && MOEX_COMM_TUNING=none ctest --output-on-failure -L 'unit|cli'
 
-# libFuzzer (clang from Debian) on the four parsers of untrusted files: safetensors headers, config.json,
-# model.safetensors.index.json and GGUF files. Each runs FUZZ_SECONDS from its seeds (tests/fuzz/seeds/<name>) plus the corpus
-# it grew before (build-fuzz/corpus-<name>); a crash leaves its input in build-fuzz/ and fails the target.
+# libFuzzer (clang from Debian) on the parsers of untrusted files: safetensors headers, config.json,
+# model.safetensors.index.json, GGUF files and tokenizer.json. Each runs FUZZ_SECONDS from its seeds (tests/fuzz/seeds/<name>)
+# plus the corpus it grew before (build-fuzz/corpus-<name>); a crash leaves its input in build-fuzz/ and fails the target.
 FUZZ_SECONDS ?= 30
 FUZZ_CXX = clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Isrc
 FUZZ_BASE = src/moex/base/error.cc src/moex/base/small_file.cc
@@ -45,11 +45,13 @@ FUZZ_SAFETENSORS = src/moex/model/safetensors.cc src/moex/model/safetensors_inde
 FUZZ_GGUF = src/moex/model/gguf.cc src/moex/model/gguf_checkpoint.cc src/moex/model/config.cc src/moex/base/dtype.cc \
   src/moex/base/mapped_file.cc
 fuzz: deps
-	mkdir -p build-fuzz/corpus-safetensors build-fuzz/corpus-config build-fuzz/corpus-index build-fuzz/corpus-gguf
+	mkdir -p build-fuzz/corpus-safetensors build-fuzz/corpus-config build-fuzz/corpus-index build-fuzz/corpus-gguf build-fuzz/corpus-tokenizer_json
 	$(FUZZ_CXX) tests/fuzz/safetensors_fuzz.cc $(FUZZ_SAFETENSORS) $(FUZZ_BASE) -o build-fuzz/safetensors_fuzz
 	$(FUZZ_CXX) tests/fuzz/config_fuzz.cc src/moex/model/config.cc $(FUZZ_BASE) -o build-fuzz/config_fuzz
 	$(FUZZ_CXX) tests/fuzz/index_fuzz.cc src/moex/model/safetensors_index.cc $(FUZZ_BASE) -o build-fuzz/index_fuzz
 	$(FUZZ_CXX) tests/fuzz/gguf_fuzz.cc $(FUZZ_GGUF) $(FUZZ_BASE) -o build-fuzz/gguf_fuzz
+	$(FUZZ_CXX) tests/fuzz/tokenizer_json_fuzz.cc src/moex/runtime/tokenizer_json.cc $(FUZZ_BASE) -lpcre2-8 -lutf8proc \
+	  -o build-fuzz/tokenizer_json_fuzz
 	cd build-fuzz && ./safetensors_fuzz -max_total_time=$(FUZZ_SECONDS) -max_len=4096 corpus-safetensors \
 	  ../tests/fuzz/seeds/safetensors
 	cd build-fuzz && ./config_fuzz -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -dict=../tests/fuzz/config.dict \
@@ -58,6 +60,8 @@ fuzz: deps
 	  corpus-index ../tests/fuzz/seeds/index
 	cd build-fuzz && ./gguf_fuzz -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -dict=../tests/fuzz/gguf.dict \
 	  corpus-gguf ../tests/fuzz/seeds/gguf
+	cd build-fuzz && ./tokenizer_json_fuzz -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -dict=../tests/fuzz/tokenizer_json.dict \
+	  corpus-tokenizer_json ../tests/fuzz/seeds/tokenizer_json
 
 clean:
 	rm -rf $(BUILD) build-asan

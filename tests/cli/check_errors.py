@@ -146,6 +146,11 @@ def main():
         ("single_weights_fifo", "FIFO", ["logits", "--model", replace_with(variant("wf"), "model.safetensors", os.mkfifo), "--ids", "1", "--out", "x.npy"]),
         ("tokenizer_directory", "directory", ["generate", "--model", replace_with(variant("td"), "tokenizer.model", os.mkdir), "--prompt", "hi"]),
         ("tokenizer_fifo", "FIFO", ["generate", "--model", replace_with(variant("tf"), "tokenizer.model", os.mkfifo), "--prompt", "hi"]),
+        # tokenizer.json, which a folder's tokenizer.model gives way to: the same file checks, then its contents.
+        ("tokenizer_json_fifo", "FIFO", ["generate", "--model", replace_with(variant("jf"), "tokenizer.json", os.mkfifo), "--prompt", "hi"]),
+        ("tokenizer_json_directory", "directory", ["generate", "--model", replace_with(variant("jd"), "tokenizer.json", os.mkdir), "--prompt", "hi"]),
+        ("tokenizer_json_not_json", "tokenizer.json: not valid JSON", ["generate", "--model", replace_with(variant("jn"), "tokenizer.json", lambda p: open(p, "w").write('{"model": ')), "--prompt", "hi"]),
+        ("tokenizer_json_wordpiece", 'model type "WordPiece" is not supported', ["generate", "--model", replace_with(variant("jw"), "tokenizer.json", lambda p: open(p, "w").write('{"model": {"type": "WordPiece"}}')), "--prompt", "hi"]),
         ("tuning_directory", "comm tuning table", ["generate", "--model", good, "--prompt", "hi"], {"MOEX_COMM_TUNING": args.workdir}),
         ("tuning_default_is_directory", "comm tuning table", ["generate", "--model", good, "--prompt", "hi"], {"MOEX_COMM_TUNING": "", "MOEX_CACHE_DIR": cache_dir}),
         ("tuning_flag_fifo", "comm tuning table", ["generate", "--model", good, "--prompt", "hi", "--comm-tuning", os.path.join(args.workdir, "tuning.fifo")]),

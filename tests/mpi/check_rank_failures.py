@@ -40,7 +40,7 @@ CASES = {
                                 [r"rank 1: .*trunc/model.safetensors: .*truncated"]),
     # The tokenizer is read before any check: rank 0 is already waiting in a collective (the abort path).
     "bad_tokenizer_one_rank": (GEN + ["--model", "{tiny}"], GEN + ["--model", "{badtok}"], 2,
-                               [r"rank 1: cannot load tokenizer .*badtok/tokenizer.model"]),
+                               [r"rank 1: .*badtok/tokenizer.json: not valid JSON"]),
     # Same command everywhere; rank 0 alone writes --stats-out, after the forward passes, and fails there
     # while rank 1 has gone on (the abort path, not the start-up check).
     "error_mid_run_one_rank": (logits() + ["--model", "{tiny}", "--stats-out", "{missing}/stats.json"],
@@ -123,8 +123,8 @@ def setup(moex, root):
     with open(os.path.join(folders["badcfg"], "config.json"), "w") as f:
         f.write('{"hidden_size": ')
     os.truncate(os.path.join(folders["trunc"], "model.safetensors"), 5000)
-    with open(os.path.join(folders["badtok"], "tokenizer.model"), "w") as f:
-        f.write("not a sentencepiece model\n")
+    with open(os.path.join(folders["badtok"], "tokenizer.json"), "w") as f:  # what generate reads first
+        f.write("not a tokenizer.json\n")
     # Same tensors, one config value changed: weights alone cannot tell these two models apart.
     path = os.path.join(folders["wider"], "config.json")
     with open(path) as f:

@@ -325,7 +325,7 @@ TEST(GenModelCommand, WritesAHuggingFaceFolder) {
   TempDir tmp;
   const fs::path out = tmp.path / "tiny";
   ASSERT_EQ(run("gen-model --preset tiny --seed 5 --router-skew 1.2 --out " + out.string()), 0);
-  for (const char* file : {"config.json", "model.safetensors", "tokenizer.model", "tokenizer_config.json",
+  for (const char* file : {"config.json", "model.safetensors", "tokenizer.model", "tokenizer.json", "tokenizer_config.json",
                            "generation_config.json"}) {
     EXPECT_TRUE(fs::exists(out / file)) << file;
   }

@@ -366,14 +366,14 @@ TEST(GgufCheckpoint, TokenizerFromTheVocabularyEncodesAsTheSentencePieceModel) {
   const std::string src = tiny_model(), path = temp_path("moex_gguf_test_tiny_tokenizer.gguf");
   tools::convert_to_gguf(src, path, GgmlType::kF32);
   const auto original = Tokenizer::for_model(src), rebuilt = Tokenizer::for_model(path);
-  EXPECT_EQ(original->vocab_size(), rebuilt->vocab_size());
-  EXPECT_EQ(original->bos_id(), rebuilt->bos_id());
-  EXPECT_EQ(original->eos_id(), rebuilt->eos_id());
+  EXPECT_EQ(original.vocab_size(), rebuilt.vocab_size());
+  EXPECT_EQ(original.bos_id(), rebuilt.bos_id());
+  EXPECT_EQ(original.eos_id(), rebuilt.eos_id());
   for (const std::string text : {"Once upon a time", "  two  spaces\tand tabs\n", "digits 1234567 and 3.14",
                                  "Unicode: héllo wörld 日本語 🙂", "\xff\xfe invalid bytes", ""}) {
-    const std::vector<int> ids = original->encode(text, true);
-    EXPECT_EQ(ids, rebuilt->encode(text, true)) << text;
-    EXPECT_EQ(original->decode(ids), rebuilt->decode(ids)) << text;
+    const std::vector<int> ids = original.encode(text, true);
+    EXPECT_EQ(ids, rebuilt.encode(text, true)) << text;
+    EXPECT_EQ(original.decode(ids), rebuilt.decode(ids)) << text;
   }
 }
 

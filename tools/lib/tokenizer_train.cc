@@ -5,14 +5,17 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "moex/base/error.h"
 #include "moex/runtime/chat_template.h"
+#include "moex/runtime/tokenizer_json.h"
 
 // Exported by libsentencepiece (0.1.9x) but not declared in its public headers: silences the trainer's
 // INFO log, which would otherwise print a few hundred lines per gen-model.
@@ -380,6 +383,301 @@ std::string llama_tokenizer_config_json(int model_max_length) {
       {"use_default_system_prompt", false},
   };
   return config.dump(2) + "\n";
+}
+
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+ojson added_token_json(int id, const std::string& content) {
+  return ojson{{"id", id}, {"content", content}, {"single_word", false}, {"lstrip", false},
+               {"rstrip", false}, {"normalized", false}, {"special", true}};
+}
+
+// Offsets of the characters of a UTF-8 string (Python's str indices, which the converter splits at).
+std::vector<size_t> char_offsets(const std::string& s) {
+  std::vector<size_t> out;
+  for (size_t i = 0; i < s.size(); ++i)
+    if ((static_cast<unsigned char>(s[i]) & 0xC0) != 0x80) out.push_back(i);
+  return out;
+}
+
+}  // namespace
+
+std::string mixtral_tokenizer_json(const std::string& model_proto) {
+  sentencepiece::SentencePieceProcessor sp;
+  MOEX_CHECK(sp.LoadFromSerializedProto(model_proto).ok(), "tokenizer.model does not load");
+  const int n = sp.GetPieceSize();
+  std::unordered_map<std::string, int> ids;
+  ojson vocab = ojson::object();
+  for (int i = 0; i < n; ++i) {
+    ids.emplace(sp.IdToPiece(i), i);
+    vocab[sp.IdToPiece(i)] = i;
+  }
+  // Merges: every split of each piece into two pieces (left, right), ordered by the merged piece's score,
+  // highest first (a stable sort over pieces in id order, the splits of one piece by (id left, id right));
+  // the specials and the bytes score 0 as the converter gives them.
+  struct Merge {
+    float score;
+    int left, right;
+  };
+  std::vector<Merge> merges;
+  for (int i = 0; i < n; ++i) {
+    const std::string piece = sp.IdToPiece(i);
+    const float score = sp.IsControl(i) || sp.IsUnknown(i) || sp.IsByte(i) ? 0.0f : sp.GetScore(i);
+    std::vector<Merge> local;
+    for (size_t cut : char_offsets(piece)) {
+      if (cut == 0) continue;
+      auto l = ids.find(piece.substr(0, cut)), r = ids.find(piece.substr(cut));
+      if (l != ids.end() && r != ids.end()) local.push_back({score, l->second, r->second});
+    }
+    std::sort(local.begin(), local.end(), [](const Merge& a, const Merge& b) {
+      return a.left != b.left ? a.left < b.left : a.right < b.right;
+    });
+    merges.insert(merges.end(), local.begin(), local.end());
+  }
+  std::stable_sort(merges.begin(), merges.end(), [](const Merge& a, const Merge& b) { return a.score > b.score; });
+  ojson merge_list = ojson::array();
+  for (const Merge& m : merges) merge_list.push_back(sp.IdToPiece(m.left) + " " + sp.IdToPiece(m.right));
+
+  const std::string bos = sp.IdToPiece(sp.bos_id()), underline = "\xE2\x96\x81";
+  ojson added = ojson::array();
+  for (int id : {sp.unk_id(), sp.bos_id(), sp.eos_id()}) added.push_back(added_token_json(id, sp.IdToPiece(id)));
+  const ojson tokenizer = {
+      {"version", "1.0"},
+      {"truncation", nullptr},
+      {"padding", nullptr},
+      {"added_tokens", added},
+      {"normalizer",
+       {{"type", "Sequence"},
+        {"normalizers",
+         {{{"type", "Prepend"}, {"prepend", underline}},
+          {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", underline}}}}}},
+      {"pre_tokenizer", nullptr},
+      {"post_processor",
+       {{"type", "TemplateProcessing"},
+        {"single", {{{"SpecialToken", {{"id", bos}, {"type_id", 0}}}}, {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
+        {"pair",
+         {{{"SpecialToken", {{"id", bos}, {"type_id", 0}}}}, {{"Sequence", {{"id", "A"}, {"type_id", 0}}}},
+          {{"SpecialToken", {{"id", bos}, {"type_id", 1}}}}, {{"Sequence", {{"id", "B"}, {"type_id", 1}}}}}},
+        {"special_tokens", {{bos, {{"id", bos}, {"ids", {sp.bos_id()}}, {"tokens", {bos}}}}}}}},
+      {"decoder",
+       {{"type", "Sequence"},
+        {"decoders",
+         {{{"type", "Replace"}, {"pattern", {{"String", underline}}}, {"content", " "}},
+          {{"type", "ByteFallback"}},
+          {{"type", "Fuse"}},
+          {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}}}}},
+      {"model",
+       {{"type", "BPE"},
+        {"dropout", nullptr},
+        {"unk_token", sp.IdToPiece(sp.unk_id())},
+        {"continuing_subword_prefix", nullptr},
+        {"end_of_word_suffix", nullptr},
+        {"fuse_unk", true},
+        {"byte_fallback", true},
+        {"ignore_merges", false},
+        {"vocab", vocab},
+        {"merges", merge_list}}},
+  };
+  return tokenizer.dump(2) + "\n";
+}
+
+ByteLevelBpeOptions qwen2_tokenizer_options(int vocab_size) {
+  ByteLevelBpeOptions o;
+  o.vocab_size = vocab_size;
+  o.qwen2_split = true;
+  o.nfc = true;
+  o.special_tokens = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
+  o.eos_token = "<|endoftext|>";
+  o.pad_token = "<|endoftext|>";
+  o.tokenizer_class = "Qwen2Tokenizer";
+  return o;
+}
+
+ByteLevelBpeOptions olmoe_tokenizer_options(int vocab_size) {
+  ByteLevelBpeOptions o;
+  o.vocab_size = vocab_size;
+  o.qwen2_split = false;
+  o.nfc = true;
+  o.special_tokens_first = true;
+  o.special_tokens = {"<|endoftext|>", "<|padding|>"};
+  o.eos_token = "<|endoftext|>";
+  o.pad_token = "<|padding|>";
+  o.tokenizer_class = "GPTNeoXTokenizer";
+  return o;
+}
+
+TrainedByteLevelBpe train_byte_level_bpe(const ByteLevelBpeOptions& options) {
+  const int specials = static_cast<int>(options.special_tokens.size());
+  MOEX_CHECK_INPUT(options.vocab_size >= 256 + specials, "tokenizer: vocab size ", options.vocab_size,
+                   " cannot hold the 256 byte-level tokens and ", specials, " special tokens");
+  for (const std::string* name : {&options.bos_token, &options.eos_token, &options.pad_token})
+    MOEX_CHECK_INPUT(name->empty() || std::find(options.special_tokens.begin(), options.special_tokens.end(), *name) !=
+                                          options.special_tokens.end(),
+                     "tokenizer: \"", *name, "\" is not one of the special tokens");
+  // Words: the corpus split as the tokenizer will split it, each piece as byte-level symbols.
+  // The English corpus, plus a few lines in other scripts with Unicode spaces, so that merges span
+  // multi-byte characters and the split regex's Unicode classes (\p{L}, \p{N}, \s) decide real tokens.
+  static constexpr std::string_view kMultilingual[] = {
+      "\u4f60\u597d\uff0c\u4e16\u754c\uff01\u8fd9\u662f\u4e00\u4e2a\u6a21\u578b\u3002",
+      "\u65e5\u672c\u8a9e\u306e\u30c6\u30ad\u30b9\u30c8\u3000\u3000\u3068\u30ab\u30bf\u30ab\u30ca",
+      "\u041f\u0440\u0438\u0432\u0435\u0442 \u043c\u0438\u0440, \u0393\u03b5\u03b9\u03ac \u03c3\u03bf\u03c5 \u039a\u03cc\u03c3\u03bc\u03b5",
+      "caf\u00e9 na\u00efve \u00c5ngstr\u00f6m \u00a0\u00a0 stra\u00dfe \u2003\u2003 fa\u00e7ade",
+      "\U0001F600\U0001F389 \U0001F44D\U0001F3FD \u0661\u0662\u0663 \u00bd\u00b2",
+  };
+  std::string corpus = builtin_english_corpus();
+  for (int repeat = 0; repeat < 8; ++repeat)
+    for (std::string_view line : kMultilingual) (corpus += line) += '\n';
+  std::unordered_map<std::string, int64_t> word_counts;
+  for (const std::string& piece : split_isolated(corpus, options.qwen2_split ? kQwen2SplitPattern : kGpt2SplitPattern))
+    ++word_counts[piece];
+  std::vector<std::string> tokens;  // symbol -> text (byte-level characters)
+  for (int b = 0; b < 256; ++b) tokens.push_back(byte_level_char(static_cast<unsigned char>(b)));
+  struct Word {
+    std::vector<int> symbols;
+    int64_t count;
+  };
+  std::vector<Word> words;
+  {
+    std::vector<std::pair<std::string, int64_t>> sorted(word_counts.begin(), word_counts.end());
+    std::sort(sorted.begin(), sorted.end());  // a fixed order, whatever the hash map's
+    for (const auto& [text, count] : sorted) {
+      Word w{{}, count};
+      for (unsigned char c : text) w.symbols.push_back(c);
+      words.push_back(std::move(w));
+    }
+  }
+  auto key = [](int a, int b) { return (static_cast<uint64_t>(a) << 32) | static_cast<uint32_t>(b); };
+  std::unordered_map<uint64_t, int64_t> pair_counts;
+  std::unordered_map<uint64_t, std::vector<int>> pair_words;  // may list a word that no longer has the pair
+  auto count_word = [&](int wi, int sign) {
+    const Word& w = words[wi];
+    for (size_t i = 0; i + 1 < w.symbols.size(); ++i) {
+      const uint64_t k = key(w.symbols[i], w.symbols[i + 1]);
+      pair_counts[k] += sign * w.count;
+      if (sign > 0) pair_words[k].push_back(wi);
+    }
+  };
+  for (int wi = 0; wi < static_cast<int>(words.size()); ++wi) count_word(wi, +1);
+  std::vector<std::pair<int, int>> merges;
+  std::unordered_map<std::string, int> token_ids;
+  for (int t = 0; t < 256; ++t) token_ids.emplace(tokens[t], t);
+  const int max_tokens = options.vocab_size - specials;
+  while (static_cast<int>(tokens.size()) < max_tokens) {
+    // The most frequent pair, ties broken by the pair's text: the same tokenizer on every machine.
+    bool found = false;
+    uint64_t best = 0;
+    int64_t best_count = 0;
+    for (const auto& [k, c] : pair_counts) {
+      if (c < 2) continue;  // a pair seen once is not worth a token
+      if (!found || c > best_count ||
+          (c == best_count && std::pair(tokens[k >> 32], tokens[k & 0xffffffff]) <
+                                  std::pair(tokens[best >> 32], tokens[best & 0xffffffff]))) {
+        found = true;
+        best = k;
+        best_count = c;
+      }
+    }
+    if (!found) break;
+    const int a = static_cast<int>(best >> 32), b = static_cast<int>(best & 0xffffffff);
+    // Two merges may make the same text ("ab"+"c", "a"+"bc"): they share its token, as in Hugging Face's trainer.
+    const std::string text = tokens[a] + tokens[b];
+    auto [known, fresh] = token_ids.emplace(text, static_cast<int>(tokens.size()));
+    const int merged = known->second;
+    if (fresh) tokens.push_back(text);
+    merges.emplace_back(a, b);
+    std::vector<int> affected = std::move(pair_words[best]);
+    pair_words.erase(best);
+    std::sort(affected.begin(), affected.end());
+    affected.erase(std::unique(affected.begin(), affected.end()), affected.end());
+    for (int wi : affected) {
+      Word& w = words[wi];
+      bool has = false;
+      for (size_t i = 0; i + 1 < w.symbols.size() && !has; ++i) has = w.symbols[i] == a && w.symbols[i + 1] == b;
+      if (!has) continue;
+      count_word(wi, -1);
+      std::vector<int> next;
+      for (size_t i = 0; i < w.symbols.size(); ++i) {
+        if (i + 1 < w.symbols.size() && w.symbols[i] == a && w.symbols[i + 1] == b) {
+          next.push_back(merged);
+          ++i;
+        } else {
+          next.push_back(w.symbols[i]);
+        }
+      }
+      w.symbols = std::move(next);
+      count_word(wi, +1);
+    }
+    for (auto it = pair_counts.begin(); it != pair_counts.end();) it = it->second == 0 ? pair_counts.erase(it) : std::next(it);
+  }
+
+  // Ids: specials first (GPT-NeoX) or after the merges (Qwen2).
+  const int offset = options.special_tokens_first ? specials : 0;
+  const int first_special = options.special_tokens_first ? 0 : static_cast<int>(tokens.size());
+  ojson vocab = ojson::object(), added = ojson::array(), added_decoder = ojson::object();
+  for (int i = 0; i < specials; ++i) {
+    added.push_back(added_token_json(first_special + i, options.special_tokens[i]));
+    ojson entry = added.back();
+    entry.erase("id");
+    added_decoder[std::to_string(first_special + i)] = entry;
+  }
+  if (options.special_tokens_first)
+    for (int i = 0; i < specials; ++i) vocab[options.special_tokens[i]] = i;
+  for (size_t t = 0; t < tokens.size(); ++t) vocab[tokens[t]] = static_cast<int>(t) + offset;
+  if (!options.special_tokens_first)
+    for (int i = 0; i < specials; ++i) vocab[options.special_tokens[i]] = first_special + i;
+  ojson merge_list = ojson::array();
+  for (const auto& [a, b] : merges) merge_list.push_back(ojson::array({tokens[a], tokens[b]}));
+  const ojson byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}};
+  ojson pre_tokenizer;
+  if (options.qwen2_split) {
+    const ojson split = {{"type", "Split"}, {"pattern", {{"Regex", std::string(kQwen2SplitPattern)}}}, {"behavior", "Isolated"}, {"invert", false}};
+    pre_tokenizer = ojson{{"type", "Sequence"}, {"pretokenizers", ojson::array({split, byte_level})}};
+  } else {
+    pre_tokenizer = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
+  }
+  const ojson tokenizer = {
+      {"version", "1.0"},
+      {"truncation", nullptr},
+      {"padding", nullptr},
+      {"added_tokens", added},
+      {"normalizer", options.nfc ? ojson{{"type", "NFC"}} : ojson(nullptr)},
+      {"pre_tokenizer", pre_tokenizer},
+      {"post_processor", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}}},
+      {"decoder", byte_level},
+      {"model",
+       {{"type", "BPE"},
+        {"dropout", nullptr},
+        {"unk_token", nullptr},
+        {"continuing_subword_prefix", nullptr},
+        {"end_of_word_suffix", nullptr},
+        {"fuse_unk", false},
+        {"byte_fallback", false},
+        {"ignore_merges", false},
+        {"vocab", vocab},
+        {"merges", merge_list}}},
+  };
+  auto name_or_null = [](const std::string& s) { return s.empty() ? ojson(nullptr) : ojson(s); };
+  const ojson config = {
+      {"add_bos_token", false},
+      {"add_prefix_space", false},
+      {"added_tokens_decoder", added_decoder},
+      {"bos_token", name_or_null(options.bos_token)},
+      {"clean_up_tokenization_spaces", false},
+      {"eos_token", name_or_null(options.eos_token)},
+      {"errors", "replace"},
+      {"model_max_length", options.model_max_length},
+      {"pad_token", name_or_null(options.pad_token)},
+      {"tokenizer_class", options.tokenizer_class.empty() ? "PreTrainedTokenizerFast" : options.tokenizer_class},
+      {"unk_token", nullptr},
+  };
+  TrainedByteLevelBpe out;
+  out.tokenizer_json = tokenizer.dump(2) + "\n";
+  out.tokenizer_config_json = config.dump(2) + "\n";
+  out.vocab_size = static_cast<int>(tokens.size()) + specials;
+  out.merges = static_cast<int>(merges.size());
+  return out;
 }
 
 }  // namespace moex

@@ -119,7 +119,7 @@ bool is_weight_file(const std::string& name) {
 // The files gen-model writes besides the weights.
 const std::set<std::string>& side_files() {
   static const std::set<std::string> names = {"config.json", "generation_config.json", "tokenizer_config.json",
-                                              "tokenizer.model"};
+                                              "tokenizer.model", "tokenizer.json"};
   return names;
 }
 
@@ -262,6 +262,7 @@ void run_gen_model(const GenModelOptions& o) {
   tokenizer_thread.join();
   if (tokenizer_error) std::rethrow_exception(tokenizer_error);
   write_text(dir + "/tokenizer.model", tokenizer.model_proto);
+  write_text(dir + "/tokenizer.json", mixtral_tokenizer_json(tokenizer.model_proto));  // both, as HF's Mixtral ships
   staging.publish(out);
   const double total_seconds = seconds_since(start);
 

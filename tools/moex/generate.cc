@@ -27,15 +27,14 @@ struct GenerateFlags {
 
 void run_generate(const GenerateFlags& flags) {
   MOEX_CHECK_INPUT(flags.max_new_tokens >= 0, "-n must be >= 0");
-  const std::unique_ptr<Tokenizer> tokenizer_owner = Tokenizer::for_model(flags.model.model_dir);
-  const Tokenizer& tokenizer = *tokenizer_owner;
+  const Tokenizer tokenizer = Tokenizer::for_model(flags.model.model_dir);  // a .gguf vocabulary, tokenizer.json, else tokenizer.model
   std::vector<std::vector<int>> prompts;
   for (const std::string& text : flags.prompts) prompts.push_back(tokenizer.encode(text, /*add_bos=*/true));
   const auto load_start = std::chrono::steady_clock::now();
   auto model = flags.model.load(static_cast<int>(prompts.size()));
   const double load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
-  MOEX_CHECK_INPUT(tokenizer.vocab_size() <= model->config().vocab_size, "tokenizer.model has ",
-                   tokenizer.vocab_size(), " pieces but config.json's vocab_size is ", model->config().vocab_size);
+  MOEX_CHECK_INPUT(tokenizer.vocab_size() <= model->config().vocab_size, tokenizer.describe(),
+                   " has more tokens than config.json's vocab_size ", model->config().vocab_size);
   GenerationOptions options;
   options.max_new_tokens = flags.max_new_tokens;
   options.stop_at_eos = !flags.ignore_eos;

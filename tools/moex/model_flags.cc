@@ -15,6 +15,7 @@
 #include "moex/model/safetensors.h"
 #include "moex/model/weights.h"
 #include "moex/runtime/run_memory.h"
+#include "moex/runtime/tokenizer.h"
 #include "tools/lib/synthetic.h"
 
 namespace moex::tools {
@@ -44,12 +45,13 @@ comm::Description describe_model(const std::string& model_dir) {
   const WeightStore store(model_dir);
   for (const auto& [name, tensor] : store.tensors())
     out.emplace_back("tensor " + name, std::string(dtype_name(tensor.dtype)) + " " + tensor.shape.str());
-  const std::string tokenizer_path = model_dir + "/tokenizer.model";
-  if (is_regular_file(tokenizer_path)) {  // a missing or odd tokenizer is the tokenizer loader's error to give
+  // The file Tokenizer reads (tokenizer.json, else tokenizer.model) and tokenizer_config.json (BOS / EOS).
+  for (const std::string& tokenizer_path : {Tokenizer::file_in(model_dir), model_dir + "/tokenizer_config.json"}) {
+    if (!is_regular_file(tokenizer_path)) continue;  // a missing or odd tokenizer is the tokenizer loader's error to give
     const std::string bytes = read_small_file(tokenizer_path, kMaxTokenizerFileBytes);
     char digest[32];
     std::snprintf(digest, sizeof(digest), "%zu bytes, hash %016zx", bytes.size(), std::hash<std::string>{}(bytes));
-    out.emplace_back("tokenizer.model", digest);
+    out.emplace_back(tokenizer_path.substr(model_dir.size() + 1), digest);
   }
   return out;
 }

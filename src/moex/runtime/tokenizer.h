@@ -1,5 +1,8 @@
-// Tokenizer: the checkpoint's SentencePiece model (tokenizer.model), as Llama/Mixtral use it:
-// BOS prepended on encode, byte fallback for anything outside the pieces.
+// Tokenizer: the checkpoint's own, as Hugging Face ships it. A model folder's tokenizer.json (byte-level
+// BPE as GPT-2 / Qwen / OLMoE use, or the SentencePiece-as-JSON form of Llama / Mixtral's fast tokenizer;
+// see tokenizer_json.h) is used when present, else its SentencePiece tokenizer.model. BOS and EOS come from
+// tokenizer_config.json ("bos_token", "eos_token") when it names them, else from config.json
+// (bos_token_id, eos_token_id), else from the tokenizer itself.
 #pragma once
 #include <memory>
 #include <string>
@@ -11,25 +14,43 @@ class SentencePieceProcessor;
 
 namespace moex {
 
+class JsonTokenizer;
+
 class Tokenizer {
  public:
-  explicit Tokenizer(const std::string& model_path);  // throws Error(kInvalidInput) naming the file
+  // `file` is a tokenizer.json or a tokenizer.model (told apart by the name); the folder it is in gives
+  // tokenizer_config.json and config.json. Throws Error(kInvalidInput) naming the file.
+  explicit Tokenizer(const std::string& file);
   // A serialized SentencePiece ModelProto built in memory (a GGUF file's vocabulary); `origin` names it.
   struct Proto {
     std::string bytes, origin;
   };
   explicit Tokenizer(const Proto& proto);
-  // The tokenizer of a --model: the folder's tokenizer.model, or the vocabulary of a .gguf file.
-  static std::unique_ptr<Tokenizer> for_model(const std::string& model);
+  // The tokenizer of a --model: the vocabulary of a .gguf file, else the folder's file_in(model).
+  static Tokenizer for_model(const std::string& model);
+  Tokenizer(Tokenizer&&) noexcept;
   ~Tokenizer();
-  std::vector<int> encode(const std::string& text, bool add_bos) const;
+
+  // The file a model folder's tokenizer is read from: DIR/tokenizer.json when it exists, else
+  // DIR/tokenizer.model (which may not exist: loading it then gives the error).
+  static std::string file_in(const std::string& model_dir);
+
+  // add_special: what Hugging Face's add_special_tokens=True adds: for tokenizer.model the BOS piece, for
+  // tokenizer.json its post-processor (Llama's "<s>" template; byte-level BPE usually adds nothing).
+  std::vector<int> encode(const std::string& text, bool add_special) const;
+  // Special tokens are left out (skip_special_tokens); ids that name no token are skipped.
   std::string decode(const std::vector<int>& ids) const;
   int vocab_size() const;
-  int bos_id() const;
-  int eos_id() const;
+  int bos_id() const { return bos_id_; }  // -1 when the tokenizer has none
+  int eos_id() const { return eos_id_; }
+  const std::string& file() const { return file_; }  // the file read
+  std::string describe() const;                       // "tokenizer.json (byte-level BPE, 1234 tokens)"
 
  private:
-  std::unique_ptr<sentencepiece::SentencePieceProcessor> processor_;
+  std::string file_;
+  std::unique_ptr<sentencepiece::SentencePieceProcessor> processor_;  // tokenizer.model
+  std::unique_ptr<JsonTokenizer> json_;                               // tokenizer.json
+  int bos_id_ = -1, eos_id_ = -1;
 };
 
 }  // namespace moex
