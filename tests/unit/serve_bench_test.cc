@@ -71,7 +71,10 @@ class FakeServer {
         return;
       }
       const json body = json::parse(req.body);
-      last_body = body;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);  // requests arrive on several server threads
+        last_body_ = body;
+      }
       if (!body.value("stream", false) || !body.value("ignore_eos", false)) {
         res.status = 400;
         res.set_content(R"({"error":{"message":"want stream and ignore_eos"}})", "application/json");
@@ -122,13 +125,16 @@ class FakeServer {
     std::lock_guard<std::mutex> lock(mutex_);
     mode_ = m;
   }
+  json last_body() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return last_body_;
+  }
   std::string mode() {
     std::lock_guard<std::mutex> lock(mutex_);
     return mode_;
   }
 
   int first_ms = 30, gap_ms = 10;
-  json last_body;
 
  private:
   httplib::Server server_;
@@ -136,6 +142,7 @@ class FakeServer {
   std::thread thread_;
   std::mutex mutex_;
   std::string mode_ = "ok";
+  json last_body_;
 };
 
 TEST(ServeBench, StreamingClientTimesTokensAndReadsUsage) {
@@ -147,9 +154,9 @@ TEST(ServeBench, StreamingClientTimesTokensAndReadsUsage) {
   request.output_len = 6;
   const RequestResult r = send_completion(options, request);
   ASSERT_TRUE(r.success) << r.error;
-  EXPECT_EQ(server.last_body["model"], "mini");
-  EXPECT_EQ(server.last_body["max_tokens"], 6);
-  EXPECT_EQ(server.last_body["prompt"], request.prompt);
+  EXPECT_EQ(server.last_body()["model"], "mini");
+  EXPECT_EQ(server.last_body()["max_tokens"], 6);
+  EXPECT_EQ(server.last_body()["prompt"], request.prompt);
   EXPECT_EQ(r.prompt_tokens, 4);
   EXPECT_EQ(r.output_tokens, 6);
   EXPECT_EQ(r.text, " t0 t1 t2 t3 t4 t5");
@@ -183,7 +190,7 @@ TEST(ServeBench, StreamingClientTimesTokensAndReadsUsage) {
   request.prompt = "Hello there";
   const RequestResult chat = send_completion(options, request);
   ASSERT_TRUE(chat.success) << chat.error;
-  EXPECT_EQ(server.last_body["messages"][0]["content"], "Hello there");
+  EXPECT_EQ(server.last_body()["messages"][0]["content"], "Hello there");
   EXPECT_EQ(chat.text, " t0 t1 t2 t3 t4 t5");
   EXPECT_EQ(chat.output_tokens, 6);
   EXPECT_EQ(chat.itl.size(), 5u);
@@ -227,6 +234,29 @@ TEST(ServeBench, EndToEndAgainstTheFakeServer) {
   const json j = summary_json(s);
   EXPECT_EQ(j["completed"], 12);
   EXPECT_TRUE(j["ttft_ms"].contains("p99"));
+}
+
+// The command itself, flags to --json, against the in-test server.
+TEST(ServeBench, TheCommandReportsJson) {
+  FakeServer server;
+  server.first_ms = 2;
+  server.gap_ms = 1;
+  const std::string out_path = (std::filesystem::temp_directory_path() / ("moex_bench_serve_" + std::to_string(getpid()) + ".json")).string();
+  const std::string cmd = std::string(MOEX_BINARY) + " bench serve --url " + server.url() +
+                          " --api-key secret --concurrency 3 --num-requests 7 --input-len 9 --output-len 5 --json > " + out_path;
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  std::ifstream in(out_path);
+  const json j = json::parse(in);
+  std::filesystem::remove(out_path);
+  EXPECT_EQ(j["completed"], 7);
+  EXPECT_EQ(j["failed"], 0);
+  EXPECT_EQ(j["total_input_tokens"], 7 * 9);
+  EXPECT_EQ(j["total_output_tokens"], 7 * 5);
+  EXPECT_EQ(j["concurrency"], 3);
+  EXPECT_GT(j["output_throughput"].get<double>(), 0);
+  EXPECT_GE(j["ttft_ms"]["median"].get<double>(), 2.0);
+  EXPECT_EQ(server.last_body()["prompt"].size(), 9u);
+  EXPECT_EQ(server.last_body()["max_tokens"], 5);
 }
 
 TEST(ServeBench, LoadRespectsConcurrencyAndRequestRate) {

@@ -48,6 +48,10 @@ void run_serve_bench(const ServeBenchFlags& f) {
                 path.c_str(), f.num_requests, f.concurrency,
                 std::isfinite(f.request_rate) ? (std::to_string(f.request_rate) + "/s").c_str() : "inf",
                 f.dataset.empty() ? std::to_string(f.input_len).c_str() : f.dataset.c_str(), f.output_len);
+  // As vllm bench serve: one request first, untimed, so a wrong URL, key or model fails at once with the
+  // server's reason, and connection set-up and first-call costs stay out of the figures.
+  const RequestResult probe = send_completion(client, requests[0]);
+  MOEX_CHECK_INPUT(probe.success, "the initial test request failed: ", probe.error);
   double duration = 0;
   const auto results = run_load(requests, load, [&](const BenchRequest& r) { return send_completion(client, r); }, &duration);
   const Summary s = summarize(results, duration);
