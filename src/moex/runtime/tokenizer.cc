@@ -18,20 +18,6 @@ bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-Tokenizer::Tokenizer(const Proto& proto)
-    : file_(proto.origin), processor_(std::make_unique<sentencepiece::SentencePieceProcessor>()) {
-  const auto status = processor_->LoadFromSerializedProto(proto.bytes);
-  MOEX_CHECK_INPUT(status.ok(), "cannot load the tokenizer of ", proto.origin, ": ", status.ToString());
-  bos_id_ = processor_->bos_id();
-  eos_id_ = processor_->eos_id();
-}
-
-Tokenizer Tokenizer::for_model(const std::string& model) {
-  if (!is_gguf_path(model)) return Tokenizer(file_in(model));
-  const GgufFile file(model);
-  return Tokenizer(Proto{gguf_sentencepiece_proto(file.contents(), model), model});
-}
-
 // tokenizer_config.json spells a token as "<s>", as {"content": "<s>", ...} or as null (no such token).
 // Returns false when the field is absent, so that config.json may say instead.
 bool config_token(const nlohmann::json& config, const char* key, const std::string& file, std::string* name,
@@ -68,6 +54,20 @@ nlohmann::json read_json_if_present(const std::string& path) {
 }
 
 }  // namespace
+
+Tokenizer::Tokenizer(const Proto& proto)
+    : file_(proto.origin), processor_(std::make_unique<sentencepiece::SentencePieceProcessor>()) {
+  const auto status = processor_->LoadFromSerializedProto(proto.bytes);
+  MOEX_CHECK_INPUT(status.ok(), "cannot load the tokenizer of ", proto.origin, ": ", status.ToString());
+  bos_id_ = processor_->bos_id();
+  eos_id_ = processor_->eos_id();
+}
+
+Tokenizer Tokenizer::for_model(const std::string& model) {
+  if (!is_gguf_path(model)) return Tokenizer(file_in(model));
+  const GgufFile file(model);
+  return Tokenizer(Proto{gguf_sentencepiece_proto(file.contents(), model), model});
+}
 
 std::string Tokenizer::file_in(const std::string& model_dir) {
   const std::string json_path = model_dir + "/tokenizer.json";
