@@ -914,18 +914,28 @@ struct Match {
   int id;  // -1: text between added tokens
 };
 
+// Added tokens by the first byte of what they match, so that a position no token starts with costs one look-up.
+struct AddedTokenIndex {
+  std::vector<const AddedToken*> by_first_byte[256];
+  bool empty = true;
+  void add(const AddedToken* t) {
+    by_first_byte[static_cast<unsigned char>(t->text[0])].push_back(t);
+    empty = false;
+  }
+};
+
 // The added tokens of `tokens` in s, leftmost first and the longest at a position (as `tokenizers`'
 // leftmost-longest automaton), widened over whitespace by lstrip / rstrip; the text between them as id -1.
-std::vector<Match> split_added(std::string_view s, const std::vector<const AddedToken*>& tokens) {
+std::vector<Match> split_added(std::string_view s, const AddedTokenIndex& tokens) {
   std::vector<Match> out;
-  if (tokens.empty()) {
+  if (tokens.empty) {
     if (!s.empty()) out.push_back({0, s.size(), -1});
     return out;
   }
   size_t last = 0;  // end of the previous added token
   for (size_t i = 0; i < s.size();) {
     const AddedToken* best = nullptr;
-    for (const AddedToken* t : tokens)
+    for (const AddedToken* t : tokens.by_first_byte[static_cast<unsigned char>(s[i])])
       if ((!best || t->text.size() > best->text.size()) && s.compare(i, t->text.size(), t->text) == 0) best = t;
     if (!best) {
       i += char_length(s, i);
@@ -979,7 +989,7 @@ struct JsonTokenizer::Impl {
   std::string kind;
   std::vector<AddedToken> added;
   std::unordered_map<int, size_t> added_by_id;
-  std::vector<const AddedToken*> raw_tokens, normalized_tokens;  // matched before / after normalization
+  AddedTokenIndex raw_tokens, normalized_tokens;  // matched before / after normalization
   std::unique_ptr<Normalizer> normalizer;
   std::unique_ptr<PreTokenizer> pre_tokenizer;
   BpeModel model;
@@ -1062,7 +1072,7 @@ std::unique_ptr<JsonTokenizer> JsonTokenizer::parse(std::string_view json_text, 
     for (AddedToken& t : impl->added) {
       t.text = t.normalized && impl->normalizer ? impl->normalizer->apply(t.content) : t.content;
       if (t.text.empty()) continue;  // normalized to nothing: matches nowhere
-      (t.normalized ? impl->normalized_tokens : impl->raw_tokens).push_back(&t);
+      (t.normalized ? impl->normalized_tokens : impl->raw_tokens).add(&t);
     }
     impl->vocab_size = static_cast<int>(max_id + 1);
     for (const std::vector<int>* ids : {&impl->post.before, &impl->post.after})
