@@ -501,10 +501,11 @@ struct BpeModel {
 
   static uint64_t key(int a, int b) { return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b); }
 
-  int find(std::string_view token) const {
-    auto it = vocab.find(std::string(token));
+  int find(const std::string& token) const {
+    auto it = vocab.find(token);
     return it == vocab.end() ? -1 : it->second;
   }
+  int find(std::string_view token) const { return find(std::string(token)); }
 
   // BPE on one pre-tokenized piece: characters (bytes of an unknown one through byte_fallback, else unk),
   // then the lowest-ranked adjacent pair merged first, the leftmost among equals, until none applies.
@@ -606,6 +607,7 @@ BpeModel parse_bpe(const json& j, const Where& w) {
   const json* vocab = optional_field(j, "vocab");
   if (!vocab || !vocab->is_object()) w.fail("\"vocab\" must be an object of token: id");
   if (vocab->empty()) w.fail("\"vocab\" is empty");
+  m.vocab.reserve(vocab->size());
   for (const auto& [token, id] : vocab->items()) {
     if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > kMaxTokenId)
       w.fail("vocab: the id of \"", token, "\" must be an integer in 0..", kMaxTokenId);
@@ -627,6 +629,7 @@ BpeModel parse_bpe(const json& j, const Where& w) {
   }
   const json* merges = optional_field(j, "merges");
   if (!merges || !merges->is_array()) w.fail("\"merges\" must be an array");
+  m.merges.reserve(merges->size());
   for (size_t r = 0; r < merges->size(); ++r) {
     const json& e = (*merges)[r];
     std::string left, right;
