@@ -66,7 +66,10 @@ async function main() {
         single: [{ SpecialToken: { id: bos.content, type_id: 0 } }, { Sequence: { id: 'A', type_id: 0 } }],
         pair: [], special_tokens: { [bos.content]: { id: bos.content, ids: [bos.id], tokens: [bos.content] } } }] };
     } else if (args.variant === 'splits') {
-      // Every Split behaviour, inverted or not, String and Regex patterns, and Digits, before ByteLevel.
+      // Every Split behaviour, inverted or not, String and Regex patterns, and Digits, before ByteLevel;
+      // the other Unicode normal forms, with accents stripped by a Regex Replace between them.
+      spec.normalizer = { type: 'Sequence', normalizers: [{ type: 'NFKD' }, { type: 'Replace',
+        pattern: { Regex: '\\p{Mn}' }, content: '' }, { type: 'NFKC' }, { type: 'NFD' }] };
       const split = (pattern, behavior, invert) => ({ type: 'Split', pattern, behavior, invert });
       spec.pre_tokenizer = { type: 'Sequence', pretokenizers: [
         { type: 'Digits', individual_digits: false },
