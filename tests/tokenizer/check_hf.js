@@ -6,7 +6,7 @@
 // "metaspace" (no normalizer, a Metaspace pre-tokenizer with prepend_scheme "first": Llama's legacy=false),
 // "metaspace_split" (Metaspace "always" splitting at each "▁", decoded by ByteFallback, Fuse, Metaspace).
 //   node check_hf.js --modules DIR --probe BIN --tokenizer DIR --corpus FILE --work DIR [--roundtrip exact|nfc]
-//                    [--variant metaspace|metaspace_split|added_tokens]
+//                    [--variant metaspace|metaspace_split|added_tokens|llama3|splits]
 // ("added_tokens" adds non-special, normalized, lstrip/rstrip and overlapping added tokens to any file).
 'use strict';
 const fs = require('fs');
@@ -55,6 +55,31 @@ async function main() {
       add('caf\u00e9', { normalized: true });
       add('<tool', { special: true });
       add('<tool_call>', { special: true });
+    } else if (args.variant === 'llama3') {
+      // Llama 3's shape on a byte-level file: its split regex (digits in threes), ignore_merges, and a
+      // Sequence post-processor adding a BOS.
+      spec.model.ignore_merges = true;
+      spec.pre_tokenizer.pretokenizers[0].pattern.Regex =
+        "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+      const bos = spec.added_tokens[0];
+      spec.post_processor = { type: 'Sequence', processors: [spec.post_processor, { type: 'TemplateProcessing',
+        single: [{ SpecialToken: { id: bos.content, type_id: 0 } }, { Sequence: { id: 'A', type_id: 0 } }],
+        pair: [], special_tokens: { [bos.content]: { id: bos.content, ids: [bos.id], tokens: [bos.content] } } }] };
+    } else if (args.variant === 'splits') {
+      // Every Split behaviour, inverted or not, String and Regex patterns, and Digits, before ByteLevel;
+      // the other Unicode normal forms, with accents stripped by a Regex Replace between them.
+      spec.normalizer = { type: 'Sequence', normalizers: [{ type: 'NFKD' }, { type: 'Replace',
+        pattern: { Regex: '\\p{Mn}' }, content: '' }, { type: 'NFKC' }, { type: 'NFD' }] };
+      const split = (pattern, behavior, invert) => ({ type: 'Split', pattern, behavior, invert });
+      spec.pre_tokenizer = { type: 'Sequence', pretokenizers: [
+        { type: 'Digits', individual_digits: false },
+        split({ String: ' ' }, 'MergedWithPrevious', false),
+        split({ Regex: '[aeiou\u00e9]' }, 'MergedWithNext', false),
+        split({ Regex: '\\p{P}+' }, 'Contiguous', false),
+        split({ String: 'q' }, 'Removed', false),
+        split({ Regex: '[A-Z]' }, 'Isolated', true),
+        { type: 'Digits', individual_digits: true },
+        { type: 'ByteLevel', add_prefix_space: true, trim_offsets: true, use_regex: true }] };
     } else if (args.variant === 'metaspace') {
       spec.normalizer = null;
       spec.pre_tokenizer = metaspace;

@@ -501,10 +501,11 @@ struct BpeModel {
 
   static uint64_t key(int a, int b) { return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b); }
 
-  int find(std::string_view token) const {
-    auto it = vocab.find(std::string(token));
+  int find(const std::string& token) const {
+    auto it = vocab.find(token);
     return it == vocab.end() ? -1 : it->second;
   }
+  int find(std::string_view token) const { return find(std::string(token)); }
 
   // BPE on one pre-tokenized piece: characters (bytes of an unknown one through byte_fallback, else unk),
   // then the lowest-ranked adjacent pair merged first, the leftmost among equals, until none applies.
@@ -606,6 +607,7 @@ BpeModel parse_bpe(const json& j, const Where& w) {
   const json* vocab = optional_field(j, "vocab");
   if (!vocab || !vocab->is_object()) w.fail("\"vocab\" must be an object of token: id");
   if (vocab->empty()) w.fail("\"vocab\" is empty");
+  m.vocab.reserve(vocab->size());
   for (const auto& [token, id] : vocab->items()) {
     if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > kMaxTokenId)
       w.fail("vocab: the id of \"", token, "\" must be an integer in 0..", kMaxTokenId);
@@ -627,6 +629,7 @@ BpeModel parse_bpe(const json& j, const Where& w) {
   }
   const json* merges = optional_field(j, "merges");
   if (!merges || !merges->is_array()) w.fail("\"merges\" must be an array");
+  m.merges.reserve(merges->size());
   for (size_t r = 0; r < merges->size(); ++r) {
     const json& e = (*merges)[r];
     std::string left, right;
@@ -914,18 +917,28 @@ struct Match {
   int id;  // -1: text between added tokens
 };
 
+// Added tokens by the first byte of what they match, so that a position no token starts with costs one look-up.
+struct AddedTokenIndex {
+  std::vector<const AddedToken*> by_first_byte[256];
+  bool empty = true;
+  void add(const AddedToken* t) {
+    by_first_byte[static_cast<unsigned char>(t->text[0])].push_back(t);
+    empty = false;
+  }
+};
+
 // The added tokens of `tokens` in s, leftmost first and the longest at a position (as `tokenizers`'
 // leftmost-longest automaton), widened over whitespace by lstrip / rstrip; the text between them as id -1.
-std::vector<Match> split_added(std::string_view s, const std::vector<const AddedToken*>& tokens) {
+std::vector<Match> split_added(std::string_view s, const AddedTokenIndex& tokens) {
   std::vector<Match> out;
-  if (tokens.empty()) {
+  if (tokens.empty) {
     if (!s.empty()) out.push_back({0, s.size(), -1});
     return out;
   }
   size_t last = 0;  // end of the previous added token
   for (size_t i = 0; i < s.size();) {
     const AddedToken* best = nullptr;
-    for (const AddedToken* t : tokens)
+    for (const AddedToken* t : tokens.by_first_byte[static_cast<unsigned char>(s[i])])
       if ((!best || t->text.size() > best->text.size()) && s.compare(i, t->text.size(), t->text) == 0) best = t;
     if (!best) {
       i += char_length(s, i);
@@ -979,7 +992,7 @@ struct JsonTokenizer::Impl {
   std::string kind;
   std::vector<AddedToken> added;
   std::unordered_map<int, size_t> added_by_id;
-  std::vector<const AddedToken*> raw_tokens, normalized_tokens;  // matched before / after normalization
+  AddedTokenIndex raw_tokens, normalized_tokens;  // matched before / after normalization
   std::unique_ptr<Normalizer> normalizer;
   std::unique_ptr<PreTokenizer> pre_tokenizer;
   BpeModel model;
@@ -1062,7 +1075,7 @@ std::unique_ptr<JsonTokenizer> JsonTokenizer::parse(std::string_view json_text, 
     for (AddedToken& t : impl->added) {
       t.text = t.normalized && impl->normalizer ? impl->normalizer->apply(t.content) : t.content;
       if (t.text.empty()) continue;  // normalized to nothing: matches nowhere
-      (t.normalized ? impl->normalized_tokens : impl->raw_tokens).push_back(&t);
+      (t.normalized ? impl->normalized_tokens : impl->raw_tokens).add(&t);
     }
     impl->vocab_size = static_cast<int>(max_id + 1);
     for (const std::vector<int>* ids : {&impl->post.before, &impl->post.after})
