@@ -1,5 +1,5 @@
 // `moex serve` end to end, driven by the official `openai` npm client (pinned in package.json).
-// usage: node serve_test.mjs MOEX_BINARY
+// usage: node serve_test.mjs MOEX_BINARY [MPIRUN]   (with MPIRUN: also `mpirun -np 2 moex serve --moe-parallel ep`)
 // Generates a tiny model, starts servers on free ports of 127.0.0.1 and checks: completions and chat,
 // streamed and not, with usage; greedy output equal to `moex generate`; bad clients (400 / 401 / 404 /
 // 429); 200 concurrent streams of which half disconnect mid-stream, after which the KV-cache usage is 0 and
@@ -12,16 +12,21 @@ import { join } from 'node:path';
 import OpenAI from 'openai';
 
 const moex = process.argv[2];
+const mpirun = process.argv[3];
 assert.ok(moex, 'usage: node serve_test.mjs MOEX_BINARY');
 const work = mkdtempSync(join(tmpdir(), 'moex-serve-test-'));
 const model = join(work, 'tiny');
 execFileSync(moex, ['gen-model', '--preset', 'tiny', '--seed', '7', '--out', model], { stdio: 'ignore' });
 
 const servers = [];
-function startServer(args) {
+function startServer(args, ranks = 1) {
   return new Promise((resolve, reject) => {
-    const child = spawn(moex, ['serve', '--model', model, '--port', '0', '--threads', '1', ...args],
-                        { stdio: ['ignore', 'pipe', 'inherit'] });
+    const serve = ['serve', '--model', model, '--port', '0', '--threads', '1', ...args];
+    const env = { ...process.env, OMPI_MCA_mpi_yield_when_idle: '1', OMPI_MCA_btl_vader_single_copy_mechanism: 'none' };
+    const child = ranks === 1
+      ? spawn(moex, serve, { stdio: ['ignore', 'pipe', 'inherit'] })
+      : spawn(mpirun, ['--allow-run-as-root', '--oversubscribe', '-np', String(ranks), moex, ...serve],
+              { stdio: ['ignore', 'pipe', 'inherit'], env });
     servers.push(child);
     let out = '';
     child.stdout.on('data', (d) => {
@@ -289,6 +294,29 @@ await check('bad start-up flags: one error line, exit 2', async () => {
     assert.match(stderr, /^moex: error: [^\n]+\n$/, `${args.join(' ')}: ${stderr}`);
   }
 });
+
+if (mpirun) {
+  await check('mpirun -np 2 moex serve --moe-parallel ep answers the tokens of one rank', async () => {
+    const ep = await startServer(['--moe-parallel', 'ep', '--comm-tuning', 'none', '--max-num-seqs', '8',
+                                  '--max-batch-tokens', '64'], 2);
+    const epClient = new OpenAI({ baseURL: `${ep.url}/v1`, apiKey: 'unused', maxRetries: 0 });
+    const r = await epClient.completions.create({ model: modelName, prompt, max_tokens: 12, temperature: 0, ignore_eos: true });
+    assert.equal(r.choices[0].text, greedyText);
+    // A few concurrent ones, streamed: the same text as each alone on one rank.
+    const prompts = ['A', 'Two words', 'Three short words', 'And a fourth prompt here'];
+    const one = await Promise.all(prompts.map((p) =>
+      client.completions.create({ model: modelName, prompt: p, max_tokens: 10, temperature: 0, ignore_eos: true })));
+    const two = await Promise.all(prompts.map(async (p) => {
+      let text = '';
+      const stream = await epClient.completions.create({ model: modelName, prompt: p, max_tokens: 10, temperature: 0,
+                                                         ignore_eos: true, stream: true });
+      for await (const chunk of stream) text += chunk.choices[0]?.text ?? '';
+      return text;
+    }));
+    assert.deepEqual(two, one.map((x) => x.choices[0].text));
+    ep.child.kill('SIGTERM');
+  });
+}
 
 stopAll();
 console.log(failures ? `${failures} check(s) failed` : 'all checks passed');

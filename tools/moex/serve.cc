@@ -8,6 +8,7 @@
 #include "moex/runtime/tokenizer.h"
 #include "moex/serve/engine.h"
 #include "moex/serve/http_server.h"
+#include "moex/serve/step_sync.h"
 #include "tools/moex/command.h"
 #include "tools/moex/model_flags.h"
 
@@ -53,8 +54,14 @@ void run_serve(ServeFlags flags) {
   signal(SIGPIPE, SIG_IGN);  // a client that closed its socket is a failed write, not the end of the server
 
   auto model = flags.model.load(static_cast<int>(flags.max_num_seqs));
-  MOEX_CHECK_INPUT(model->options().plan.single(), "moex serve runs on one rank for now (got ",
-                   model->options().plan.world, " ranks)");
+  const ParallelPlan& plan = model->options().plan;
+  // Every rank runs rank 0's plan, so the attention must be split by heads (TP), not by sequences (DP).
+  MOEX_CHECK_INPUT(plan.single() || plan.attn == AttnParallel::kTP,
+                   "moex serve under mpirun takes --attn-parallel tp (every rank runs rank 0's schedule)");
+  if (plan.rank != 0) {  // rank 0 owns HTTP and the scheduler; this rank runs each step it sends
+    serve::run_step_worker(*model->options().comm, *model, flags.max_num_seqs);
+    return;
+  }
   MOEX_CHECK_INPUT(tokenizer.vocab_size() <= model->config().vocab_size, "tokenizer.model has ",
                    tokenizer.vocab_size(), " pieces but config.json's vocab_size is ", model->config().vocab_size);
   serve::EngineOptions eo;
@@ -63,6 +70,7 @@ void run_serve(ServeFlags flags) {
   eo.max_waiting = flags.max_waiting;
   eo.max_model_len = model->options().max_seq_len;
   eo.prefix_caching = !flags.no_prefix_caching;
+  if (!plan.single()) eo.comm = model->options().comm;
   serve::Engine engine(*model, eo);
 
   serve::ServerOptions so;
@@ -85,11 +93,11 @@ void run_serve(ServeFlags flags) {
   });
   const auto& kv = model->kv_cache();
   std::printf("moex serve: listening on http://%s:%d (model '%s'; KV cache %s, %lld blocks = %lld positions; "
-              "--max-num-seqs %lld, --max-batch-tokens %lld, --max-model-len %d, prefix caching %s)\n",
+              "--max-num-seqs %lld, --max-batch-tokens %lld, --max-model-len %d, prefix caching %s%s)\n",
               so.host.c_str(), server.port(), so.model_name.c_str(), kv_cache_dtype_name(kv.dtype()),
               static_cast<long long>(kv.num_blocks()), static_cast<long long>(kv.capacity_positions()),
               static_cast<long long>(eo.max_num_seqs), static_cast<long long>(eo.max_batch_tokens), eo.max_model_len,
-              eo.prefix_caching ? "on" : "off");
+              eo.prefix_caching ? "on" : "off", plan.single() ? "" : ("; " + plan.describe()).c_str());
   std::fflush(stdout);
   server.run();
   pthread_kill(watcher.native_handle(), SIGTERM);  // run() also ends on a failed listen: release the watcher

@@ -5,6 +5,7 @@
 #include <exception>
 
 #include "moex/base/error.h"
+#include "moex/serve/step_sync.h"
 
 namespace moex::serve {
 
@@ -72,6 +73,7 @@ Engine::~Engine() {
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  if (options_.comm) send_command(*options_.comm, StepCommand::kStop);  // the other ranks leave their loop
   for (auto& [id, a] : active_)
     if (!a.finished) a.stream->finish("abort", "the server is shutting down");
   for (Pending& p : pending_) p.stream->finish("abort", "the server is shutting down");
@@ -175,6 +177,7 @@ void Engine::step() {
   }
   if (scheduler_.idle()) {
     publish_gauges();
+    if (options_.comm) send_command(*options_.comm, StepCommand::kIdle);  // keeps the other ranks' wait short
     return;
   }
 
@@ -214,6 +217,7 @@ void Engine::step() {
   input.num_seqs = static_cast<int64_t>(step_seqs_.size());
   input.logit_rows = logit_rows_.data();
   input.num_logit_rows = static_cast<int64_t>(logit_rows_.size());
+  if (options_.comm) send_step(*options_.comm, input);  // every rank runs the same step
   model_.forward(input, logits_.data());
 
   const int vocab = model_.config().vocab_size;

@@ -28,6 +28,8 @@ struct EngineOptions {
   int64_t max_waiting = 256;       // requests queued beyond the running ones; more: rejected (HTTP 429)
   int64_t max_model_len = 2048;    // prompt + max_tokens
   bool prefix_caching = true;
+  // Multi-rank (this is rank 0): every step's input is broadcast to the other ranks (serve/step_sync.h).
+  comm::Communicator* comm = nullptr;
 };
 
 struct GenerationRequest {
