@@ -164,7 +164,15 @@ void Engine::step() {
   }
   for (Pending& p : incoming) {
     const int64_t max_tokens = p.request.max_tokens;
-    scheduler_.add(p.id, std::move(p.request.prompt), max_tokens);  // checked in submit: does not throw
+    try {
+      scheduler_.add(p.id, std::move(p.request.prompt), max_tokens);  // checked in submit: should not throw
+    } catch (const std::exception& e) {
+      p.stream->finish("abort", e.what());
+      ++metrics_.finished_abort;
+      std::lock_guard<std::mutex> lock(mutex_);
+      --in_flight_;
+      continue;
+    }
     Active a{p.stream, Sampler(p.request.sampler), max_tokens, p.request.ignore_eos};
     a.arrival = p.arrival;
     active_.emplace(p.id, std::move(a));
