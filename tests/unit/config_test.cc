@@ -266,14 +266,25 @@ TEST(RunMemory, KvCacheEstimateIsWhatTheCacheAllocates) {
     for (const int seq : {16, 1000}) {
       ModelOptions options;
       options.max_batch = batch, options.max_seq_len = seq;
-      const KvCache cache(c, c.num_key_value_heads, batch, seq);
-      EXPECT_EQ(estimate_run_memory(c, options, 2).kv_cache_bytes, static_cast<double>(cache.bytes()));
+      for (const KvCacheDType dtype : {KvCacheDType::kF32, KvCacheDType::kBF16}) {
+        options.kv_cache_dtype = dtype;
+        const PagedKvCache cache(c.num_hidden_layers, c.num_key_value_heads, c.head_dim,
+                                 MixtralModel::kv_cache_layout(c, options).num_blocks, dtype);
+        EXPECT_EQ(estimate_run_memory(c, options, 2).kv_cache_bytes, static_cast<double>(cache.bytes()));
+        EXPECT_GE(cache.capacity_positions(), int64_t{batch} * seq);  // every sequence its whole length
+      }
     }
   }
+  // --kv-cache-gb: the whole blocks that fit.
+  ModelOptions sized;
+  sized.kv_cache_gb = 0.001, sized.kv_cache_dtype = KvCacheDType::kBF16;
+  const PagedKvCache by_gb(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, 0.001, KvCacheDType::kBF16);
+  EXPECT_EQ(estimate_run_memory(c, sized, 1).kv_cache_bytes, static_cast<double>(by_gb.bytes()));
   // Attention TP over 2 ranks: each caches half the KV heads.
   ModelOptions tp;
   tp.max_batch = 2, tp.max_seq_len = 64, tp.plan.world = 2, tp.plan.tp = 2;
-  EXPECT_EQ(estimate_run_memory(c, tp, 1).kv_cache_bytes, static_cast<double>(KvCache(c, 1, 2, 64).bytes()));
+  EXPECT_EQ(estimate_run_memory(c, tp, 1).kv_cache_bytes,
+            static_cast<double>(PagedKvCache(c.num_hidden_layers, 1, c.head_dim, int64_t{2 * 4}, KvCacheDType::kF32).bytes()));
 }
 
 TEST(RunMemory, RefusesWithTheFiguresWhatDoesNotFit) {

@@ -14,7 +14,7 @@
 #include "moex/kernels/paged_attention.h"
 #include "moex/model/mixtral.h"
 #include "moex/runtime/kv_block_manager.h"
-#include "moex/runtime/paged_kv_cache.h"
+#include "moex/model/paged_kv_cache.h"
 
 namespace moex {
 namespace {
@@ -83,6 +83,9 @@ void check_case(const AttentionCase& c, uint32_t seed) {
   layout.kv_heads = c.kv_heads;
   layout.head_dim = c.hd;
   std::vector<uint16_t> pool(layout.num_blocks * layout.block_elems(), f32_to_bf16(NAN));  // unwritten = NaN
+  PagedKvLayout layout_f32 = layout;  // the same blocks in an exact f32 pool
+  layout_f32.elem_bytes = 4;
+  std::vector<float> pool_f32(layout.num_blocks * layout.block_elems(), NAN);
   std::vector<int32_t> ids(layout.num_blocks);
   std::iota(ids.begin(), ids.end(), 0);
   std::shuffle(ids.begin(), ids.end(), rng);
@@ -99,6 +102,8 @@ void check_case(const AttentionCase& c, uint32_t seed) {
     for (float& x : v) x = uniform(rng);
     for (int64_t p = 0; p < len; ++p) {
       kernels::paged_kv_write(layout, pool.data(), layer, table.data(), p, k.data() + p * row_dim, v.data() + p * row_dim);
+      kernels::paged_kv_write(layout_f32, pool_f32.data(), layer, table.data(), p, k.data() + p * row_dim,
+                              v.data() + p * row_dim);
     }
     std::vector<float> kr(k), vr(v);
     for (float& x : kr) x = bf16_to_f32(f32_to_bf16(x));
@@ -138,6 +143,17 @@ void check_case(const AttentionCase& c, uint32_t seed) {
     worst_exact = std::max(worst_exact, std::abs(fast[i] - exact[i]));
   }
   EXPECT_GT(worst_exact, 0.0f);  // the pool really is bf16
+
+  // The f32 pool: against the exact K/V only the summation order differs.
+  std::vector<float> fast32(q.size(), NAN), ref32(q.size(), NAN);
+  kernels::paged_attention(layout_f32, pool_f32.data(), layer, seqs.data(), seqs.size(), q.data(), c.heads,
+                           fast32.data(), scratch.data());
+  kernels::paged_attention_ref(layout_f32, pool_f32.data(), layer, seqs.data(), seqs.size(), q.data(), c.heads,
+                               ref32.data());
+  for (size_t i = 0; i < q.size(); ++i) {
+    ASSERT_NEAR(fast32[i], exact[i], 2e-5f) << "fast f32, element " << i;
+    ASSERT_NEAR(ref32[i], exact[i], 2e-5f) << "ref f32, element " << i;
+  }
 }
 
 class PagedAttentionTest : public ::testing::Test {
@@ -172,7 +188,10 @@ TEST(PagedKvCache, Bf16HoldsTwiceThePositionsOfTheFp32CacheInTheSameBytes) {
   config.num_hidden_layers = 2;
   config.head_dim = 64;
   const int kv_heads = 2, positions = 1024;
-  const KvCache fp32_cache(config, kv_heads, /*max_batch=*/1, positions);
+  // The f32 pool holds what the contiguous fp32 cache held: layers x 2 x kv_heads x positions x head_dim x 4.
+  const PagedKvCache fp32_cache(config.num_hidden_layers, kv_heads, config.head_dim, int64_t{positions / 16},
+                                KvCacheDType::kF32);
+  EXPECT_EQ(fp32_cache.bytes(), int64_t{config.num_hidden_layers} * 2 * kv_heads * positions * config.head_dim * 4);
   const PagedKvCache paged(config.num_hidden_layers, kv_heads, config.head_dim,
                            static_cast<double>(fp32_cache.bytes()) / 1e9);
   EXPECT_EQ(paged.capacity_positions(), 2 * positions);

@@ -172,15 +172,15 @@ void run_logits(const LogitsFlags& flags) {
   // Under attention DP the sequence lives on rank 0; the other ranks join each step's collectives.
   const ParallelPlan& plan = model->options().plan;
   const bool owner = rank_serves_sequence(plan, 0);
+  KvBlockManager kv = make_block_manager(*model);
   if (owner) {
-    prefill(*model, 0, prompt, last.data(), logits.data());
+    prefill(*model, kv, 0, prompt, last.data(), logits.data());
   } else {
     for (int64_t i = 0; i < prefill_steps(*model, static_cast<int64_t>(prompt.size())); ++i) idle_step(*model);
   }
   std::string stats;  // written with the logits, at the end (the decode steps replace the model's stats)
   if (!flags.stats_out.empty() && plan.rank == 0) stats = moe_stats_json(*model, static_cast<int64_t>(prompt.size()));
   std::vector<int> generated;
-  int32_t slot = 0;
   for (int step = 0; step < flags.decode_steps; ++step) {
     if (!owner) {
       idle_step(*model);
@@ -189,13 +189,8 @@ void run_logits(const LogitsFlags& flags) {
     const int32_t token = argmax(last.data(), vocab);
     const int32_t position = static_cast<int32_t>(prompt.size()) + step;
     generated.push_back(token);
-    StepInput input;
-    input.tokens = &token;
-    input.seq_slots = &slot;
-    input.positions = &position;
-    input.num_tokens = 1;
     float* row = logits.data() + static_cast<size_t>(position) * vocab;
-    model->forward(input, row);
+    decode_step(*model, kv, {0}, &token, &position, row);
     std::copy(row, row + vocab, last.begin());
   }
   if (plan.rank != 0) return;  // rank 0 serves sequence 0 under every plan and writes the results

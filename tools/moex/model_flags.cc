@@ -74,6 +74,10 @@ void ModelFlags::add_to(CLI::App* cmd) {
   group_size_option = cmd->add_option("--group-size", group_size, "int4: weights per scale along K (32 | 64 | 128)")
                           ->capture_default_str()
                           ->check(CLI::IsMember({32, 64, 128}));
+  cmd->add_option("--kv-cache-dtype", kv_cache_dtype,
+                  "KV cache element type: f32 (exact) | bf16 (twice the positions in the same bytes)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"f32", "bf16"}));
   ThreadsFlags::add_to(cmd);
   ParallelFlags::add_to(cmd);
   CommFlags::add_to(cmd);
@@ -120,6 +124,8 @@ std::unique_ptr<MixtralModel> ModelFlags::load(int batch) const {
                                     comm.size(), comm.rank());
   options.comm = &comm;
   options.expert_weights = expert_weight_format();
+  options.kv_cache_dtype = parse_kv_cache_dtype(kv_cache_dtype);
+  options.kv_cache_gb = kv_cache_gb;
   check_run_memory(estimate_run_memory(config, options, num_threads()), config, options, available_memory());
   return std::make_unique<MixtralModel>(model_dir, options);
 }

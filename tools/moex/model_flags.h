@@ -23,6 +23,8 @@ struct ModelFlags : ThreadsFlags, ParallelFlags, CommFlags {
   std::string weights = "as-stored";  // the experts: as-stored | bf16 | int8 | int4 | fp8 (packed at load)
   int group_size = 128;               // int4: weights per scale along K
   CLI::Option* group_size_option = nullptr;
+  std::string kv_cache_dtype = "f32";  // the paged KV pool: f32 (exact) | bf16 (`serve` sets bf16 before add_to)
+  double kv_cache_gb = 0.0;            // > 0: the pool's size (`serve --kv-cache-gb`); else batch x --max-seq-len
 
   // --weights / --group-size as the model option (one error line for a bad combination).
   ExpertWeightFormat expert_weight_format() const;

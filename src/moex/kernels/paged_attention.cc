@@ -10,18 +10,36 @@
 
 namespace moex::kernels {
 
-void paged_kv_write(const PagedKvLayout& layout, uint16_t* pool, int64_t layer, const int32_t* block_table,
-                    int64_t position, const float* k_row, const float* v_row) {
+namespace {
+// The pool's element types: bf16 (rounded on write, widened on read) and f32 (as is).
+inline float widen(uint16_t x) { return bf16_to_f32(x); }
+inline float widen(float x) { return x; }
+inline void store(uint16_t* dst, float x) { *dst = f32_to_bf16(x); }
+inline void store(float* dst, float x) { *dst = x; }
+
+template <typename Elem>
+void kv_write(const PagedKvLayout& layout, Elem* pool, int64_t layer, const int32_t* block_table,
+              int64_t position, const float* k_row, const float* v_row) {
   const int64_t hd = layout.head_dim, block = block_table[position / layout.block_size],
                 row = position % layout.block_size;
   for (int64_t g = 0; g < layout.kv_heads; ++g) {
-    uint16_t* k = pool + layout.tile_offset(block, layer, 0, g) + row * hd;
-    uint16_t* v = pool + layout.tile_offset(block, layer, 1, g) + row * hd;
+    Elem* k = pool + layout.tile_offset(block, layer, 0, g) + row * hd;
+    Elem* v = pool + layout.tile_offset(block, layer, 1, g) + row * hd;
     for (int64_t e = 0; e < hd; ++e) {
-      k[e] = f32_to_bf16(k_row[g * hd + e]);
-      v[e] = f32_to_bf16(v_row[g * hd + e]);
+      store(k + e, k_row[g * hd + e]);
+      store(v + e, v_row[g * hd + e]);
     }
   }
+}
+}  // namespace
+
+void paged_kv_write(const PagedKvLayout& layout, uint16_t* pool, int64_t layer, const int32_t* block_table,
+                    int64_t position, const float* k_row, const float* v_row) {
+  kv_write(layout, pool, layer, block_table, position, k_row, v_row);
+}
+void paged_kv_write(const PagedKvLayout& layout, float* pool, int64_t layer, const int32_t* block_table,
+                    int64_t position, const float* k_row, const float* v_row) {
+  kv_write(layout, pool, layer, block_table, position, k_row, v_row);
 }
 
 int64_t paged_attention_scratch_floats(const PagedKvLayout& layout, int64_t heads) {
@@ -34,7 +52,8 @@ namespace {
 
 // One work item: query rows [row_begin, row_end) of `seq` x the `group` query heads of KV head g.
 // Online softmax (running max m, sum l, unnormalised acc) over the blocks the last row reaches.
-void attend_tile(const PagedKvLayout& layout, const uint16_t* pool, int64_t layer, const PagedAttentionSeq& seq,
+template <typename Elem>
+void attend_tile(const PagedKvLayout& layout, const Elem* pool, int64_t layer, const PagedAttentionSeq& seq,
                  int64_t row_begin, int64_t row_end, int64_t g, int64_t group, const float* q, int64_t heads,
                  float* out, float* scratch) {
   const int64_t hd = layout.head_dim, bs = layout.block_size;
@@ -54,10 +73,10 @@ void attend_tile(const PagedKvLayout& layout, const uint16_t* pool, int64_t laye
   const int64_t blocks = last_position / bs + 1;
   for (int64_t b = 0; b < blocks; ++b) {
     const int64_t first = b * bs, valid = std::min(bs, last_position + 1 - first);
-    const uint16_t* k_tile = pool + layout.tile_offset(seq.block_table[b], layer, 0, g);
-    const uint16_t* v_tile = pool + layout.tile_offset(seq.block_table[b], layer, 1, g);
-    for (int64_t i = 0; i < valid * hd; ++i) k[i] = bf16_to_f32(k_tile[i]);
-    for (int64_t i = 0; i < valid * hd; ++i) v[i] = bf16_to_f32(v_tile[i]);
+    const Elem* k_tile = pool + layout.tile_offset(seq.block_table[b], layer, 0, g);
+    const Elem* v_tile = pool + layout.tile_offset(seq.block_table[b], layer, 1, g);
+    for (int64_t i = 0; i < valid * hd; ++i) k[i] = widen(k_tile[i]);
+    for (int64_t i = 0; i < valid * hd; ++i) v[i] = widen(v_tile[i]);
 
     for (int64_t r = 0; r < row_end - row_begin; ++r) {
       const int64_t row = seq.q_row + row_begin + r;
@@ -105,10 +124,9 @@ void attend_tile(const PagedKvLayout& layout, const uint16_t* pool, int64_t laye
   }
 }
 
-}  // namespace
-
-void paged_attention(const PagedKvLayout& layout, const uint16_t* pool, int64_t layer, const PagedAttentionSeq* seqs,
-                     int64_t num_seqs, const float* q, int64_t heads, float* out, float* scratch) {
+template <typename Elem>
+void attention(const PagedKvLayout& layout, const Elem* pool, int64_t layer, const PagedAttentionSeq* seqs,
+               int64_t num_seqs, const float* q, int64_t heads, float* out, float* scratch) {
   const int64_t kv_heads = layout.kv_heads, group = heads / kv_heads;
   const int64_t per_thread = paged_attention_scratch_floats(layout, heads);
   int64_t max_tiles = 0;
@@ -127,6 +145,17 @@ void paged_attention(const PagedKvLayout& layout, const uint16_t* pool, int64_t 
     attend_tile(layout, pool, layer, seq, row_begin, row_end, g, group, q, heads, out,
                 scratch + static_cast<int64_t>(omp_get_thread_num()) * per_thread);
   }
+}
+
+}  // namespace
+
+void paged_attention(const PagedKvLayout& layout, const uint16_t* pool, int64_t layer, const PagedAttentionSeq* seqs,
+                     int64_t num_seqs, const float* q, int64_t heads, float* out, float* scratch) {
+  attention(layout, pool, layer, seqs, num_seqs, q, heads, out, scratch);
+}
+void paged_attention(const PagedKvLayout& layout, const float* pool, int64_t layer, const PagedAttentionSeq* seqs,
+                     int64_t num_seqs, const float* q, int64_t heads, float* out, float* scratch) {
+  attention(layout, pool, layer, seqs, num_seqs, q, heads, out, scratch);
 }
 
 }  // namespace moex::kernels

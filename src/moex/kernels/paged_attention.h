@@ -1,4 +1,5 @@
-// Attention over a paged KV cache: K and V live in fixed-size blocks of positions, stored as bf16, and a
+// Attention over a paged KV cache: K and V live in fixed-size blocks of positions, stored as bf16 (or f32,
+// the exact mode the PyTorch reference tests use: every function has a `const float* pool` overload), and a
 // sequence reaches its positions through a block table (position p is row p % block_size of block
 // table[p / block_size]). Accumulation is fp32. docs/serve.md explains the layout.
 #pragma once
@@ -19,10 +20,11 @@ struct PagedKvLayout {
   int64_t kv_heads = 0;
   int64_t head_dim = 0;
   int64_t block_size = kKvBlockSize;
+  int64_t elem_bytes = 2;  // 2: bf16 pool, 4: f32 pool
 
   int64_t tile_elems() const { return block_size * head_dim; }                  // one (k|v, head) tile
   int64_t block_elems() const { return layers * 2 * kv_heads * tile_elems(); }  // one block, all layers
-  int64_t block_bytes() const { return block_elems() * 2; }
+  int64_t block_bytes() const { return block_elems() * elem_bytes; }
   // Element offset of tile (block, layer, kv: 0 = K, 1 = V, head).
   int64_t tile_offset(int64_t block, int64_t layer, int64_t kv, int64_t head) const {
     return ((block * layers + layer) * 2 + kv) * kv_heads * tile_elems() + head * tile_elems();
@@ -32,6 +34,8 @@ struct PagedKvLayout {
 // Writes one position's K and V rows ([kv_heads * head_dim] fp32 each, rounded to bf16) into the block the
 // table maps `position` to. The table must already cover the position.
 void paged_kv_write(const PagedKvLayout& layout, uint16_t* pool, int64_t layer, const int32_t* block_table,
+                    int64_t position, const float* k_row, const float* v_row);
+void paged_kv_write(const PagedKvLayout& layout, float* pool, int64_t layer, const int32_t* block_table,
                     int64_t position, const float* k_row, const float* v_row);
 
 // The queries of one sequence in a step: rows q_row .. q_row + q_len - 1 of q and out, at positions
@@ -50,6 +54,9 @@ struct PagedAttentionSeq {
 void paged_attention_ref(const PagedKvLayout& layout, const uint16_t* pool, int64_t layer,
                          const PagedAttentionSeq* seqs, int64_t num_seqs, const float* q, int64_t heads,
                          float* out);
+void paged_attention_ref(const PagedKvLayout& layout, const float* pool, int64_t layer,
+                         const PagedAttentionSeq* seqs, int64_t num_seqs, const float* q, int64_t heads,
+                         float* out);
 
 // Query rows per prefill tile: a K/V block is widened to fp32 once and used by this many rows x the group.
 inline constexpr int64_t kPagedQueryTile = 16;
@@ -59,6 +66,8 @@ int64_t paged_attention_scratch_floats(const PagedKvLayout& layout, int64_t head
 // tile of kPagedQueryTile query rows), items spread over the threads (decode: sequences x KV heads; prefill:
 // also query tiles). scratch: num_threads() x paged_attention_scratch_floats(); nothing allocates.
 void paged_attention(const PagedKvLayout& layout, const uint16_t* pool, int64_t layer, const PagedAttentionSeq* seqs,
+                     int64_t num_seqs, const float* q, int64_t heads, float* out, float* scratch);
+void paged_attention(const PagedKvLayout& layout, const float* pool, int64_t layer, const PagedAttentionSeq* seqs,
                      int64_t num_seqs, const float* q, int64_t heads, float* out, float* scratch);
 
 }  // namespace moex::kernels

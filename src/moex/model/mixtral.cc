@@ -1,6 +1,7 @@
 #include "moex/model/mixtral.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "moex/base/error.h"
@@ -11,18 +12,11 @@
 
 namespace moex {
 
-KvCache::KvCache(const ModelConfig& c, int kv_heads, int max_batch, int max_seq_len)
-    : max_batch_(max_batch),
-      max_seq_len_(max_seq_len),
-      slot_floats_(static_cast<size_t>(kv_heads) * max_seq_len * c.head_dim) {
-  const size_t total = static_cast<size_t>(c.num_hidden_layers) * max_batch * slot_floats_;
-  keys_.resize(total);
-  values_.resize(total);
-}
-
 static const ModelOptions& validated(const ModelOptions& options) {
   MOEX_CHECK_INPUT(options.max_seq_len > 0 && options.max_batch > 0 && options.max_step_tokens > 0,
                    "--max-seq-len, --batch and the step size must be positive");
+  MOEX_CHECK_INPUT(std::isfinite(options.kv_cache_gb) && options.kv_cache_gb >= 0,
+                   "--kv-cache-gb must be a positive number, got ", options.kv_cache_gb);
   MOEX_CHECK(options.plan.world == 1 || (options.comm && options.comm->size() == options.plan.world),
              "the parallel plan needs a communicator of its world size");
   // The chunked all-reduce overlap splits w2 by output columns at batch 1; the fused packed down projection
@@ -36,7 +30,8 @@ MixtralModel::MixtralModel(const std::string& model_dir, const ModelOptions& opt
     : config_(load_checkpoint_config(model_dir)),
       options_(options),
       weights_(load_mixtral_weights(model_dir, config_, validated(options).plan, options.expert_weights)),
-      kv_cache_(config_, weights_.kv_heads_local, options.max_batch, options.max_seq_len),
+      kv_cache_(config_.num_hidden_layers, weights_.kv_heads_local, config_.head_dim,
+                kv_cache_layout(config_, options).num_blocks, options.kv_cache_dtype),
       moe_(MoELayerShape{config_.hidden_size, weights_.intermediate_local, config_.num_local_experts,
                          config_.num_experts_per_tok, config_.norm_topk_prob},
            options.plan, options.comm, options.router_fusion, options.capacity_factor, options.max_step_tokens),
@@ -54,11 +49,34 @@ MixtralModel::MixtralModel(const std::string& model_dir, const ModelOptions& opt
   k_.resize(T * kv_local);
   v_.resize(T * kv_local);
   attn_out_.resize(T * q_local);
-  attn_scratch_.resize(static_cast<size_t>(num_threads()) * options.max_seq_len);
+  attn_scratch_.resize(static_cast<size_t>(num_threads()) *
+                       kernels::paged_attention_scratch_floats(kv_cache_.layout(), weights_.heads_local));
+  positions_.resize(T);
+  attn_seqs_.resize(T);
   if (tensor_parallel_attention())
     attn_partial_ = static_cast<float*>(options.comm->alloc_registered(T * d * sizeof(float)));
   if (options.plan.comm_dtype == comm::CommDType::kBF16) bf16_buffer_.resize(T * d);
   final_rows_.resize(T * d);
+}
+
+kernels::PagedKvLayout MixtralModel::kv_cache_layout(const ModelConfig& c, const ModelOptions& o) {
+  const SliceRange kv = local_kv_heads(o.plan, c.num_attention_heads, c.num_key_value_heads);
+  kernels::PagedKvLayout layout;
+  layout.layers = c.num_hidden_layers;
+  layout.kv_heads = kv.end - kv.begin;
+  layout.head_dim = c.head_dim;
+  layout.elem_bytes = o.kv_cache_dtype == KvCacheDType::kF32 ? 4 : 2;
+  if (o.kv_cache_gb > 0) {
+    layout.num_blocks = PagedKvCache::blocks_in(layout, o.kv_cache_gb * 1e9);
+    MOEX_CHECK_INPUT(layout.num_blocks >= 1, "--kv-cache-gb ", o.kv_cache_gb, " holds no KV block (one block of ",
+                     layout.block_size, " positions is ", static_cast<double>(layout.block_bytes()) / 1e9,
+                     " GB): increase --kv-cache-gb");
+  } else {  // every sequence its longest table
+    layout.num_blocks = int64_t{o.max_batch} * ((o.max_seq_len + layout.block_size - 1) / layout.block_size);
+  }
+  MOEX_CHECK_INPUT(layout.num_blocks <= INT32_MAX, "the KV cache of ", layout.num_blocks,
+                   " blocks is more than a block table addresses: lower --kv-cache-gb");
+  return layout;
 }
 
 int64_t MixtralModel::weight_bytes_per_token() const {
@@ -83,15 +101,31 @@ void MixtralModel::forward(const StepInput& step, float* logits) {
   const bool may_be_empty = options_.plan.attn == AttnParallel::kDP && !options_.plan.single();
   MOEX_CHECK_INPUT((T > 0 || may_be_empty) && T <= options_.max_step_tokens, "a step holds 1..",
                    options_.max_step_tokens, " tokens, got ", T);
-  for (int64_t t = 0; t < T; ++t) {
+  for (int64_t t = 0; t < T; ++t)
     MOEX_CHECK_INPUT(step.tokens[t] >= 0 && step.tokens[t] < c.vocab_size, "token id ", step.tokens[t],
                      " is outside the vocabulary (0..", c.vocab_size - 1, ")");
-    MOEX_CHECK_INPUT(step.seq_slots[t] >= 0 && step.seq_slots[t] < options_.max_batch, "sequence slot ",
-                     step.seq_slots[t], " >= batch size ", options_.max_batch);
-    MOEX_CHECK_INPUT(step.positions[t] >= 0 && step.positions[t] < options_.max_seq_len, "position ",
-                     step.positions[t], " does not fit the KV cache: increase --max-seq-len to at least ",
-                     step.positions[t] + 1);
+  // The sequences: rows add up, positions fit the RoPE tables, tables cover them with blocks of the pool.
+  MOEX_CHECK_INPUT(step.num_seqs >= 0 && step.num_seqs <= T && (step.num_seqs > 0 || T == 0),
+                   "a step of ", T, " tokens has ", step.num_seqs, " sequences");
+  const kernels::PagedKvLayout& kv = kv_cache_.layout();
+  int64_t row = 0;
+  for (int64_t s = 0; s < step.num_seqs; ++s) {
+    const StepSeq& seq = step.seqs[s];
+    MOEX_CHECK_INPUT(seq.len >= 1 && seq.pos >= 0 && row + seq.len <= T, "sequence ", s, " of the step has ",
+                     seq.len, " tokens at position ", seq.pos, " (rows ", row, " of ", T, ")");
+    MOEX_CHECK_INPUT(seq.pos + seq.len <= options_.max_seq_len, "position ", seq.pos + seq.len - 1,
+                     " does not fit the KV cache: increase --max-seq-len to at least ", seq.pos + seq.len);
+    const int64_t blocks = (seq.pos + seq.len + kv.block_size - 1) / kv.block_size;
+    MOEX_CHECK_INPUT(seq.block_table && seq.num_blocks >= blocks, "sequence ", s, "'s block table has ",
+                     seq.num_blocks, " blocks; positions up to ", seq.pos + seq.len - 1, " need ", blocks);
+    for (int64_t b = 0; b < blocks; ++b)
+      MOEX_CHECK_INPUT(seq.block_table[b] >= 0 && seq.block_table[b] < kv.num_blocks, "block ", seq.block_table[b],
+                       " is outside the KV pool (", kv.num_blocks, " blocks)");
+    attn_seqs_[s] = kernels::PagedAttentionSeq{seq.block_table, row, seq.len, seq.pos};
+    for (int64_t i = 0; i < seq.len; ++i) positions_[row + i] = static_cast<int32_t>(seq.pos + i);
+    row += seq.len;
   }
+  MOEX_CHECK_INPUT(row == T, "the step's sequences cover ", row, " of its ", T, " tokens");
 
   embed(step);
 
@@ -137,32 +171,32 @@ void MixtralModel::attention_block(int layer, const StepInput& step) {
   const ModelConfig& c = config_;
   const LayerWeights& lw = weights_.layers[layer];
   const int64_t T = step.num_tokens, hd = c.head_dim, H = weights_.heads_local, KV = weights_.kv_heads_local;
-  const int64_t max_seq = options_.max_seq_len;
   MOEX_ZONE_LAYER(kAttention, layer);
   kernels::matmul(normed_.data(), T, lw.wq, q_.data());  // [T, H*hd]
   kernels::matmul(normed_.data(), T, lw.wk, k_.data());  // [T, KV*hd]
   kernels::matmul(normed_.data(), T, lw.wv, v_.data());  // [T, KV*hd]
-  // RoPE, then append every token's K and V to its sequence's cache before any token attends, so a
+  // RoPE, then write every token's K and V into its sequence's blocks before any token attends, so a
   // prefill chunk attends causally to itself through the cache.
-  for (int64_t t = 0; t < T; ++t) {
-    const int32_t pos = step.positions[t];
-    kernels::rope_apply(q_.data() + t * H * hd, H, hd, pos, rope_cos_.data(), rope_sin_.data());
-    kernels::rope_apply(k_.data() + t * KV * hd, KV, hd, pos, rope_cos_.data(), rope_sin_.data());
-    float* k_slot = kv_cache_.k(layer, step.seq_slots[t]);
-    float* v_slot = kv_cache_.v(layer, step.seq_slots[t]);
-    for (int64_t g = 0; g < KV; ++g) {
-      std::memcpy(k_slot + (g * max_seq + pos) * hd, k_.data() + (t * KV + g) * hd, hd * sizeof(float));
-      std::memcpy(v_slot + (g * max_seq + pos) * hd, v_.data() + (t * KV + g) * hd, hd * sizeof(float));
+  const kernels::PagedKvLayout& kv = kv_cache_.layout();
+  for (int64_t s = 0; s < step.num_seqs; ++s) {
+    const kernels::PagedAttentionSeq& seq = attn_seqs_[s];
+    for (int64_t t = seq.q_row; t < seq.q_row + seq.q_len; ++t) {
+      const int32_t pos = positions_[t];
+      kernels::rope_apply(q_.data() + t * H * hd, H, hd, pos, rope_cos_.data(), rope_sin_.data());
+      kernels::rope_apply(k_.data() + t * KV * hd, KV, hd, pos, rope_cos_.data(), rope_sin_.data());
+      const float* k_row = k_.data() + t * KV * hd;
+      const float* v_row = v_.data() + t * KV * hd;
+      if (kv_cache_.f32()) kernels::paged_kv_write(kv, kv_cache_.f32(), layer, seq.block_table, pos, k_row, v_row);
+      else kernels::paged_kv_write(kv, kv_cache_.bf16(), layer, seq.block_table, pos, k_row, v_row);
     }
   }
-  parallel_for(T, 1, [&](int64_t begin, int64_t end) {
-    float* scratch = attn_scratch_.data() + static_cast<size_t>(omp_get_thread_num()) * max_seq;
-    for (int64_t t = begin; t < end; ++t) {
-      kernels::attention_one_token(q_.data() + t * H * hd, kv_cache_.k(layer, step.seq_slots[t]),
-                                   kv_cache_.v(layer, step.seq_slots[t]), H, KV, hd, max_seq,
-                                   step.positions[t] + 1, attn_out_.data() + t * H * hd, scratch);
-    }
-  });
+  // attn_out [T, H*hd]: every sequence's rows attend to its positions [0, pos] through its block table.
+  if (kv_cache_.f32())
+    kernels::paged_attention(kv, kv_cache_.f32(), layer, attn_seqs_.data(), step.num_seqs, q_.data(), H,
+                             attn_out_.data(), attn_scratch_.data());
+  else
+    kernels::paged_attention(kv, kv_cache_.bf16(), layer, attn_seqs_.data(), step.num_seqs, q_.data(), H,
+                             attn_out_.data(), attn_scratch_.data());
   if (!tensor_parallel_attention()) {
     kernels::matmul(attn_out_.data(), T, lw.wo, hidden_.data(), /*accumulate=*/true);  // residual add
     return;

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "moex/model/config.h"
+#include "moex/model/paged_kv_cache.h"
 #include "moex/model/weights.h"
 #include "moex/comm/communicator.h"
 #include "moex/moe/dynamic_batch.h"
@@ -16,9 +17,13 @@
 namespace moex {
 
 struct ModelOptions {
-  int max_seq_len = 2048;         // KV cache length per sequence
-  int max_batch = 1;              // sequences with a KV cache slot
+  int max_seq_len = 2048;         // positions per sequence (RoPE tables; the longest block table)
+  int max_batch = 1;              // sequences the KV pool is sized for when kv_cache_gb <= 0
   int max_step_tokens = 512;      // tokens in one forward call (longer prompts are split by the caller)
+  // The paged KV pool: kv_cache_gb > 0 sizes it in decimal GB; otherwise it holds max_batch x max_seq_len
+  // positions. f32 is exact (the reference tests); bf16 holds twice the positions in the same bytes.
+  double kv_cache_gb = 0.0;
+  KvCacheDType kv_cache_dtype = KvCacheDType::kF32;
   RouterFusion router_fusion = RouterFusion::kFull;
   float capacity_factor = 0.0f;   // <= 0: dropless
   ParallelPlan plan;              // single rank unless set
@@ -26,34 +31,26 @@ struct ModelOptions {
   ExpertWeightFormat expert_weights;   // as stored, or quantized + packed at load (`--weights`)
 };
 
-// One forward call. Token t is tokens[t] of cache slot seq_slots[t] at position positions[t]; a slot's
-// positions in one step must be consecutive and continue its cache (attention is causal through the cache).
+// One sequence's share of a step: its next `len` rows of the step (sequences in order, rows consecutive)
+// at positions pos .. pos + len - 1. The cache holds its positions [0, pos); the step writes [pos, pos + len)
+// through the block table (position p is row p % 16 of block block_table[p / 16]), which must cover them.
+// Block tables come from a KvBlockManager (runtime/kv_block_manager.h), sized by kv_cache().num_blocks().
+struct StepSeq {
+  const int32_t* block_table = nullptr;
+  int64_t num_blocks = 0;
+  int64_t pos = 0;
+  int64_t len = 0;
+};
+
+// One forward call: tokens[num_tokens], the rows of seqs[0], then seqs[1], ... (sum of len = num_tokens).
 struct StepInput {
   const int32_t* tokens = nullptr;
-  const int32_t* seq_slots = nullptr;
-  const int32_t* positions = nullptr;
   int64_t num_tokens = 0;
+  const StepSeq* seqs = nullptr;
+  int64_t num_seqs = 0;
   // Rows whose logits are wanted, in order (e.g. the last prompt token). Null: every token.
   const int32_t* logit_rows = nullptr;
   int64_t num_logit_rows = 0;
-};
-
-// KV cache preallocated for max_batch x max_seq_len: [layer][slot][kv_head][position][head_dim], F32.
-// Under attention TP a rank caches only its KV heads.
-class KvCache {
- public:
-  KvCache(const ModelConfig& config, int kv_heads, int max_batch, int max_seq_len);
-  float* k(int layer, int slot) { return keys_.data() + offset(layer, slot); }
-  float* v(int layer, int slot) { return values_.data() + offset(layer, slot); }
-  int max_seq_len() const { return max_seq_len_; }
-  int max_batch() const { return max_batch_; }
-  size_t bytes() const { return (keys_.size() + values_.size()) * sizeof(float); }
-
- private:
-  size_t offset(int layer, int slot) const { return (static_cast<size_t>(layer) * max_batch_ + slot) * slot_floats_; }
-  int max_batch_, max_seq_len_;
-  size_t slot_floats_;
-  std::vector<float> keys_, values_;
 };
 
 class MixtralModel {
@@ -63,11 +60,13 @@ class MixtralModel {
   const ModelConfig& config() const { return config_; }
   const ModelOptions& options() const { return options_; }
   const MixtralWeights& weights() const { return weights_; }
-  const KvCache& kv_cache() const { return kv_cache_; }
+  const PagedKvCache& kv_cache() const { return kv_cache_; }
+  // The pool a model built with `options` allocates (this rank's KV heads; num_blocks set).
+  static kernels::PagedKvLayout kv_cache_layout(const ModelConfig& config, const ModelOptions& options);
 
   // Runs one step; writes logits [num_logit_rows (or num_tokens), vocab] to `logits`. Under attention DP a
   // rank may pass 0 tokens (its sequences are done) and still takes part in the step's collectives.
-  // Throws Error(kInvalidInput) for a token id, slot or position out of range.
+  // Throws Error(kInvalidInput) for a token id, position or block out of range, or rows that do not add up.
   void forward(const StepInput& step, float* logits);
 
   // Per layer, the MoE load of the last forward call.
@@ -85,7 +84,7 @@ class MixtralModel {
   ModelConfig config_;
   ModelOptions options_;
   MixtralWeights weights_;
-  KvCache kv_cache_;
+  PagedKvCache kv_cache_;
   MoELayer moe_;
   std::vector<MoELoadStats> moe_stats_;
 
@@ -95,7 +94,9 @@ class MixtralModel {
   std::vector<float> normed_;       // [T, d]
   std::vector<float> q_, k_, v_;    // [T, H_local*hd], [T, KV_local*hd], [T, KV_local*hd]
   std::vector<float> attn_out_;     // [T, H_local*hd]
-  std::vector<float> attn_scratch_; // [threads, max_seq_len] softmax rows
+  std::vector<float> attn_scratch_; // [threads, paged_attention_scratch_floats] online-softmax tiles
+  std::vector<int32_t> positions_;  // [T] each row's position
+  std::vector<kernels::PagedAttentionSeq> attn_seqs_;  // [T] the step's sequences for paged attention
   // [T, d] this rank's o_proj share before the all-reduce (attention TP); registered memory of the
   // communicator (owned by it), so the shm all-reduce reads it in place.
   float* attn_partial_ = nullptr;

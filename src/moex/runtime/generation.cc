@@ -14,23 +14,33 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 }
 }  // namespace
 
-void prefill(MixtralModel& model, int slot, const std::vector<int>& prompt, float* last_logits, float* all_logits) {
+KvBlockManager make_block_manager(const MixtralModel& model, bool prefix_caching) {
+  const kernels::PagedKvLayout& layout = model.kv_cache().layout();
+  return KvBlockManager(static_cast<int32_t>(layout.num_blocks), static_cast<int32_t>(layout.block_size),
+                        prefix_caching);
+}
+
+void prefill(MixtralModel& model, KvBlockManager& kv, SeqId seq, const std::vector<int>& prompt, float* last_logits,
+             float* all_logits) {
   const int64_t len = static_cast<int64_t>(prompt.size());
   const int vocab = model.config().vocab_size;
   MOEX_CHECK_INPUT(len > 0, "the prompt is empty");
   MOEX_CHECK_INPUT(len <= model.options().max_seq_len, "the prompt has ", len,
                    " tokens: increase --max-seq-len to at least ", len);
+  MOEX_CHECK_INPUT(kv.reserve(seq, len), "the prompt of ", len, " tokens does not fit the KV cache (",
+                   kv.num_free_blocks(), " free blocks of ", kv.block_size(), " positions)");
+  const std::vector<int32_t>& table = kv.block_table(seq);
   const int64_t chunk = model.options().max_step_tokens;
-  std::vector<int32_t> slots(chunk, slot), positions(chunk), last_row(1);
+  std::vector<int32_t> last_row(1);
   for (int64_t begin = 0; begin < len; begin += chunk) {
     const int64_t n = std::min(chunk, len - begin);
     profile::ScopedStep profiled_step(profile::Phase::kPrefill, static_cast<int>(n));
-    for (int64_t i = 0; i < n; ++i) positions[i] = static_cast<int32_t>(begin + i);
+    const StepSeq one{table.data(), static_cast<int64_t>(table.size()), begin, n};
     StepInput step;
     step.tokens = prompt.data() + begin;
-    step.seq_slots = slots.data();
-    step.positions = positions.data();
     step.num_tokens = n;
+    step.seqs = &one;
+    step.num_seqs = 1;
     if (all_logits) {
       model.forward(step, all_logits + begin * vocab);
       if (begin + n == len) std::copy(all_logits + (len - 1) * vocab, all_logits + len * vocab, last_logits);
@@ -45,6 +55,24 @@ void prefill(MixtralModel& model, int slot, const std::vector<int>& prompt, floa
       model.forward(step, last_logits);
     }
   }
+}
+
+void decode_step(MixtralModel& model, KvBlockManager& kv, const std::vector<SeqId>& ids, const int32_t* tokens,
+                 const int32_t* positions, float* logits) {
+  std::vector<StepSeq> seqs(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i)
+    MOEX_CHECK_INPUT(kv.reserve(ids[i], int64_t{positions[i]} + 1), "position ", positions[i],
+                     " does not fit the KV cache (", kv.num_free_blocks(), " free blocks)");
+  for (size_t i = 0; i < ids.size(); ++i) {  // tables read after every reserve: a reserve may move its own table
+    const std::vector<int32_t>& table = kv.block_table(ids[i]);
+    seqs[i] = StepSeq{table.data(), static_cast<int64_t>(table.size()), positions[i], 1};
+  }
+  StepInput step;
+  step.tokens = tokens;
+  step.num_tokens = static_cast<int64_t>(ids.size());
+  step.seqs = seqs.data();
+  step.num_seqs = step.num_tokens;
+  model.forward(step, logits);
 }
 
 int64_t prefill_steps(const MixtralModel& model, int64_t length) {
@@ -100,6 +128,7 @@ GenerationResult generate(MixtralModel& model, const std::vector<std::vector<int
                      "): increase --max-seq-len to at least ", len + std::max(options.max_new_tokens, 1) - 1,
                      " for the prompt and -n ", options.max_new_tokens, " new tokens");
   }
+  KvBlockManager kv = make_block_manager(model);  // local sequence i is block-manager sequence i
   Sampler sampler(options.sampler);
   GenerationResult result;
   result.new_tokens.resize(batch);
@@ -115,7 +144,7 @@ GenerationResult generate(MixtralModel& model, const std::vector<std::vector<int
   // collectives need every rank inside a forward call at the same time.
   const int64_t prefill_step_count = data_parallel ? max_of(gather_counts(model, my_prefill_steps)) : my_prefill_steps;
   for (int i = 0; i < local; ++i) {
-    prefill(model, i, prompts[mine[i]], logits.data() + static_cast<size_t>(i) * vocab);
+    prefill(model, kv, i, prompts[mine[i]], logits.data() + static_cast<size_t>(i) * vocab);
     lengths[i] = static_cast<int32_t>(prompts[mine[i]].size());
     my_prefill_tokens += lengths[i];
   }
@@ -147,25 +176,33 @@ GenerationResult generate(MixtralModel& model, const std::vector<std::vector<int
 
   start = std::chrono::steady_clock::now();
   std::vector<int32_t> tokens, slots, positions;
+  std::vector<StepSeq> seqs;
   int64_t my_decode_tokens = 0;
   while (true) {
     tokens.clear();
     slots.clear();
     positions.clear();
+    seqs.clear();
     for (int i = 0; i < local; ++i) {
       if (!live[i]) continue;
       tokens.push_back(next[i]);
       slots.push_back(i);
       positions.push_back(lengths[i]++);
+      // The pool holds max_batch x max_seq_len positions and lengths stay below max_seq_len: always fits.
+      MOEX_CHECK(kv.reserve(i, lengths[i]), "the KV pool is full at sequence ", i);
+    }
+    for (size_t j = 0; j < slots.size(); ++j) {
+      const std::vector<int32_t>& table = kv.block_table(slots[j]);
+      seqs.push_back(StepSeq{table.data(), static_cast<int64_t>(table.size()), positions[j], 1});
     }
     // Under DP the ranks agree each step whether anyone still decodes (one small all-gather).
     if (data_parallel ? max_of(gather_counts(model, static_cast<int64_t>(tokens.size()))) == 0 : tokens.empty()) break;
     profile::ScopedStep profiled_step(profile::Phase::kDecode, static_cast<int>(tokens.size()));
     StepInput step;
     step.tokens = tokens.data();
-    step.seq_slots = slots.data();
-    step.positions = positions.data();
     step.num_tokens = static_cast<int64_t>(tokens.size());
+    step.seqs = seqs.data();
+    step.num_seqs = step.num_tokens;
     model.forward(step, logits.data());
     ++result.decode_steps;
     my_decode_tokens += step.num_tokens;

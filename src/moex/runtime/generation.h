@@ -5,14 +5,23 @@
 #include <vector>
 
 #include "moex/model/mixtral.h"
+#include "moex/runtime/kv_block_manager.h"
 #include "moex/runtime/sampler.h"
 
 namespace moex {
 
-// Runs `prompt` through cache slot `slot` from position 0. Writes the logits of every prompt position to
-// all_logits ([len, V]) when it is non-null, and the last position's to last_logits ([V]).
-void prefill(MixtralModel& model, int slot, const std::vector<int>& prompt, float* last_logits,
-             float* all_logits = nullptr);
+// A block manager over the model's KV pool (its block ids are the pool's).
+KvBlockManager make_block_manager(const MixtralModel& model, bool prefix_caching = false);
+
+// Runs `prompt` as sequence `seq` of `kv` (a new one: its table grows from position 0). Writes the logits of
+// every prompt position to all_logits ([len, V]) when it is non-null, and the last position's to
+// last_logits ([V]). Throws Error(kInvalidInput) when the prompt does not fit the cache.
+void prefill(MixtralModel& model, KvBlockManager& kv, SeqId seq, const std::vector<int>& prompt,
+             float* last_logits, float* all_logits = nullptr);
+// One step with one token per sequence: tokens[i] at position positions[i] of ids[i] (its next position);
+// logits [ids.size(), V]. Grows each table to cover the position (Error(kInvalidInput) when the pool is full).
+void decode_step(MixtralModel& model, KvBlockManager& kv, const std::vector<SeqId>& ids, const int32_t* tokens,
+                 const int32_t* positions, float* logits);
 // Forward calls a prompt of `length` tokens takes (one per step-sized chunk).
 int64_t prefill_steps(const MixtralModel& model, int64_t length);
 // A step with no tokens of this rank's own: keeps it in step with the others' collectives (attention DP).
@@ -35,7 +44,7 @@ struct GenerationResult {
   int64_t decode_steps = 0;
 };
 
-// Prompts go to slots 0..B-1 (B <= the model's max_batch). `on_token(seq, token)` streams the output.
+// Prompts are sequences 0..B-1 of a block manager over the model's pool (B <= the model's max_batch). `on_token(seq, token)` streams the output.
 // A prompt that is empty or longer than the KV cache is refused up front (Error(kInvalidInput)), before any
 // step runs; a sequence whose cache fills stops there (StopReason::kCacheFull).
 // Under a parallel plan every rank calls this with the same prompts: with attention DP each rank serves

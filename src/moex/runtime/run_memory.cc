@@ -1,5 +1,8 @@
 #include "moex/runtime/run_memory.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include "moex/base/error.h"
 
 namespace moex {
@@ -17,8 +20,15 @@ RunMemory estimate_run_memory(const ModelConfig& c, const ModelOptions& o, int t
                                     local_intermediate(plan, c.intermediate_size).begin);
   const double f32 = 4;
   RunMemory m;
-  m.kv_cache_bytes = 2 * double(c.num_hidden_layers) * batch * kv_local * seq * f32;
-  const double per_position = seq * c.head_dim * f32 + double(threads) * seq * f32;  // cos+sin, scratch rows
+  // The paged pool (MixtralModel::kv_cache_layout, in double): --kv-cache-gb, or every sequence's longest table.
+  const double bs = kernels::kKvBlockSize, elem = o.kv_cache_dtype == KvCacheDType::kF32 ? 4 : 2;
+  const double block_bytes = 2 * double(c.num_hidden_layers) * kv_local * bs * elem;
+  m.kv_cache_bytes = o.kv_cache_gb > 0 ? std::floor(o.kv_cache_gb * 1e9 / block_bytes) * block_bytes
+                                       : batch * std::ceil(seq / bs) * block_bytes;
+  // cos+sin tables; per thread, paged attention's tiles (K, V, scores, 16 x group rows of acc, max and sum)
+  const double group_rows = bs * (q_local / std::max(kv_local, 1.0));
+  const double per_position = seq * c.head_dim * f32 +
+                              double(threads) * (2 * bs * c.head_dim + bs + group_rows * c.head_dim + 2 * group_rows) * f32;
   double step = T * (3 * d + 2 * q_local + 2 * kv_local) * f32;                    // mixtral.cc activations
   const bool split = !plan.single();
   if (split) step += T * d * f32;  // the all-reduce partial of attention (TP) or of the MoE layer
@@ -35,12 +45,15 @@ void check_run_memory(const RunMemory& need, const ModelConfig& c, const ModelOp
   const bool cache_dominates = need.kv_cache_bytes >= need.buffer_bytes;
   throw_error(ErrorKind::kInvalidInput,
               "the run needs " + format_bytes(need.total()) + " (KV cache " + format_bytes(need.kv_cache_bytes) +
-                  " for " + std::to_string(o.max_batch) + " sequence(s) x " + std::to_string(o.max_seq_len) +
-                  " positions x " + std::to_string(c.num_hidden_layers) + " layers; buffers " +
+                  (o.kv_cache_gb > 0 ? " for --kv-cache-gb " + std::to_string(o.kv_cache_gb)
+                                     : " for " + std::to_string(o.max_batch) + " sequence(s) x " +
+                                           std::to_string(o.max_seq_len) + " positions") +
+                  " x " + std::to_string(c.num_hidden_layers) + " layers; buffers " +
                   format_bytes(need.buffer_bytes) + " for steps of " + std::to_string(o.max_step_tokens) +
                   " tokens) but " + format_bytes(static_cast<double>(available->bytes)) + " is available (" +
                   available->source + "); " +
-                  (cache_dominates ? "lower --max-seq-len or the number of sequences" : "lower --step-tokens"));
+                  (cache_dominates ? (o.kv_cache_gb > 0 ? "lower --kv-cache-gb" : "lower --max-seq-len or the number of sequences")
+                                   : "lower --step-tokens"));
 }
 
 }  // namespace moex

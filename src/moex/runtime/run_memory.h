@@ -10,7 +10,7 @@
 namespace moex {
 
 struct RunMemory {
-  // K and V: [layers][max_batch][kv_heads on this rank][max_seq_len][head_dim] fp32 each (KvCache).
+  // The paged KV pool (MixtralModel::kv_cache_layout): blocks x layers x 2 x local KV heads x 16 x head_dim.
   double kv_cache_bytes = 0;
   // The rest: RoPE tables and attention scratch (grow with max_seq_len), activations and MoE buffers (grow
   // with max_step_tokens), one row of logits per sequence.

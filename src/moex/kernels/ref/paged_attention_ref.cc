@@ -7,9 +7,13 @@
 
 namespace moex::kernels {
 
-void paged_attention_ref(const PagedKvLayout& layout, const uint16_t* pool, int64_t layer,
-                         const PagedAttentionSeq* seqs, int64_t num_seqs, const float* q, int64_t heads,
-                         float* out) {
+namespace {
+inline float widen(uint16_t x) { return bf16_to_f32(x); }
+inline float widen(float x) { return x; }
+
+template <typename Elem>
+void attention_ref(const PagedKvLayout& layout, const Elem* pool, int64_t layer, const PagedAttentionSeq* seqs,
+                   int64_t num_seqs, const float* q, int64_t heads, float* out) {
   const int64_t hd = layout.head_dim, bs = layout.block_size, group = heads / layout.kv_heads;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   std::vector<float> scores;
@@ -23,7 +27,7 @@ void paged_attention_ref(const PagedKvLayout& layout, const uint16_t* pool, int6
         const int64_t g = h / group;
         // position j: row j % bs of the tile of block table[j / bs]
         auto at = [&](int64_t kv, int64_t j, int64_t e) {
-          return bf16_to_f32(pool[layout.tile_offset(seq.block_table[j / bs], layer, kv, g) + (j % bs) * hd + e]);
+          return widen(pool[layout.tile_offset(seq.block_table[j / bs], layer, kv, g) + (j % bs) * hd + e]);
         };
         float max_score = -INFINITY;
         for (int64_t j = 0; j < length; ++j) {
@@ -46,6 +50,19 @@ void paged_attention_ref(const PagedKvLayout& layout, const uint16_t* pool, int6
       }
     }
   }
+}
+
+}  // namespace
+
+void paged_attention_ref(const PagedKvLayout& layout, const uint16_t* pool, int64_t layer,
+                         const PagedAttentionSeq* seqs, int64_t num_seqs, const float* q, int64_t heads,
+                         float* out) {
+  attention_ref(layout, pool, layer, seqs, num_seqs, q, heads, out);
+}
+void paged_attention_ref(const PagedKvLayout& layout, const float* pool, int64_t layer,
+                         const PagedAttentionSeq* seqs, int64_t num_seqs, const float* q, int64_t heads,
+                         float* out) {
+  attention_ref(layout, pool, layer, seqs, num_seqs, q, heads, out);
 }
 
 }  // namespace moex::kernels

@@ -1,0 +1,137 @@
+// The serving engine: one thread runs the continuous-batching loop (schedule -> forward -> sample ->
+// complete) over the model's paged KV cache; HTTP threads submit requests and read each request's token
+// stream. docs/serve.md describes the loop and its metrics.
+#pragma once
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "moex/model/mixtral.h"
+#include "moex/runtime/kv_block_manager.h"
+#include "moex/runtime/sampler.h"
+#include "moex/runtime/scheduler.h"
+#include "moex/serve/metrics.h"
+
+namespace moex::serve {
+
+struct EngineOptions {
+  int64_t max_num_seqs = 64;       // sequences in one step
+  int64_t max_batch_tokens = 512;  // tokens in one step (the model's step size)
+  int64_t max_waiting = 256;       // requests queued beyond the running ones; more: rejected (HTTP 429)
+  int64_t max_model_len = 2048;    // prompt + max_tokens
+  bool prefix_caching = true;
+  // Multi-rank (this is rank 0): every step's input is broadcast to the other ranks (serve/step_sync.h).
+  comm::Communicator* comm = nullptr;
+};
+
+struct GenerationRequest {
+  std::vector<int32_t> prompt;
+  int64_t max_tokens = 16;
+  SamplerOptions sampler;
+  bool ignore_eos = false;
+};
+
+// What the engine tells one request. The engine thread pushes; the request's HTTP thread waits and reads.
+class RequestStream {
+ public:
+  using Clock = std::chrono::steady_clock;
+  struct Read {
+    std::vector<int32_t> tokens;  // new since the last read
+    bool finished = false;
+    std::string finish_reason;    // "stop" (EOS), "length" (max_tokens), "abort" (engine error), "cancelled"
+    std::string error;            // non-empty: the request failed (message for the client)
+  };
+  // Blocks up to `timeout` for something new; moves it out.
+  Read wait(std::chrono::milliseconds timeout);
+  // The client went away, or it stopped on a stop string: the engine cancels the sequence at its next step.
+  void cancel() { cancelled_.store(true); }
+  bool cancelled() const { return cancelled_.load(); }
+  int64_t prompt_tokens() const { return prompt_tokens_; }
+  int64_t cached_tokens() const { return cached_tokens_.load(); }  // prompt tokens found in the prefix cache
+
+  // Engine side.
+  explicit RequestStream(int64_t prompt_tokens) : prompt_tokens_(prompt_tokens) {}
+  void push(int32_t token);
+  void finish(const std::string& reason, const std::string& error = "");
+  void set_cached_tokens(int64_t n) { cached_tokens_.store(n); }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::vector<int32_t> tokens_;
+  bool finished_ = false;
+  std::string finish_reason_, error_;
+  std::atomic<bool> cancelled_{false};
+  const int64_t prompt_tokens_;
+  std::atomic<int64_t> cached_tokens_{0};
+};
+
+class Engine {
+ public:
+  // The model's pool and step size bound the options (max_batch_tokens <= the model's step tokens).
+  Engine(MixtralModel& model, const EngineOptions& options);
+  ~Engine();  // stops the engine thread
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Queues a request. Throws Error(kInvalidInput) with a message for the client (HTTP 400) for a prompt
+  // or max_tokens that cannot fit; returns null when the queue is full (HTTP 429).
+  std::shared_ptr<RequestStream> submit(GenerationRequest request);
+
+  const EngineOptions& options() const { return options_; }
+  const MixtralModel& model() const { return model_; }
+  int64_t capacity_positions() const { return num_blocks_ * kernels::kKvBlockSize; }
+  Metrics& metrics() { return metrics_; }
+
+ private:
+  struct Active {
+    std::shared_ptr<RequestStream> stream;
+    Sampler sampler;
+    int64_t max_tokens = 0;
+    bool ignore_eos = false;
+    bool seen = false;      // has been in a plan (its cached prefix is known)
+    bool finished = false;  // its stream has its final event
+    RequestStream::Clock::time_point arrival, first_token, last_token;
+  };
+  struct Pending {
+    SeqId id;
+    GenerationRequest request;
+    std::shared_ptr<RequestStream> stream;
+    RequestStream::Clock::time_point arrival;
+  };
+  void loop();
+  void step();
+  void finish(SeqId id, Active& a, const std::string& reason, const std::string& error = "");
+  void publish_gauges();
+
+  MixtralModel& model_;
+  EngineOptions options_;
+  int64_t num_blocks_;
+  KvBlockManager blocks_;
+  Scheduler scheduler_;
+  Metrics metrics_;
+
+  std::mutex mutex_;  // guards pending_, stop_, in_flight_
+  std::condition_variable cv_;
+  std::deque<Pending> pending_;
+  bool stop_ = false;
+  int64_t in_flight_ = 0;  // submitted and not yet finished
+  SeqId next_id_ = 1;
+
+  // Engine-thread state.
+  std::unordered_map<SeqId, Active> active_;
+  std::vector<int32_t> step_tokens_, logit_rows_, sampled_;
+  std::vector<StepSeq> step_seqs_;
+  std::vector<float> logits_;  // [max_num_seqs, vocab]
+  std::thread thread_;
+};
+
+}  // namespace moex::serve

@@ -1,0 +1,46 @@
+// The HTTP face of the engine (cpp-httplib): the OpenAI endpoints, /health and /metrics. Each request runs
+// on a thread of the server's pool: it parses and checks the body, submits to the Engine and writes the
+// request's tokens as they come (SSE when streaming). A client that goes away mid-stream is cancelled.
+#pragma once
+#include <memory>
+#include <string>
+
+#include "moex/runtime/tokenizer.h"
+#include "moex/serve/engine.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace moex::serve {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8000;             // 0: any free port (port() tells which)
+  std::string api_key;         // non-empty: /v1/* need "Authorization: Bearer <key>"
+  std::string model_name;      // what /v1/models lists and requests may name
+  int http_threads = 64;
+};
+
+class HttpServer {
+ public:
+  HttpServer(Engine& engine, const Tokenizer& tokenizer, const ServerOptions& options);
+  ~HttpServer();
+  // Binds (Error(kInvalidInput) when the address cannot be bound); then port() is the bound port.
+  void bind();
+  int port() const { return port_; }
+  // Serves until stop() (from another thread or a signal handler's watcher).
+  void run();
+  void stop();
+
+ private:
+  void routes();
+  Engine& engine_;
+  const Tokenizer& tokenizer_;
+  ServerOptions options_;
+  std::unique_ptr<httplib::Server> server_;
+  int port_ = 0;
+  int64_t created_;  // unix time of start-up (the model's "created")
+};
+
+}  // namespace moex::serve

@@ -1,0 +1,23 @@
+// Multi-rank serving: rank 0 owns HTTP and the scheduler and sends each step's StepInput to the other ranks,
+// which run the same forward (under attention TP every rank needs the same plan: same tokens, same block
+// ids in its own pool of the same shape). Idle, rank 0 sends a heartbeat every 100 ms so the other ranks'
+// broadcast never reaches the comm timeout; at shutdown it sends stop.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "moex/comm/communicator.h"
+#include "moex/model/mixtral.h"
+
+namespace moex::serve {
+
+enum class StepCommand : int64_t { kStep = 0, kIdle = 1, kStop = 2 };
+
+// Rank 0: one broadcast of the header, then the step's arrays.
+void send_step(comm::Communicator& comm, const StepInput& step);
+void send_command(comm::Communicator& comm, StepCommand command);  // kIdle or kStop
+
+// The other ranks: runs every step rank 0 sends through `model` until kStop.
+void run_step_worker(comm::Communicator& comm, MixtralModel& model, int64_t max_num_seqs);
+
+}  // namespace moex::serve

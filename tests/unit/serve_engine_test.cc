@@ -1,0 +1,139 @@
+// The serving engine's loop on the tiny model (src/moex/serve/engine.*): requests of mixed lengths served
+// together (chunked prefill next to decoding, more requests than --max-num-seqs) give each the greedy
+// tokens of `generate` on that prompt alone; a cancelled request frees its blocks.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "moex/base/error.h"
+#include "moex/runtime/generation.h"
+#include "moex/serve/engine.h"
+
+namespace moex::serve {
+namespace {
+
+std::string tiny_model_dir() {
+  static const std::string dir = [] {
+    const std::string out = (std::filesystem::temp_directory_path() / "moex_serve_engine_test_tiny").string();
+    if (!std::filesystem::exists(out + "/config.json")) {
+      const std::string cmd = std::string(MOEX_BINARY) + " gen-model --preset tiny --seed 9 --out " + out + " > /dev/null";
+      EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    }
+    return out;
+  }();
+  return dir;
+}
+
+ModelOptions model_options() {
+  ModelOptions o;
+  o.max_batch = 4;
+  o.max_seq_len = 128;
+  o.max_step_tokens = 32;  // prompts above 32 tokens are prefilled in chunks
+  o.kv_cache_dtype = KvCacheDType::kF32;
+  return o;
+}
+
+std::vector<int32_t> collect(RequestStream& stream, std::string* reason) {
+  std::vector<int32_t> tokens;
+  for (int i = 0; i < 2000; ++i) {  // 100 s at most
+    RequestStream::Read r = stream.wait(std::chrono::milliseconds(50));
+    tokens.insert(tokens.end(), r.tokens.begin(), r.tokens.end());
+    if (r.finished) {
+      *reason = r.finish_reason;
+      return tokens;
+    }
+  }
+  ADD_FAILURE() << "a request never finished";
+  return tokens;
+}
+
+bool wait_for_free_cache(Engine& engine) {
+  for (int i = 0; i < 200; ++i) {
+    if (engine.metrics().kv_blocks_used.load() == 0 && engine.metrics().num_requests_running.load() == 0) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
+TEST(ServeEngine, ConcurrentRequestsGetTheTokensOfEachAlone) {
+  const std::vector<int> lengths = {5, 40, 17, 70, 3, 33};
+  std::vector<std::vector<int32_t>> prompts;
+  for (size_t p = 0; p < lengths.size(); ++p) {
+    std::vector<int32_t> ids(lengths[p]);
+    for (int i = 0; i < lengths[p]; ++i) ids[i] = 1 + static_cast<int32_t>((i * 31 + p * 97) % 500);
+    prompts.push_back(ids);
+  }
+  const int64_t max_tokens = 10;
+
+  MixtralModel model(tiny_model_dir(), model_options());
+  EngineOptions eo;
+  eo.max_num_seqs = 4;  // 6 requests: two wait for a place
+  eo.max_batch_tokens = 32;
+  eo.max_model_len = 128;
+  Engine engine(model, eo);
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (const auto& p : prompts) {
+    GenerationRequest r;
+    r.prompt = p;
+    r.max_tokens = max_tokens;
+    r.ignore_eos = true;  // temperature 0 (greedy) by default
+    streams.push_back(engine.submit(r));
+    ASSERT_TRUE(streams.back());
+  }
+  std::vector<std::vector<int32_t>> served;
+  for (auto& s : streams) {
+    std::string reason;
+    served.push_back(collect(*s, &reason));
+    EXPECT_EQ(reason, "length");
+  }
+
+  MixtralModel alone_model(tiny_model_dir(), model_options());
+  GenerationOptions go;
+  go.max_new_tokens = static_cast<int>(max_tokens);
+  go.stop_at_eos = false;
+  for (size_t p = 0; p < prompts.size(); ++p) {
+    const GenerationResult alone =
+        generate(alone_model, {std::vector<int>(prompts[p].begin(), prompts[p].end())}, go);
+    EXPECT_EQ(served[p], std::vector<int32_t>(alone.new_tokens[0].begin(), alone.new_tokens[0].end()))
+        << "prompt of " << lengths[p] << " tokens";
+  }
+  EXPECT_TRUE(wait_for_free_cache(engine));
+  EXPECT_EQ(engine.metrics().generation_tokens.load(), static_cast<int64_t>(prompts.size()) * max_tokens);
+}
+
+TEST(ServeEngine, CancelledRequestFreesItsBlocksAndOthersGoOn) {
+  MixtralModel model(tiny_model_dir(), model_options());
+  EngineOptions eo;
+  eo.max_num_seqs = 4;
+  eo.max_batch_tokens = 32;
+  eo.max_model_len = 128;
+  Engine engine(model, eo);
+  GenerationRequest r;
+  r.prompt = {1, 2, 3, 4, 5, 6, 7};
+  r.max_tokens = 110;
+  r.ignore_eos = true;
+  auto cancelled = engine.submit(r);
+  ASSERT_TRUE(cancelled);
+  RequestStream::Read first = cancelled->wait(std::chrono::seconds(30));
+  ASSERT_FALSE(first.tokens.empty());
+  cancelled->cancel();
+  std::string reason;
+  collect(*cancelled, &reason);
+  EXPECT_EQ(reason, "cancelled");
+  EXPECT_TRUE(wait_for_free_cache(engine));
+  // Still serving; a request that can never fit is refused up front.
+  r.max_tokens = 5;
+  auto next = engine.submit(r);
+  ASSERT_TRUE(next);
+  EXPECT_EQ(collect(*next, &reason).size(), 5u);
+  r.max_tokens = 200;
+  EXPECT_THROW(engine.submit(r), Error);
+}
+
+}  // namespace
+}  // namespace moex::serve

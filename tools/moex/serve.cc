@@ -1,0 +1,136 @@
+// `moex serve`: an OpenAI-compatible HTTP server over the continuous-batching engine (src/moex/serve).
+#include <signal.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <thread>
+
+#include "moex/runtime/tokenizer.h"
+#include "moex/serve/engine.h"
+#include "moex/serve/http_server.h"
+#include "moex/serve/step_sync.h"
+#include "tools/moex/command.h"
+#include "tools/moex/model_flags.h"
+
+namespace moex::tools {
+namespace {
+
+struct ServeFlags {
+  ModelFlags model;
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  int64_t max_num_seqs = 64;
+  int64_t max_batch_tokens = 512;
+  int64_t max_waiting = 256;
+  double kv_cache_gb = 0.0;
+  int max_model_len = 0;
+  std::string api_key;
+  std::string served_model_name;
+  bool no_prefix_caching = false;
+  int http_threads = 0;
+};
+
+void run_serve(ServeFlags flags) {
+  MOEX_CHECK_INPUT(flags.port >= 0 && flags.port <= 65535, "--port must be 0..65535 (0: any free port)");
+  MOEX_CHECK_INPUT(flags.max_num_seqs >= 1 && flags.max_num_seqs <= 4096, "--max-num-seqs must be 1..4096");
+  MOEX_CHECK_INPUT(flags.max_batch_tokens >= flags.max_num_seqs && flags.max_batch_tokens <= (1 << 20),
+                   "--max-batch-tokens (", flags.max_batch_tokens, ") must be at least --max-num-seqs (",
+                   flags.max_num_seqs, ") and at most 1048576");
+  MOEX_CHECK_INPUT(flags.max_waiting >= 0, "--max-waiting must be >= 0");
+  MOEX_CHECK_INPUT(flags.kv_cache_gb >= 0, "--kv-cache-gb must be positive (0: --max-num-seqs x --max-model-len)");
+  MOEX_CHECK_INPUT(flags.http_threads >= 0 && flags.http_threads <= 4096, "--http-threads must be 0..4096");
+  if (flags.max_model_len > 0) flags.model.max_seq_len = flags.max_model_len;
+  flags.model.max_step_tokens = static_cast<int>(flags.max_batch_tokens);
+  flags.model.kv_cache_gb = flags.kv_cache_gb;
+  Tokenizer tokenizer(flags.model.model_dir + "/tokenizer.model");
+
+  // SIGINT / SIGTERM end the server through a watcher thread (httplib's stop() is not async-signal-safe);
+  // blocked before any thread starts, so every thread inherits the mask.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);  // a client that closed its socket is a failed write, not the end of the server
+
+  auto model = flags.model.load(static_cast<int>(flags.max_num_seqs));
+  const ParallelPlan& plan = model->options().plan;
+  // Every rank runs rank 0's plan, so the attention must be split by heads (TP), not by sequences (DP).
+  MOEX_CHECK_INPUT(plan.single() || plan.attn == AttnParallel::kTP,
+                   "moex serve under mpirun takes --attn-parallel tp (every rank runs rank 0's schedule)");
+  if (plan.rank != 0) {  // rank 0 owns HTTP and the scheduler; this rank runs each step it sends
+    serve::run_step_worker(*model->options().comm, *model, flags.max_num_seqs);
+    return;
+  }
+  MOEX_CHECK_INPUT(tokenizer.vocab_size() <= model->config().vocab_size, "tokenizer.model has ",
+                   tokenizer.vocab_size(), " pieces but config.json's vocab_size is ", model->config().vocab_size);
+  serve::EngineOptions eo;
+  eo.max_num_seqs = flags.max_num_seqs;
+  eo.max_batch_tokens = flags.max_batch_tokens;
+  eo.max_waiting = flags.max_waiting;
+  eo.max_model_len = model->options().max_seq_len;
+  eo.prefix_caching = !flags.no_prefix_caching;
+  if (!plan.single()) eo.comm = model->options().comm;
+  serve::Engine engine(*model, eo);
+
+  serve::ServerOptions so;
+  so.host = flags.host;
+  so.port = flags.port;
+  so.api_key = flags.api_key;
+  so.model_name = flags.served_model_name.empty()
+                      ? std::filesystem::path(flags.model.model_dir).lexically_normal().filename().string()
+                      : flags.served_model_name;
+  if (so.model_name.empty()) so.model_name = std::filesystem::path(flags.model.model_dir).parent_path().filename().string();
+  so.http_threads = flags.http_threads > 0 ? flags.http_threads
+                                           : static_cast<int>(std::min<int64_t>(flags.max_num_seqs + flags.max_waiting + 8, 512));
+  serve::HttpServer server(engine, tokenizer, so);
+  server.bind();
+
+  std::thread watcher([&] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    server.stop();
+  });
+  const auto& kv = model->kv_cache();
+  std::printf("moex serve: listening on http://%s:%d (model '%s'; KV cache %s, %lld blocks = %lld positions; "
+              "--max-num-seqs %lld, --max-batch-tokens %lld, --max-model-len %d, prefix caching %s%s)\n",
+              so.host.c_str(), server.port(), so.model_name.c_str(), kv_cache_dtype_name(kv.dtype()),
+              static_cast<long long>(kv.num_blocks()), static_cast<long long>(kv.capacity_positions()),
+              static_cast<long long>(eo.max_num_seqs), static_cast<long long>(eo.max_batch_tokens), eo.max_model_len,
+              eo.prefix_caching ? "on" : "off", plan.single() ? "" : ("; " + plan.describe()).c_str());
+  std::fflush(stdout);
+  server.run();
+  pthread_kill(watcher.native_handle(), SIGTERM);  // run() also ends on a failed listen: release the watcher
+  watcher.join();
+  std::printf("moex serve: stopped\n");
+}
+
+void setup_serve(CLI::App& app) {
+  auto flags = std::make_shared<ServeFlags>();
+  auto* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server with continuous batching");
+  flags->model.kv_cache_dtype = "bf16";  // serving: twice the positions of f32 in the same memory
+  flags->model.add_to(cmd);
+  cmd->add_option("--host", flags->host, "Address to listen on")->capture_default_str();
+  cmd->add_option("--port", flags->port, "TCP port (0: any free port, printed at start-up)")->capture_default_str();
+  cmd->add_option("--max-num-seqs", flags->max_num_seqs, "Sequences in one step")->capture_default_str();
+  cmd->add_option("--max-batch-tokens", flags->max_batch_tokens,
+                  "Tokens in one step: decoders plus prefill chunks (also the model's step size)")
+      ->capture_default_str();
+  cmd->add_option("--max-waiting", flags->max_waiting, "Requests queued beyond the running ones; more get HTTP 429")
+      ->capture_default_str();
+  cmd->add_option("--kv-cache-gb", flags->kv_cache_gb,
+                  "KV cache size in GB (decimal); 0: --max-num-seqs x --max-model-len positions")
+      ->capture_default_str();
+  cmd->add_option("--max-model-len", flags->max_model_len, "Prompt + max_tokens of a request (0: --max-seq-len)")
+      ->capture_default_str();
+  cmd->add_option("--api-key", flags->api_key, "Require 'Authorization: Bearer KEY' on /v1/*");
+  cmd->add_option("--served-model-name", flags->served_model_name, "The model's name in the API (default: the folder's)");
+  cmd->add_flag("--no-prefix-caching", flags->no_prefix_caching, "Do not reuse the KV blocks of shared prefixes");
+  cmd->add_option("--http-threads", flags->http_threads, "HTTP worker threads (0: max-num-seqs + max-waiting + 8, <= 512)")
+      ->capture_default_str();
+  cmd->callback([flags] { run_serve(*flags); });
+}
+MOEX_REGISTER_COMMAND(setup_serve);
+
+}  // namespace
+}  // namespace moex::tools
