@@ -159,6 +159,16 @@ TEST(Families, RoundTripThroughJsonAndPresets) {
   EXPECT_NEAR(synthetic_preset("qwen2-moe-a2.7b").total_params() / 1e9, 14.3, 0.1);
 }
 
+TEST(Families, FuzzSeedsParse) {
+  const std::string seeds = std::string(MOEX_SOURCE_DIR) + "/tests/fuzz/seeds/config/";
+  EXPECT_EQ(load_model_config(seeds + "qwen2-moe-tiny.json").family, ModelFamily::kQwen2Moe);
+  EXPECT_EQ(load_model_config(seeds + "qwen3-moe-tiny.json").family, ModelFamily::kQwen3Moe);
+  EXPECT_EQ(load_model_config(seeds + "olmoe-tiny.json").family, ModelFamily::kOlmoe);
+  EXPECT_EQ(load_model_config(seeds + "dots1-tiny.json").family, ModelFamily::kDots1);
+  // What gen-model writes spells floats as HF does.
+  EXPECT_NE(model_config_to_json(synthetic_preset("qwen3-moe-tiny")).find("\"rms_norm_eps\": 1e-06"), std::string::npos);
+}
+
 TEST(Families, RefusesWhatItCannotRun) {
   const struct {
     std::string json, cause;

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstdint>
 #include <limits>
 #include <set>
@@ -402,6 +404,13 @@ ModelConfig load_model_config(const std::string& path) {
                             path);
 }
 
+// A float field as the double its shortest decimal spells (1e-06, not 9.999999974752427e-07), as HF writes it.
+static double short_float(float value) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.7g", static_cast<double>(value));
+  return std::strtod(text, nullptr);
+}
+
 std::string model_config_to_json(const ModelConfig& c) {
   const FamilyInfo& info = c.info();
   json j = {{"architectures", {info.architecture}},
@@ -412,12 +421,12 @@ std::string model_config_to_json(const ModelConfig& c) {
             {"num_attention_heads", c.num_attention_heads},
             {"num_key_value_heads", c.num_key_value_heads},
             {"num_experts_per_tok", c.num_experts_per_tok},
-            {"rms_norm_eps", c.rms_norm_eps},
-            {"rope_theta", c.rope_theta},
+            {"rms_norm_eps", short_float(c.rms_norm_eps)},
+            {"rope_theta", short_float(c.rope_theta)},
             {"rope_scaling", nullptr},
             {"max_position_embeddings", c.max_position_embeddings},
             {"tie_word_embeddings", c.tie_word_embeddings},
-            {"router_aux_loss_coef", c.router_aux_loss_coef},
+            {"router_aux_loss_coef", short_float(c.router_aux_loss_coef)},
             {"bos_token_id", c.has_bos ? json(c.bos_token_id) : json(nullptr)},
             {"eos_token_id", c.eos_token_id},
             {"hidden_act", "silu"},
@@ -472,7 +481,7 @@ std::string model_config_to_json(const ModelConfig& c) {
       j["n_group"] = c.n_group;
       j["topk_group"] = c.topk_group;
       j["first_k_dense_replace"] = c.first_k_dense_replace;
-      j["routed_scaling_factor"] = c.routed_scaling_factor;
+      j["routed_scaling_factor"] = short_float(c.routed_scaling_factor);
       j["norm_topk_prob"] = c.norm_topk_prob;
       j["attention_bias"] = false;
       j["sliding_window"] = nullptr;
