@@ -24,6 +24,7 @@ What each family adds to a Llama-style decoder (HF's code, in this file's words)
 Usage (rows as in mixtral_ref.py: prompt positions, then one row per greedy decode step):
   /usr/bin/python3 tests/reference/families_ref.py --model DIR --ids 1,2,3 [--decode N]
       [--dtype float64|float32] --out LOGITS.npy [--tokens-out TOKENS.txt] [--ablate PART]
+      [--expert-weights bf16|int8|int4|fp8 [--group-size G]]   (as mixtral_ref.py; shared/dense MLPs stay as stored)
 
 --ablate skips one part of the model (qk_norm, qkv_bias, shared_gate, shared_expert, correction_bias,
 groups, scaling, dense_layers): the tests use it to show that a reference without that part disagrees
@@ -151,12 +152,22 @@ class Weights:
         return t
 
 
-def mlp(x, w, prefix, d, width):
-    """HF's <Family>MLP: down(silu(gate(x)) * up(x))."""
+def mlp(x, w, prefix, d, width, quant=None):
+    """HF's <Family>MLP: down(silu(gate(x)) * up(x)).
+
+    quant (fmt, group) models `moex --weights fmt` for a routed expert: its weights dequantized as MoEX
+    quantizes them, its inputs rounded as the kernels round them (quantize_ref.py, as in mixtral_ref.py).
+    """
     gate = w(prefix + "gate_proj.weight", [width, d])
     up = w(prefix + "up_proj.weight", [width, d])
     down = w(prefix + "down_proj.weight", [d, width])
-    return (torch.nn.functional.silu(x @ gate.t()) * (x @ up.t())) @ down.t()
+    act = lambda v: v  # noqa: E731
+    if quant:
+        import quantize_ref
+        gate, up, down = (quantize_ref.dequantize(m, *quant).to(m.dtype) for m in (gate, up, down))
+        act = quantize_ref.activation_rounding(quant[0])
+    x = act(x)
+    return act(torch.nn.functional.silu(x @ gate.t()) * (x @ up.t())) @ down.t()
 
 
 def attention(x, w, p, cfg, cos, sin, ablate):
@@ -223,7 +234,7 @@ def route_sigmoid_grouped(logits, bias, cfg, ablate):
     return ids, weights
 
 
-def moe_block(x, w, layer, cfg, ablate):
+def moe_block(x, w, layer, cfg, ablate, quant=None):
     d, E = cfg.hidden_size, cfg.num_experts
     prefix = f"model.layers.{layer}.mlp."
     logits = x @ w(prefix + "gate.weight", [E, d]).t()
@@ -236,7 +247,7 @@ def moe_block(x, w, layer, cfg, ablate):
         token_idx, slot = torch.nonzero(ids == e, as_tuple=True)
         if token_idx.numel() == 0:
             continue
-        y = mlp(x[token_idx], w, f"{prefix}experts.{e}.", d, cfg.expert_intermediate)
+        y = mlp(x[token_idx], w, f"{prefix}experts.{e}.", d, cfg.expert_intermediate, quant)
         out.index_add_(0, token_idx, y * weights[token_idx, slot].unsqueeze(-1))
     if cfg.shared_intermediate and ablate != "shared_expert":
         name = "shared_expert." if cfg.model_type == "qwen2_moe" else "shared_experts."
@@ -247,7 +258,7 @@ def moe_block(x, w, layer, cfg, ablate):
     return out
 
 
-def forward(cfg, tensors, ids, ablate=None):
+def forward(cfg, tensors, ids, ablate=None, quant=None):
     """Logits [T, V] of token ids at positions 0..T-1."""
     w = Weights(tensors)
     if not ids or any(not 0 <= i < cfg.vocab_size for i in ids):
@@ -264,7 +275,7 @@ def forward(cfg, tensors, ids, ablate=None):
         x = x + attention(h, w, p + "self_attn.", cfg, cos, sin, ablate)
         h = rms_norm(x, w(p + "post_attention_layernorm.weight", [d]), cfg.rms_norm_eps)
         if cfg.moe_layer(layer):
-            x = x + moe_block(h, w, layer, cfg, ablate)
+            x = x + moe_block(h, w, layer, cfg, ablate, quant)
         elif ablate != "dense_layers":
             x = x + mlp(h, w, p + "mlp.", d, cfg.dense_intermediate)
     lm_head = tensors.get("lm_head.weight")
@@ -274,13 +285,13 @@ def forward(cfg, tensors, ids, ablate=None):
         "lm_head.weight", [cfg.vocab_size, d]).t()
 
 
-def greedy_decode(cfg, tensors, prompt, steps, ablate=None):
+def greedy_decode(cfg, tensors, prompt, steps, ablate=None, quant=None):
     seq = list(prompt)
-    rows, tokens = [forward(cfg, tensors, seq, ablate)], []
+    rows, tokens = [forward(cfg, tensors, seq, ablate, quant)], []
     for _ in range(steps):
         tokens.append(int(torch.argmax(rows[-1][-1])))  # first maximum: ties go to the lower id
         seq.append(tokens[-1])
-        rows.append(forward(cfg, tensors, seq, ablate)[-1:])
+        rows.append(forward(cfg, tensors, seq, ablate, quant)[-1:])
     return torch.cat(rows), tokens
 
 
@@ -293,12 +304,16 @@ def main(argv=None):
     parser.add_argument("--out", required=True)
     parser.add_argument("--tokens-out")
     parser.add_argument("--ablate", choices=ABLATIONS)
+    parser.add_argument("--expert-weights", choices=["bf16", "int8", "int4", "fp8"],
+                        help="model moex --weights: routed experts quantized as MoEX quantizes them")
+    parser.add_argument("--group-size", type=int, default=128, choices=[32, 64, 128], help="int4 group size")
     args = parser.parse_args(argv)
     if args.decode < 0:
         parser.error("--decode must be >= 0")
     ids = [int(t) for t in args.ids.split(",")]
     cfg, tensors = load_model(args.model, COMPUTE_DTYPES[args.dtype])
-    logits, tokens = greedy_decode(cfg, tensors, ids, args.decode, args.ablate)
+    quant = (args.expert_weights, args.group_size) if args.expert_weights else None
+    logits, tokens = greedy_decode(cfg, tensors, ids, args.decode, args.ablate, quant)
     np.save(args.out, logits.to(torch.float32).numpy())
     if args.tokens_out:
         with open(args.tokens_out, "w") as f:
