@@ -167,6 +167,13 @@ TEST(Families, FuzzSeedsParse) {
   EXPECT_EQ(load_model_config(seeds + "dots1-tiny.json").family, ModelFamily::kDots1);
   // What gen-model writes spells floats as HF does.
   EXPECT_NE(model_config_to_json(synthetic_preset("qwen3-moe-tiny")).find("\"rms_norm_eps\": 1e-06"), std::string::npos);
+  // and round-trips floats that need all nine digits.
+  ModelConfig c = synthetic_preset("dots1-tiny");
+  c.rms_norm_eps = std::nextafter(1e-6f, 1.0f);
+  c.routed_scaling_factor = std::nextafter(2.5f, 0.0f);
+  const ModelConfig back = parse_model_config(model_config_to_json(c), "c");
+  EXPECT_EQ(back.rms_norm_eps, c.rms_norm_eps);
+  EXPECT_EQ(back.routed_scaling_factor, c.routed_scaling_factor);
 }
 
 TEST(Families, RefusesWhatItCannotRun) {

@@ -404,10 +404,14 @@ ModelConfig load_model_config(const std::string& path) {
                             path);
 }
 
-// A float field as the double its shortest decimal spells (1e-06, not 9.999999974752427e-07), as HF writes it.
+// A float field as the double its shortest decimal spells (1e-06, not 9.999999974752427e-07), as HF writes it:
+// the fewest digits that still read back as the same float.
 static double short_float(float value) {
   char text[32];
-  std::snprintf(text, sizeof(text), "%.7g", static_cast<double>(value));
+  for (int digits = 6; digits <= 9; ++digits) {
+    std::snprintf(text, sizeof(text), "%.*g", digits, static_cast<double>(value));
+    if (std::strtof(text, nullptr) == value) break;
+  }
   return std::strtod(text, nullptr);
 }
 
