@@ -106,6 +106,8 @@ def main():
         ("heads_divisibility", "not divisible", ["logits", "--model", variant("hd", lambda c: (c.update(hidden_size=65), c.pop("head_dim"))), "--ids", "1", "--out", "x.npy"]),
         ("missing_field", "hidden_size", ["logits", "--model", variant("mf", pop("hidden_size")), "--ids", "1", "--out", "x.npy"]),
         ("unknown_field", "unknown field", ["logits", "--model", variant("uf", put("moe_shared_expert", 4)), "--ids", "1", "--out", "x.npy"]),
+        ("family_mla_refused", "multi-head latent attention", ["logits", "--model", variant("mla", put("model_type", "deepseek_v3")), "--ids", "1", "--out", "x.npy"]),
+        ("family_fields_of_another", "unknown field \"head_dim\" for model_type \"qwen2_moe\"", ["logits", "--model", variant("qf", put("model_type", "qwen2_moe")), "--ids", "1", "--out", "x.npy"]),
         ("kv_heads", "num_key_value_heads", ["logits", "--model", variant("kv", put("num_key_value_heads", 3)), "--ids", "1", "--out", "x.npy"]),
         ("config_not_json", "not valid JSON", ["logits", "--model", variant("nj", put("x", 1)), "--ids", "1", "--out", "x.npy"]),
         ("truncated_weights", "truncated", ["logits", "--model", variant("tr", weights_bytes=weights[:len(weights) // 2]), "--ids", "1", "--out", "x.npy"]),

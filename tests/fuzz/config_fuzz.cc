@@ -25,7 +25,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       back.head_dim != config.head_dim || back.num_local_experts != config.num_local_experts ||
       back.num_experts_per_tok != config.num_experts_per_tok || back.rms_norm_eps != config.rms_norm_eps ||
       back.rope_theta != config.rope_theta || back.norm_topk_prob != config.norm_topk_prob ||
-      back.tie_word_embeddings != config.tie_word_embeddings || back.eos_token_id != config.eos_token_id)
+      back.tie_word_embeddings != config.tie_word_embeddings || back.eos_token_id != config.eos_token_id ||
+      moex::model_config_to_json(back) != moex::model_config_to_json(config))  // every family field too
     __builtin_trap();
   return 0;
 }

@@ -42,7 +42,10 @@ inline float round_to(DType dtype, float v) { return dtype == DType::kBF16 ? bf1
 }  // namespace
 
 const std::vector<std::string>& synthetic_preset_names() {
-  static const std::vector<std::string> names = {"tiny", "small", "mini", "mixtral-8x7b"};
+  // Per family a small preset (tests) and one with a real model's geometry (its HF config.json figures).
+  static const std::vector<std::string> names = {"tiny",           "small",         "mini",          "mixtral-8x7b",
+                                                 "qwen2-moe-tiny", "qwen2-moe-a2.7b", "qwen3-moe-tiny", "qwen3-30b-a3b",
+                                                 "olmoe-tiny",     "olmoe-1b-7b",   "dots1-tiny",    "dots-llm1"};
   return names;
 }
 
@@ -62,7 +65,71 @@ ModelConfig synthetic_preset(const std::string& name) {
     c.vocab_size = vocab;
     c.max_position_embeddings = max_pos;
   };
-  if (name == "tiny") {
+  // The families other than Mixtral: sizes, then what the family's config sets.
+  auto family = [&](ModelFamily f, int experts, int top_k, int dense_intermediate, bool norm_topk, float theta,
+                    float eps) {
+    c.family = f;
+    c.model_type = family_info(f).model_type;
+    c.qk_norm = family_info(f).qk_norm;
+    c.scoring = family_info(f).scoring;
+    c.num_local_experts = experts;
+    c.num_experts_per_tok = top_k;
+    c.dense_intermediate_size = dense_intermediate;
+    c.norm_topk_prob = norm_topk;
+    c.rope_theta = theta;
+    c.rms_norm_eps = eps;
+    c.router_aux_loss_coef = 0.001f;
+    c.qkv_bias = f == ModelFamily::kQwen2Moe;
+  };
+  auto qwen_ids = [&] { c.bos_token_id = 151643, c.eos_token_id = 151645; };
+  if (name == "qwen2-moe-tiny") {  // a dense layer (mlp_only_layers) between MoE layers, a gated shared expert
+    set(64, 32, 3, 4, 2, 512, 4096);
+    family(ModelFamily::kQwen2Moe, 8, 2, 96, false, 1e6f, 1e-6f);
+    c.shared_expert_intermediate_size = 80;
+    c.shared_expert_gate = true;
+    c.mlp_only_layers = {1};
+  } else if (name == "qwen2-moe-a2.7b") {  // Qwen1.5-MoE-A2.7B
+    set(2048, 1408, 24, 16, 16, 151936, 8192);
+    family(ModelFamily::kQwen2Moe, 60, 4, 5632, false, 1e6f, 1e-6f);
+    c.shared_expert_intermediate_size = 5632;
+    c.shared_expert_gate = true;
+    qwen_ids();
+  } else if (name == "qwen3-moe-tiny") {  // many experts top-8, per-head q/k norm, head_dim != hidden / heads
+    set(64, 32, 2, 4, 2, 512, 4096);
+    family(ModelFamily::kQwen3Moe, 32, 8, 128, true, 1e6f, 1e-6f);
+    c.head_dim = 32;
+  } else if (name == "qwen3-30b-a3b") {  // Qwen3-30B-A3B
+    set(2048, 768, 48, 32, 4, 151936, 40960);
+    family(ModelFamily::kQwen3Moe, 128, 8, 6144, true, 1e6f, 1e-6f);
+    c.head_dim = 128;
+    qwen_ids();
+  } else if (name == "olmoe-tiny") {  // q/k norm over the whole projection, softmax over all experts
+    set(64, 48, 2, 4, 2, 512, 4096);
+    family(ModelFamily::kOlmoe, 16, 4, 0, false, 1e4f, 1e-5f);
+    c.router_aux_loss_coef = 0.01f;
+  } else if (name == "olmoe-1b-7b") {  // OLMoE-1B-7B-0924
+    set(2048, 1024, 16, 16, 16, 50304, 4096);
+    family(ModelFamily::kOlmoe, 64, 8, 0, false, 1e4f, 1e-5f);
+    c.router_aux_loss_coef = 0.01f;
+    c.has_bos = false, c.bos_token_id = -1, c.eos_token_id = 50279, c.pad_token_id = 1;
+  } else if (name == "dots1-tiny") {  // sigmoid router with 4 groups (2 kept), shared experts, a dense layer 0
+    set(64, 32, 3, 4, 2, 512, 4096);
+    family(ModelFamily::kDots1, 16, 4, 128, true, 1e4f, 1e-6f);
+    c.n_shared_experts = 2;
+    c.shared_expert_intermediate_size = 2 * 32;
+    c.first_k_dense_replace = 1;
+    c.n_group = 4, c.topk_group = 2;
+    c.routed_scaling_factor = 2.5f;
+  } else if (name == "dots-llm1") {  // rednote-hilab dots.llm1
+    set(4096, 1408, 62, 32, 32, 152064, 32768);
+    family(ModelFamily::kDots1, 128, 6, 10944, true, 1e7f, 1e-5f);
+    c.head_dim = 128;
+    c.n_shared_experts = 2;
+    c.shared_expert_intermediate_size = 2 * 1408;
+    c.first_k_dense_replace = 1;
+    c.routed_scaling_factor = 2.5f;
+    c.bos_token_id = 151643, c.eos_token_id = 151649;
+  } else if (name == "tiny") {
     set(64, 128, 2, 4, 2, 512, 4096);
   } else if (name == "small") {
     set(256, 512, 4, 8, 2, 512, 4096);
@@ -91,22 +158,47 @@ SyntheticModel::SyntheticModel(const ModelConfig& config, uint64_t seed, float r
   // The bias channel holds half of every hidden state's energy, so the other coordinates of x̂ have rms
   // 1/sqrt(2); matrices that read x̂ get sqrt(2) more so their outputs have unit variance.
   const float input_scale = std::sqrt(2.0f) * inv_sqrt_d;
-  // State-dict order of transformers' MixtralForCausalLM (decides which shard a tensor lands in).
+  // State-dict order of the family's HF model (decides which shard a tensor lands in).
+  const FamilyInfo& info = config.info();
+  const auto mlp = [&](const std::string& q, int64_t width, const char* gate, const char* up, const char* down) {
+    add(q + gate + ".weight", {width, d}, Init::kProjection, input_scale, 0.0f);
+    add(q + up + ".weight", {width, d}, Init::kProjection, input_scale, 0.0f);
+    add(q + down + ".weight", {d, width}, Init::kResidualOut, residual_scale / std::sqrt(static_cast<float>(width)), 0.0f);
+  };
   add("model.embed_tokens.weight", {vocab, d}, Init::kEmbedding, 1.0f, 0.0f);
   for (int layer = 0; layer < config.num_hidden_layers; ++layer) {
     const std::string p = "model.layers." + std::to_string(layer) + ".";
     add(p + "self_attn.q_proj.weight", {q_dim, d}, Init::kProjection, input_scale, 0.0f);
+    if (config.qkv_bias) add(p + "self_attn.q_proj.bias", {q_dim}, Init::kBias, 0.1f, 0.0f);
     add(p + "self_attn.k_proj.weight", {kv_dim, d}, Init::kProjection, input_scale, 0.0f);
+    if (config.qkv_bias) add(p + "self_attn.k_proj.bias", {kv_dim}, Init::kBias, 0.1f, 0.0f);
     add(p + "self_attn.v_proj.weight", {kv_dim, d}, Init::kProjection, input_scale, 0.0f);
+    if (config.qkv_bias) add(p + "self_attn.v_proj.bias", {kv_dim}, Init::kBias, 0.1f, 0.0f);
     add(p + "self_attn.o_proj.weight", {d, q_dim}, Init::kResidualOut,
         residual_scale / std::sqrt(static_cast<float>(q_dim)), 0.0f);
-    add(p + "block_sparse_moe.gate.weight", {config.num_local_experts, d}, Init::kGate,
-        input_scale, 0.0f);
-    for (int e = 0; e < config.num_local_experts; ++e) {
-      const std::string x = p + "block_sparse_moe.experts." + std::to_string(e) + ".";
-      add(x + "w1.weight", {inter, d}, Init::kProjection, input_scale, 0.0f);
-      add(x + "w2.weight", {d, inter}, Init::kResidualOut, residual_scale / std::sqrt(static_cast<float>(inter)), 0.0f);
-      add(x + "w3.weight", {inter, d}, Init::kProjection, input_scale, 0.0f);
+    if (config.qk_norm != QkNorm::kNone) {
+      const bool per_head = config.qk_norm == QkNorm::kPerHead;
+      add(p + "self_attn.q_norm.weight", {per_head ? config.head_dim : q_dim}, Init::kNorm, 0.05f, 1.0f);
+      add(p + "self_attn.k_norm.weight", {per_head ? config.head_dim : kv_dim}, Init::kNorm, 0.05f, 1.0f);
+    }
+    const std::string moe = p + info.moe_prefix + ".";
+    const auto experts = [&] {
+      for (int e = 0; e < config.num_local_experts; ++e)
+        mlp(moe + "experts." + std::to_string(e) + ".", inter, info.expert_gate, info.expert_up, info.expert_down);
+    };
+    if (!config.moe_layer(layer)) {
+      mlp(p + "mlp.", config.dense_intermediate_size, "gate_proj", "up_proj", "down_proj");
+    } else if (config.family == ModelFamily::kDots1) {  // Dots1MoE registers experts, gate, shared_experts
+      experts();
+      add(moe + "gate.weight", {config.num_local_experts, d}, Init::kGate, input_scale, 0.0f);
+      add(moe + "gate.e_score_correction_bias", {config.num_local_experts}, Init::kBias, 0.1f, 0.0f);
+      mlp(moe + info.shared_prefix + ".", config.shared_expert_intermediate_size, "gate_proj", "up_proj", "down_proj");
+    } else {
+      add(moe + "gate.weight", {config.num_local_experts, d}, Init::kGate, input_scale, 0.0f);
+      experts();
+      if (config.shared_expert_intermediate_size > 0)
+        mlp(moe + info.shared_prefix + ".", config.shared_expert_intermediate_size, "gate_proj", "up_proj", "down_proj");
+      if (config.shared_expert_gate) add(moe + "shared_expert_gate.weight", {1, d}, Init::kProjection, input_scale, 0.0f);
     }
     add(p + "input_layernorm.weight", {d}, Init::kNorm, 0.05f, 1.0f);
     add(p + "post_attention_layernorm.weight", {d}, Init::kNorm, 0.05f, 1.0f);
@@ -136,6 +228,8 @@ inline float SyntheticModel::raw_value(const Rule& rule, int64_t row, int64_t co
       break;
     case Init::kGate:
       if (col == kBiasChannel) return gate_offset_[row];
+      break;
+    case Init::kBias:
       break;
     case Init::kProjection:
     case Init::kLmHead:
@@ -271,10 +365,13 @@ void SyntheticModel::calibrate_router_skew(float skew) {
   const int64_t d = config_.hidden_size, vocab = config_.vocab_size;
   const int tokens = static_cast<int>(std::min<int64_t>(vocab, 4096));
   size_t embed = 0, gate = 0, norm = 0;
+  int first_moe = 0;  // calibrated on the first MoE layer (the same offsets go into every layer's gate)
+  while (first_moe + 1 < config_.num_hidden_layers && !config_.moe_layer(first_moe)) ++first_moe;
+  const std::string p = "model.layers." + std::to_string(first_moe) + ".";
   for (size_t t = 0; t < tensors_.size(); ++t) {
     if (tensors_[t].name == "model.embed_tokens.weight") embed = t;
-    if (tensors_[t].name == "model.layers.0.block_sparse_moe.gate.weight") gate = t;
-    if (tensors_[t].name == "model.layers.0.post_attention_layernorm.weight") norm = t;
+    if (tensors_[t].name == p + config_.info().moe_prefix + ".gate.weight") gate = t;
+    if (tensors_[t].name == p + "post_attention_layernorm.weight") norm = t;
   }
   // x̂ = rmsnorm(embed[id]) * post_attention_layernorm, as the layer-0 router would see a bare embedding.
   std::vector<float> norm_weight(d), gate_rows(static_cast<size_t>(experts) * d);

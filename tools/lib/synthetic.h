@@ -16,6 +16,9 @@
 //   o_proj, w2                z / sqrt(fan_in) / sqrt(2L) (GPT-2 residual scaling), row c = 0
 //   gate                      g z / sqrt(d) (router logits ~N(0,1)), column c = calibrated offset_e / x̂[c]
 //   lm_head                   2 g z / sqrt(d), column c = 0 (logits std ~2, max ~6-9)
+//   q/k/v biases, e_score_correction_bias   0.1 z
+//   q_norm, k_norm            1 + 0.05 z (element 0 = 1); shared experts and dense MLPs as the experts;
+//   shared_expert_gate        as q_proj (column c = 0)
 #pragma once
 #include <cstdint>
 #include <string>
@@ -27,7 +30,9 @@
 
 namespace moex {
 
-// tiny, small (the second test config: hidden 256, 4 layers), mini, mixtral-8x7b.
+// tiny, small (the second test config: hidden 256, 4 layers), mini, mixtral-8x7b; then per family a
+// small preset and a real model's geometry: qwen2-moe-tiny / qwen2-moe-a2.7b, qwen3-moe-tiny / qwen3-30b-a3b,
+// olmoe-tiny / olmoe-1b-7b, dots1-tiny / dots-llm1.
 const std::vector<std::string>& synthetic_preset_names();
 // Throws Error(kInvalidInput) listing the presets when `name` is not one.
 ModelConfig synthetic_preset(const std::string& name);
@@ -89,7 +94,7 @@ class SyntheticModel {
   static constexpr int kBiasChannel = 0;
 
  private:
-  enum class Init { kEmbedding, kNorm, kProjection, kResidualOut, kGate, kLmHead };
+  enum class Init { kEmbedding, kNorm, kProjection, kResidualOut, kGate, kLmHead, kBias };
   struct Rule {
     Init init;
     uint64_t key;          // hash of (seed, name)

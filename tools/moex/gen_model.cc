@@ -6,6 +6,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -87,7 +88,14 @@ ModelConfig build_config(const GenModelOptions& o) {
   override_size(o.layers, "--layers", &c.num_hidden_layers);
   MOEX_CHECK_INPUT(c.hidden_size % c.num_attention_heads == 0, "--hidden ", c.hidden_size,
                    " must be a multiple of the number of heads (", c.num_attention_heads, ")");
-  c.head_dim = c.hidden_size / c.num_attention_heads;
+  if (o.given.count("--hidden") || o.given.count("--heads")) c.head_dim = c.hidden_size / c.num_attention_heads;
+  // Family fields that follow the sizes: dots1's shared experts are n_shared_experts experts wide; a cut
+  // --layers drops the dense layers it no longer has.
+  if (c.n_shared_experts > 0) c.shared_expert_intermediate_size = c.n_shared_experts * c.intermediate_size;
+  c.first_k_dense_replace = std::min(c.first_k_dense_replace, c.num_hidden_layers);
+  c.mlp_only_layers.erase(std::remove_if(c.mlp_only_layers.begin(), c.mlp_only_layers.end(),
+                                         [&](int l) { return l >= c.num_hidden_layers; }),
+                          c.mlp_only_layers.end());
   MOEX_CHECK_INPUT(c.vocab_size >= 384, "--vocab ", c.vocab_size,
                    " is too small for a byte-fallback tokenizer (use at least 384)");
   c.torch_dtype = weight_dtype(o.dtype).torch_dtype;
@@ -301,7 +309,10 @@ void run_gen_model(const GenModelOptions& o) {
 void setup_gen_model(CLI::App& app) {
   auto options = std::make_shared<GenModelOptions>();
   auto* cmd = app.add_subcommand("gen-model", "Write a synthetic Mixtral checkpoint in Hugging Face layout");
-  cmd->add_option("--preset", options->preset, "tiny | small | mini | mixtral-8x7b")->required();
+  cmd->add_option("--preset", options->preset,
+                  "tiny | small | mini | mixtral-8x7b | qwen2-moe-tiny | qwen2-moe-a2.7b | qwen3-moe-tiny | "
+                  "qwen3-30b-a3b | olmoe-tiny | olmoe-1b-7b | dots1-tiny | dots-llm1")
+      ->required();
   cmd->add_option("--out", options->out,
                   "Output directory (created if missing; must be empty unless --force). The model is written into a "
                   "folder next to it and moved in when complete")

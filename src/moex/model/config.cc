@@ -1,6 +1,9 @@
 #include "moex/model/config.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstdint>
 #include <limits>
 #include <set>
@@ -16,17 +19,43 @@ namespace {
 
 using json = nlohmann::json;
 
-// Fields HF writes into a MixtralConfig that do not change inference, or that we check explicitly.
-// Any other field is unknown: a config from a newer or different architecture must not load silently.
-const std::set<std::string>& known_fields() {
+// Fields every family's HF config may carry that do not change inference, or that are checked below.
+const std::set<std::string>& common_fields() {
   static const std::set<std::string> fields = {
       "architectures", "model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-      "num_attention_heads", "num_key_value_heads", "head_dim", "num_local_experts", "num_experts_per_tok",
-      "rms_norm_eps", "rope_theta", "max_position_embeddings", "tie_word_embeddings", "norm_topk_prob",
-      "router_aux_loss_coef", "bos_token_id", "eos_token_id", "pad_token_id", "torch_dtype", "hidden_act",
-      "initializer_range", "use_cache", "output_router_logits", "sliding_window", "attention_dropout",
-      "router_jitter_noise", "transformers_version", "rope_scaling", "attention_bias", "_name_or_path"};
+      "num_attention_heads", "num_key_value_heads", "num_experts_per_tok", "rms_norm_eps", "rope_theta",
+      "max_position_embeddings", "tie_word_embeddings", "norm_topk_prob", "router_aux_loss_coef", "bos_token_id",
+      "eos_token_id", "pad_token_id", "torch_dtype", "hidden_act", "initializer_range", "use_cache",
+      "output_router_logits", "attention_dropout", "transformers_version", "rope_scaling", "rope_parameters",
+      "_name_or_path"};
   return fields;
+}
+
+// The fields of one family's HF config class beyond the common ones (transformers' MixtralConfig,
+// Qwen2MoeConfig, Qwen3MoeConfig, OlmoeConfig, Dots1Config). Any other field is unknown: a config from a
+// newer or different architecture must not load silently.
+const std::set<std::string>& family_fields(ModelFamily family) {
+  static const std::set<std::string> mixtral = {"head_dim", "num_local_experts", "sliding_window",
+                                                "router_jitter_noise", "attention_bias"};
+  static const std::set<std::string> qwen2 = {"moe_intermediate_size", "shared_expert_intermediate_size", "num_experts",
+                                              "decoder_sparse_step", "mlp_only_layers", "use_sliding_window",
+                                              "sliding_window", "max_window_layers", "layer_types", "qkv_bias"};
+  static const std::set<std::string> qwen3 = {"head_dim", "moe_intermediate_size", "num_experts", "decoder_sparse_step",
+                                              "mlp_only_layers", "use_sliding_window", "sliding_window",
+                                              "max_window_layers", "layer_types", "attention_bias"};
+  static const std::set<std::string> olmoe = {"num_experts", "attention_bias", "clip_qkv"};
+  static const std::set<std::string> dots1 = {"head_dim", "moe_intermediate_size", "n_shared_experts",
+                                              "n_routed_experts", "n_group", "topk_group", "first_k_dense_replace",
+                                              "routed_scaling_factor", "attention_bias", "sliding_window",
+                                              "max_window_layers", "layer_types"};
+  switch (family) {
+    case ModelFamily::kMixtral: return mixtral;
+    case ModelFamily::kQwen2Moe: return qwen2;
+    case ModelFamily::kQwen3Moe: return qwen3;
+    case ModelFamily::kOlmoe: return olmoe;
+    case ModelFamily::kDots1: return dots1;
+  }
+  return mixtral;
 }
 
 template <typename T>
@@ -67,26 +96,77 @@ T get_field(const json& j, const char* name, const std::string& origin, bool req
 
 }  // namespace
 
+const FamilyInfo& family_info(ModelFamily family) {
+  // Tensor names and hard-wired options from each family's HF modelling file.
+  static const FamilyInfo table[] = {
+      {ModelFamily::kMixtral, "mixtral", "MixtralForCausalLM", "block_sparse_moe", "w1", "w3", "w2", "",
+       QkNorm::kNone, RouterScoring::kSoftmax},
+      {ModelFamily::kQwen2Moe, "qwen2_moe", "Qwen2MoeForCausalLM", "mlp", "gate_proj", "up_proj", "down_proj",
+       "shared_expert", QkNorm::kNone, RouterScoring::kSoftmax},
+      {ModelFamily::kQwen3Moe, "qwen3_moe", "Qwen3MoeForCausalLM", "mlp", "gate_proj", "up_proj", "down_proj", "",
+       QkNorm::kPerHead, RouterScoring::kSoftmax},
+      {ModelFamily::kOlmoe, "olmoe", "OlmoeForCausalLM", "mlp", "gate_proj", "up_proj", "down_proj", "",
+       QkNorm::kWhole, RouterScoring::kSoftmax},
+      {ModelFamily::kDots1, "dots1", "Dots1ForCausalLM", "mlp", "gate_proj", "up_proj", "down_proj",
+       "shared_experts", QkNorm::kPerHead, RouterScoring::kSigmoidGrouped},
+  };
+  return table[static_cast<int>(family)];
+}
+
+ModelFamily family_from_model_type(const std::string& model_type, const std::string& origin) {
+  for (ModelFamily f : {ModelFamily::kMixtral, ModelFamily::kQwen2Moe, ModelFamily::kQwen3Moe, ModelFamily::kOlmoe,
+                        ModelFamily::kDots1}) {
+    if (model_type == family_info(f).model_type) return f;
+  }
+  MOEX_CHECK_INPUT(model_type != "deepseek_v2" && model_type != "deepseek_v3" && model_type != "kimi_k2", origin,
+                   ": model_type \"", model_type,
+                   "\" uses multi-head latent attention (MLA), which MoEX does not run; its router (sigmoid + "
+                   "correction bias + grouped top-k) is supported on standard attention as model_type \"dots1\"");
+  throw_error(ErrorKind::kInvalidInput, origin + ": model_type \"" + model_type +
+                                            "\" is not supported (MoEX runs mixtral, qwen2_moe, qwen3_moe, olmoe, dots1)");
+}
+
+bool ModelConfig::moe_layer(int layer) const {
+  if (layer < first_k_dense_replace) return false;
+  if (std::find(mlp_only_layers.begin(), mlp_only_layers.end(), layer) != mlp_only_layers.end()) return false;
+  return (layer + 1) % decoder_sparse_step == 0;
+}
+
 int64_t ModelConfig::active_params_per_token() const {
   const int64_t d = hidden_size;
   const int64_t attention = d * q_dim() + 2 * d * kv_dim() + q_dim() * d;
-  const int64_t experts = int64_t{num_experts_per_tok} * 3 * d * intermediate_size;
-  const int64_t router = int64_t{num_local_experts} * d;
-  return num_hidden_layers * (attention + experts + router + 2 * d) + d + int64_t{vocab_size} * d + d;
+  int64_t total = d + int64_t{vocab_size} * d + d;
+  for (int l = 0; l < num_hidden_layers; ++l) {
+    total += attention + 2 * d;
+    if (moe_layer(l)) {
+      total += int64_t{num_experts_per_tok} * 3 * d * intermediate_size + int64_t{num_local_experts} * d +
+               3 * d * int64_t{shared_expert_intermediate_size} + (shared_expert_gate ? d : 0);
+    } else {
+      total += 3 * d * int64_t{dense_intermediate_size};
+    }
+  }
+  return total;
 }
 
 int64_t ModelConfig::total_params() const {
   const int64_t d = hidden_size;
   const int64_t attention = d * q_dim() + 2 * d * kv_dim() + q_dim() * d;
-  const int64_t experts = int64_t{num_local_experts} * 3 * d * intermediate_size;
-  const int64_t router = int64_t{num_local_experts} * d;
-  const int64_t embeddings = int64_t{vocab_size} * d * (tie_word_embeddings ? 1 : 2);
-  return num_hidden_layers * (attention + experts + router + 2 * d) + d + embeddings;
+  int64_t total = d + int64_t{vocab_size} * d * (tie_word_embeddings ? 1 : 2);
+  for (int l = 0; l < num_hidden_layers; ++l) {
+    total += attention + 2 * d;
+    if (moe_layer(l)) {
+      total += int64_t{num_local_experts} * (3 * d * intermediate_size + d) +
+               3 * d * int64_t{shared_expert_intermediate_size} + (shared_expert_gate ? d : 0);
+    } else {
+      total += 3 * d * int64_t{dense_intermediate_size};
+    }
+  }
+  return total;
 }
 
 void validate_model_config(const ModelConfig& c) {
-  MOEX_CHECK_INPUT(c.model_type == "mixtral", "config: model_type \"", c.model_type,
-                   "\" is not supported (MoEX runs model_type \"mixtral\")");
+  MOEX_CHECK_INPUT(c.model_type == c.info().model_type, "config: model_type \"", c.model_type,
+                   "\" does not match the family (", c.info().model_type, ")");
   MOEX_CHECK_INPUT(c.vocab_size > 0 && c.hidden_size > 0 && c.intermediate_size > 0 && c.num_hidden_layers > 0 &&
                        c.num_attention_heads > 0 && c.num_key_value_heads > 0 && c.head_dim > 0,
                    "config: sizes must be positive");
@@ -104,10 +184,42 @@ void validate_model_config(const ModelConfig& c) {
   MOEX_CHECK_INPUT(std::isfinite(c.router_aux_loss_coef) && c.router_aux_loss_coef >= 0,
                    "config: router_aux_loss_coef (", c.router_aux_loss_coef, ") must be finite and >= 0");
   MOEX_CHECK_INPUT(c.max_position_embeddings > 0, "config: max_position_embeddings must be positive");
-  MOEX_CHECK_INPUT(c.bos_token_id >= 0 && c.bos_token_id < c.vocab_size && c.eos_token_id >= 0 &&
+  MOEX_CHECK_INPUT((!c.has_bos || (c.bos_token_id >= 0 && c.bos_token_id < c.vocab_size)) && c.eos_token_id >= 0 &&
                        c.eos_token_id < c.vocab_size,
                    "config: bos_token_id (", c.bos_token_id, ") and eos_token_id (", c.eos_token_id,
                    ") must be token ids below vocab_size (", c.vocab_size, ")");
+  MOEX_CHECK_INPUT(c.pad_token_id >= -1 && c.pad_token_id < c.vocab_size, "config: pad_token_id (", c.pad_token_id,
+                   ") must be a token id below vocab_size (", c.vocab_size, ")");
+  // Family options.
+  MOEX_CHECK_INPUT(c.decoder_sparse_step >= 1, "config: decoder_sparse_step (", c.decoder_sparse_step,
+                   ") must be at least 1");
+  MOEX_CHECK_INPUT(c.first_k_dense_replace >= 0 && c.first_k_dense_replace <= c.num_hidden_layers,
+                   "config: first_k_dense_replace (", c.first_k_dense_replace, ") must be in 0..num_hidden_layers (",
+                   c.num_hidden_layers, ")");
+  for (int l : c.mlp_only_layers) {
+    MOEX_CHECK_INPUT(l >= 0 && l < c.num_hidden_layers, "config: mlp_only_layers holds ", l,
+                     ", not a layer index below num_hidden_layers (", c.num_hidden_layers, ")");
+  }
+  bool any_dense = false;
+  for (int l = 0; l < c.num_hidden_layers; ++l) any_dense = any_dense || !c.moe_layer(l);
+  MOEX_CHECK_INPUT(!any_dense || c.dense_intermediate_size > 0, "config: intermediate_size (",
+                   c.dense_intermediate_size, ") of the dense MLP layers must be positive");
+  MOEX_CHECK_INPUT(c.shared_expert_intermediate_size >= 0 && (!c.shared_expert_gate || c.shared_expert_intermediate_size > 0),
+                   "config: the shared expert's intermediate size (", c.shared_expert_intermediate_size,
+                   ") must be positive");
+  if (c.scoring == RouterScoring::kSigmoidGrouped) {
+    MOEX_CHECK_INPUT(c.n_group >= 1 && c.num_local_experts % c.n_group == 0, "config: n_group (", c.n_group,
+                     ") must divide the number of routed experts (", c.num_local_experts, ")");
+    MOEX_CHECK_INPUT(c.n_group == 1 || c.num_local_experts / c.n_group >= 2, "config: n_group (", c.n_group,
+                     ") leaves fewer than 2 experts per group (a group scores by its best two)");
+    MOEX_CHECK_INPUT(c.topk_group >= 1 && c.topk_group <= c.n_group, "config: topk_group (", c.topk_group,
+                     ") must be in 1..n_group (", c.n_group, ")");
+    MOEX_CHECK_INPUT(int64_t{c.topk_group} * (c.num_local_experts / c.n_group) >= c.num_experts_per_tok,
+                     "config: topk_group (", c.topk_group, ") groups of ", c.num_local_experts / c.n_group,
+                     " experts cannot hold num_experts_per_tok (", c.num_experts_per_tok, ") experts");
+    MOEX_CHECK_INPUT(std::isfinite(c.routed_scaling_factor) && c.routed_scaling_factor > 0,
+                     "config: routed_scaling_factor (", c.routed_scaling_factor, ") must be finite and positive");
+  }
   // Widths are ints and products of them index buffers: keep every product the code forms in range.
   const int64_t int_max = std::numeric_limits<int>::max();
   MOEX_CHECK_INPUT(int64_t{c.num_attention_heads} * c.head_dim <= int_max, "config: num_attention_heads x head_dim (",
@@ -115,10 +227,68 @@ void validate_model_config(const ModelConfig& c) {
   const double d = c.hidden_size, q = double(c.num_attention_heads) * c.head_dim,
                kv = double(c.num_key_value_heads) * c.head_dim;
   const double params = c.num_hidden_layers * (2 * d * q + 2 * d * kv + double(c.num_local_experts) *
-                                                                            (3 * d * c.intermediate_size + d)) +
+                                                                            (3 * d * c.intermediate_size + d) +
+                                               3 * d * (double(c.shared_expert_intermediate_size) +
+                                                        double(c.dense_intermediate_size))) +
                         2.0 * c.vocab_size * d;
   MOEX_CHECK_INPUT(params < 1e15, "config: the sizes give ", params, " parameters, more than any checkpoint MoEX loads");
 }
+
+namespace {
+
+// rope_theta, from the old field or from transformers' newer rope_parameters {rope_type, rope_theta}.
+float parse_rope(const json& j, const std::string& origin, float fallback) {
+  MOEX_CHECK_INPUT(!j.contains("rope_scaling") || j["rope_scaling"].is_null(), origin,
+                   ": rope_scaling is not supported; remove it or set it to null");
+  float theta = get_field<float>(j, "rope_theta", origin, false, fallback);
+  if (j.contains("rope_parameters") && !j["rope_parameters"].is_null()) {
+    const json& r = j["rope_parameters"];
+    MOEX_CHECK_INPUT(r.is_object(), origin, ": rope_parameters must be an object");
+    for (const auto& [key, value] : r.items()) {
+      MOEX_CHECK_INPUT(key == "rope_type" || key == "rope_theta", origin, ": rope_parameters.", key,
+                       " is not supported (MoEX runs the default RoPE)");
+    }
+    const std::string type = get_field<std::string>(r, "rope_type", origin, false, "default");
+    MOEX_CHECK_INPUT(type == "default", origin, ": rope_parameters.rope_type \"", type,
+                     "\" is not supported (MoEX runs the default RoPE)");
+    theta = get_field<float>(r, "rope_theta", origin, false, theta);
+  }
+  return theta;
+}
+
+// Refuses a config in which some layer would use sliding-window attention: HF's rule per family.
+void refuse_sliding_windows(const json& j, const ModelConfig& c, const std::string& origin, bool needs_flag) {
+  if (j.contains("layer_types") && !j["layer_types"].is_null()) {
+    const json& types = j["layer_types"];
+    MOEX_CHECK_INPUT(types.is_array() && static_cast<int>(types.size()) == c.num_hidden_layers, origin,
+                     ": layer_types must list num_hidden_layers (", c.num_hidden_layers, ") entries");
+    for (const json& t : types) {
+      MOEX_CHECK_INPUT(t.is_string() && t.get<std::string>() == "full_attention", origin, ": layer_types holds ",
+                       t.dump(), " (MoEX runs full attention only: sliding windows are not supported)");
+    }
+    return;
+  }
+  const bool use = needs_flag ? get_field<bool>(j, "use_sliding_window", origin, false, false) : true;
+  if (!use || !j.contains("sliding_window") || j["sliding_window"].is_null()) return;
+  const int window = get_field<int>(j, "sliding_window", origin, false, 0);
+  const int from_layer = get_field<int>(j, "max_window_layers", origin, false, needs_flag ? 28 : 62);
+  MOEX_CHECK_INPUT(from_layer >= c.num_hidden_layers || window >= c.max_position_embeddings, origin,
+                   ": sliding_window ", window, " applies from layer ", from_layer,
+                   " (max_window_layers) and is not supported (set use_sliding_window false or sliding_window null)");
+}
+
+std::vector<int> parse_int_list(const json& j, const char* name, const std::string& origin) {
+  std::vector<int> out;
+  if (!j.contains(name) || j[name].is_null()) return out;
+  MOEX_CHECK_INPUT(j[name].is_array(), origin, ": field \"", name, "\" must be a list of layer indices");
+  for (const json& v : j[name]) {
+    const json holder = {{"item", v}};
+    out.push_back(get_field<int>(holder, "item", origin + ": " + name, true, 0));
+  }
+  return out;
+}
+
+}  // namespace
 
 ModelConfig parse_model_config(const std::string& text, const std::string& origin) {
   json j;
@@ -128,47 +298,102 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
     throw_error(ErrorKind::kInvalidInput, origin + ": not valid JSON (" + e.what() + ")");
   }
   MOEX_CHECK_INPUT(j.is_object(), origin, ": expected a JSON object");
-  for (const auto& [key, value] : j.items()) {
-    MOEX_CHECK_INPUT(known_fields().count(key), origin, ": unknown field \"", key,
-                     "\" (MoEX loads Mixtral configs; remove the field if it does not change the model)");
-  }
   ModelConfig c;
   c.model_type = get_field<std::string>(j, "model_type", origin, true, "");
-  MOEX_CHECK_INPUT(c.model_type == "mixtral", origin, ": model_type \"", c.model_type,
-                   "\" is not supported (MoEX runs model_type \"mixtral\")");
+  c.family = family_from_model_type(c.model_type, origin);
+  const ModelFamily f = c.family;
+  const bool mixtral = f == ModelFamily::kMixtral;
+  for (const auto& [key, value] : j.items()) {
+    MOEX_CHECK_INPUT(common_fields().count(key) || family_fields(f).count(key), origin, ": unknown field \"", key,
+                     "\" for model_type \"", c.model_type,
+                     "\" (remove the field if it does not change the model)");
+  }
+  const FamilyInfo& info = c.info();
+  c.qk_norm = info.qk_norm;
+  c.scoring = info.scoring;
+  // Mixtral keeps MixtralConfig's defaults for the fields it may omit; the other families need the fields
+  // their HF config.json always carries (their class defaults differ between transformers versions).
+  const bool strict = !mixtral;
   c.vocab_size = get_field<int>(j, "vocab_size", origin, true, 0);
   c.hidden_size = get_field<int>(j, "hidden_size", origin, true, 0);
-  c.intermediate_size = get_field<int>(j, "intermediate_size", origin, true, 0);
   c.num_hidden_layers = get_field<int>(j, "num_hidden_layers", origin, true, 0);
   c.num_attention_heads = get_field<int>(j, "num_attention_heads", origin, true, 0);
-  c.num_key_value_heads = get_field<int>(j, "num_key_value_heads", origin, false, c.num_attention_heads);
-  MOEX_CHECK_INPUT((c.num_attention_heads > 0 && c.hidden_size % c.num_attention_heads == 0) || j.contains("head_dim"),
+  c.num_key_value_heads = get_field<int>(j, "num_key_value_heads", origin, strict && f != ModelFamily::kOlmoe,
+                                         c.num_attention_heads);
+  const bool takes_head_dim = family_fields(f).count("head_dim") > 0;
+  MOEX_CHECK_INPUT((c.num_attention_heads > 0 && c.hidden_size % c.num_attention_heads == 0) ||
+                       (takes_head_dim && j.contains("head_dim")),
                    origin, ": hidden_size (", c.hidden_size, ") is not divisible by num_attention_heads (",
                    c.num_attention_heads, ") and no head_dim is given");
-  c.head_dim = get_field<int>(j, "head_dim", origin, false,
-                              c.num_attention_heads > 0 ? c.hidden_size / c.num_attention_heads : 0);
-  c.num_local_experts = get_field<int>(j, "num_local_experts", origin, true, 0);
+  c.head_dim = takes_head_dim ? get_field<int>(j, "head_dim", origin, f == ModelFamily::kQwen3Moe,
+                                               c.num_attention_heads > 0 ? c.hidden_size / c.num_attention_heads : 0)
+                              : (c.num_attention_heads > 0 ? c.hidden_size / c.num_attention_heads : 0);
+  const char* experts_field = mixtral ? "num_local_experts" : f == ModelFamily::kDots1 ? "n_routed_experts" : "num_experts";
+  c.num_local_experts = get_field<int>(j, experts_field, origin, true, 0);
   c.num_experts_per_tok = get_field<int>(j, "num_experts_per_tok", origin, true, 0);
-  c.rms_norm_eps = get_field<float>(j, "rms_norm_eps", origin, false, 1e-5f);
-  c.rope_theta = get_field<float>(j, "rope_theta", origin, false, 1e6f);
-  c.max_position_embeddings = get_field<int>(j, "max_position_embeddings", origin, false, 32768);
+  // Expert width: intermediate_size in mixtral and olmoe; moe_intermediate_size (and a dense intermediate_size)
+  // in the others.
+  if (mixtral || f == ModelFamily::kOlmoe) {
+    c.intermediate_size = get_field<int>(j, "intermediate_size", origin, true, 0);
+  } else {
+    c.intermediate_size = get_field<int>(j, "moe_intermediate_size", origin, true, 0);
+    c.dense_intermediate_size = get_field<int>(j, "intermediate_size", origin, true, 0);
+  }
+  c.rms_norm_eps = get_field<float>(j, "rms_norm_eps", origin, strict, 1e-5f);
+  c.rope_theta = parse_rope(j, origin, 1e6f);
+  MOEX_CHECK_INPUT(!strict || j.contains("rope_theta") || j.contains("rope_parameters"), origin,
+                   ": missing required field \"rope_theta\"");
+  c.max_position_embeddings = get_field<int>(j, "max_position_embeddings", origin, strict, 32768);
   c.tie_word_embeddings = get_field<bool>(j, "tie_word_embeddings", origin, false, false);
-  c.norm_topk_prob = get_field<bool>(j, "norm_topk_prob", origin, false, true);
+  c.norm_topk_prob = get_field<bool>(j, "norm_topk_prob", origin, strict, true);
   c.router_aux_loss_coef = get_field<float>(j, "router_aux_loss_coef", origin, false, 0.02f);
-  c.bos_token_id = get_field<int>(j, "bos_token_id", origin, false, 1);
+  c.has_bos = !(j.contains("bos_token_id") && j["bos_token_id"].is_null());
+  c.bos_token_id = c.has_bos ? get_field<int>(j, "bos_token_id", origin, false, 1) : -1;
+  MOEX_CHECK_INPUT(!j.contains("eos_token_id") || !j["eos_token_id"].is_array(), origin,
+                   ": eos_token_id lists are not supported (give one id)");
   c.eos_token_id = get_field<int>(j, "eos_token_id", origin, false, 2);
+  c.pad_token_id = get_field<int>(j, "pad_token_id", origin, false, -1);
   c.torch_dtype = get_field<std::string>(j, "torch_dtype", origin, false, "bfloat16");
   const std::string act = get_field<std::string>(j, "hidden_act", origin, false, "silu");
-  MOEX_CHECK_INPUT(act == "silu", origin, ": hidden_act \"", act, "\" is not supported (Mixtral uses silu)");
-  MOEX_CHECK_INPUT(!j.contains("rope_scaling") || j["rope_scaling"].is_null(), origin,
-                   ": rope_scaling is not supported; remove it or set it to null");
+  MOEX_CHECK_INPUT(act == "silu", origin, ": hidden_act \"", act, "\" is not supported (these families use silu)");
+  // Attention options. o_proj biases (attention_bias=true in every family that has the field) are not run.
   MOEX_CHECK_INPUT(!get_field<bool>(j, "attention_bias", origin, false, false), origin,
-                   ": attention_bias=true is not supported (Mixtral has no attention biases)");
-  // sliding_window: Mixtral v0.1 ships null; a window shorter than the context would change attention.
-  if (j.contains("sliding_window") && !j["sliding_window"].is_null()) {
-    const int window = get_field<int>(j, "sliding_window", origin, false, 0);
-    MOEX_CHECK_INPUT(window >= c.max_position_embeddings, origin, ": sliding_window ", window,
-                     " < max_position_embeddings is not supported (set it to null)");
+                   ": attention_bias=true is not supported (it adds an o_proj bias MoEX does not run)");
+  if (f == ModelFamily::kQwen2Moe) c.qkv_bias = get_field<bool>(j, "qkv_bias", origin, false, true);
+  if (f == ModelFamily::kOlmoe) {
+    MOEX_CHECK_INPUT(!j.contains("clip_qkv") || j["clip_qkv"].is_null(), origin,
+                     ": clip_qkv is not supported (set it to null)");
+  }
+  // Dense layers and shared experts.
+  if (f == ModelFamily::kQwen2Moe || f == ModelFamily::kQwen3Moe) {
+    c.decoder_sparse_step = get_field<int>(j, "decoder_sparse_step", origin, false, 1);
+    c.mlp_only_layers = parse_int_list(j, "mlp_only_layers", origin);
+  }
+  if (f == ModelFamily::kQwen2Moe) {
+    c.shared_expert_intermediate_size = get_field<int>(j, "shared_expert_intermediate_size", origin, true, 0);
+    c.shared_expert_gate = true;
+  }
+  if (f == ModelFamily::kDots1) {
+    c.n_shared_experts = get_field<int>(j, "n_shared_experts", origin, true, 0);
+    MOEX_CHECK_INPUT(c.n_shared_experts >= 1, origin, ": n_shared_experts (", c.n_shared_experts,
+                     ") must be at least 1 (Dots1MoE always has shared experts)");
+    MOEX_CHECK_INPUT(int64_t{c.n_shared_experts} * c.intermediate_size <= std::numeric_limits<int>::max(), origin,
+                     ": n_shared_experts x moe_intermediate_size is out of range");
+    c.shared_expert_intermediate_size = c.n_shared_experts * c.intermediate_size;
+    c.first_k_dense_replace = get_field<int>(j, "first_k_dense_replace", origin, true, 0);
+    c.n_group = get_field<int>(j, "n_group", origin, true, 1);
+    c.topk_group = get_field<int>(j, "topk_group", origin, true, 1);
+    c.routed_scaling_factor = get_field<float>(j, "routed_scaling_factor", origin, true, 1.0f);
+  }
+  // Sliding windows: Mixtral v0.1 ships null; a window shorter than the context would change attention.
+  if (mixtral) {
+    if (j.contains("sliding_window") && !j["sliding_window"].is_null()) {
+      const int window = get_field<int>(j, "sliding_window", origin, false, 0);
+      MOEX_CHECK_INPUT(window >= c.max_position_embeddings, origin, ": sliding_window ", window,
+                       " < max_position_embeddings is not supported (set it to null)");
+    }
+  } else if (f != ModelFamily::kOlmoe) {
+    refuse_sliding_windows(j, c, origin, /*needs_flag=*/f != ModelFamily::kDots1);
   }
   validate_model_config(c);
   return c;
@@ -179,34 +404,94 @@ ModelConfig load_model_config(const std::string& path) {
                             path);
 }
 
+// A float field as the double its shortest decimal spells (1e-06, not 9.999999974752427e-07), as HF writes it:
+// the fewest digits that still read back as the same float.
+static double short_float(float value) {
+  char text[32];
+  for (int digits = 6; digits <= 9; ++digits) {
+    std::snprintf(text, sizeof(text), "%.*g", digits, static_cast<double>(value));
+    if (std::strtof(text, nullptr) == value) break;
+  }
+  return std::strtod(text, nullptr);
+}
+
 std::string model_config_to_json(const ModelConfig& c) {
-  json j = {{"architectures", {"MixtralForCausalLM"}},
+  const FamilyInfo& info = c.info();
+  json j = {{"architectures", {info.architecture}},
             {"model_type", c.model_type},
             {"vocab_size", c.vocab_size},
             {"hidden_size", c.hidden_size},
-            {"intermediate_size", c.intermediate_size},
             {"num_hidden_layers", c.num_hidden_layers},
             {"num_attention_heads", c.num_attention_heads},
             {"num_key_value_heads", c.num_key_value_heads},
-            {"head_dim", c.head_dim},
-            {"num_local_experts", c.num_local_experts},
             {"num_experts_per_tok", c.num_experts_per_tok},
-            {"rms_norm_eps", c.rms_norm_eps},
-            {"rope_theta", c.rope_theta},
+            {"rms_norm_eps", short_float(c.rms_norm_eps)},
+            {"rope_theta", short_float(c.rope_theta)},
+            {"rope_scaling", nullptr},
             {"max_position_embeddings", c.max_position_embeddings},
             {"tie_word_embeddings", c.tie_word_embeddings},
-            {"router_aux_loss_coef", c.router_aux_loss_coef},
-            {"bos_token_id", c.bos_token_id},
+            {"router_aux_loss_coef", short_float(c.router_aux_loss_coef)},
+            {"bos_token_id", c.has_bos ? json(c.bos_token_id) : json(nullptr)},
             {"eos_token_id", c.eos_token_id},
             {"hidden_act", "silu"},
-            {"sliding_window", nullptr},
             {"attention_dropout", 0.0},
             {"initializer_range", 0.02},
             {"use_cache", true},
             {"output_router_logits", false},
-            {"router_jitter_noise", 0.0},
             {"torch_dtype", c.torch_dtype}};
-  if (!c.norm_topk_prob) j["norm_topk_prob"] = false;
+  if (c.pad_token_id >= 0) j["pad_token_id"] = c.pad_token_id;
+  switch (c.family) {
+    case ModelFamily::kMixtral:
+      j.erase("rope_scaling");
+      j["intermediate_size"] = c.intermediate_size;
+      j["head_dim"] = c.head_dim;
+      j["num_local_experts"] = c.num_local_experts;
+      j["sliding_window"] = nullptr;
+      j["router_jitter_noise"] = 0.0;
+      if (!c.norm_topk_prob) j["norm_topk_prob"] = false;
+      break;
+    case ModelFamily::kQwen2Moe:
+    case ModelFamily::kQwen3Moe:
+      j["intermediate_size"] = c.dense_intermediate_size;
+      j["moe_intermediate_size"] = c.intermediate_size;
+      j["num_experts"] = c.num_local_experts;
+      j["norm_topk_prob"] = c.norm_topk_prob;
+      j["decoder_sparse_step"] = c.decoder_sparse_step;
+      j["mlp_only_layers"] = c.mlp_only_layers;
+      j["use_sliding_window"] = false;
+      j["sliding_window"] = nullptr;
+      j["max_window_layers"] = c.num_hidden_layers;
+      if (c.family == ModelFamily::kQwen2Moe) {
+        j["shared_expert_intermediate_size"] = c.shared_expert_intermediate_size;
+        if (!c.qkv_bias) j["qkv_bias"] = false;
+      } else {
+        j["head_dim"] = c.head_dim;
+        j["attention_bias"] = false;
+      }
+      break;
+    case ModelFamily::kOlmoe:
+      j["intermediate_size"] = c.intermediate_size;
+      j["num_experts"] = c.num_local_experts;
+      j["norm_topk_prob"] = c.norm_topk_prob;
+      j["attention_bias"] = false;
+      j["clip_qkv"] = nullptr;
+      break;
+    case ModelFamily::kDots1:
+      j["intermediate_size"] = c.dense_intermediate_size;
+      j["moe_intermediate_size"] = c.intermediate_size;
+      j["head_dim"] = c.head_dim;
+      j["n_routed_experts"] = c.num_local_experts;
+      j["n_shared_experts"] = c.n_shared_experts;
+      j["n_group"] = c.n_group;
+      j["topk_group"] = c.topk_group;
+      j["first_k_dense_replace"] = c.first_k_dense_replace;
+      j["routed_scaling_factor"] = short_float(c.routed_scaling_factor);
+      j["norm_topk_prob"] = c.norm_topk_prob;
+      j["attention_bias"] = false;
+      j["sliding_window"] = nullptr;
+      j["max_window_layers"] = c.num_hidden_layers;
+      break;
+  }
   return j.dump(2) + "\n";
 }
 

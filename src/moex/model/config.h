@@ -1,22 +1,53 @@
-// ModelConfig: the fields of Hugging Face's MixtralConfig that the forward pass uses, read from
-// config.json. Anything MoEX cannot run exactly (another model_type, sliding windows, biases) is an
-// error rather than a silent approximation.
+// ModelConfig: what the forward pass needs from a Hugging Face config.json, for every model family MoEX
+// runs (mixtral, qwen2_moe, qwen3_moe, olmoe, dots1; docs/model.md). Each family's HF fields are mapped
+// onto the options below or refused: anything MoEX cannot run exactly (sliding windows, rope scaling,
+// MLA attention, o_proj biases) is an error rather than a silent approximation.
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace moex {
 
+// One model family: its HF model_type and architecture, the tensor names of its MoE block, and the
+// options its modelling code hard-wires (what config.json can change is in ModelConfig).
+enum class ModelFamily { kMixtral, kQwen2Moe, kQwen3Moe, kOlmoe, kDots1 };
+enum class QkNorm {
+  kNone,
+  kPerHead,  // RMSNorm over each head's head_dim (qwen3_moe, dots1): weight [head_dim]
+  kWhole,    // RMSNorm over the whole q / k projection (olmoe): weights [H*hd], [KV*hd]
+};
+enum class RouterScoring {
+  kSoftmax,         // softmax over E then top-k (renormalised when norm_topk_prob)
+  kSigmoidGrouped,  // DeepSeek-V3: sigmoid, + e_score_correction_bias for the choice, grouped top-k, scaling
+};
+struct FamilyInfo {
+  ModelFamily family;
+  const char* model_type;    // "qwen3_moe"
+  const char* architecture;  // "Qwen3MoeForCausalLM"
+  const char* moe_prefix;    // "block_sparse_moe" (mixtral) or "mlp"
+  const char* expert_gate;   // "w1" / "gate_proj"
+  const char* expert_up;     // "w3" / "up_proj"
+  const char* expert_down;   // "w2" / "down_proj"
+  const char* shared_prefix; // "" (none), "shared_expert" (qwen2_moe), "shared_experts" (dots1)
+  QkNorm qk_norm;
+  RouterScoring scoring;
+};
+const FamilyInfo& family_info(ModelFamily family);
+// Throws Error(kInvalidInput) naming the supported model types (and why deepseek_v2/v3 are refused).
+ModelFamily family_from_model_type(const std::string& model_type, const std::string& origin);
+
 struct ModelConfig {
+  ModelFamily family = ModelFamily::kMixtral;
   std::string model_type = "mixtral";
   int vocab_size = 32000;
   int hidden_size = 4096;          // d
-  int intermediate_size = 14336;   // per-expert FFN width
+  int intermediate_size = 14336;   // per-expert FFN width (HF: mixtral/olmoe intermediate_size, else moe_intermediate_size)
   int num_hidden_layers = 32;
   int num_attention_heads = 32;
   int num_key_value_heads = 8;
   int head_dim = 128;              // hidden_size / num_attention_heads unless config.json says otherwise
-  int num_local_experts = 8;       // E
+  int num_local_experts = 8;       // E (HF: num_local_experts, num_experts, n_routed_experts)
   int num_experts_per_tok = 2;     // k
   float rms_norm_eps = 1e-5f;
   float rope_theta = 1e6f;
@@ -27,6 +58,26 @@ struct ModelConfig {
   int bos_token_id = 1;
   int eos_token_id = 2;
   std::string torch_dtype = "bfloat16";
+
+  // Family options (defaults: Mixtral, which has none of them).
+  bool qkv_bias = false;                 // q/k/v_proj have biases (qwen2_moe); o_proj never does
+  QkNorm qk_norm = QkNorm::kNone;
+  RouterScoring scoring = RouterScoring::kSoftmax;
+  int n_group = 1, topk_group = 1;       // grouped top-k (sigmoid router): E/n_group experts per group
+  float routed_scaling_factor = 1.0f;    // routing weights times this (sigmoid router)
+  int shared_expert_intermediate_size = 0;  // 0: no shared expert; dots1: moe_intermediate x n_shared_experts
+  int n_shared_experts = 0;              // dots1 (kept to write config.json back)
+  bool shared_expert_gate = false;       // qwen2_moe: shared output times sigmoid(x w_sg^T), w_sg [1, d]
+  int dense_intermediate_size = 0;       // width of the dense MLP layers (HF intermediate_size, non-mixtral)
+  std::vector<int> mlp_only_layers;      // qwen: these layers are dense
+  int decoder_sparse_step = 1;           // qwen: layer l is MoE when (l + 1) % step == 0
+  int first_k_dense_replace = 0;         // dots1: layers below this are dense
+  int pad_token_id = -1;                 // -1: none; only written back
+  bool has_bos = true;                   // olmoe ships bos_token_id null
+
+  const FamilyInfo& info() const { return family_info(family); }
+  // Whether layer l runs the MoE block (else the dense MLP of width dense_intermediate_size).
+  bool moe_layer(int layer) const;
 
   int q_dim() const { return num_attention_heads * head_dim; }
   int kv_dim() const { return num_key_value_heads * head_dim; }

@@ -33,7 +33,9 @@ MixtralModel::MixtralModel(const std::string& model_dir, const ModelOptions& opt
       kv_cache_(config_.num_hidden_layers, weights_.kv_heads_local, config_.head_dim,
                 kv_cache_layout(config_, options).num_blocks, options.kv_cache_dtype),
       moe_(MoELayerShape{config_.hidden_size, weights_.intermediate_local, config_.num_local_experts,
-                         config_.num_experts_per_tok, config_.norm_topk_prob},
+                         config_.num_experts_per_tok, config_.norm_topk_prob,
+                         RouterSpec{config_.scoring == RouterScoring::kSigmoidGrouped, config_.n_group,
+                                    config_.topk_group, config_.routed_scaling_factor}},
            options.plan, options.comm, options.router_fusion, options.capacity_factor, options.max_step_tokens),
       moe_stats_(config_.num_hidden_layers) {
   const ModelConfig& c = config_;
@@ -57,6 +59,16 @@ MixtralModel::MixtralModel(const std::string& model_dir, const ModelOptions& opt
     attn_partial_ = static_cast<float*>(options.comm->alloc_registered(T * d * sizeof(float)));
   if (options.plan.comm_dtype == comm::CommDType::kBF16) bf16_buffer_.resize(T * d);
   final_rows_.resize(T * d);
+  // olmoe normalises q and k over all heads: a rank holding only some heads cannot.
+  MOEX_CHECK_INPUT(c.qk_norm != QkNorm::kWhole || (weights_.heads_local == c.num_attention_heads &&
+                                                   weights_.kv_heads_local == c.num_key_value_heads),
+                   "model_type \"", c.model_type, "\" normalises q and k over all heads, which attention TP splits: ",
+                   "use --attn-parallel dp (with --moe-parallel ep) or one rank");
+  const size_t mlp_width = std::max(c.shared_expert_intermediate_size, c.dense_intermediate_size);
+  mlp_gate_.resize(T * mlp_width);
+  mlp_up_.resize(T * mlp_width);
+  mlp_out_.resize(T * d);
+  shared_gate_.resize(T);
 }
 
 kernels::PagedKvLayout MixtralModel::kv_cache_layout(const ModelConfig& c, const ModelOptions& o) {
@@ -80,11 +92,13 @@ kernels::PagedKvLayout MixtralModel::kv_cache_layout(const ModelConfig& c, const
 }
 
 int64_t MixtralModel::weight_bytes_per_token() const {
-  const auto bytes = [](const TensorView& v) { return static_cast<int64_t>(v.bytes()); };
+  const auto bytes = [](const TensorView& v) { return v.data ? static_cast<int64_t>(v.bytes()) : int64_t{0}; };
   int64_t total = bytes(weights_.embed) / config_.vocab_size + bytes(weights_.final_norm) + bytes(weights_.lm_head);
   for (const LayerWeights& l : weights_.layers) {
     total += bytes(l.input_norm) + bytes(l.wq) + bytes(l.wk) + bytes(l.wv) + bytes(l.wo) + bytes(l.post_norm) +
-             bytes(l.moe.gate);
+             bytes(l.moe.gate) + bytes(l.bq) + bytes(l.bk) + bytes(l.bv) + bytes(l.q_norm) + bytes(l.k_norm) +
+             bytes(l.mlp.w1) + bytes(l.mlp.w3) + bytes(l.mlp.w2) + bytes(l.shared_gate);
+    if (!l.is_moe) continue;
     // per rank: k experts' slices at most
     const int64_t expert_bytes =
         l.moe.packed.empty()
@@ -136,8 +150,15 @@ void MixtralModel::forward(const StepInput& step, float* logits) {
     attention_block(l, step);
     kernels::rmsnorm(hidden_.data(), T, d, lw.post_norm.data, lw.post_norm.dtype == DType::kBF16, c.rms_norm_eps,
                      normed_.data());
-    moe_.forward(l, lw.moe, normed_.data(), T, hidden_.data());
-    moe_stats_[l] = moe_.stats();
+    if (lw.is_moe) {
+      moe_.forward(l, lw.moe, normed_.data(), T, hidden_.data());
+      moe_stats_[l] = moe_.stats();
+    } else {  // a dense layer routes nothing
+      moe_stats_[l] = MoELoadStats{};
+      moe_stats_[l].tokens_per_expert.assign(c.num_local_experts, 0);
+      moe_stats_[l].drops_per_expert.assign(c.num_local_experts, 0);
+    }
+    if (lw.mlp.w1.data) mlp_block(l, T);
   }
 
   // Final norm and lm_head, only for the rows whose logits are wanted.
@@ -175,6 +196,25 @@ void MixtralModel::attention_block(int layer, const StepInput& step) {
   kernels::matmul(normed_.data(), T, lw.wq, q_.data());  // [T, H*hd]
   kernels::matmul(normed_.data(), T, lw.wk, k_.data());  // [T, KV*hd]
   kernels::matmul(normed_.data(), T, lw.wv, v_.data());  // [T, KV*hd]
+  // Family options, in HF's order: biases (qwen2_moe), then q/k RMSNorm per head (qwen3_moe, dots1) or over
+  // the whole projection (olmoe), then RoPE.
+  if (lw.bq.data) {
+    const auto add_bias = [&](float* y, int64_t width, const TensorView& b) {
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t i = 0; i < width; ++i)
+          y[t * width + i] += b.dtype == DType::kBF16 ? bf16_to_f32(b.as<const uint16_t>()[i]) : b.as<const float>()[i];
+    };
+    add_bias(q_.data(), H * hd, lw.bq);
+    add_bias(k_.data(), KV * hd, lw.bk);
+    add_bias(v_.data(), KV * hd, lw.bv);
+  }
+  if (lw.q_norm.data) {
+    const bool per_head = c.qk_norm == QkNorm::kPerHead;
+    kernels::rmsnorm(q_.data(), per_head ? T * H : T, per_head ? hd : H * hd, lw.q_norm.data,
+                     lw.q_norm.dtype == DType::kBF16, c.rms_norm_eps, q_.data());  // in place: row by row
+    kernels::rmsnorm(k_.data(), per_head ? T * KV : T, per_head ? hd : KV * hd, lw.k_norm.data,
+                     lw.k_norm.dtype == DType::kBF16, c.rms_norm_eps, k_.data());
+  }
   // RoPE, then write every token's K and V into its sequence's blocks before any token attends, so a
   // prefill chunk attends causally to itself through the cache.
   const kernels::PagedKvLayout& kv = kv_cache_.layout();
@@ -212,5 +252,22 @@ void MixtralModel::attention_block(int layer, const StepInput& step) {
   for (int64_t i = 0; i < T * d; ++i) hidden_[i] += attn_partial_[i];
 }
 
+void MixtralModel::mlp_block(int layer, int64_t T) {
+  const LayerWeights& lw = weights_.layers[layer];
+  const int64_t d = config_.hidden_size;
+  if (T == 0) return;
+  MOEX_ZONE_LAYER(kExperts, layer);
+  // out [T, d] = down(silu(gate x) * up x), every rank computing all of it (the weights are replicated).
+  expert_ffn(lw.mlp, normed_.data(), T, mlp_gate_.data(), mlp_up_.data(), mlp_out_.data());
+  if (lw.shared_gate.data) {  // qwen2_moe: times sigmoid(x w_sg^T), one scalar per token
+    kernels::matmul(normed_.data(), T, lw.shared_gate, shared_gate_.data());  // [T, 1]
+    for (int64_t t = 0; t < T; ++t) {
+      const float g = 1.0f / (1.0f + std::exp(-shared_gate_[t]));
+      for (int64_t i = 0; i < d; ++i) hidden_[t * d + i] += g * mlp_out_[t * d + i];
+    }
+    return;
+  }
+  for (int64_t i = 0; i < T * d; ++i) hidden_[i] += mlp_out_[i];
+}
 
 }  // namespace moex

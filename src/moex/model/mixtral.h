@@ -80,6 +80,8 @@ class MixtralModel {
   }
   void embed(const StepInput& step);
   void attention_block(int layer, const StepInput& step);
+  // The shared expert(s) of a MoE layer or the dense MLP of a dense layer over normed_, added into hidden_.
+  void mlp_block(int layer, int64_t tokens);
 
   ModelConfig config_;
   ModelOptions options_;
@@ -102,6 +104,9 @@ class MixtralModel {
   float* attn_partial_ = nullptr;
   std::vector<uint16_t> bf16_buffer_;  // [T*d] bf16 all-reduce payload
   std::vector<float> final_rows_;   // [T, d] normed rows that need logits
+  std::vector<float> mlp_gate_, mlp_up_;  // [T, I_mlp] shared-expert / dense-MLP hidden (I_mlp: the widest)
+  std::vector<float> mlp_out_;      // [T, d]
+  std::vector<float> shared_gate_;  // [T] qwen2_moe's shared_expert_gate logits
 };
 
 }  // namespace moex

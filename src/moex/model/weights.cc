@@ -77,6 +77,14 @@ int64_t first_non_finite(const TensorView& view) {
   }
 }
 
+// Elements [begin, end) of a rank-1 view.
+TensorView slice1(const TensorView& v, int64_t begin, int64_t end) {
+  TensorView out = v;
+  out.data = static_cast<char*>(v.data) + begin * static_cast<int64_t>(dtype_size(v.dtype));
+  out.shape = {end - begin};
+  return out;
+}
+
 }  // namespace
 
 void check_weights_finite(const WeightStore& store) {
@@ -124,13 +132,44 @@ MixtralWeights load_mixtral_weights(const std::string& model_dir, const ModelCon
     lw.wo = owned_copy(expect(s, p + "self_attn.o_proj.weight", {d, c.q_dim()}).columns(heads.begin * hd, heads.end * hd),
                        w.owned);
     lw.post_norm = resident(expect(s, p + "post_attention_layernorm.weight", {d}));
-    lw.moe.gate = resident(expect(s, p + "block_sparse_moe.gate.weight", {c.num_local_experts, d}));
+    if (c.qkv_bias) {
+      lw.bq = resident(slice1(expect(s, p + "self_attn.q_proj.bias", {c.q_dim()}), heads.begin * hd, heads.end * hd));
+      lw.bk = resident(slice1(expect(s, p + "self_attn.k_proj.bias", {c.kv_dim()}), kv_heads.begin * hd, kv_heads.end * hd));
+      lw.bv = resident(slice1(expect(s, p + "self_attn.v_proj.bias", {c.kv_dim()}), kv_heads.begin * hd, kv_heads.end * hd));
+    }
+    if (c.qk_norm == QkNorm::kPerHead) {
+      lw.q_norm = resident(expect(s, p + "self_attn.q_norm.weight", {hd}));
+      lw.k_norm = resident(expect(s, p + "self_attn.k_norm.weight", {hd}));
+    } else if (c.qk_norm == QkNorm::kWhole) {
+      lw.q_norm = resident(expect(s, p + "self_attn.q_norm.weight", {c.q_dim()}));
+      lw.k_norm = resident(expect(s, p + "self_attn.k_norm.weight", {c.kv_dim()}));
+    }
+    const auto mlp_weights = [&](const std::string& q, int64_t width) {
+      return ExpertWeights{resident(expect(s, q + "gate_proj.weight", {width, d})),
+                           resident(expect(s, q + "up_proj.weight", {width, d})),
+                           resident(expect(s, q + "down_proj.weight", {d, width}))};
+    };
+    lw.is_moe = c.moe_layer(l);
+    if (!lw.is_moe) {  // a dense layer: HF's <Family>MLP under "mlp."
+      lw.mlp = mlp_weights(p + "mlp.", c.dense_intermediate_size);
+      w.layers.push_back(std::move(lw));
+      continue;
+    }
+    const FamilyInfo& info = c.info();
+    const std::string moe = p + info.moe_prefix + ".";
+    lw.moe.gate = resident(expect(s, moe + "gate.weight", {c.num_local_experts, d}));
+    if (c.scoring == RouterScoring::kSigmoidGrouped)
+      lw.moe.gate_bias = resident(expect(s, moe + "gate.e_score_correction_bias", {c.num_local_experts}));
+    if (c.shared_expert_intermediate_size > 0)
+      lw.mlp = mlp_weights(moe + info.shared_prefix + ".", c.shared_expert_intermediate_size);
+    if (c.shared_expert_gate) lw.shared_gate = resident(expect(s, moe + "shared_expert_gate.weight", {1, d}));
     lw.moe.experts = experts;
     for (int e = 0; e < c.num_local_experts; ++e) {
-      const std::string q = p + "block_sparse_moe.experts." + std::to_string(e) + ".";
+      const std::string q = moe + "experts." + std::to_string(e) + ".";
       // Every expert's shapes are checked, but only this rank's experts (and slices) are paged in.
-      const TensorView w1 = expect(s, q + "w1.weight", {I, d}), w3 = expect(s, q + "w3.weight", {I, d}),
-                       w2 = expect(s, q + "w2.weight", {d, I});
+      const TensorView w1 = expect(s, q + info.expert_gate + ".weight", {I, d}),
+                       w3 = expect(s, q + info.expert_up + ".weight", {I, d}),
+                       w2 = expect(s, q + info.expert_down + ".weight", {d, I});
       if (e < experts.first || e >= experts.first + experts.count) continue;
       lw.moe.local.push_back({resident(w1.rows(inter.begin, inter.end)), resident(w3.rows(inter.begin, inter.end)),
                               owned_copy(w2.columns(inter.begin, inter.end), w.owned)});

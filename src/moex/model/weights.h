@@ -19,8 +19,15 @@ struct LayerWeights {
   TensorView wk;          // [KV_local*hd, d]
   TensorView wv;          // [KV_local*hd, d]
   TensorView wo;          // [d, H_local*hd]   a column slice under attention TP (strided)
+  TensorView bq, bk, bv;  // [H_local*hd], [KV_local*hd] q/k/v_proj biases (qwen2_moe), else empty
+  TensorView q_norm, k_norm;  // per head: [hd] (qwen3_moe, dots1); whole: [H*hd], [KV*hd] (olmoe); else empty
   TensorView post_norm;   // [d]
+  bool is_moe = true;     // false: a dense layer (mlp below), no router or experts
   MoELayerWeights moe;    // router [E, d] and this rank's experts / expert slices
+  // Shared expert(s) of a MoE layer (qwen2_moe, dots1) or the dense MLP of a dense layer: gate/up [I_s, d],
+  // down [d, I_s], whole on every rank (replicated under every plan). Empty when the layer has none.
+  ExpertWeights mlp;
+  TensorView shared_gate;  // [1, d] qwen2_moe's shared_expert_gate, else empty
 };
 
 struct MixtralWeights {

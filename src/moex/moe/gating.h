@@ -18,12 +18,28 @@ enum class RouterFusion {
 RouterFusion router_fusion_from_name(const std::string& name);  // throws Error listing valid names
 const char* router_fusion_name(RouterFusion fusion);
 
+// Which scoring the router applies to the logits (model/config.h maps each family onto one).
+//   softmax:          weights from the softmax over E (or over the chosen k with norm_topk_prob), as above.
+//   sigmoid_grouped:  DeepSeek-V3 / dots1 (HF DeepseekV3TopkRouter): s = sigmoid(logits); the choice uses
+//                     c = s + e_score_correction_bias: groups of E/n_group experts score the sum of their two
+//                     best c, the topk_group best groups stay (ties: lower group), the other experts' c are
+//                     set to 0 (not -inf, as HF does), and the top-k of c are chosen; their weights are s,
+//                     divided by (sum + 1e-20) with norm_topk_prob, times routed_scaling_factor.
+struct RouterSpec {
+  bool sigmoid_grouped = false;
+  int n_group = 1, topk_group = 1;
+  float routed_scaling_factor = 1.0f;
+};
+
 class GatingTopK {
  public:
-  GatingTopK(int num_experts, int top_k, RouterFusion fusion, bool norm_topk_prob = true);
+  GatingTopK(int num_experts, int top_k, RouterFusion fusion, bool norm_topk_prob = true, RouterSpec spec = {});
 
   // x [T, d], w_gate [E, d] (BF16 or F32) -> expert_ids [T, k] (best first), expert_weights [T, k].
-  void route(const float* x, int64_t tokens, const TensorView& w_gate, int32_t* expert_ids, float* expert_weights);
+  // correction_bias [E] (F32 or BF16): e_score_correction_bias of the sigmoid router, required by it only.
+  // The sigmoid router always takes the unfused path (router_logits, then one pass per token).
+  void route(const float* x, int64_t tokens, const TensorView& w_gate, int32_t* expert_ids, float* expert_weights,
+             const TensorView& correction_bias = TensorView{});
 
   int num_experts() const { return num_experts_; }
   int top_k() const { return top_k_; }
@@ -33,6 +49,8 @@ class GatingTopK {
   int num_experts_, top_k_;
   RouterFusion fusion_;
   bool norm_topk_prob_;
+  RouterSpec spec_;
+  std::vector<float> correction_;  // [E] the correction bias widened to f32
   std::vector<float> logits_;  // [T, E] for the unfused modes; grows to the largest T seen
 };
 
@@ -62,6 +80,10 @@ void route_fused_avx512(const float* x, int64_t tokens, const TensorView& w_gate
 void top_k(const float* logits, int num_experts, int k, int32_t* ids, float* values);
 // From the chosen logits to routing weights, in place (see the header comment for both variants).
 void weights_from_logits(const float* all_logits, int num_experts, int k, bool norm_topk_prob, float* values);
+// The sigmoid_grouped router over one token's E logits (see RouterSpec): ids [k] in choice order (the top-k of
+// the corrected, group-masked scores, best first, lower index on ties), weights [k]. scratch [2 E].
+void route_sigmoid_grouped(const float* logits, const float* correction_bias, int num_experts, int k,
+                           bool norm_topk_prob, const RouterSpec& spec, int32_t* ids, float* weights, float* scratch);
 }  // namespace gating
 
 }  // namespace moex

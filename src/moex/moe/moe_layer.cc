@@ -45,7 +45,7 @@ MoELayer::MoELayer(const MoELayerShape& shape, const ParallelPlan& plan, comm::C
     : shape_(shape),
       plan_(plan),
       comm_(comm),
-      router_(shape.experts, shape.top_k, fusion, shape.norm_topk_prob),
+      router_(shape.experts, shape.top_k, fusion, shape.norm_topk_prob, shape.router),
       batcher_(shape.experts, shape.top_k, capacity_factor) {
   MOEX_CHECK(plan.single() || comm != nullptr, "a parallel plan needs a communicator");
   const size_t T = max_tokens, k = shape.top_k, d = shape.hidden, I = shape.intermediate_local;
@@ -91,7 +91,7 @@ void MoELayer::forward_replicated(int layer, const MoELayerWeights& w, const flo
   const int k = shape_.top_k;
   {
     MOEX_ZONE_LAYER(kRouter, layer);
-    router_.route(x, tokens, w.gate, expert_ids_.data(), expert_weights_.data());
+    router_.route(x, tokens, w.gate, expert_ids_.data(), expert_weights_.data(), w.gate_bias);
   }
   const auto& offsets = batcher_.expert_offsets();
   const int first = w.experts.first, last = w.experts.first + w.experts.count;
@@ -226,7 +226,7 @@ void MoELayer::forward_dispatch(int layer, const MoELayerWeights& w, const float
   const comm::WireFormat format = comm::wire_format_for(plan_.comm_dtype);
   {
     MOEX_ZONE_LAYER(kRouter, layer);
-    router_.route(x, tokens, w.gate, expert_ids_.data(), expert_weights_.data());
+    router_.route(x, tokens, w.gate, expert_ids_.data(), expert_weights_.data(), w.gate_bias);
   }
   const auto& offsets = batcher_.expert_offsets();
   DispatchPlan& dp = dispatch_;  // sized once in the constructor: nothing here allocates per step

@@ -33,6 +33,7 @@ PackedExpert pack_expert(const ExpertWeights& w, const ExpertWeightFormat& forma
 
 struct MoELayerWeights {
   TensorView gate;                     // [E, d] router (every rank)
+  TensorView gate_bias;                // [E] e_score_correction_bias (sigmoid router only), else empty
   ExpertRange experts;                 // the global experts this rank computes
   std::vector<ExpertWeights> local;    // [experts.count]: w1/w3 [I_local, d], w2 [d, I_local] (strided under TP)
   std::vector<PackedExpert> packed;    // [experts.count] when the experts are packed; empty: `local` runs
@@ -43,6 +44,7 @@ struct MoELayerShape {
   int64_t intermediate_local = 0;  // I / tp
   int experts = 0, top_k = 0;
   bool norm_topk_prob = true;
+  RouterSpec router;               // softmax (default) or the sigmoid grouped router
 };
 
 class MoELayer {

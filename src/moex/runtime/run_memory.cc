@@ -34,6 +34,9 @@ RunMemory estimate_run_memory(const ModelConfig& c, const ModelOptions& o, int t
   if (split) step += T * d * f32;  // the all-reduce partial of attention (TP) or of the MoE layer
   if (plan.comm_dtype == comm::CommDType::kBF16) step += 2 * T * d * 2;
   step += T * k * (2 + 2 * d + 2 * inter_local) * f32 + T * E * f32;  // moe_layer.cc and the router's logits
+  // mixtral.cc's shared-expert / dense-MLP buffers (families with them): gate and up [T, I], out [T, d], gate [T].
+  const double mlp_width = std::max(c.shared_expert_intermediate_size, c.dense_intermediate_size);
+  if (mlp_width > 0) step += T * (2 * mlp_width + d + 1) * f32;
   const double logits = batch * double(c.vocab_size) * f32;         // generate(): one row per sequence
   m.buffer_bytes = per_position + step + logits;
   return m;
