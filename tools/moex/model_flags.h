@@ -23,9 +23,12 @@ struct ModelFlags : ThreadsFlags, ParallelFlags, CommFlags {
   std::string weights = "as-stored";  // the experts: as-stored | bf16 | int8 | int4 | fp8 (packed at load)
   int group_size = 128;               // int4: weights per scale along K
   CLI::Option* group_size_option = nullptr;
+  std::string dense_weights = "as-stored";  // attention projections and lm_head, same choices (packed at load)
 
   // --weights / --group-size as the model option (one error line for a bad combination).
   ExpertWeightFormat expert_weight_format() const;
+  // --dense-weights (with --group-size for int4).
+  ExpertWeightFormat dense_weight_format() const;
 
   // Adds these flags and the three groups'.
   void add_to(CLI::App* cmd);

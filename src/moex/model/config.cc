@@ -25,7 +25,8 @@ const std::set<std::string>& known_fields() {
       "rms_norm_eps", "rope_theta", "max_position_embeddings", "tie_word_embeddings", "norm_topk_prob",
       "router_aux_loss_coef", "bos_token_id", "eos_token_id", "pad_token_id", "torch_dtype", "hidden_act",
       "initializer_range", "use_cache", "output_router_logits", "sliding_window", "attention_dropout",
-      "router_jitter_noise", "transformers_version", "rope_scaling", "attention_bias", "_name_or_path"};
+      "router_jitter_noise", "transformers_version", "rope_scaling", "attention_bias", "_name_or_path",
+      "quantization_config"};
   return fields;
 }
 
@@ -170,6 +171,8 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
     MOEX_CHECK_INPUT(window >= c.max_position_embeddings, origin, ": sliding_window ", window,
                      " < max_position_embeddings is not supported (set it to null)");
   }
+  if (j.contains("quantization_config") && !j["quantization_config"].is_null())
+    c.quantization = parse_quantization_config(j["quantization_config"].dump(), origin);
   validate_model_config(c);
   return c;
 }
@@ -207,6 +210,7 @@ std::string model_config_to_json(const ModelConfig& c) {
             {"router_jitter_noise", 0.0},
             {"torch_dtype", c.torch_dtype}};
   if (!c.norm_topk_prob) j["norm_topk_prob"] = false;
+  if (c.quantization.quantized()) j["quantization_config"] = json::parse(c.quantization.json);
   return j.dump(2) + "\n";
 }
 

@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <string>
 
+#include "moex/model/quantization.h"
+
 namespace moex {
 
 struct ModelConfig {
@@ -27,6 +29,7 @@ struct ModelConfig {
   int bos_token_id = 1;
   int eos_token_id = 2;
   std::string torch_dtype = "bfloat16";
+  QuantizationConfig quantization;  // "quantization_config": the checkpoint's quantized modules (none by default)
 
   int q_dim() const { return num_attention_heads * head_dim; }
   int kv_dim() const { return num_key_value_heads * head_dim; }

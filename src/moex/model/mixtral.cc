@@ -35,7 +35,8 @@ static const ModelOptions& validated(const ModelOptions& options) {
 MixtralModel::MixtralModel(const std::string& model_dir, const ModelOptions& options)
     : config_(load_model_config(model_dir + "/config.json")),
       options_(options),
-      weights_(load_mixtral_weights(model_dir, config_, validated(options).plan, options.expert_weights)),
+      weights_(load_mixtral_weights(model_dir, config_, validated(options).plan, options.expert_weights,
+                                    options.dense_weights)),
       kv_cache_(config_, weights_.kv_heads_local, options.max_batch, options.max_seq_len),
       moe_(MoELayerShape{config_.hidden_size, weights_.intermediate_local, config_.num_local_experts,
                          config_.num_experts_per_tok, config_.norm_topk_prob},
@@ -63,9 +64,9 @@ MixtralModel::MixtralModel(const std::string& model_dir, const ModelOptions& opt
 
 int64_t MixtralModel::weight_bytes_per_token() const {
   const auto bytes = [](const TensorView& v) { return static_cast<int64_t>(v.bytes()); };
-  int64_t total = bytes(weights_.embed) / config_.vocab_size + bytes(weights_.final_norm) + bytes(weights_.lm_head);
+  int64_t total = bytes(weights_.embed) / config_.vocab_size + bytes(weights_.final_norm) + weights_.lm_head.bytes();
   for (const LayerWeights& l : weights_.layers) {
-    total += bytes(l.input_norm) + bytes(l.wq) + bytes(l.wk) + bytes(l.wv) + bytes(l.wo) + bytes(l.post_norm) +
+    total += bytes(l.input_norm) + l.wq.bytes() + l.wk.bytes() + l.wv.bytes() + l.wo.bytes() + bytes(l.post_norm) +
              bytes(l.moe.gate);
     // per rank: k experts' slices at most
     const int64_t expert_bytes =
@@ -115,7 +116,7 @@ void MixtralModel::forward(const StepInput& step, float* logits) {
     kernels::rmsnorm(hidden_.data() + t * d, 1, d, weights_.final_norm.data,
                      weights_.final_norm.dtype == DType::kBF16, c.rms_norm_eps, final_rows_.data() + r * d);
   }
-  kernels::matmul(final_rows_.data(), rows, weights_.lm_head, logits);
+  dense_matmul(final_rows_.data(), rows, weights_.lm_head, logits);
 }
 
 // One row per token, widened to F32.
@@ -139,9 +140,9 @@ void MixtralModel::attention_block(int layer, const StepInput& step) {
   const int64_t T = step.num_tokens, hd = c.head_dim, H = weights_.heads_local, KV = weights_.kv_heads_local;
   const int64_t max_seq = options_.max_seq_len;
   MOEX_ZONE_LAYER(kAttention, layer);
-  kernels::matmul(normed_.data(), T, lw.wq, q_.data());  // [T, H*hd]
-  kernels::matmul(normed_.data(), T, lw.wk, k_.data());  // [T, KV*hd]
-  kernels::matmul(normed_.data(), T, lw.wv, v_.data());  // [T, KV*hd]
+  dense_matmul(normed_.data(), T, lw.wq, q_.data());  // [T, H*hd]
+  dense_matmul(normed_.data(), T, lw.wk, k_.data());  // [T, KV*hd]
+  dense_matmul(normed_.data(), T, lw.wv, v_.data());  // [T, KV*hd]
   // RoPE, then append every token's K and V to its sequence's cache before any token attends, so a
   // prefill chunk attends causally to itself through the cache.
   for (int64_t t = 0; t < T; ++t) {
@@ -164,12 +165,12 @@ void MixtralModel::attention_block(int layer, const StepInput& step) {
     }
   });
   if (!tensor_parallel_attention()) {
-    kernels::matmul(attn_out_.data(), T, lw.wo, hidden_.data(), /*accumulate=*/true);  // residual add
+    dense_matmul(attn_out_.data(), T, lw.wo, hidden_.data(), /*accumulate=*/true);  // residual add
     return;
   }
   // Attention TP: each rank's heads give a share of o_proj's output; one all-reduce sums them.
   const int64_t d = c.hidden_size;
-  kernels::matmul(attn_out_.data(), T, lw.wo, attn_partial_);
+  dense_matmul(attn_out_.data(), T, lw.wo, attn_partial_);
   {
     MOEX_ZONE_LAYER(kAllReduce, layer);
     comm::allreduce_f32(*options_.comm, attn_partial_, static_cast<size_t>(T * d), options_.plan.comm_dtype,

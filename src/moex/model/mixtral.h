@@ -24,6 +24,7 @@ struct ModelOptions {
   ParallelPlan plan;              // single rank unless set
   comm::Communicator* comm = nullptr;  // required when plan.world > 1
   ExpertWeightFormat expert_weights;   // as stored, or quantized + packed at load (`--weights`)
+  ExpertWeightFormat dense_weights;    // attention projections and lm_head, the same (`--dense-weights`)
 };
 
 // One forward call. Token t is tokens[t] of cache slot seq_slots[t] at position positions[t]; a slot's
