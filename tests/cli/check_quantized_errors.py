@@ -12,6 +12,8 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
+
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "reference"))
 import quantize_ref  # noqa: E402
 
@@ -127,6 +129,11 @@ def main():
 
     expect_error("packed codes of the wrong shape", logits(variant("packshape", quant["int4"], tensors_edit=wrong_shape)),
                  "w3.weight_packed")
+    def add_g_idx(t):
+        rows, cols = t[e0 + "w1.weight_shape"][1]
+        t[e0 + "w1.weight_g_idx"] = ("I32", np.arange(int(cols), dtype=np.int32) // 32)
+
+    expect_error("act-order permutation", logits(variant("gidx", quant["int4"], tensors_edit=add_g_idx)), "weight_g_idx")
     # Flags against a quantized checkpoint.
     expect_error("--weights on a quantized checkpoint", logits(quant["int8"], "--weights", "int4"), "stored quantized")
     expect_error("--dense-weights on a quantized checkpoint", logits(quant["int8"], "--dense-weights", "fp8"),

@@ -125,6 +125,10 @@ QuantizedMatrix read_quantized(const WeightStore& s, QuantMethod method, const Q
   q.cols = cols;
   q.group = scheme.group;
   const auto blocks = [](int64_t n, int64_t b) { return (n + b - 1) / b; };
+  // Tensors of layouts MoEX does not read: a column permutation (act-order) or static activation scales.
+  for (const char* extra : {".weight_g_idx", ".input_scale", ".input_zero_point", ".output_scale"})
+    MOEX_CHECK_INPUT(!s.contains(m + extra), "quantized checkpoint: tensor \"", m, extra,
+                     "\" is not supported (MoEX reads weight-only checkpoints without act-order)");
   switch (scheme.weight_format) {
     case WeightFormat::kInt8: {  // int-quantized: weight I8 [rows, cols], weight_scale [rows, 1]
       const TensorView& w = expect_tensor(s, m + ".weight", DType::kI8, {rows, cols});
