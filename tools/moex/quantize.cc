@@ -15,6 +15,7 @@
 #include <regex>
 
 #include "moex/base/error.h"
+#include "moex/base/mapped_file.h"
 #include "moex/base/threads.h"
 #include "moex/kernels/packed.h"
 #include "moex/model/config.h"
@@ -181,12 +182,14 @@ void run_quantize(const QuantizeOptions& o) {
     const TensorView& src = store.get(part.source);
     if (part.part == Part::kCopy) {
       std::memcpy(dst, static_cast<const uint8_t*>(src.data) + begin, size);
+      MappedFile::release(static_cast<const uint8_t*>(src.data) + begin, size);  // read once: drop the pages
       return;
     }
     if (part.source != cached_source) {
       if (format == WeightFormat::kInt8) q = kernels::quantize_int8(src);
       else if (format == WeightFormat::kInt4) q = kernels::quantize_int4(src, o.group_size, /*symmetric=*/true);
       else q = kernels::quantize_fp8(src);
+      MappedFile::release(src.data, src.bytes());
       cached_source = part.source;
       cached_tensor = SIZE_MAX;
     }
