@@ -24,6 +24,7 @@ struct QualityFlags {
   ModelFlags model;
   std::string quantized_dir;  // a checkpoint written by `moex quantize`: compared instead of --weights
   int prompts = 16, prompt_len = 128;
+  std::vector<int> ids;  // one explicit prompt instead of the synthetic ones
   bool json = false;
 };
 
@@ -59,6 +60,10 @@ std::vector<float> all_logits(MixtralModel& model, const std::vector<std::vector
 
 void run_quality(QualityFlags& f) {
   MOEX_CHECK_INPUT(f.prompts >= 1 && f.prompt_len >= 2, "--prompts must be >= 1 and --prompt-len >= 2");
+  if (!f.ids.empty()) {  // one given prompt
+    f.prompts = 1;
+    f.prompt_len = static_cast<int>(f.ids.size());
+  }
   MOEX_CHECK_INPUT(f.prompt_len <= f.model.max_step_tokens, "--prompt-len ", f.prompt_len,
                    " must be at most --step-tokens (", f.model.max_step_tokens, "): each prompt is one prefill");
   MOEX_CHECK_INPUT(f.prompt_len <= f.model.max_seq_len, "--prompt-len ", f.prompt_len, " must be at most --max-seq-len");
@@ -81,6 +86,11 @@ void run_quality(QualityFlags& f) {
                      " is a quantized checkpoint: give the bf16 model as --model and the quantized one as --quantized");
     reference_name = model->config().torch_dtype;
     prompts = synthetic_prompts(f.prompts, f.prompt_len, model->config().vocab_size);
+    if (!f.ids.empty()) {
+      for (int id : f.ids)
+        MOEX_CHECK_INPUT(id >= 0 && id < model->config().vocab_size, "--ids: token id ", id, " is outside the vocabulary");
+      prompts = {f.ids};
+    }
     reference = all_logits(*model, prompts);
   }
   ModelFlags other = f.model;
@@ -146,6 +156,7 @@ void setup_quality(CLI::App& bench) {
                   "Compare a quantized checkpoint (moex quantize) of --model instead of quantizing at load");
   cmd->add_option("--prompts", f->prompts, "Synthetic prompts (fixed: the same ids every run)")->capture_default_str();
   cmd->add_option("--prompt-len", f->prompt_len, "Positions per prompt")->capture_default_str();
+  add_list_flag(cmd, "--ids", f->ids, "One prompt of these token ids instead of the synthetic prompts");
   cmd->add_flag("--json", f->json, "One JSON object");
   cmd->callback([f] { run_quality(*f); });
 }
