@@ -22,6 +22,7 @@
 #include "moex/base/error.h"
 #include "moex/base/threads.h"
 #include "moex/model/config.h"
+#include "tools/lib/output_dir.h"
 #include "tools/lib/safetensors_writer.h"
 #include "tools/lib/synthetic.h"
 #include "tools/lib/tokenizer_train.h"
@@ -131,60 +132,6 @@ const std::set<std::string>& side_files() {
   return names;
 }
 
-// The new model is written into a fresh folder next to --out and swapped in at the end, so an interrupted
-// run leaves --out as it was (plus this folder), and files of the old model are replaced by new inodes, never
-// truncated: a `moex generate` that has them mapped keeps reading the old model instead of dying of SIGBUS.
-class StagingDir {
- public:
-  explicit StagingDir(const std::filesystem::path& out) {
-    std::string pattern = out.string() + ".gen-model-tmp-XXXXXX";
-    MOEX_CHECK_INPUT(::mkdtemp(pattern.data()) != nullptr, "--out: cannot create a folder next to ", out.string(),
-                     ": ", std::strerror(errno));
-    path_ = pattern;
-    // mkdtemp makes it private (0700); the model folder gets the old folder's mode, or the umask's.
-    struct stat old {};
-    const mode_t mask = ::umask(0);
-    ::umask(mask);
-    ::chmod(pattern.c_str(), ::stat(out.c_str(), &old) == 0 ? (old.st_mode & 07777) : (0777 & ~mask));
-  }
-  ~StagingDir() {
-    std::error_code ec;
-    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
-  }
-  const std::filesystem::path& path() const { return path_; }
-
-  // Moves the staged model to `out`; what `out` held before is removed (after the swap, so a reader that
-  // opened it keeps its files).
-  void publish(const std::filesystem::path& out) {
-    const int dir_fd = ::open(path_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dir_fd >= 0) {  // the entries must reach the disk before the rename that publishes them
-      ::fsync(dir_fd);
-      ::close(dir_fd);
-    }
-    if (::rename(path_.c_str(), out.c_str()) == 0) {  // --out missing or an empty folder
-      path_.clear();
-      return;
-    }
-    MOEX_CHECK_INPUT(errno == ENOTEMPTY || errno == EEXIST, "cannot rename ", path_.string(), " to ", out.string(),
-                     ": ", std::strerror(errno));
-    if (::renameat2(AT_FDCWD, path_.c_str(), AT_FDCWD, out.c_str(), RENAME_EXCHANGE) != 0) {
-      // A file system without an atomic exchange: move the old folder aside first (a moment without --out).
-      const std::string aside = path_.string() + ".old";
-      MOEX_CHECK_INPUT(::rename(out.c_str(), aside.c_str()) == 0, "cannot move ", out.string(), " aside: ",
-                       std::strerror(errno));
-      MOEX_CHECK_INPUT(::rename(path_.c_str(), out.c_str()) == 0, "cannot rename ", path_.string(), " to ",
-                       out.string(), ": ", std::strerror(errno), " (the old model is in ", aside, ")");
-      path_ = aside;
-    }
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);  // the old model, now under the staging name
-    path_.clear();
-  }
-
- private:
-  std::filesystem::path path_;
-};
-
 // --force keeps what --out holds besides a model (a README, notes): hard links into the staged folder.
 // A sub-folder would have to be moved, which is not atomic: refused before anything is written.
 std::vector<std::string> files_to_keep(const std::filesystem::path& out) {
@@ -238,7 +185,7 @@ void run_gen_model(const GenModelOptions& o) {
                      human_bytes(static_cast<double>(file_bytes)), " but ", out.parent_path().string(), " has ",
                      human_bytes(free_bytes), " free (cut the depth with --layers)");
   }
-  StagingDir staging(out);
+  StagingDir staging(out, "gen-model");
   const std::string dir = staging.path().string();
   for (const std::string& name : keep) {
     MOEX_CHECK_INPUT(::linkat(AT_FDCWD, (out / name).c_str(), AT_FDCWD, (staging.path() / name).c_str(), 0) == 0,

@@ -2,6 +2,7 @@
 #include <chrono>
 #include <cstdio>
 #include <exception>
+#include <fstream>
 #include <string>
 
 #include "moex/runtime/generation.h"
@@ -25,6 +26,21 @@ struct GenerateFlags {
   ProfileFlags profile;
 };
 
+// VmRSS (or VmHWM, the peak) of this process (/proc/self/status), in MB; 0 when it cannot be read.
+double resident_megabytes(const std::string& field = "VmRSS:") {
+  std::ifstream status("/proc/self/status");
+  std::string key;
+  while (status >> key) {
+    if (key == field) {
+      double kb = 0;
+      status >> kb;
+      return kb / 1024;
+    }
+    status.ignore(1 << 12, '\n');
+  }
+  return 0;
+}
+
 void run_generate(const GenerateFlags& flags) {
   MOEX_CHECK_INPUT(flags.max_new_tokens >= 0, "-n must be >= 0");
   const Tokenizer tokenizer = Tokenizer::for_model(flags.model.model_dir);  // a .gguf vocabulary, tokenizer.json, else tokenizer.model
@@ -33,6 +49,7 @@ void run_generate(const GenerateFlags& flags) {
   const auto load_start = std::chrono::steady_clock::now();
   auto model = flags.model.load(static_cast<int>(prompts.size()));
   const double load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
+  const double rss_after_load = resident_megabytes(), rss_peak = resident_megabytes("VmHWM:");
   MOEX_CHECK_INPUT(tokenizer.vocab_size() <= model->config().vocab_size, tokenizer.describe(),
                    " has more tokens than config.json's vocab_size ", model->config().vocab_size);
   GenerationOptions options;
@@ -68,9 +85,11 @@ void run_generate(const GenerateFlags& flags) {
                  flags.max_new_tokens, prompts[s].size(), model->options().max_seq_len);
   }
   const MixtralWeights& weights = model->weights();
-  std::printf("load:    %.3f s (experts %s", load_seconds, model->options().expert_weights.name().c_str());
-  if (model->options().expert_weights.packed) std::printf(", packed in %.3f s", weights.pack_seconds);
-  std::printf(")\n");
+  std::printf("load:    %.3f s (experts %s, dense %s", load_seconds, model->options().expert_weights.name().c_str(),
+              model->options().dense_weights.name().c_str());
+  if (weights.quantized_checkpoint) std::printf(", quantized checkpoint");
+  if (weights.pack_seconds > 0) std::printf(", packed in %.3f s", weights.pack_seconds);
+  std::printf("), resident %.0f MB after load (peak %.0f MB)\n", rss_after_load, rss_peak);
   std::printf("prefill: %lld tokens in %.3f s = %.1f tokens/s\n", static_cast<long long>(result.prefill_tokens),
               result.prefill_seconds, result.prefill_tokens / std::max(result.prefill_seconds, 1e-9));
   std::printf("decode:  %lld tokens in %.3f s = %.1f tokens/s (%lld steps, batch %zu)\n",

@@ -71,6 +71,11 @@ void ModelFlags::add_to(CLI::App* cmd) {
                   "(symmetric, per --group-size) | fp8 (e4m3, 128x128 blocks): quantized and packed once at load")
       ->capture_default_str()
       ->check(CLI::IsMember({"as-stored", "bf16", "int8", "int4", "fp8"}));
+  cmd->add_option("--dense-weights", dense_weights,
+                  "Attention projections and lm_head: as-stored | bf16 | int8 | int4 | fp8, as --weights (the router "
+                  "and the norms stay as stored)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"as-stored", "bf16", "int8", "int4", "fp8"}));
   group_size_option = cmd->add_option("--group-size", group_size, "int4: weights per scale along K (32 | 64 | 128)")
                           ->capture_default_str()
                           ->check(CLI::IsMember({32, 64, 128}));
@@ -83,9 +88,7 @@ void ModelFlags::add_to(CLI::App* cmd) {
   CommFlags::add_to(cmd);
 }
 
-ExpertWeightFormat ModelFlags::expert_weight_format() const {
-  MOEX_CHECK_INPUT(group_size_option == nullptr || group_size_option->count() == 0 || weights == "int4",
-                   "--group-size applies to --weights int4 only (got --weights ", weights, ")");
+static ExpertWeightFormat weight_format_from_flag(const std::string& weights, int group_size) {
   ExpertWeightFormat f;
   f.packed = weights != "as-stored";
   f.group = group_size;
@@ -96,6 +99,16 @@ ExpertWeightFormat ModelFlags::expert_weight_format() const {
   else MOEX_CHECK_INPUT(weights == "as-stored", "--weights ", weights, ": use as-stored, bf16, int8, int4 or fp8");
   return f;
 }
+
+ExpertWeightFormat ModelFlags::expert_weight_format() const {
+  MOEX_CHECK_INPUT(group_size_option == nullptr || group_size_option->count() == 0 || weights == "int4" ||
+                       dense_weights == "int4",
+                   "--group-size applies to --weights int4 only (or --dense-weights int4; got --weights ", weights,
+                   ", --dense-weights ", dense_weights, ")");
+  return weight_format_from_flag(weights, group_size);
+}
+
+ExpertWeightFormat ModelFlags::dense_weight_format() const { return weight_format_from_flag(dense_weights, group_size); }
 
 std::unique_ptr<MixtralModel> ModelFlags::load(int batch) const {
   ThreadsFlags::apply();
@@ -126,6 +139,7 @@ std::unique_ptr<MixtralModel> ModelFlags::load(int batch) const {
   options.expert_weights = expert_weight_format();
   options.kv_cache_dtype = parse_kv_cache_dtype(kv_cache_dtype);
   options.kv_cache_gb = kv_cache_gb;
+  options.dense_weights = dense_weight_format();
   check_run_memory(estimate_run_memory(config, options, num_threads()), config, options, available_memory());
   return std::make_unique<MixtralModel>(model_dir, options);
 }

@@ -25,9 +25,12 @@ struct ModelFlags : ThreadsFlags, ParallelFlags, CommFlags {
   CLI::Option* group_size_option = nullptr;
   std::string kv_cache_dtype = "f32";  // the paged KV pool: f32 (exact) | bf16 (`serve` sets bf16 before add_to)
   double kv_cache_gb = 0.0;            // > 0: the pool's size (`serve --kv-cache-gb`); else batch x --max-seq-len
+  std::string dense_weights = "as-stored";  // attention projections and lm_head, same choices (packed at load)
 
   // --weights / --group-size as the model option (one error line for a bad combination).
   ExpertWeightFormat expert_weight_format() const;
+  // --dense-weights (with --group-size for int4).
+  ExpertWeightFormat dense_weight_format() const;
 
   // Adds these flags and the three groups'.
   void add_to(CLI::App* cmd);

@@ -13,6 +13,7 @@ size_t dtype_size(DType dtype) {
     case DType::kI32: return 4;
     case DType::kI64: return 8;
     case DType::kU8: return 1;
+    case DType::kI8: return 1;
   }
   return 0;
 }
@@ -26,6 +27,7 @@ std::string_view dtype_name(DType dtype) {
     case DType::kI32: return "I32";
     case DType::kI64: return "I64";
     case DType::kU8: return "U8";
+    case DType::kI8: return "I8";
   }
   return "?";
 }
@@ -33,7 +35,8 @@ std::string_view dtype_name(DType dtype) {
 bool dtype_from_name(std::string_view name, DType* out) {
   static constexpr struct { std::string_view name; DType dtype; } kNames[] = {
       {"F32", DType::kF32}, {"F16", DType::kF16}, {"BF16", DType::kBF16}, {"F8_E4M3", DType::kF8E4M3},
-      {"I32", DType::kI32}, {"I64", DType::kI64}, {"U8", DType::kU8}};
+      {"I32", DType::kI32}, {"I64", DType::kI64}, {"U8", DType::kU8},
+      {"I8", DType::kI8}};
   for (const auto& entry : kNames) {
     if (entry.name == name) {
       *out = entry.dtype;

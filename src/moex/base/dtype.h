@@ -8,7 +8,7 @@
 
 namespace moex {
 
-enum class DType : uint8_t { kF32, kF16, kBF16, kF8E4M3, kI32, kI64, kU8 };
+enum class DType : uint8_t { kF32, kF16, kBF16, kF8E4M3, kI32, kI64, kU8, kI8 };
 
 size_t dtype_size(DType dtype);
 std::string_view dtype_name(DType dtype);  // safetensors spelling: "F32", "BF16", ...

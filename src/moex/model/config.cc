@@ -27,7 +27,8 @@ const std::set<std::string>& common_fields() {
       "max_position_embeddings", "tie_word_embeddings", "norm_topk_prob", "router_aux_loss_coef", "bos_token_id",
       "eos_token_id", "pad_token_id", "torch_dtype", "hidden_act", "initializer_range", "use_cache",
       "output_router_logits", "attention_dropout", "transformers_version", "rope_scaling", "rope_parameters",
-      "_name_or_path"};
+      "_name_or_path",
+      "quantization_config"};
   return fields;
 }
 
@@ -395,6 +396,8 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
   } else if (f != ModelFamily::kOlmoe) {
     refuse_sliding_windows(j, c, origin, /*needs_flag=*/f != ModelFamily::kDots1);
   }
+  if (j.contains("quantization_config") && !j["quantization_config"].is_null())
+    c.quantization = parse_quantization_config(j["quantization_config"].dump(), origin);
   validate_model_config(c);
   return c;
 }
@@ -492,6 +495,7 @@ std::string model_config_to_json(const ModelConfig& c) {
       j["max_window_layers"] = c.num_hidden_layers;
       break;
   }
+  if (c.quantization.quantized()) j["quantization_config"] = json::parse(c.quantization.json);
   return j.dump(2) + "\n";
 }
 

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "moex/model/quantization.h"
+
 namespace moex {
 
 // One model family: its HF model_type and architecture, the tensor names of its MoE block, and the
@@ -58,6 +60,7 @@ struct ModelConfig {
   int bos_token_id = 1;
   int eos_token_id = 2;
   std::string torch_dtype = "bfloat16";
+  QuantizationConfig quantization;  // "quantization_config": the checkpoint's quantized modules (none by default)
 
   // Family options (defaults: Mixtral, which has none of them).
   bool qkv_bias = false;                 // q/k/v_proj have biases (qwen2_moe); o_proj never does

@@ -29,7 +29,8 @@ static const ModelOptions& validated(const ModelOptions& options) {
 MixtralModel::MixtralModel(const std::string& model_dir, const ModelOptions& options)
     : config_(load_checkpoint_config(model_dir)),
       options_(options),
-      weights_(load_mixtral_weights(model_dir, config_, validated(options).plan, options.expert_weights)),
+      weights_(load_mixtral_weights(model_dir, config_, validated(options).plan, options.expert_weights,
+                                    options.dense_weights)),
       kv_cache_(config_.num_hidden_layers, weights_.kv_heads_local, config_.head_dim,
                 kv_cache_layout(config_, options).num_blocks, options.kv_cache_dtype),
       moe_(MoELayerShape{config_.hidden_size, weights_.intermediate_local, config_.num_local_experts,
@@ -93,9 +94,9 @@ kernels::PagedKvLayout MixtralModel::kv_cache_layout(const ModelConfig& c, const
 
 int64_t MixtralModel::weight_bytes_per_token() const {
   const auto bytes = [](const TensorView& v) { return v.data ? static_cast<int64_t>(v.bytes()) : int64_t{0}; };
-  int64_t total = bytes(weights_.embed) / config_.vocab_size + bytes(weights_.final_norm) + bytes(weights_.lm_head);
+  int64_t total = bytes(weights_.embed) / config_.vocab_size + bytes(weights_.final_norm) + weights_.lm_head.bytes();
   for (const LayerWeights& l : weights_.layers) {
-    total += bytes(l.input_norm) + bytes(l.wq) + bytes(l.wk) + bytes(l.wv) + bytes(l.wo) + bytes(l.post_norm) +
+    total += bytes(l.input_norm) + l.wq.bytes() + l.wk.bytes() + l.wv.bytes() + l.wo.bytes() + bytes(l.post_norm) +
              bytes(l.moe.gate) + bytes(l.bq) + bytes(l.bk) + bytes(l.bv) + bytes(l.q_norm) + bytes(l.k_norm) +
              bytes(l.mlp.w1) + bytes(l.mlp.w3) + bytes(l.mlp.w2) + bytes(l.shared_gate);
     if (!l.is_moe) continue;
@@ -170,7 +171,7 @@ void MixtralModel::forward(const StepInput& step, float* logits) {
     kernels::rmsnorm(hidden_.data() + t * d, 1, d, weights_.final_norm.data,
                      weights_.final_norm.dtype == DType::kBF16, c.rms_norm_eps, final_rows_.data() + r * d);
   }
-  kernels::matmul(final_rows_.data(), rows, weights_.lm_head, logits);
+  dense_matmul(final_rows_.data(), rows, weights_.lm_head, logits);
 }
 
 // One row per token, widened to F32.
@@ -193,9 +194,9 @@ void MixtralModel::attention_block(int layer, const StepInput& step) {
   const LayerWeights& lw = weights_.layers[layer];
   const int64_t T = step.num_tokens, hd = c.head_dim, H = weights_.heads_local, KV = weights_.kv_heads_local;
   MOEX_ZONE_LAYER(kAttention, layer);
-  kernels::matmul(normed_.data(), T, lw.wq, q_.data());  // [T, H*hd]
-  kernels::matmul(normed_.data(), T, lw.wk, k_.data());  // [T, KV*hd]
-  kernels::matmul(normed_.data(), T, lw.wv, v_.data());  // [T, KV*hd]
+  dense_matmul(normed_.data(), T, lw.wq, q_.data());  // [T, H*hd]
+  dense_matmul(normed_.data(), T, lw.wk, k_.data());  // [T, KV*hd]
+  dense_matmul(normed_.data(), T, lw.wv, v_.data());  // [T, KV*hd]
   // Family options, in HF's order: biases (qwen2_moe), then q/k RMSNorm per head (qwen3_moe, dots1) or over
   // the whole projection (olmoe), then RoPE.
   if (lw.bq.data) {
@@ -238,12 +239,12 @@ void MixtralModel::attention_block(int layer, const StepInput& step) {
     kernels::paged_attention(kv, kv_cache_.bf16(), layer, attn_seqs_.data(), step.num_seqs, q_.data(), H,
                              attn_out_.data(), attn_scratch_.data());
   if (!tensor_parallel_attention()) {
-    kernels::matmul(attn_out_.data(), T, lw.wo, hidden_.data(), /*accumulate=*/true);  // residual add
+    dense_matmul(attn_out_.data(), T, lw.wo, hidden_.data(), /*accumulate=*/true);  // residual add
     return;
   }
   // Attention TP: each rank's heads give a share of o_proj's output; one all-reduce sums them.
   const int64_t d = c.hidden_size;
-  kernels::matmul(attn_out_.data(), T, lw.wo, attn_partial_);
+  dense_matmul(attn_out_.data(), T, lw.wo, attn_partial_);
   {
     MOEX_ZONE_LAYER(kAllReduce, layer);
     comm::allreduce_f32(*options_.comm, attn_partial_, static_cast<size_t>(T * d), options_.plan.comm_dtype,

@@ -29,6 +29,7 @@ struct ModelOptions {
   ParallelPlan plan;              // single rank unless set
   comm::Communicator* comm = nullptr;  // required when plan.world > 1
   ExpertWeightFormat expert_weights;   // as stored, or quantized + packed at load (`--weights`)
+  ExpertWeightFormat dense_weights;    // attention projections and lm_head, the same (`--dense-weights`)
 };
 
 // One sequence's share of a step: its next `len` rows of the step (sequences in order, rows consecutive)

@@ -1,9 +1,13 @@
 #include "moex/model/weights.h"
 
 #include <chrono>
+#include <cmath>
 #include <cstring>
+#include <optional>
 
 #include "moex/base/error.h"
+#include "moex/base/threads.h"
+#include "moex/kernels/matmul.h"
 
 namespace moex {
 namespace {
@@ -85,7 +89,150 @@ TensorView slice1(const TensorView& v, int64_t begin, int64_t end) {
   return out;
 }
 
+
+// ---- quantized checkpoints: codes and scales copied into a QuantizedMatrix (no arithmetic on the weights) ----
+
+using kernels::QuantizedMatrix;
+using kernels::WeightFormat;
+
+const TensorView& expect_tensor(const WeightStore& s, const std::string& name, DType dtype, Shape shape) {
+  MOEX_CHECK_INPUT(s.contains(name), "quantized checkpoint: tensor \"", name, "\" is missing");
+  const TensorView& v = s.get(name);
+  MOEX_CHECK_INPUT(v.dtype == dtype && v.shape == shape, "quantized checkpoint: tensor \"", name, "\" is ",
+                   dtype_name(v.dtype), " ", v.shape.str(), ", expected ", dtype_name(dtype), " ", shape.str());
+  return v;
+}
+
+// A scale tensor of any float dtype, as f32; every value finite and >= 0.
+std::vector<float> read_scales(const WeightStore& s, const std::string& name, Shape shape) {
+  MOEX_CHECK_INPUT(s.contains(name), "quantized checkpoint: tensor \"", name, "\" is missing");
+  const TensorView& v = s.get(name);
+  // [rows] is the same numbers as [rows, 1] (per-channel scales are written either way).
+  const bool same = v.shape == shape || (shape.rank == 2 && shape[1] == 1 && v.shape == Shape{shape[0]});
+  MOEX_CHECK_INPUT(same && (v.dtype == DType::kF32 || v.dtype == DType::kBF16 || v.dtype == DType::kF16),
+                   "quantized checkpoint: tensor \"", name, "\" is ", dtype_name(v.dtype), " ", v.shape.str(),
+                   ", expected F32, BF16 or F16 ", shape.str());
+  std::vector<float> out(static_cast<size_t>(v.numel()));
+  for (size_t i = 0; i < out.size(); ++i) {
+    const float f = v.dtype == DType::kF32    ? v.as<const float>()[i]
+                    : v.dtype == DType::kBF16 ? bf16_to_f32(v.as<const uint16_t>()[i])
+                                              : f16_to_f32(v.as<const uint16_t>()[i]);
+    MOEX_CHECK_INPUT(std::isfinite(f) && f >= 0, "quantized checkpoint: tensor \"", name, "\" holds the scale ", f,
+                     " at element ", i, " (scales are finite and >= 0)");
+    out[i] = f;
+  }
+  return out;
+}
+
+// Module `m` (e.g. "model.layers.0.self_attn.q_proj") of [rows, cols] per `scheme`, read as stored.
+QuantizedMatrix read_quantized(const WeightStore& s, QuantMethod method, const QuantScheme& scheme,
+                               const std::string& m, int64_t rows, int64_t cols, std::vector<TensorView>& sources) {
+  QuantizedMatrix q;
+  q.format = scheme.weight_format;
+  q.rows = rows;
+  q.cols = cols;
+  q.group = scheme.group;
+  const auto blocks = [](int64_t n, int64_t b) { return (n + b - 1) / b; };
+  // Tensors of layouts MoEX does not read: a column permutation (act-order) or static activation scales.
+  for (const char* extra : {".weight_g_idx", ".input_scale", ".input_zero_point", ".output_scale"})
+    MOEX_CHECK_INPUT(!s.contains(m + extra), "quantized checkpoint: tensor \"", m, extra,
+                     "\" is not supported (MoEX reads weight-only checkpoints without act-order)");
+  switch (scheme.weight_format) {
+    case WeightFormat::kInt8: {  // int-quantized: weight I8 [rows, cols], weight_scale [rows, 1]
+      const TensorView& w = expect_tensor(s, m + ".weight", DType::kI8, {rows, cols});
+      const auto* codes = w.as<const uint8_t>();
+      q.codes.assign(codes, codes + rows * cols);
+      q.scales = read_scales(s, m + ".weight_scale", {rows, 1});
+      sources.push_back(w);
+      break;
+    }
+    case WeightFormat::kInt4: {  // pack-quantized: 8 codes (signed + 8) per int32, code i at bits 4i..4i+3
+      const int64_t groups = blocks(cols, q.group), words = blocks(cols, 8);
+      const TensorView& packed = expect_tensor(s, m + ".weight_packed", DType::kI32, {rows, words});
+      MOEX_CHECK_INPUT(s.contains(m + ".weight_shape"), "quantized checkpoint: tensor \"", m, ".weight_shape\" is missing");
+      const TensorView& shape = s.get(m + ".weight_shape");
+      MOEX_CHECK_INPUT((shape.dtype == DType::kI32 || shape.dtype == DType::kI64) && shape.shape == Shape{2},
+                       "quantized checkpoint: tensor \"", m, ".weight_shape\" must be I32 or I64 [2]");
+      const auto dim = [&](int i) {
+        return shape.dtype == DType::kI32 ? int64_t{shape.as<const int32_t>()[i]} : shape.as<const int64_t>()[i];
+      };
+      MOEX_CHECK_INPUT(dim(0) == rows && dim(1) == cols, "quantized checkpoint: \"", m, ".weight_shape\" is [", dim(0),
+                       ", ", dim(1), "] but config.json implies [", rows, ", ", cols, "]");
+      q.codes.resize(rows * cols);
+      const auto* word = packed.as<const uint32_t>();
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c) q.codes[r * cols + c] = (word[r * words + c / 8] >> (4 * (c % 8))) & 15u;
+      q.scales = read_scales(s, m + ".weight_scale", {rows, groups});
+      q.zeros.assign(rows * groups, 8);  // symmetric: signed code 0 is stored as 8
+      if (!scheme.symmetric) {  // zero points packed along the rows: [ceil(rows/8), groups], signed + 8
+        const TensorView& zp = expect_tensor(s, m + ".weight_zero_point", DType::kI32, {blocks(rows, 8), groups});
+        const auto* z = zp.as<const uint32_t>();
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t g = 0; g < groups; ++g) q.zeros[r * groups + g] = (z[(r / 8) * groups + g] >> (4 * (r % 8))) & 15u;
+      } else {
+        MOEX_CHECK_INPUT(!s.contains(m + ".weight_zero_point"), "quantized checkpoint: \"", m,
+                         ".weight_zero_point\" is present but config group ", scheme.name, " is symmetric");
+      }
+      sources.push_back(packed);
+      break;
+    }
+    case WeightFormat::kFP8E4M3: {  // weight F8_E4M3 and one f32 scale per 128x128 block: w = code * scale
+      const TensorView& w = expect_tensor(s, m + ".weight", DType::kF8E4M3, {rows, cols});
+      const auto* codes = w.as<const uint8_t>();
+      q.codes.assign(codes, codes + rows * cols);
+      const std::string scale = method == QuantMethod::kFP8Blocks ? ".weight_scale_inv" : ".weight_scale";
+      q.scales = read_scales(s, m + scale, {blocks(rows, 128), blocks(cols, 128)});
+      sources.push_back(w);
+      break;
+    }
+    default: MOEX_CHECK(false, "read_quantized: format");
+  }
+  return q;
+}
+
+// The scheme module `m` is stored in, or nullptr when it is stored as bf16/f32. fp8 blocks: a module is
+// quantized exactly when its weight_scale_inv is there (DeepSeek leaves the router and lm_head in bf16).
+const QuantScheme* stored_scheme(const WeightStore& s, const QuantizationConfig& qc, const std::string& m) {
+  if (!qc.quantized()) return nullptr;
+  const QuantScheme* scheme = qc.scheme_for(m);
+  if (qc.method == QuantMethod::kFP8Blocks && scheme && !s.contains(m + ".weight_scale_inv")) {
+    MOEX_CHECK_INPUT(!s.contains(m + ".weight") || s.get(m + ".weight").dtype != DType::kF8E4M3, "quantized checkpoint: \"",
+                     m, ".weight\" is F8_E4M3 but \"", m, ".weight_scale_inv\" is missing");
+    return nullptr;
+  }
+  return scheme;
+}
+
+QuantizedMatrix quantize_as(const TensorView& w, const ExpertWeightFormat& f) {
+  switch (f.format) {
+    case WeightFormat::kBF16: return kernels::quantize_bf16(w);
+    case WeightFormat::kInt8:
+    case WeightFormat::kInt8W8A8: return kernels::quantize_int8(w, f.format);
+    case WeightFormat::kInt4: return kernels::quantize_int4(w, f.group, /*symmetric=*/true);
+    case WeightFormat::kFP8E4M3: return kernels::quantize_fp8(w);
+  }
+  MOEX_CHECK(false, "unknown weight format");
+  return {};
+}
+
+// Drops this process's pages of mapped tensors that were packed (they are read again from the file if ever
+// touched; nothing on the packed path does).
+void release_mapped(const std::vector<TensorView>& views) {
+  for (const TensorView& v : views)
+    if (v.data && (v.row_stride == 0 || v.shape.rank != 2 || v.row_stride == v.shape[1]))
+      MappedFile::release(v.data, v.bytes());
+}
+
 }  // namespace
+
+int64_t DenseWeight::bytes() const {
+  return packed ? static_cast<int64_t>(packed->weight_bytes()) : static_cast<int64_t>(view.bytes());
+}
+
+void dense_matmul(const float* x, int64_t tokens, const DenseWeight& w, float* y, bool accumulate) {
+  if (w.packed) kernels::packed_matmul(x, tokens, *w.packed, y, accumulate);
+  else kernels::matmul(x, tokens, w.view, y, accumulate);
+}
 
 void check_weights_finite(const WeightStore& store) {
   for (const auto& [name, view] : store.tensors()) {  // std::map: name order
@@ -101,10 +248,12 @@ void check_weights_finite(const WeightStore& store) {
 }
 
 MixtralWeights load_mixtral_weights(const std::string& model_dir, const ModelConfig& c, const ParallelPlan& plan,
-                                    const ExpertWeightFormat& expert_format) {
+                                    const ExpertWeightFormat& expert_format, const ExpertWeightFormat& dense_format) {
   MixtralWeights w;
   w.store = std::make_unique<WeightStore>(model_dir);
   const WeightStore& s = *w.store;
+  const QuantizationConfig& qc = c.quantization;
+  w.quantized_checkpoint = qc.quantized();
   const int64_t d = c.hidden_size, V = c.vocab_size, I = c.intermediate_size, hd = c.head_dim;
   const SliceRange heads = local_heads(plan, c.num_attention_heads);
   const SliceRange kv_heads = local_kv_heads(plan, c.num_attention_heads, c.num_key_value_heads);
@@ -113,24 +262,64 @@ MixtralWeights load_mixtral_weights(const std::string& model_dir, const ModelCon
   w.heads_local = static_cast<int>(heads.end - heads.begin);
   w.kv_heads_local = static_cast<int>(kv_heads.end - kv_heads.begin);
   w.intermediate_local = inter.end - inter.begin;
+  const bool whole_heads = w.heads_local == c.num_attention_heads;
+  const auto timed = [&](auto&& fn) {
+    const auto start = std::chrono::steady_clock::now();
+    fn();
+    w.pack_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  const auto whole = [&](bool ok, const std::string& m) {
+    MOEX_CHECK_INPUT(ok, "quantized checkpoint: \"", m, "\" is stored quantized and loads only whole: run on one "
+                     "rank, or with --moe-parallel ep --attn-parallel dp");
+  };
+  // A dense module [rows, cols]: packed from the checkpoint's codes, packed at load (--dense-weights), or as stored.
+  // `slice` cuts this rank's share out of the stored view; `mapped` says whether that share stays a mapping view.
+  const auto dense = [&](const std::string& m, Shape shape, const auto& slice, bool mapped) {
+    DenseWeight out;
+    if (const QuantScheme* scheme = stored_scheme(s, qc, m)) {
+      MOEX_CHECK_INPUT(!dense_format.packed, "--dense-weights ", dense_format.name(), ": \"", m, "\" is stored quantized (",
+                       scheme->format, ") already; use --dense-weights as-stored");
+      whole(whole_heads, m);
+      std::vector<TensorView> sources;
+      timed([&] {
+        out.packed = std::make_shared<kernels::PackedWeights>(
+            kernels::pack(read_quantized(s, qc.method, *scheme, m, shape[0], shape[1], sources)));
+      });
+      release_mapped(sources);
+      return out;
+    }
+    out.view = slice(expect(s, m + ".weight", shape));
+    if (dense_format.packed) {
+      timed([&] { out.packed = std::make_shared<kernels::PackedWeights>(kernels::pack(quantize_as(out.view, dense_format))); });
+      if (mapped) release_mapped({out.view});
+    }
+    return out;
+  };
+  const auto as_resident = [](const TensorView& v) { return resident(v); };
 
   w.embed = expect(s, "model.embed_tokens.weight", {V, d});  // rows are read on demand: not paged in
   w.final_norm = resident(expect(s, "model.norm.weight", {d}));
-  if (s.contains("lm_head.weight")) {
-    w.lm_head = resident(expect(s, "lm_head.weight", {V, d}));
+  if (s.contains("lm_head.weight") || s.contains("lm_head.weight_packed")) {
+    w.lm_head = dense("lm_head", {V, d}, as_resident, true);
   } else {
     MOEX_CHECK_INPUT(c.tie_word_embeddings, "checkpoint has no tensor \"lm_head.weight\" and tie_word_embeddings is false");
-    w.lm_head = resident(w.embed);
+    w.lm_head.view = resident(w.embed);
+    if (dense_format.packed)  // the embedding's pages stay: its rows are still looked up
+      timed([&] { w.lm_head.packed = std::make_shared<kernels::PackedWeights>(kernels::pack(quantize_as(w.embed, dense_format))); });
   }
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     LayerWeights lw;
     lw.input_norm = resident(expect(s, p + "input_layernorm.weight", {d}));
-    lw.wq = resident(expect(s, p + "self_attn.q_proj.weight", {c.q_dim(), d}).rows(heads.begin * hd, heads.end * hd));
-    lw.wk = resident(expect(s, p + "self_attn.k_proj.weight", {c.kv_dim(), d}).rows(kv_heads.begin * hd, kv_heads.end * hd));
-    lw.wv = resident(expect(s, p + "self_attn.v_proj.weight", {c.kv_dim(), d}).rows(kv_heads.begin * hd, kv_heads.end * hd));
-    lw.wo = owned_copy(expect(s, p + "self_attn.o_proj.weight", {d, c.q_dim()}).columns(heads.begin * hd, heads.end * hd),
-                       w.owned);
+    lw.wq = dense(p + "self_attn.q_proj", {c.q_dim(), d},
+                  [&](const TensorView& v) { return resident(v.rows(heads.begin * hd, heads.end * hd)); }, true);
+    lw.wk = dense(p + "self_attn.k_proj", {c.kv_dim(), d},
+                  [&](const TensorView& v) { return resident(v.rows(kv_heads.begin * hd, kv_heads.end * hd)); }, true);
+    lw.wv = dense(p + "self_attn.v_proj", {c.kv_dim(), d},
+                  [&](const TensorView& v) { return resident(v.rows(kv_heads.begin * hd, kv_heads.end * hd)); }, true);
+    lw.wo = dense(p + "self_attn.o_proj", {d, c.q_dim()},
+                  [&](const TensorView& v) { return owned_copy(v.columns(heads.begin * hd, heads.end * hd), w.owned); },
+                  whole_heads);
     lw.post_norm = resident(expect(s, p + "post_attention_layernorm.weight", {d}));
     if (c.qkv_bias) {
       lw.bq = resident(slice1(expect(s, p + "self_attn.q_proj.bias", {c.q_dim()}), heads.begin * hd, heads.end * hd));
@@ -157,6 +346,9 @@ MixtralWeights load_mixtral_weights(const std::string& model_dir, const ModelCon
     }
     const FamilyInfo& info = c.info();
     const std::string moe = p + info.moe_prefix + ".";
+    MOEX_CHECK_INPUT(!stored_scheme(s, qc, moe + "gate") || s.contains(moe + "gate.weight"),
+                     "quantized checkpoint: the router \"", moe, "gate\" is stored quantized, which MoEX "
+                     "does not load (routing must see exact logits)");
     lw.moe.gate = resident(expect(s, moe + "gate.weight", {c.num_local_experts, d}));
     if (c.scoring == RouterScoring::kSigmoidGrouped)
       lw.moe.gate_bias = resident(expect(s, moe + "gate.e_score_correction_bias", {c.num_local_experts}));
@@ -164,20 +356,54 @@ MixtralWeights load_mixtral_weights(const std::string& model_dir, const ModelCon
       lw.mlp = mlp_weights(moe + info.shared_prefix + ".", c.shared_expert_intermediate_size);
     if (c.shared_expert_gate) lw.shared_gate = resident(expect(s, moe + "shared_expert_gate.weight", {1, d}));
     lw.moe.experts = experts;
+    int stored_quantized = 0;
     for (int e = 0; e < c.num_local_experts; ++e) {
       const std::string q = moe + "experts." + std::to_string(e) + ".";
+      const QuantScheme *s1 = stored_scheme(s, qc, q + info.expert_gate), *s3 = stored_scheme(s, qc, q + info.expert_up),
+                        *s2 = stored_scheme(s, qc, q + info.expert_down);
+      const bool local = e >= experts.first && e < experts.first + experts.count;
+      if (s1 || s2 || s3) {
+        MOEX_CHECK_INPUT(s1 && s2 && s3, "quantized checkpoint: expert ", e, " of layer ", l,
+                         " has w1, w2, w3 stored differently (all three quantized, or none)");
+        MOEX_CHECK_INPUT(s1->weight_format == s3->weight_format && s1->group == s3->group, "quantized checkpoint: \"", q,
+                         "w1\" and \"", q, "w3\" are packed together and must share a format");
+        MOEX_CHECK_INPUT(!expert_format.packed, "--weights ", expert_format.name(), ": the experts are stored quantized (",
+                         s1->format, ") already; use --weights as-stored");
+        whole(w.intermediate_local == I, q + info.expert_gate);
+        MOEX_CHECK_INPUT(!plan.overlap, "--overlap is not supported with a quantized checkpoint yet (the experts are packed)");
+        ++stored_quantized;
+        if (!local) continue;
+        std::vector<TensorView> sources;
+        timed([&] {
+          PackedExpert packed;
+          packed.w13 = kernels::pack_gate_up(read_quantized(s, qc.method, *s1, q + info.expert_gate, I, d, sources),
+                                             read_quantized(s, qc.method, *s3, q + info.expert_up, I, d, sources));
+          packed.w2 = kernels::pack(read_quantized(s, qc.method, *s2, q + info.expert_down, d, I, sources));
+          lw.moe.packed.push_back(std::move(packed));
+        });
+        release_mapped(sources);
+        lw.moe.local.push_back({});  // nothing as stored: the packed experts run
+        continue;
+      }
       // Every expert's shapes are checked, but only this rank's experts (and slices) are paged in.
       const TensorView w1 = expect(s, q + info.expert_gate + ".weight", {I, d}),
                        w3 = expect(s, q + info.expert_up + ".weight", {I, d}),
                        w2 = expect(s, q + info.expert_down + ".weight", {d, I});
-      if (e < experts.first || e >= experts.first + experts.count) continue;
+      if (!local) continue;
       lw.moe.local.push_back({resident(w1.rows(inter.begin, inter.end)), resident(w3.rows(inter.begin, inter.end)),
                               owned_copy(w2.columns(inter.begin, inter.end), w.owned)});
     }
+    MOEX_CHECK_INPUT(stored_quantized == 0 || stored_quantized == c.num_local_experts, "quantized checkpoint: layer ", l,
+                     " has ", stored_quantized, " of ", c.num_local_experts,
+                     " experts stored quantized; MoEX needs all of a layer's experts stored one way");
     if (expert_format.packed) {  // once per load; the quantizers and pack split rows over the threads
-      const auto start = std::chrono::steady_clock::now();
-      for (const ExpertWeights& e : lw.moe.local) lw.moe.packed.push_back(pack_expert(e, expert_format));
-      w.pack_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      timed([&] {
+        for (const ExpertWeights& e : lw.moe.local) lw.moe.packed.push_back(pack_expert(e, expert_format));
+      });
+      for (const ExpertWeights& e : lw.moe.local) {
+        release_mapped({e.w1, e.w3});
+        if (w.intermediate_local == I) release_mapped({e.w2});  // else w2 is an owned copy
+      }
     }
     w.layers.push_back(std::move(lw));
   }

@@ -13,12 +13,23 @@
 
 namespace moex {
 
+// A dense projection W [out, in]: the checkpoint's bf16/f32 view, read by kernels::matmul with f32 activations
+// (as stored), or packed weights run by kernels::packed_matmul: quantized at load (`--dense-weights`) or read
+// from a quantized checkpoint's codes and scales.
+struct DenseWeight {
+  TensorView view;                                       // [out, in] as stored; unused when packed
+  std::shared_ptr<const kernels::PackedWeights> packed;  // null: as stored
+  int64_t bytes() const;                                 // what one pass over W reads (codes + scales)
+};
+// y [T, out] (=, or += with accumulate) x [T, in] @ W^T.
+void dense_matmul(const float* x, int64_t tokens, const DenseWeight& w, float* y, bool accumulate = false);
+
 struct LayerWeights {
   TensorView input_norm;  // [d]
-  TensorView wq;          // [H_local*hd, d]   this rank's query heads
-  TensorView wk;          // [KV_local*hd, d]
-  TensorView wv;          // [KV_local*hd, d]
-  TensorView wo;          // [d, H_local*hd]   a column slice under attention TP (strided)
+  DenseWeight wq;         // [H_local*hd, d]   this rank's query heads
+  DenseWeight wk;         // [KV_local*hd, d]
+  DenseWeight wv;         // [KV_local*hd, d]
+  DenseWeight wo;         // [d, H_local*hd]   a column slice under attention TP (strided)
   TensorView bq, bk, bv;  // [H_local*hd], [KV_local*hd] q/k/v_proj biases (qwen2_moe), else empty
   TensorView q_norm, k_norm;  // per head: [hd] (qwen3_moe, dots1); whole: [H*hd], [KV*hd] (olmoe); else empty
   TensorView post_norm;   // [d]
@@ -38,10 +49,11 @@ struct MixtralWeights {
   TensorView embed;       // [V, d]
   std::vector<LayerWeights> layers;
   TensorView final_norm;  // [d]
-  TensorView lm_head;     // [V, d] (the embedding when tie_word_embeddings)
+  DenseWeight lm_head;    // [V, d] (the embedding when tie_word_embeddings)
   int heads_local = 0, kv_heads_local = 0;
   int64_t intermediate_local = 0;
-  double pack_seconds = 0.0;  // quantizing and packing the experts at load (0 when as stored)
+  double pack_seconds = 0.0;  // quantizing (or reading quantized codes) and packing at load (0 when as stored)
+  bool quantized_checkpoint = false;  // config.json has a quantization_config: packed from the stored codes
 };
 
 // Reads every value of every floating-point tensor (`--check-weights`, a full pass over the files) and throws
@@ -49,9 +61,15 @@ struct MixtralWeights {
 void check_weights_finite(const WeightStore& store);
 
 // Throws Error(kInvalidInput) naming the tensor for a missing tensor, a wrong shape or an unsupported dtype.
-// With a packed `experts` format, every local expert is quantized and packed once here (layers[l].moe.packed).
+// With a packed `experts` format, every local expert is quantized and packed once here (layers[l].moe.packed);
+// with a packed `dense` format, so are the attention projections and lm_head. The mapped pages a packed
+// tensor was read from are released afterwards, so resident memory holds the packed copy only.
+// A quantized checkpoint (config.quantization) is packed from its stored codes and scales (no quantization);
+// its quantized modules then refuse a packed `experts` / `dense` format (they are quantized already), and they
+// load whole (one rank, or whole experts under EP with unsliced attention).
 MixtralWeights load_mixtral_weights(const std::string& model_dir, const ModelConfig& config,
                                     const ParallelPlan& plan = ParallelPlan{},
-                                    const ExpertWeightFormat& experts = ExpertWeightFormat{});
+                                    const ExpertWeightFormat& experts = ExpertWeightFormat{},
+                                    const ExpertWeightFormat& dense = ExpertWeightFormat{});
 
 }  // namespace moex

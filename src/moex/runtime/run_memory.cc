@@ -6,6 +6,31 @@
 #include "moex/base/error.h"
 
 namespace moex {
+namespace {
+
+// Bytes per weight of a packed format (kernels/packed.h layouts, scales included; padding ignored).
+double packed_bytes_per_weight(kernels::WeightFormat format, double group, double cols) {
+  switch (format) {
+    case kernels::WeightFormat::kBF16: return 2;
+    case kernels::WeightFormat::kInt8:
+    case kernels::WeightFormat::kInt8W8A8: return 1 + 8 / cols;
+    case kernels::WeightFormat::kInt4: return 0.5 + 8 / group;  // f32 scale and offset per group
+    case kernels::WeightFormat::kFP8E4M3: return 1 + 4.0 / 128;
+  }
+  return 2;
+}
+
+// Bytes of the packed copy of a [rows, cols] module: per `format` when packed at load, per the checkpoint's
+// scheme when it is stored quantized, 0 when it runs from the mapping.
+double packed_copy(const ModelConfig& c, const std::string& module, const ExpertWeightFormat& format, double rows,
+                   double cols) {
+  if (const QuantScheme* s = c.quantization.quantized() ? c.quantization.scheme_for(module) : nullptr)
+    return rows * cols * packed_bytes_per_weight(s->weight_format, double(s->group), cols);
+  if (!format.packed) return 0;
+  return rows * cols * packed_bytes_per_weight(format.format, double(format.group), cols);
+}
+
+}  // namespace
 
 RunMemory estimate_run_memory(const ModelConfig& c, const ModelOptions& o, int threads) {
   // In double: the products of flags and config sizes are what must be checked, so they must not overflow.
@@ -39,6 +64,16 @@ RunMemory estimate_run_memory(const ModelConfig& c, const ModelOptions& o, int t
   if (mlp_width > 0) step += T * (2 * mlp_width + d + 1) * f32;
   const double logits = batch * double(c.vocab_size) * f32;         // generate(): one row per sequence
   m.buffer_bytes = per_position + step + logits;
+  const double experts_local = local_experts(plan, c.num_local_experts).count;
+  const double layers = c.num_hidden_layers;
+  m.packed_bytes =
+      layers * experts_local *
+          (2 * packed_copy(c, "model.layers.0.block_sparse_moe.experts.0.w1", o.expert_weights, inter_local, d) +
+           packed_copy(c, "model.layers.0.block_sparse_moe.experts.0.w2", o.expert_weights, d, inter_local)) +
+      layers * (packed_copy(c, "model.layers.0.self_attn.q_proj", o.dense_weights, q_local, d) +
+                2 * packed_copy(c, "model.layers.0.self_attn.k_proj", o.dense_weights, kv_local, d) +
+                packed_copy(c, "model.layers.0.self_attn.o_proj", o.dense_weights, d, q_local)) +
+      packed_copy(c, "lm_head", o.dense_weights, double(c.vocab_size), d);
   return m;
 }
 
@@ -53,7 +88,8 @@ void check_run_memory(const RunMemory& need, const ModelConfig& c, const ModelOp
                                            std::to_string(o.max_seq_len) + " positions") +
                   " x " + std::to_string(c.num_hidden_layers) + " layers; buffers " +
                   format_bytes(need.buffer_bytes) + " for steps of " + std::to_string(o.max_step_tokens) +
-                  " tokens) but " + format_bytes(static_cast<double>(available->bytes)) + " is available (" +
+                  " tokens" + (need.packed_bytes > 0 ? "; packed weights " + format_bytes(need.packed_bytes) : std::string()) +
+                  ") but " + format_bytes(static_cast<double>(available->bytes)) + " is available (" +
                   available->source + "); " +
                   (cache_dominates ? (o.kv_cache_gb > 0 ? "lower --kv-cache-gb" : "lower --max-seq-len or the number of sequences")
                                    : "lower --step-tokens"));

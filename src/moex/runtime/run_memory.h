@@ -15,7 +15,10 @@ struct RunMemory {
   // The rest: RoPE tables and attention scratch (grow with max_seq_len), activations and MoE buffers (grow
   // with max_step_tokens), one row of logits per sequence.
   double buffer_bytes = 0;
-  double total() const { return kv_cache_bytes + buffer_bytes; }
+  // Packed weight copies made at load (--weights / --dense-weights, or a quantized checkpoint's modules): heap
+  // memory besides the mapping, whose pages of packed tensors are released again.
+  double packed_bytes = 0;
+  double total() const { return kv_cache_bytes + buffer_bytes + packed_bytes; }
 };
 
 // For a MixtralModel built with `options` on a team of `threads`, and generation over max_batch sequences.

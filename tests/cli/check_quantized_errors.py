@@ -1,0 +1,159 @@
+#!/usr/bin/env python3
+"""Quantized checkpoints and `moex quantize` on bad input: one line naming the problem, exit code 2, and
+nothing the user owns overwritten.
+
+Each case breaks one thing in a copy of a good quantized checkpoint (written by `moex quantize`) or passes
+one bad flag.
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "reference"))
+import quantize_ref  # noqa: E402
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--moex", required=True)
+    p.add_argument("--workdir", required=True)
+    args = p.parse_args()
+    moex, work = os.path.abspath(args.moex), os.path.abspath(args.workdir)
+    os.makedirs(work, exist_ok=True)
+    good = os.path.join(work, "good")
+    if not os.path.exists(os.path.join(good, "config.json")):
+        subprocess.run([moex, "gen-model", "--preset", "tiny", "--seed", "5", "--out", good], check=True,
+                       capture_output=True)
+    quant = {}
+    for fmt, extra in (("int8", []), ("int4", ["--group-size", "32"])):
+        quant[fmt] = os.path.join(work, "q" + fmt)
+        subprocess.run([moex, "quantize", "--model", good, "--weights", fmt, *extra, "--out", quant[fmt], "--force"],
+                       check=True, capture_output=True)
+    failures = []
+
+    def expect_error(name, cmd, *words):
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        lines = r.stderr.strip().splitlines()
+        ok = r.returncode == 2 and len(lines) == 1 and lines[0].startswith("moex: error:") and all(
+            w in lines[0] for w in words)
+        print(("ok   " if ok else "FAIL ") + name + ": " + (lines[0] if lines else f"(no stderr, exit {r.returncode})"))
+        if not ok:
+            failures.append(f"{name}: exit {r.returncode}, stderr {r.stderr!r}, wanted {words}")
+
+    def variant(name, src, config_edit=None, tensors_edit=None):
+        d = os.path.join(work, name)
+        shutil.rmtree(d, ignore_errors=True)
+        shutil.copytree(src, d)
+        if config_edit:
+            c = json.load(open(os.path.join(d, "config.json")))
+            config_edit(c["quantization_config"])
+            json.dump(c, open(os.path.join(d, "config.json"), "w"))
+        if tensors_edit:
+            raw = quantize_ref.read_raw_checkpoint(d)
+            tensors_edit(raw)
+            quantize_ref.write_safetensors(os.path.join(d, "model.safetensors"), raw)
+        return d
+
+    logits = lambda d, *extra: [moex, "logits", "--model", d, "--ids", "1,2,3", "--out", os.path.join(work, "x.npy"),
+                                *extra]
+    e0 = "model.layers.0.block_sparse_moe.experts.0."
+
+    # moex quantize's own flags and files.
+    keep = os.path.join(work, "occupied")
+    os.makedirs(keep, exist_ok=True)
+    open(os.path.join(keep, "notes.txt"), "w").write("mine")
+    expect_error("quantize into a non-empty folder", [moex, "quantize", "--model", good, "--weights", "int8", "--out", keep],
+                 "not empty", "--force")
+    if open(os.path.join(keep, "notes.txt")).read() != "mine":
+        failures.append("quantize touched a file of a non-empty --out")
+    expect_error("quantize over its own model", [moex, "quantize", "--model", good, "--weights", "int8", "--out", good,
+                                                 "--force"], "--model")
+    expect_error("quantize a quantized checkpoint", [moex, "quantize", "--model", quant["int8"], "--weights", "int4",
+                                                     "--out", os.path.join(work, "qq")], "quantized already")
+    expect_error("quantize --group-size without int4", [moex, "quantize", "--model", good, "--weights", "int8",
+                                                        "--group-size", "32", "--out", os.path.join(work, "qg")],
+                 "--group-size")
+    # With --force the notes beside a model are kept and the model is replaced.
+    r = subprocess.run([moex, "quantize", "--model", good, "--weights", "int8", "--out", keep, "--force"],
+                       capture_output=True, text=True)
+    if r.returncode != 0 or open(os.path.join(keep, "notes.txt")).read() != "mine" or not os.path.exists(
+            os.path.join(keep, "model.safetensors")):
+        failures.append(f"quantize --force into a folder with notes: exit {r.returncode}, {r.stderr}")
+    else:
+        print("ok   quantize --force keeps the other files of --out")
+
+    # Loading: the configuration.
+    def set_field(key, value):
+        return lambda q: q.__setitem__(key, value)
+
+    def set_weights(key, value):
+        return lambda q: q["config_groups"]["group_0"]["weights"].__setitem__(key, value)
+
+    expect_error("unknown quantization field", logits(variant("unknown", quant["int8"], set_field("smoothing", 1))),
+                 "unknown field", "smoothing")
+    expect_error("unknown quant_method", logits(variant("gptq", quant["int8"], set_field("quant_method", "gptq"))),
+                 "quant_method", "gptq")
+    expect_error("3-bit weights", logits(variant("bits3", quant["int4"], set_weights("num_bits", 3))), "3-bit")
+    expect_error("unsupported group size", logits(variant("g48", quant["int4"], set_weights("group_size", 48))),
+                 "group_size 48")
+    expect_error("activation quantization",
+                 logits(variant("w8a8", quant["int8"],
+                                lambda q: q["config_groups"]["group_0"].__setitem__("input_activations", {"num_bits": 8}))),
+                 "input_activations")
+    expect_error("actorder", logits(variant("actorder", quant["int4"], set_weights("actorder", "group"))), "actorder")
+    expect_error("not compressed", logits(variant("frozen", quant["int8"], set_field("quantization_status", "frozen"))),
+                 "quantization_status")
+    expect_error("bad regex", logits(variant("regex", quant["int8"], set_field("ignore", ["re:("]))), "regular expression")
+    expect_error("asymmetric without zero points",
+                 logits(variant("asym", quant["int4"], set_weights("symmetric", False))), "weight_zero_point")
+    # Loading: the tensors.
+    expect_error("missing scale", logits(variant("noscale", quant["int8"], tensors_edit=lambda t: t.pop(e0 + "w1.weight_scale"))),
+                 "w1.weight_scale", "missing")
+
+    def nan_scale(t):
+        dtype, a = t[e0 + "w2.weight_scale"]
+        a = a.copy()
+        a[0, 0] = float("nan")
+        t[e0 + "w2.weight_scale"] = (dtype, a)
+
+    expect_error("NaN scale", logits(variant("nanscale", quant["int8"], tensors_edit=nan_scale)), "w2.weight_scale", "scale")
+
+    def wrong_shape(t):
+        dtype, a = t[e0 + "w3.weight_packed"]
+        t[e0 + "w3.weight_packed"] = (dtype, a[:, :-1].copy())
+
+    expect_error("packed codes of the wrong shape", logits(variant("packshape", quant["int4"], tensors_edit=wrong_shape)),
+                 "w3.weight_packed")
+    def add_g_idx(t):
+        rows, cols = t[e0 + "w1.weight_shape"][1]
+        t[e0 + "w1.weight_g_idx"] = ("I32", np.arange(int(cols), dtype=np.int32) // 32)
+
+    expect_error("act-order permutation", logits(variant("gidx", quant["int4"], tensors_edit=add_g_idx)), "weight_g_idx")
+    # Flags against a quantized checkpoint.
+    expect_error("--weights on a quantized checkpoint", logits(quant["int8"], "--weights", "int4"), "stored quantized")
+    expect_error("--dense-weights on a quantized checkpoint", logits(quant["int8"], "--dense-weights", "fp8"),
+                 "stored quantized")
+    # DeepSeek-style fp8.
+    fp8 = os.path.join(work, "fp8blocks")
+    quantize_ref.write_fp8_blocks_checkpoint(good, fp8)
+    expect_error("fp8 block size 64", logits(variant("fp8b64", fp8, set_field("weight_block_size", [64, 64]))),
+                 "weight_block_size")
+    expect_error("fp8 static activations", logits(variant("fp8static", fp8, set_field("activation_scheme", "static"))),
+                 "activation_scheme")
+    expect_error("fp8 weight without scale_inv",
+                 logits(variant("fp8noscale", fp8, tensors_edit=lambda t: t.pop(e0 + "w1.weight_scale_inv"))),
+                 "weight_scale_inv")
+
+    for f in failures:
+        print("FAIL:", f)
+    print(f"{len(failures)} failed")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,159 @@
+#!/usr/bin/env python3
+"""MoEX on a quantized checkpoint against the PyTorch reference that reads the same files itself.
+
+1. `moex gen-model` writes a bf16/f32 checkpoint (once, into --workdir/model).
+2. The quantized checkpoint: `moex quantize --weights F` (compressed-tensors), or, with --source fp8-blocks,
+   a DeepSeek-V3-style FP8 copy written here in Python (quantize_ref.write_fp8_blocks_checkpoint).
+3. `moex logits` on the quantized checkpoint; mixtral_ref.py's forward pass on the weights that
+   quantize_ref.dequantize_checkpoint reads from the files (codes times scales, by the conventions'
+   definitions), with the activations of int4 modules rounded to bf16 as MoEX's int4 kernel rounds them.
+4. Every logit within --tol of the reference (relative to its largest), the greedy tokens identical; and the
+   test must be able to fail: MoEX's logits must be more than --tol away from the unquantized model's.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import mixtral_ref  # noqa: E402
+import quantize_ref  # noqa: E402
+
+
+def run(cmd):
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode != 0:
+        sys.exit(f"FAILED: {' '.join(cmd)}\n{result.stdout}{result.stderr}")
+    return result.stdout
+
+
+class RoundedInput:
+    """Stands in for W [out, in] in mixtral_ref's `x @ W.t()`: rounds x first, as the int4 kernel does."""
+
+    def __init__(self, w, act):
+        self.w, self.act = w, act
+
+    def t(self):
+        return self
+
+    def __rmatmul__(self, x):
+        return self.act(x) @ self.w.t()
+
+
+def reference_model(model_dir):
+    """MixtralRef over the dequantized files, int4 modules with their activation rounding."""
+    tensors, formats = quantize_ref.dequantize_checkpoint(model_dir)
+    cfg = mixtral_ref.MixtralConfig.from_json(os.path.join(model_dir, "config.json"))
+    model = mixtral_ref.MixtralRef(cfg, tensors, torch.float64)
+    for i, layer in enumerate(model.layers):
+        p = f"model.layers.{i}."
+        if formats.get(p + "block_sparse_moe.experts.0.w1") == "int4":
+            layer["expert_act"] = quantize_ref.round_bf16
+        for key, proj in (("wq", "q_proj"), ("wk", "k_proj"), ("wv", "v_proj"), ("wo", "o_proj")):
+            if formats.get(p + "self_attn." + proj) == "int4":
+                layer[key] = RoundedInput(layer[key], quantize_ref.round_bf16)
+    return model, formats
+
+
+def at_load_reference(model_dir, fmt, group):
+    """The unquantized checkpoint with experts, attention projections and lm_head quantized by quantize_ref (as
+    `--weights F --dense-weights F` does at load), each with its kernel's activation rounding."""
+    model = mixtral_ref.load_model(model_dir, torch.float64)
+    act = quantize_ref.activation_rounding(fmt)
+    formats = {}
+
+    def q(w):
+        return quantize_ref.dequantize(w, fmt, group).to(torch.float64)
+
+    for i, layer in enumerate(model.layers):
+        for name in ("w1", "w3", "w2"):
+            layer[name] = [q(w) for w in layer[name]]
+        layer["expert_act"] = act
+        for key in ("wq", "wk", "wv", "wo"):
+            layer[key] = RoundedInput(q(layer[key]), act)
+            formats[f"{i}.{key}"] = fmt
+    model.lm_head = RoundedInput(q(model.lm_head), act)
+    formats["lm_head"] = fmt
+    return model, formats
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--moex", required=True)
+    p.add_argument("--workdir", required=True)
+    p.add_argument("--gen-args", required=True)
+    p.add_argument("--source", choices=["quantize", "fp8-blocks", "at-load"], default="quantize",
+                   help="at-load: MoEX quantizes at load (--weights F --dense-weights F in --moex-args) and the "
+                        "reference quantizes the same modules with quantize_ref's own quantizers (--format F)")
+    p.add_argument("--format", choices=list(quantize_ref.FORMATS), help="at-load: the format")
+    p.add_argument("--group-size", type=int, default=128)
+    p.add_argument("--quantize-args", default="", help="flags for moex quantize, e.g. '--weights int4 --group-size 32'")
+    p.add_argument("--moex-args", default="", help="extra flags for moex logits")
+    p.add_argument("--ranks", type=int, default=1)
+    p.add_argument("--prompt-len", type=int, default=24)
+    p.add_argument("--decode", type=int, default=8)
+    p.add_argument("--tol", type=float, required=True)
+    args = p.parse_args()
+
+    model = os.path.join(args.workdir, "model")
+    quant = os.path.join(args.workdir, "quantized")
+    os.makedirs(args.workdir, exist_ok=True)
+    if not os.path.exists(os.path.join(model, "config.json")):
+        run([args.moex, "gen-model", *args.gen_args.split(), "--out", model])
+    if args.source == "quantize":
+        print(run([args.moex, "quantize", "--model", model, *args.quantize_args.split(), "--out", quant, "--force"]), end="")
+    elif args.source == "fp8-blocks":
+        quantize_ref.write_fp8_blocks_checkpoint(model, quant)
+    else:
+        quant = model
+    vocab = json.load(open(os.path.join(model, "config.json")))["vocab_size"]
+    ids = [int(i) for i in np.random.default_rng(0).integers(3, vocab, size=args.prompt_len)]
+
+    ours = os.path.join(args.workdir, "moex.npy")
+    launcher = [] if args.ranks == 1 else ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(args.ranks)]
+    run([*launcher, args.moex, "logits", "--model", quant, "--ids", ",".join(map(str, ids)), "--decode",
+         str(args.decode), "--out", ours, "--tokens-out", ours + ".tokens", *args.moex_args.split()])
+    a = np.load(ours).astype(np.float64)
+    t_ours = [int(t) for t in open(ours + ".tokens").read().split()]
+
+    if args.source == "at-load":
+        ref, formats = at_load_reference(model, args.format, args.group_size)
+    else:
+        ref, formats = reference_model(quant)
+    kinds = sorted(set(formats.values()))
+    print(f"reference reads {len(formats)} quantized modules ({', '.join(kinds)}) from {quant}")
+    b, t_ref = mixtral_ref.greedy_decode(ref, ids, args.decode)
+    b = b.numpy()
+    failures = []
+    if a.shape != b.shape:
+        failures.append(f"shape {a.shape} != reference {b.shape}")
+    else:
+        rel = float(np.abs(a - b).max() / np.abs(b).max())
+        print(f"logits [{a.shape[0]} x {a.shape[1]}]: max |moex - ref| / max |ref| = {rel:.3e} "
+              f"(tol {args.tol})")
+        if not rel <= args.tol:
+            failures.append(f"relative error {rel:.3e} > {args.tol}")
+    if t_ours != t_ref:
+        failures.append(f"greedy tokens {t_ours} differ from the reference's {t_ref}")
+    # The same comparison against the unquantized model (same prompt, greedy continuation of MoEX's tokens)
+    # must fail, or the test could not tell a quantized checkpoint from the original.
+    plain = mixtral_ref.load_model(model, torch.float64)
+    rows = mixtral_ref.forward(plain, ids + t_ours)[0].numpy()
+    rows = rows[: a.shape[0]]
+    unq = float(np.abs(a - rows).max() / np.abs(rows).max())
+    print(f"against the unquantized model: {unq:.3e} (must exceed the tolerance {args.tol})")
+    if not unq > args.tol:
+        failures.append(f"the unquantized model is within {args.tol} too ({unq:.3e}): the test cannot fail")
+    for f in failures:
+        print("FAIL:", f)
+    print(f"{3 - len(failures)} passed, {len(failures)} failed")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
