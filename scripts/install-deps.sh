@@ -3,7 +3,8 @@
 set -euo pipefail
 pkgs=(cmake g++ make pkg-config libgtest-dev libgmock-dev libbenchmark-dev libopenmpi-dev openmpi-bin
       nlohmann-json3-dev libcli11-dev libsentencepiece-dev python3-torch python3-numpy gnuplot-nox clang
-      libclang-rt-14-dev libcpp-httplib-dev)
+      libclang-rt-14-dev
+      libcpp-httplib-dev python3-jinja2 python3-prometheus-client)
 # tests/serve drive `moex serve` with the official `openai` npm package: Node and npm from Debian when the
 # machine has no node of its own.
 command -v node > /dev/null && command -v npm > /dev/null || pkgs+=(nodejs npm)

@@ -124,6 +124,9 @@ def main():
         ("unknown_flag", "--bogus", ["logits", "--model", good, "--ids", "1", "--out", "x.npy", "--bogus"]),
         ("bad_router_fusion", "valid: none, topk_softmax, full", ["logits", "--model", good, "--ids", "1", "--out", "x.npy", "--router-fusion", "fast"]),
         ("bad_top_p", "--top-p", ["generate", "--model", good, "--prompt", "hi", "--top-p", "1.5"]),
+        ("bench_serve_bad_url", "expected http://HOST:PORT", ["bench", "serve", "--url", "localhost:8000"]),
+        ("bench_serve_concurrency", "--concurrency", ["bench", "serve", "--concurrency", "0"]),
+        ("bench_serve_unreachable", "initial test request failed", ["bench", "serve", "--url", "http://127.0.0.1:1", "--num-requests", "2"]),
         ("unknown_command", "frobnicate", ["frobnicate"]),
         # config.json: only exact integers within range, finite positive floats (nlohmann would truncate 1.9
         # to 1, read true as 1 and wrap 4294967808 to 512).

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "moex/base/error.h"
+#include "moex/runtime/chat_template.h"
 
 // Exported by libsentencepiece (0.1.9x) but not declared in its public headers: silences the trainer's
 // INFO log, which would otherwise print a few hundred lines per gen-model.
@@ -366,6 +367,7 @@ std::string llama_tokenizer_config_json(int model_max_length) {
       {"added_tokens_decoder", {{"0", special("<unk>")}, {"1", special("<s>")}, {"2", special("</s>")}}},
       {"additional_special_tokens", json::array()},
       {"bos_token", "<s>"},
+      {"chat_template", kMixtralChatTemplate},  // the template Mixtral-8x7B-Instruct ships (runtime/chat_template.h)
       {"clean_up_tokenization_spaces", false},
       {"eos_token", "</s>"},
       {"legacy", true},

@@ -26,7 +26,8 @@ std::string builtin_english_corpus();
 // tokenizer.model byte-identical everywhere (gen-model trains it while the weights are generated).
 TrainedTokenizer train_builtin_tokenizer(int max_vocab_size);
 
-// tokenizer_config.json for a LlamaTokenizer (what Mixtral ships): bos/eos/unk, add_bos_token true.
+// tokenizer_config.json for a LlamaTokenizer (what Mixtral ships): bos/eos/unk, add_bos_token true, and
+// Mixtral-8x7B-Instruct's chat_template.
 std::string llama_tokenizer_config_json(int model_max_length);
 
 }  // namespace moex
