@@ -106,6 +106,47 @@ TEST(ServeEngine, ConcurrentRequestsGetTheTokensOfEachAlone) {
   EXPECT_EQ(engine.metrics().generation_tokens.load(), static_cast<int64_t>(prompts.size()) * max_tokens);
 }
 
+// Penalties reach the sampler with the request's own output so far: the served tokens equal a plain loop
+// (prefill, then decode) that samples each step with a Sampler of the same options and its TokenCounts.
+TEST(ServeEngine, PenaltiesSeeTheRequestsOwnOutput) {
+  const std::vector<int> prompt = {1, 40, 41, 42, 43, 44, 45, 46, 47, 48};
+  SamplerOptions so;
+  so.presence_penalty = 1.5f;
+  so.frequency_penalty = 2.0f;  // greedy (temperature 0) on penalised logits
+  const int steps = 16;
+  std::vector<int32_t> want;
+  {
+    MixtralModel model(tiny_model_dir(), model_options());
+    const int V = model.config().vocab_size;
+    KvBlockManager kv = make_block_manager(model);
+    std::vector<float> logits(V);
+    prefill(model, kv, 0, prompt, logits.data());
+    Sampler sampler(so);
+    TokenCounts counts;
+    for (int s = 0; s < steps; ++s) {
+      const int32_t token = sampler.sample(logits.data(), V, &counts), position = static_cast<int32_t>(prompt.size()) + s;
+      counts.add(token);
+      want.push_back(token);
+      if (s + 1 < steps) decode_step(model, kv, {0}, &token, &position, logits.data());
+    }
+  }
+  MixtralModel model(tiny_model_dir(), model_options());
+  EngineOptions eo;
+  eo.max_num_seqs = 4;
+  eo.max_batch_tokens = 32;
+  eo.max_model_len = 128;
+  Engine engine(model, eo);
+  GenerationRequest r;
+  r.prompt.assign(prompt.begin(), prompt.end());
+  r.max_tokens = steps;
+  r.ignore_eos = true;
+  r.sampler = so;
+  auto stream = engine.submit(r);
+  ASSERT_TRUE(stream);
+  std::string reason;
+  EXPECT_EQ(collect(*stream, &reason), want);
+}
+
 TEST(ServeEngine, CancelledRequestFreesItsBlocksAndOthersGoOn) {
   MixtralModel model(tiny_model_dir(), model_options());
   EngineOptions eo;

@@ -53,6 +53,10 @@ TEST(ServeOpenAI, ParsesACompletionRequest) {
   const ApiRequest ids = parse_request(R"({"prompt": [1, 5, 9]})", false, tiny_tokenizer(), "tiny", 64);
   EXPECT_EQ(ids.generation.prompt, (std::vector<int32_t>{1, 5, 9}));
   EXPECT_EQ(ids.generation.max_tokens, 16);
+  const ApiRequest pen = parse_request(R"({"prompt": "x", "presence_penalty": 0.5, "frequency_penalty": -1.5})", false,
+                                       tiny_tokenizer(), "tiny", 64);
+  EXPECT_EQ(pen.generation.sampler.presence_penalty, 0.5f);
+  EXPECT_EQ(pen.generation.sampler.frequency_penalty, -1.5f);
 }
 
 TEST(ServeOpenAI, ChatPromptIsMixtralsInstFormat) {
@@ -86,6 +90,8 @@ TEST(ServeOpenAI, RefusesBadRequestsNamingTheField) {
   EXPECT_EQ(refused(R"({"prompt": "x", "n": 2})").param, "n");
   EXPECT_EQ(refused(R"({"prompt": "x", "frobnicate": true})").param, "frobnicate");
   EXPECT_EQ(refused(R"({"prompt": "x", "logprobs": 2})").param, "logprobs");
+  EXPECT_EQ(refused(R"({"prompt": "x", "presence_penalty": 2.5})").param, "presence_penalty");
+  EXPECT_EQ(refused(R"({"prompt": "x", "frequency_penalty": "lots"})").param, "frequency_penalty");
   EXPECT_EQ(refused(R"({"prompt": "x", "stream_options": {"include_usage": true}})").param, "stream_options");
   EXPECT_EQ(refused(R"({"prompt": 5})").param, "prompt");
   EXPECT_EQ(refused(R"({"prompt": []})").param, "prompt");

@@ -173,7 +173,7 @@ void Engine::step() {
       --in_flight_;
       continue;
     }
-    Active a{p.stream, Sampler(p.request.sampler), max_tokens, p.request.ignore_eos};
+    Active a{p.stream, Sampler(p.request.sampler), {}, max_tokens, p.request.ignore_eos};
     a.arrival = p.arrival;
     active_.emplace(p.id, std::move(a));
   }
@@ -233,7 +233,9 @@ void Engine::step() {
   size_t r = 0;
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     if (!plan.seqs[i].sample) continue;
-    sampled_[i] = active_.at(plan.seqs[i].id).sampler.sample(logits_.data() + r * vocab, vocab);
+    Active& a = active_.at(plan.seqs[i].id);
+    sampled_[i] = a.sampler.sample(logits_.data() + r * vocab, vocab, &a.generated);
+    a.generated.add(sampled_[i]);
     ++r;
   }
   scheduler_.complete(plan, sampled_.data());

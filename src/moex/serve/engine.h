@@ -95,6 +95,7 @@ class Engine {
   struct Active {
     std::shared_ptr<RequestStream> stream;
     Sampler sampler;
+    TokenCounts generated;  // what the presence / frequency penalties look at
     int64_t max_tokens = 0;
     bool ignore_eos = false;
     bool seen = false;      // has been in a plan (its cached prefix is known)

@@ -199,8 +199,6 @@ ApiRequest parse_request(const std::string& body, bool chat, const Tokenizer& to
   if (j.contains("logprobs") && !j["logprobs"].is_null() && j["logprobs"] != false)
     bad("logprobs", "'logprobs' is not supported by this server yet");
   if (j.contains("top_logprobs") && !j["top_logprobs"].is_null()) bad("top_logprobs", "'top_logprobs' is not supported yet");
-  for (const char* key : {"presence_penalty", "frequency_penalty"})
-    if (get_number(j, key, 0.0, -2.0, 2.0) != 0.0) bad(key, std::string("'") + key + "' is not supported yet");
   if (j.contains("logit_bias") && !j["logit_bias"].is_null() && !(j["logit_bias"].is_object() && j["logit_bias"].empty()))
     bad("logit_bias", "'logit_bias' is not supported yet");
   if (!chat) {
@@ -263,6 +261,9 @@ ApiRequest parse_request(const std::string& body, bool chat, const Tokenizer& to
     static thread_local std::random_device device;
     s.seed = (static_cast<uint64_t>(device()) << 32) | device();
   }
+  // OpenAI's penalties over the tokens generated so far (runtime/sampler.h).
+  s.presence_penalty = static_cast<float>(get_number(j, "presence_penalty", 0.0, -2.0, 2.0));
+  s.frequency_penalty = static_cast<float>(get_number(j, "frequency_penalty", 0.0, -2.0, 2.0));
   r.generation.ignore_eos = get_bool(j, "ignore_eos", false);
   r.stream = get_bool(j, "stream", false);
   if (j.contains("stream_options") && !j["stream_options"].is_null()) {
