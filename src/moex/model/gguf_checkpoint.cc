@@ -6,6 +6,7 @@
 #include <set>
 
 #include "moex/base/error.h"
+#include "moex/base/system_memory.h"
 #include "moex/model/gguf.h"
 
 namespace moex {
@@ -207,6 +208,17 @@ std::unique_ptr<GgufCheckpoint> load_gguf_checkpoint(const std::string& path) {
   ck->file = std::make_unique<GgufFile>(path);
   const ModelConfig c = gguf_model_config(ck->file->contents(), path);
   const GgufContents& g = ck->file->contents();
+  // Dequantized and widened tensors (and the reordered attn_q / attn_k) become anonymous memory, on every
+  // rank: refused up front with the figures rather than ending in the OOM killer.
+  double owned_bytes = 0;
+  for (const GgufTensorInfo& t : g.tensors) {
+    const bool as_stored = t.type == uint32_t(GgmlType::kF32) || t.type == uint32_t(GgmlType::kBF16);
+    const bool rotary = t.name.find(".attn_q.") != std::string::npos || t.name.find(".attn_k.") != std::string::npos;
+    if (!as_stored) owned_bytes += 4.0 * t.numel();
+    else if (rotary) owned_bytes += static_cast<double>(t.bytes);
+  }
+  check_fits_in_memory(owned_bytes, path + ": its tensors dequantized to f32",
+                       "use an F32 or BF16 GGUF (mapped, not copied), or a machine with more memory");
   Mapper m(*ck, c, path);
   const uint64_t d = c.hidden_size, V = c.vocab_size, I = c.intermediate_size, E = c.num_local_experts;
   const uint64_t q = c.q_dim(), kv = c.kv_dim();
