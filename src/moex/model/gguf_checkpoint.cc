@@ -235,23 +235,18 @@ std::unique_ptr<GgufCheckpoint> load_gguf_checkpoint(const std::string& path) {
     m.put(p + "post_attention_layernorm.weight", m.get(b + "ffn_norm.weight", {d}), 0, 1, {int64_t(d)});
     m.put(p + "block_sparse_moe.gate.weight", m.get(b + "ffn_gate_inp.weight", {d, E}), 0, E, {int64_t(E), int64_t(d)});
     const std::string x = p + "block_sparse_moe.experts.";
-    if (g.tensor(b + "ffn_gate_exps.weight")) {  // one 3-D tensor per projection: [E][rows][cols]
-      const GgufTensorInfo& gate = m.get(b + "ffn_gate_exps.weight", {d, I, E});
-      const GgufTensorInfo& up = m.get(b + "ffn_up_exps.weight", {d, I, E});
-      const GgufTensorInfo& down = m.get(b + "ffn_down_exps.weight", {I, d, E});
-      for (uint64_t e = 0; e < E; ++e) {
-        const std::string y = x + std::to_string(e) + ".";
-        m.put(y + "w1.weight", gate, e * I, I, {int64_t(I), int64_t(d)});
-        m.put(y + "w3.weight", up, e * I, I, {int64_t(I), int64_t(d)});
-        m.put(y + "w2.weight", down, e * d, d, {int64_t(d), int64_t(I)});
-      }
-    } else {  // older files: one 2-D tensor per expert (blk.N.ffn_gate.E.weight)
-      for (uint64_t e = 0; e < E; ++e) {
-        const std::string y = x + std::to_string(e) + ".", s = "." + std::to_string(e) + ".weight";
-        m.put(y + "w1.weight", m.get(b + "ffn_gate" + s, {d, I}), 0, I, {int64_t(I), int64_t(d)});
-        m.put(y + "w3.weight", m.get(b + "ffn_up" + s, {d, I}), 0, I, {int64_t(I), int64_t(d)});
-        m.put(y + "w2.weight", m.get(b + "ffn_down" + s, {I, d}), 0, d, {int64_t(d), int64_t(I)});
-      }
+    if (!g.tensor(b + "ffn_gate_exps.weight") && g.tensor(b + "ffn_gate.0.weight"))
+      fail(path, "stores one tensor per expert (" + b + "ffn_gate.0.weight), the layout of early 2024 llama.cpp: "
+                 "re-convert it with a current llama.cpp, which writes the 3-D " + b + "ffn_gate_exps.weight");
+    // One 3-D tensor per projection, [E][rows][cols]: one view (or dequantized copy) per expert.
+    const GgufTensorInfo& gate = m.get(b + "ffn_gate_exps.weight", {d, I, E});
+    const GgufTensorInfo& up = m.get(b + "ffn_up_exps.weight", {d, I, E});
+    const GgufTensorInfo& down = m.get(b + "ffn_down_exps.weight", {I, d, E});
+    for (uint64_t e = 0; e < E; ++e) {
+      const std::string y = x + std::to_string(e) + ".";
+      m.put(y + "w1.weight", gate, e * I, I, {int64_t(I), int64_t(d)});
+      m.put(y + "w3.weight", up, e * I, I, {int64_t(I), int64_t(d)});
+      m.put(y + "w2.weight", down, e * d, d, {int64_t(d), int64_t(I)});
     }
   }
   m.check_all_used();
