@@ -134,8 +134,7 @@ namespace {
 // Maps GGUF tensors onto HF names; every tensor of the file must be used exactly once.
 class Mapper {
  public:
-  Mapper(GgufCheckpoint& ck, const ModelConfig& c, const std::string& origin)
-      : ck_(ck), g_(ck.file->contents()), c_(c), origin_(origin) {}
+  Mapper(GgufCheckpoint& ck, const std::string& origin) : ck_(ck), g_(ck.file->contents()), origin_(origin) {}
 
   // The GGUF tensor `name` with exactly the dims `ne` (ggml order).
   const GgufTensorInfo& get(const std::string& name, std::vector<uint64_t> ne) {
@@ -196,7 +195,6 @@ class Mapper {
   }
   GgufCheckpoint& ck_;
   const GgufContents& g_;
-  const ModelConfig& c_;
   const std::string& origin_;
   std::set<std::string> used_;
 };
@@ -219,7 +217,7 @@ std::unique_ptr<GgufCheckpoint> load_gguf_checkpoint(const std::string& path) {
   }
   check_fits_in_memory(owned_bytes, path + ": its tensors dequantized to f32",
                        "use an F32 or BF16 GGUF (mapped, not copied), or a machine with more memory");
-  Mapper m(*ck, c, path);
+  Mapper m(*ck, path);
   const uint64_t d = c.hidden_size, V = c.vocab_size, I = c.intermediate_size, E = c.num_local_experts;
   const uint64_t q = c.q_dim(), kv = c.kv_dim();
   m.put("model.embed_tokens.weight", m.get("token_embd.weight", {d, V}), 0, V, {int64_t(V), int64_t(d)});
