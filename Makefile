@@ -43,7 +43,7 @@ FUZZ_BASE = src/moex/base/error.cc src/moex/base/small_file.cc
 FUZZ_SAFETENSORS = src/moex/model/safetensors.cc src/moex/model/safetensors_index.cc src/moex/base/dtype.cc \
   src/moex/base/tensor.cc src/moex/base/mapped_file.cc
 FUZZ_GGUF = src/moex/model/gguf.cc src/moex/model/gguf_checkpoint.cc src/moex/model/config.cc src/moex/base/dtype.cc \
-  src/moex/base/mapped_file.cc
+  src/moex/base/mapped_file.cc src/moex/base/system_memory.cc
 fuzz: deps
 	mkdir -p build-fuzz/corpus-safetensors build-fuzz/corpus-config build-fuzz/corpus-index build-fuzz/corpus-gguf build-fuzz/corpus-tokenizer_json
 	$(FUZZ_CXX) tests/fuzz/safetensors_fuzz.cc $(FUZZ_SAFETENSORS) $(FUZZ_BASE) -o build-fuzz/safetensors_fuzz

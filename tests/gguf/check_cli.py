@@ -52,6 +52,7 @@ def main():
         expect_error(args, cause, *gen, path)
         expect_error(args, cause, "logits", "--ids", "1,2", "--out", os.path.join(w, "x.npy"), "--model", path)
     expect_error(args, "No such file", *gen, os.path.join(w, "missing.gguf"))
+    expect_error(args, "not a GGUF file", *gen, os.path.join(src, "config.json"))  # a file is never a folder
 
     # convert's file safety
     before = os.stat(good)

@@ -19,6 +19,8 @@ each position, its median over the positions against llama.cpp (max against the 
                                   them in numpy (written from the spec and ggml's block definitions,
                                   independently of MoEX's reader), also to 1e-4: what is left is f32 against
                                   the reference's f64 arithmetic (measured ~1.5e-6 for every type).
+Also: llama.cpp's tokenizer on the file's vocabulary gives SentencePiece's ids for the source tokenizer.model;
+MoEX under EP on 2 ranks matches as on one; ranks given different files are one error.
 A wrongly converted file (rotary permutation, block layout, tensor order) moves the log-probabilities by O(1),
 far above every tolerance, and flips the greedy tokens; each check also asserts that the engines agree much
 more closely with each other than the file agrees with the f32 original, so a loose tolerance cannot hide it.
@@ -128,6 +130,22 @@ def main():
         if t in ("q4_0", "q4_K") and not d_llama < d_quant / 4:
             failures.append(f"{t}: the engines differ ({d_llama:.2e}) by more than a quarter of what {t} itself "
                             f"changes ({d_quant:.2e}): they do not read the same weights")
+    # The vocabulary: llama.cpp's tokenizer on the f32 file against SentencePiece (python3-sentencepiece) on the
+    # source's tokenizer.model, on texts with Unicode, whitespace runs, digits and bytes outside the pieces.
+    import sentencepiece
+    sp = sentencepiece.SentencePieceProcessor(model_file=os.path.join(srcs["f32"], "tokenizer.model"))
+    texts = ["Once upon a time, there was a dragon.", "  two  spaces\tand a tab\nnew line", "digits 1234567 and 3.14",
+             "Unicode: héllo wörld, 日本語, emoji 🙂", "Zürich's naïve café", "x"]
+    cmd = ["node", os.path.join(HERE, "llama_eval.mjs"), os.path.join(args.workdir, "model-f32.gguf")]
+    for text in texts:
+        cmd += ["--text", text]
+    got = json.loads(run(cmd, cwd=HERE))["tokenized"]
+    for text, ids_llama in zip(texts, got):
+        if ids_llama != sp.encode(text):
+            failures.append(f"llama.cpp tokenizes {text!r} as {ids_llama}, SentencePiece as {sp.encode(text)}")
+    print(f"tokenizer: llama.cpp and SentencePiece agree on {sum(a == sp.encode(t) for t, a in zip(texts, got))} "
+          f"of {len(texts)} texts")
+
     # Expert parallelism on 2 ranks reads the file as one rank does: against the reference (f32) and llama.cpp
     # (q4_K) with the single-rank tolerances. Ranks given different files are one error before loading.
     mpi = ["mpirun", "--allow-run-as-root", "--oversubscribe"]

@@ -70,7 +70,7 @@ uint64_t comm_bytes(const profile::PhaseReport& phase) {
 void run_sweep(SweepFlags& f) {
   comm::Communicator& world = f.model.world();
   const int n = world.size();
-  const ModelConfig config = load_model_config(f.model.model_dir + "/config.json");
+  const ModelConfig config = load_checkpoint_config(f.model.model_dir);
   struct PlanChoice {
     std::string name, moe, attn;
     int tp, ep;

@@ -320,9 +320,12 @@ GgufFile::GgufFile(const std::string& path) : file_(path) {
 }
 
 bool is_gguf_path(const std::string& model) {
+  // A file cannot be a model folder: any regular file goes to the GGUF reader, whose error then names it.
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(model, ec)) return true;
   const std::string ext = ".gguf";
   return model.size() > ext.size() && model.compare(model.size() - ext.size(), ext.size(), ext) == 0 &&
-         !std::filesystem::is_directory(model);
+         !std::filesystem::is_directory(model, ec);
 }
 
 // ---- Dequantization (ggml's block definitions) ----------------------------------------------------------

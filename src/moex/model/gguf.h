@@ -97,7 +97,8 @@ class GgufFile {
   GgufContents contents_;
 };
 
-// A --model path that names a GGUF file (a regular file ending in .gguf) rather than a folder.
+// A --model path that names a GGUF file rather than a folder: any regular file, or a missing path ending in
+// .gguf (so that its error is the file's, not a folder's).
 bool is_gguf_path(const std::string& model);
 
 // ModelConfig from the GGUF metadata (general.architecture "llama" with llama.expert_count, as llama.cpp

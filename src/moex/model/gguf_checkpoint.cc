@@ -6,6 +6,7 @@
 #include <set>
 
 #include "moex/base/error.h"
+#include "moex/base/system_memory.h"
 #include "moex/model/gguf.h"
 
 namespace moex {
@@ -133,8 +134,7 @@ namespace {
 // Maps GGUF tensors onto HF names; every tensor of the file must be used exactly once.
 class Mapper {
  public:
-  Mapper(GgufCheckpoint& ck, const ModelConfig& c, const std::string& origin)
-      : ck_(ck), g_(ck.file->contents()), c_(c), origin_(origin) {}
+  Mapper(GgufCheckpoint& ck, const std::string& origin) : ck_(ck), g_(ck.file->contents()), origin_(origin) {}
 
   // The GGUF tensor `name` with exactly the dims `ne` (ggml order).
   const GgufTensorInfo& get(const std::string& name, std::vector<uint64_t> ne) {
@@ -195,7 +195,6 @@ class Mapper {
   }
   GgufCheckpoint& ck_;
   const GgufContents& g_;
-  const ModelConfig& c_;
   const std::string& origin_;
   std::set<std::string> used_;
 };
@@ -207,7 +206,18 @@ std::unique_ptr<GgufCheckpoint> load_gguf_checkpoint(const std::string& path) {
   ck->file = std::make_unique<GgufFile>(path);
   const ModelConfig c = gguf_model_config(ck->file->contents(), path);
   const GgufContents& g = ck->file->contents();
-  Mapper m(*ck, c, path);
+  // Dequantized and widened tensors (and the reordered attn_q / attn_k) become anonymous memory, on every
+  // rank: refused up front with the figures rather than ending in the OOM killer.
+  double owned_bytes = 0;
+  for (const GgufTensorInfo& t : g.tensors) {
+    const bool as_stored = t.type == uint32_t(GgmlType::kF32) || t.type == uint32_t(GgmlType::kBF16);
+    const bool rotary = t.name.find(".attn_q.") != std::string::npos || t.name.find(".attn_k.") != std::string::npos;
+    if (!as_stored) owned_bytes += 4.0 * t.numel();
+    else if (rotary) owned_bytes += static_cast<double>(t.bytes);
+  }
+  check_fits_in_memory(owned_bytes, path + ": its tensors dequantized to f32",
+                       "use an F32 or BF16 GGUF (mapped, not copied), or a machine with more memory");
+  Mapper m(*ck, path);
   const uint64_t d = c.hidden_size, V = c.vocab_size, I = c.intermediate_size, E = c.num_local_experts;
   const uint64_t q = c.q_dim(), kv = c.kv_dim();
   m.put("model.embed_tokens.weight", m.get("token_embd.weight", {d, V}), 0, V, {int64_t(V), int64_t(d)});
@@ -223,23 +233,18 @@ std::unique_ptr<GgufCheckpoint> load_gguf_checkpoint(const std::string& path) {
     m.put(p + "post_attention_layernorm.weight", m.get(b + "ffn_norm.weight", {d}), 0, 1, {int64_t(d)});
     m.put(p + "block_sparse_moe.gate.weight", m.get(b + "ffn_gate_inp.weight", {d, E}), 0, E, {int64_t(E), int64_t(d)});
     const std::string x = p + "block_sparse_moe.experts.";
-    if (g.tensor(b + "ffn_gate_exps.weight")) {  // one 3-D tensor per projection: [E][rows][cols]
-      const GgufTensorInfo& gate = m.get(b + "ffn_gate_exps.weight", {d, I, E});
-      const GgufTensorInfo& up = m.get(b + "ffn_up_exps.weight", {d, I, E});
-      const GgufTensorInfo& down = m.get(b + "ffn_down_exps.weight", {I, d, E});
-      for (uint64_t e = 0; e < E; ++e) {
-        const std::string y = x + std::to_string(e) + ".";
-        m.put(y + "w1.weight", gate, e * I, I, {int64_t(I), int64_t(d)});
-        m.put(y + "w3.weight", up, e * I, I, {int64_t(I), int64_t(d)});
-        m.put(y + "w2.weight", down, e * d, d, {int64_t(d), int64_t(I)});
-      }
-    } else {  // older files: one 2-D tensor per expert (blk.N.ffn_gate.E.weight)
-      for (uint64_t e = 0; e < E; ++e) {
-        const std::string y = x + std::to_string(e) + ".", s = "." + std::to_string(e) + ".weight";
-        m.put(y + "w1.weight", m.get(b + "ffn_gate" + s, {d, I}), 0, I, {int64_t(I), int64_t(d)});
-        m.put(y + "w3.weight", m.get(b + "ffn_up" + s, {d, I}), 0, I, {int64_t(I), int64_t(d)});
-        m.put(y + "w2.weight", m.get(b + "ffn_down" + s, {I, d}), 0, d, {int64_t(d), int64_t(I)});
-      }
+    if (!g.tensor(b + "ffn_gate_exps.weight") && g.tensor(b + "ffn_gate.0.weight"))
+      fail(path, "stores one tensor per expert (" + b + "ffn_gate.0.weight), the layout of early 2024 llama.cpp: "
+                 "re-convert it with a current llama.cpp, which writes the 3-D " + b + "ffn_gate_exps.weight");
+    // One 3-D tensor per projection, [E][rows][cols]: one view (or dequantized copy) per expert.
+    const GgufTensorInfo& gate = m.get(b + "ffn_gate_exps.weight", {d, I, E});
+    const GgufTensorInfo& up = m.get(b + "ffn_up_exps.weight", {d, I, E});
+    const GgufTensorInfo& down = m.get(b + "ffn_down_exps.weight", {I, d, E});
+    for (uint64_t e = 0; e < E; ++e) {
+      const std::string y = x + std::to_string(e) + ".";
+      m.put(y + "w1.weight", gate, e * I, I, {int64_t(I), int64_t(d)});
+      m.put(y + "w3.weight", up, e * I, I, {int64_t(I), int64_t(d)});
+      m.put(y + "w2.weight", down, e * d, d, {int64_t(d), int64_t(I)});
     }
   }
   m.check_all_used();
