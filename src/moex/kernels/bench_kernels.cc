@@ -41,6 +41,8 @@ double median_call_seconds(int repeats, double sample_ms, bool cpu_clock, const 
   return samples[samples.size() / 2];
 }
 
+}  // namespace
+
 double read_bandwidth(size_t bytes, int repeats, bool cpu_clock) {
   void* buffer = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   MOEX_CHECK(buffer != MAP_FAILED, "cannot map ", bytes, " bytes for the read probe");
@@ -50,6 +52,8 @@ double read_bandwidth(size_t bytes, int repeats, bool cpu_clock) {
   ::munmap(buffer, bytes);
   return static_cast<double>(bytes) / seconds;
 }
+
+namespace {
 
 QuantizedMatrix make_weights(const FormatSpec& spec, int64_t rows, int64_t cols, uint32_t seed) {
   std::mt19937 rng(seed);
