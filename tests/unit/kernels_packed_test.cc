@@ -519,6 +519,30 @@ TEST(BenchKernels, OneRowPerFormatKernelAndTokenCountWithConsistentRates) {
 }
 
 #ifdef MOEX_BINARY
+// The MoE-layer rows: the fused pass and the expert-by-expert calls on the same 8 experts, bytes of the
+// experts that got a token (T = 1: two; T = 3: six), FLOPs of 2 choices per token.
+TEST(BenchKernels, MoeRowsCountTheExpertsTheTokensReach) {
+  kernels::KernelBenchOptions o;
+  o.hidden = 64;
+  o.intermediate = 96;
+  o.tokens = {1, 3};
+  o.formats = {"bf16"};
+  o.kernels = {"moe", "moe_unfused"};
+  o.repeats = 1;
+  o.sample_ms = 0;
+  o.roofline_mb = 4;
+  const kernels::KernelBenchReport r = kernels::bench_kernels(o);
+  ASSERT_EQ(r.rows.size(), 4u);
+  EXPECT_EQ(r.rows[0].kernel, "moe");
+  EXPECT_EQ(r.rows[2].kernel, "moe_unfused");
+  for (const auto& row : r.rows) {
+    EXPECT_EQ(row.flops, 2.0 * 2 * row.tokens * 3 * 64 * 96) << row.kernel;
+    EXPECT_GT(row.seconds, 0) << row.kernel;
+  }
+  EXPECT_DOUBLE_EQ(r.rows[1].weight_bytes, 3 * r.rows[0].weight_bytes);
+  EXPECT_DOUBLE_EQ(r.rows[2].weight_bytes, r.rows[0].weight_bytes);
+}
+
 TEST(BenchKernels, CommandPrintsJsonAndRejectsAnUnknownFormat) {
   const std::string moex = MOEX_BINARY;
   const std::string base = moex + " bench kernels --hidden 64 --intermediate 32 --tokens 2 --repeats 1 --roofline-mb 4";
