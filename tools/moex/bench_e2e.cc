@@ -17,6 +17,8 @@
 #include "moex/kernels/bench_kernels.h"
 #include "moex/kernels/probe.h"
 #include "moex/model/mixtral.h"
+#include "moex/runtime/generation.h"
+#include "tools/lib/synthetic.h"
 #include "tools/moex/bench.h"
 #include "tools/moex/model_flags.h"
 
@@ -106,7 +108,7 @@ std::vector<Row> bench_format(const E2EFlags& f, const std::string& weights) {
   if (weights != "int4") mf.group_size_option = nullptr;  // --group-size is int4's
   int max_batch = 1;
   for (int b : f.batches) max_batch = std::max(max_batch, b);
-  mf.max_seq_len = std::max({f.prompt_tokens, f.generate_tokens, f.batch_steps}) + 1;
+  mf.max_seq_len = std::max({f.prompt_tokens, f.generate_tokens, f.batch_steps}) + 2;
   mf.max_step_tokens = std::max(f.prompt_tokens, max_batch);
   const std::unique_ptr<MixtralModel> model = mf.load(max_batch);
   const ModelConfig& c = model->config();
@@ -116,30 +118,13 @@ std::vector<Row> bench_format(const E2EFlags& f, const std::string& weights) {
   // Dense bytes per token: everything but the experts (attention, router, norms, lm_head, one embedding row).
   const double dense_bytes = static_cast<double>(model->weight_bytes_per_token()) - expert_bytes_per_token(*model);
   const TimingOptions timing{.repeats = f.repeats, .cpu_clock = f.cpu_clock};
-  std::vector<float> logits(static_cast<size_t>(max_batch) * c.vocab_size);
-  std::vector<int32_t> tokens, slots, positions, logit_rows;
-  const auto step = [&](int batch, int length, int position) {  // `batch` sequences of `length` tokens each
-    tokens.resize(batch * length);
-    slots.resize(batch * length);
-    positions.resize(batch * length);
-    logit_rows.resize(batch);
-    for (int b = 0; b < batch; ++b) {
-      for (int i = 0; i < length; ++i) {
-        const int t = b * length + i;
-        tokens[t] = static_cast<int32_t>((7919 * (t + 1) + 104729 * position) % c.vocab_size);
-        slots[t] = b;
-        positions[t] = position + i;
-      }
-      logit_rows[b] = b * length + length - 1;
-    }
-    StepInput s;
-    s.tokens = tokens.data();
-    s.seq_slots = slots.data();
-    s.positions = positions.data();
-    s.num_tokens = static_cast<int64_t>(batch) * length;
-    s.logit_rows = logit_rows.data();
-    s.num_logit_rows = batch;
-    model->forward(s, logits.data());
+  // Through generate(), the loop every command runs: its prefill of a prompt is one forward call of up to
+  // --step-tokens tokens, each decode step one call with a token of every live sequence.
+  const auto run = [&](int batch, int prompt_len, int new_tokens) {
+    GenerationOptions options;
+    options.max_new_tokens = new_tokens;
+    options.stop_at_eos = false;
+    generate(*model, synthetic_prompts(batch, prompt_len, c.vocab_size), options);
   };
   std::vector<Row> rows;
   const auto add = [&](const std::string& test, int batch, int units_tokens, double seconds, double bytes,
@@ -156,30 +141,29 @@ std::vector<Row> bench_format(const E2EFlags& f, const std::string& weights) {
     r.probes = probes;
     rows.push_back(r);
   };
-  if (f.prompt_tokens > 0) {
+  if (f.prompt_tokens > 0) {  // the prompt's forward call (its one new token is sampled from that call)
     const int n = f.prompt_tokens;
-    const double seconds = measure_median(timing, [&] { step(1, n, 0); }).seconds;
+    const double seconds = measure_median(timing, [&] { run(1, n, 1); }).seconds;
     // Every expert a token chose is read once; attention over n / 2 positions on average; one lm_head row.
-    const double bytes = dense_bytes + expert_bytes_read(*model);
     const double flops = n * flops_per_token(c, (n - 1) / 2.0, false) + 2.0 * c.vocab_size * c.hidden_size;
-    add("pp" + std::to_string(n), 1, n, seconds, bytes, flops);
+    add("pp" + std::to_string(n), 1, n, seconds, dense_bytes + expert_bytes_read(*model), flops);
   }
-  if (f.generate_tokens > 0) {
+  if (f.generate_tokens > 0) {  // a 1-token prompt, then n - 1 decode steps: n calls of one token
     const int n = f.generate_tokens;
-    const double seconds = measure_median(timing, [&] {
-                             for (int i = 0; i < n; ++i) step(1, 1, i);
-                           }).seconds / n;
+    const double seconds = measure_median(timing, [&] { run(1, 1, n); }).seconds / n;
     add("tg" + std::to_string(n), 1, 1, seconds, static_cast<double>(model->weight_bytes_per_token()),
         flops_per_token(c, (n - 1) / 2.0, true));
   }
   for (int batch : f.batches) {
+    // B one-token prompts (one call each), then n decode steps of B tokens: the steps' time is the run with n
+    // steps less the run with none, both medians of the same conditions.
     const int n = f.batch_steps;
-    const double seconds = measure_median(timing, [&] {
-                             for (int i = 0; i < n; ++i) step(batch, 1, i);
-                           }).seconds / n;
-    // The last step's distinct experts per layer: what one step reads of them.
+    const double prompts_only = measure_median(timing, [&] { run(batch, 1, 1); }).seconds;
+    const double with_steps = measure_median(timing, [&] { run(batch, 1, n + 1); }).seconds;
+    const double seconds = std::max(with_steps - prompts_only, 1e-9) / n;
+    // The last call was a decode step of the batch: its distinct experts per layer are what a step reads.
     add("decode b" + std::to_string(batch), batch, batch, seconds, dense_bytes + expert_bytes_read(*model),
-        batch * flops_per_token(c, (n - 1) / 2.0, true));
+        batch * flops_per_token(c, n / 2.0, true));
   }
   return rows;
 }
