@@ -8,6 +8,8 @@ dequantized weights are returned in float64 for the reference's float64 forward 
   bf16   w rounded to bf16 (round-half-even); activations rounded to bf16 before each product
   int8   per output row: scale = absmax / 127, q = clamp(rne(w * (127 / absmax)), -127, 127), w' = q * scale;
          activations f32 (weight-only)
+  int8-w8a8  weights as int8; activations per token (row): scale = absmax / 127, q = clamp(rne(x * (127 / absmax)),
+         -127, 127), x' = q * scale (vpdpbusd sums the codes exactly)
   int4   per output row and group of G input columns, symmetric: the range includes 0, scale = max(-lo, hi) / 7,
          q = clamp(rne(w / scale) + 8, 0, 15), w' = (q - 8) * scale; activations rounded to bf16
   fp8    per 128x128 block: scale = absmax / 448, w' = e4m3(w / scale) * scale (e4m3: round-half-even to
@@ -16,7 +18,7 @@ dequantized weights are returned in float64 for the reference's float64 forward 
 import numpy as np
 import torch
 
-FORMATS = ("bf16", "int8", "int4", "fp8")
+FORMATS = ("bf16", "int8", "int8-w8a8", "int4", "fp8")
 
 
 def round_bf16(x):
@@ -37,6 +39,16 @@ def int8_rows(w):
     q = torch.clamp(torch.round(w * inv), -127, 127)  # torch.round: half to even
     scale = absmax / torch.tensor(127.0, dtype=torch.float32)
     return q.double() * scale.double()
+
+
+def int8_tokens(x):
+    """W8A8's activations: each row (token) quantized to s8 codes with its own scale, in x's dtype."""
+    x32 = _f32(x)
+    absmax = x32.abs().amax(dim=-1, keepdim=True)
+    inv = torch.where(absmax > 0, torch.tensor(127.0, dtype=torch.float32) / absmax, torch.zeros_like(absmax))
+    q = torch.clamp(torch.round(x32 * inv), -127, 127)
+    scale = absmax / torch.tensor(127.0, dtype=torch.float32)
+    return (q.double() * scale.double()).to(x.dtype)
 
 
 def int4_groups(w, group):
@@ -84,7 +96,7 @@ def dequantize(w, fmt, group=128):
     """Expert weight w [out, in] as MoEX holds it under --weights fmt, float64."""
     if fmt == "bf16":
         return round_bf16(_f32(w)).double()
-    if fmt == "int8":
+    if fmt in ("int8", "int8-w8a8"):
         return int8_rows(w)
     if fmt == "int4":
         return int4_groups(w, group)
@@ -97,6 +109,8 @@ def activation_rounding(fmt):
     """What the format's kernels do to their input activations (gate/up's x and down's h)."""
     if fmt in ("bf16", "int4"):
         return round_bf16
+    if fmt == "int8-w8a8":
+        return int8_tokens
     return lambda x: x
 
 

@@ -19,6 +19,7 @@
 #include "moex/base/cpu.h"
 #include "moex/base/dtype.h"
 #include "moex/base/error.h"
+#include "moex/base/threads.h"
 #include "moex/kernels/bench_kernels.h"
 #include "moex/kernels/packed.h"
 #include "moex/kernels/probe.h"
@@ -226,6 +227,73 @@ TEST_P(PackedMatmulTest, FusedGateUpAndRoutedDownMatchTheReference) {
       for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], out_ref[i], tol_out[i]) << what << " out " << i;
     }
   }
+  set_use_x86_kernels(true);
+}
+
+// The fused MoE pass (one parallel region for every expert) against the same kernels run expert by expert,
+// which it must equal bit for bit (same panels, same sums, experts added in order), on 1 and 2 threads; and
+// against the scalar reference. Experts with 0, 1, a few and prefill-many rows, tokens shared between
+// experts (their outputs add into the same rows), a ragged I.
+TEST_P(PackedMatmulTest, FusedExpertsEqualTheExpertByExpertKernels) {
+  const FormatCase f = GetParam();
+  const int64_t hidden = 70, inter = 45, out_total = 20;
+  const std::vector<int64_t> rows_per_expert = {3, 0, 1, 19, 2};
+  const int experts = static_cast<int>(rows_per_expert.size());
+  std::vector<QuantizedMatrix> q1, q3, q2;
+  std::vector<kernels::PackedWeights> p13, p2;
+  for (int e = 0; e < experts; ++e) {
+    q1.push_back(quantize(f, random_floats(inter * hidden, 100 + e), inter, hidden));
+    q3.push_back(quantize(f, random_floats(inter * hidden, 200 + e), inter, hidden));
+    q2.push_back(quantize(f, random_floats(hidden * inter, 300 + e), hidden, inter));
+    p13.push_back(kernels::pack_gate_up(q1[e], q3[e]));
+    p2.push_back(kernels::pack(q2[e]));
+  }
+  int64_t total = 0;
+  for (int64_t r : rows_per_expert) total += r;
+  const std::vector<float> x = random_floats(total * hidden, 31), route = random_floats(total, 32),
+                           base = random_floats(out_total * hidden, 33);
+  std::vector<int32_t> out_rows(total);
+  for (int e = 0, row = 0; e < experts; ++e)  // distinct within an expert, shared across experts
+    for (int64_t r = 0; r < rows_per_expert[e]; ++r, ++row) out_rows[row] = static_cast<int32_t>((r * 7 + e) % out_total);
+
+  // The reference: natural-layout oracles, expert by expert.
+  std::vector<float> out_ref = base, h_ref(total * inter);
+  for (int e = 0, row = 0; e < experts; row += rows_per_expert[e], ++e) {
+    kernels::ref::expert_gate_up(x.data() + row * hidden, rows_per_expert[e], q1[e], q3[e], h_ref.data() + row * inter);
+    kernels::ref::expert_down_accumulate(h_ref.data() + row * inter, rows_per_expert[e], q2[e], route.data() + row,
+                                         out_rows.data() + row, out_ref.data(), hidden);
+  }
+  double scale = 0;
+  for (float v : out_ref) scale = std::max(scale, double(std::fabs(v)));
+
+  const int threads_before = num_threads();
+  for (bool x86 : {false, true}) {
+    if (x86 && kernels::kernel_isa(f.format, cpu_features(), true) == Isa::kScalar) continue;
+    set_use_x86_kernels(x86);
+    for (int threads : {1, 2}) {
+      set_num_threads(threads);
+      const std::string what = f.name() + (x86 ? " x86" : " scalar") + " threads " + std::to_string(threads);
+      std::vector<float> expected = base, h_one(total * inter);
+      for (int e = 0, row = 0; e < experts; row += rows_per_expert[e], ++e) {
+        if (rows_per_expert[e] == 0) continue;
+        kernels::expert_gate_up(x.data() + row * hidden, rows_per_expert[e], p13[e], h_one.data() + row * inter);
+        kernels::expert_down_accumulate(h_one.data() + row * inter, rows_per_expert[e], p2[e], route.data() + row,
+                                        out_rows.data() + row, expected.data(), hidden);
+      }
+      std::vector<float> out = base, h(total * inter, -1.0f);
+      std::vector<kernels::ExpertRows> args(experts);
+      for (int e = 0, row = 0; e < experts; row += rows_per_expert[e], ++e)
+        args[e] = {&p13[e], &p2[e], x.data() + row * hidden, rows_per_expert[e], h.data() + row * inter,
+                   route.data() + row, out_rows.data() + row};
+      kernels::fused_experts(args.data(), experts, out.data(), hidden);
+      for (size_t i = 0; i < h.size(); ++i) ASSERT_EQ(h[i], h_one[i]) << what << " h " << i;
+      for (size_t i = 0; i < out.size(); ++i) {
+        ASSERT_EQ(out[i], expected[i]) << what << " out " << i;
+        ASSERT_NEAR(out[i], out_ref[i], 1e-4 * scale) << what << " out " << i << " against the reference";
+      }
+    }
+  }
+  set_num_threads(threads_before);
   set_use_x86_kernels(true);
 }
 
@@ -451,6 +519,30 @@ TEST(BenchKernels, OneRowPerFormatKernelAndTokenCountWithConsistentRates) {
 }
 
 #ifdef MOEX_BINARY
+// The MoE-layer rows: the fused pass and the expert-by-expert calls on the same 8 experts, bytes of the
+// experts that got a token (T = 1: two; T = 3: six), FLOPs of 2 choices per token.
+TEST(BenchKernels, MoeRowsCountTheExpertsTheTokensReach) {
+  kernels::KernelBenchOptions o;
+  o.hidden = 64;
+  o.intermediate = 96;
+  o.tokens = {1, 3};
+  o.formats = {"bf16"};
+  o.kernels = {"moe", "moe_unfused"};
+  o.repeats = 1;
+  o.sample_ms = 0;
+  o.roofline_mb = 4;
+  const kernels::KernelBenchReport r = kernels::bench_kernels(o);
+  ASSERT_EQ(r.rows.size(), 4u);
+  EXPECT_EQ(r.rows[0].kernel, "moe");
+  EXPECT_EQ(r.rows[2].kernel, "moe_unfused");
+  for (const auto& row : r.rows) {
+    EXPECT_EQ(row.flops, 2.0 * 2 * row.tokens * 3 * 64 * 96) << row.kernel;
+    EXPECT_GT(row.seconds, 0) << row.kernel;
+  }
+  EXPECT_DOUBLE_EQ(r.rows[1].weight_bytes, 3 * r.rows[0].weight_bytes);
+  EXPECT_DOUBLE_EQ(r.rows[2].weight_bytes, r.rows[0].weight_bytes);
+}
+
 TEST(BenchKernels, CommandPrintsJsonAndRejectsAnUnknownFormat) {
   const std::string moex = MOEX_BINARY;
   const std::string base = moex + " bench kernels --hidden 64 --intermediate 32 --tokens 2 --repeats 1 --roofline-mb 4";

@@ -67,10 +67,11 @@ void ModelFlags::add_to(CLI::App* cmd) {
   cmd->add_flag("--check-weights", check_weights,
                 "Read every weight once and refuse a checkpoint holding NaN or infinity, naming the tensor");
   cmd->add_option("--weights", weights,
-                  "Expert weights: as-stored (checkpoint dtype, f32 activations) | bf16 | int8 (weight-only) | int4 "
+                  "Expert weights: as-stored (checkpoint dtype, f32 activations) | bf16 | int8 (weight-only) | int8-w8a8 "
+                  "(int8 activations per token) | int4 "
                   "(symmetric, per --group-size) | fp8 (e4m3, 128x128 blocks): quantized and packed once at load")
       ->capture_default_str()
-      ->check(CLI::IsMember({"as-stored", "bf16", "int8", "int4", "fp8"}));
+      ->check(CLI::IsMember({"as-stored", "bf16", "int8", "int8-w8a8", "int4", "fp8"}));
   cmd->add_option("--dense-weights", dense_weights,
                   "Attention projections and lm_head: as-stored | bf16 | int8 | int4 | fp8, as --weights (the router "
                   "and the norms stay as stored)")
@@ -94,9 +95,10 @@ static ExpertWeightFormat weight_format_from_flag(const std::string& weights, in
   f.group = group_size;
   if (weights == "bf16") f.format = kernels::WeightFormat::kBF16;
   else if (weights == "int8") f.format = kernels::WeightFormat::kInt8;
+  else if (weights == "int8-w8a8") f.format = kernels::WeightFormat::kInt8W8A8;
   else if (weights == "int4") f.format = kernels::WeightFormat::kInt4;
   else if (weights == "fp8") f.format = kernels::WeightFormat::kFP8E4M3;
-  else MOEX_CHECK_INPUT(weights == "as-stored", "--weights ", weights, ": use as-stored, bf16, int8, int4 or fp8");
+  else MOEX_CHECK_INPUT(weights == "as-stored", "--weights ", weights, ": use as-stored, bf16, int8, int8-w8a8, int4 or fp8");
   return f;
 }
 

@@ -41,6 +41,8 @@ double median_call_seconds(int repeats, double sample_ms, bool cpu_clock, const 
   return samples[samples.size() / 2];
 }
 
+}  // namespace
+
 double read_bandwidth(size_t bytes, int repeats, bool cpu_clock) {
   void* buffer = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   MOEX_CHECK(buffer != MAP_FAILED, "cannot map ", bytes, " bytes for the read probe");
@@ -50,6 +52,8 @@ double read_bandwidth(size_t bytes, int repeats, bool cpu_clock) {
   ::munmap(buffer, bytes);
   return static_cast<double>(bytes) / seconds;
 }
+
+namespace {
 
 QuantizedMatrix make_weights(const FormatSpec& spec, int64_t rows, int64_t cols, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -97,10 +101,85 @@ FormatSpec parse_format_spec(const std::string& name) {
                                             "' (choose bf16, int8, int8-w8a8, int4-g32|g64|g128[-asym], fp8-e4m3)");
 }
 
+namespace {
+
+// A whole MoE layer's expert stage: kMoEExperts experts, token t routed to experts t % E and (t + 3) % E (at
+// T = 1: two experts, one row each), through fused_experts (one parallel region) or expert by expert
+// (expert_gate_up + expert_down_accumulate per expert: two regions each). Bytes: the experts with rows.
+constexpr int kMoEExperts = 8;
+void bench_moe(const KernelBenchOptions& o, const FormatSpec& spec, const std::string& format_name, bool fused,
+               KernelBenchReport& report, const std::vector<float>& x_source) {
+  const int64_t H = o.hidden, I = o.intermediate;
+  std::vector<PackedWeights> w13, w2;
+  for (int e = 0; e < kMoEExperts; ++e) {
+    w13.push_back(pack_gate_up(make_weights(spec, I, H, 10 + e), make_weights(spec, I, H, 20 + e)));
+    w2.push_back(pack(make_weights(spec, H, I, 30 + e)));
+  }
+  for (int64_t T : o.tokens) {
+    // Plan: rows grouped by expert, each row's token; x rows gathered.
+    std::vector<std::vector<int32_t>> tokens_of(kMoEExperts);
+    for (int64_t t = 0; t < T; ++t) {
+      tokens_of[t % kMoEExperts].push_back(static_cast<int32_t>(t));
+      tokens_of[(t + 3) % kMoEExperts].push_back(static_cast<int32_t>(t));
+    }
+    const int64_t rows = 2 * T;
+    std::vector<float> x(rows * H), h(rows * I), out(T * H), route(rows);  // [rows, H], [rows, I], [T, H]
+    std::vector<int32_t> out_rows(rows);
+    std::vector<ExpertRows> args(kMoEExperts);
+    double bytes = 0;
+    for (int e = 0, row = 0; e < kMoEExperts; ++e) {
+      const int64_t n = static_cast<int64_t>(tokens_of[e].size());
+      for (int64_t r = 0; r < n; ++r) {
+        for (int64_t i = 0; i < H; ++i) x[(row + r) * H + i] = x_source[(tokens_of[e][r] * H + i) % x_source.size()];
+        out_rows[row + r] = tokens_of[e][r];
+        route[row + r] = 0.5f;
+      }
+      args[e] = {&w13[e], &w2[e], x.data() + row * H, n, h.data() + row * I, route.data() + row, out_rows.data() + row};
+      if (n > 0) bytes += static_cast<double>(w13[e].weight_bytes() + w2[e].weight_bytes());
+      row += static_cast<int>(n);
+    }
+    const double seconds = median_call_seconds(o.repeats, o.sample_ms, o.cpu_clock, [&] {
+      if (fused) {
+        fused_experts(args.data(), kMoEExperts, out.data(), H);
+        return;
+      }
+      for (const ExpertRows& a : args) {
+        if (a.rows == 0) continue;
+        expert_gate_up(a.x, a.rows, *a.w13, a.h);
+        expert_down_accumulate(a.h, a.rows, *a.w2, a.route_weights, a.out_rows, out.data(), H);
+      }
+    });
+    KernelBenchRow r;
+    r.kernel = fused ? "moe" : "moe_unfused";
+    r.format = format_name;
+    r.isa = std::string(isa_name(kernel_isa(spec.format)));
+    r.tokens = T;
+    r.rows = I;
+    r.cols = H;
+    r.seconds = seconds;
+    r.weight_bytes = bytes;
+    r.flops = 2.0 * rows * 3.0 * H * I;
+    r.gb_per_s = bytes / seconds / 1e9;
+    r.gflops = r.flops / seconds / 1e9;
+    r.pct_read_roofline = 100.0 * bytes / seconds / report.read_bytes_per_s;
+    const Isa isa = kernel_isa(spec.format);
+    const double peak = isa == Isa::kAvx512Bf16 ? report.bf16_peak.per_second
+                        : isa == Isa::kAvx512Vnni ? report.vnni_peak.per_second
+                        : isa == Isa::kAvx512     ? report.fma_peak.per_second
+                                                  : 0.0;
+    r.pct_compute_peak = peak > 0 ? 100.0 * r.flops / seconds / peak : 0.0;
+    r.pct_roofline = 100.0 * std::max(bytes / report.read_bytes_per_s, peak > 0 ? r.flops / peak : 0.0) / seconds;
+    report.rows.push_back(r);
+  }
+}
+
+}  // namespace
+
 KernelBenchReport bench_kernels(const KernelBenchOptions& o) {
   MOEX_CHECK_INPUT(o.hidden > 0 && o.intermediate > 0, "hidden and intermediate sizes must be > 0");
   for (const std::string& k : o.kernels)
-    MOEX_CHECK_INPUT(k == "w1" || k == "gate_up" || k == "down", "unknown kernel '", k, "' (choose w1, gate_up, down)");
+    MOEX_CHECK_INPUT(k == "w1" || k == "gate_up" || k == "down" || k == "moe" || k == "moe_unfused", "unknown kernel '",
+                     k, "' (choose w1, gate_up, down, moe, moe_unfused)");
   std::vector<FormatSpec> specs;
   for (const std::string& f : o.formats) specs.push_back(parse_format_spec(f));
   int64_t max_tokens = 1;
@@ -134,6 +213,10 @@ KernelBenchReport bench_kernels(const KernelBenchOptions& o) {
     const FormatSpec& spec = specs[s];
     const QuantizedMatrix w1 = make_weights(spec, I, H, 1), w3 = make_weights(spec, I, H, 3), w2 = make_weights(spec, H, I, 2);
     for (const std::string& kernel : o.kernels) {
+      if (kernel == "moe" || kernel == "moe_unfused") {
+        bench_moe(o, spec, o.formats[s], kernel == "moe", report, x);
+        continue;
+      }
       const PackedWeights packed = kernel == "gate_up" ? pack_gate_up(w1, w3) : pack(kernel == "down" ? w2 : w1);
       const int64_t copies = std::max<int64_t>(1, static_cast<int64_t>(std::ceil(double(o.cycle_mb << 20) / packed.weight_bytes())));
       std::vector<PackedWeights> cycle;

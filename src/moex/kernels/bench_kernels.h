@@ -51,5 +51,7 @@ struct FormatSpec {
 // Parses "bf16", "int8", "int8-w8a8", "int4-g32|g64|g128[-asym]", "fp8-e4m3"; throws an input error otherwise.
 FormatSpec parse_format_spec(const std::string& name);
 KernelBenchReport bench_kernels(const KernelBenchOptions& options);
+// Read bandwidth (bytes/s): stream_read over a buffer of `bytes`, median of `repeats` passes after a warm-up.
+double read_bandwidth(size_t bytes, int repeats, bool cpu_clock);
 
 }  // namespace moex::kernels

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "moex/base/cpu.h"
 #include "moex/base/dtype.h"
 
 namespace moex::kernels {
@@ -71,6 +72,16 @@ void softmax(float* x, int64_t n) {
 void attention_one_token(const float* q, const float* k_cache, const float* v_cache, int64_t heads,
                          int64_t kv_heads, int64_t head_dim, int64_t max_seq, int64_t length, float* out,
                          float* scratch) {
+  if (use_x86_kernels() && head_dim <= 128 && length > 0) {
+    x86::attention_one_token_avx512(q, k_cache, v_cache, heads, kv_heads, head_dim, max_seq, length, out, scratch);
+    return;
+  }
+  attention_one_token_scalar(q, k_cache, v_cache, heads, kv_heads, head_dim, max_seq, length, out, scratch);
+}
+
+void attention_one_token_scalar(const float* q, const float* k_cache, const float* v_cache, int64_t heads,
+                                int64_t kv_heads, int64_t head_dim, int64_t max_seq, int64_t length, float* out,
+                                float* scratch) {
   const int64_t group = heads / kv_heads;
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   for (int64_t h = 0; h < heads; ++h) {

@@ -27,5 +27,16 @@ void softmax(float* x, int64_t n);
 void attention_one_token(const float* q, const float* k_cache, const float* v_cache, int64_t heads,
                          int64_t kv_heads, int64_t head_dim, int64_t max_seq, int64_t length, float* out,
                          float* scratch);
+// The scalar loop attention_one_token runs without AVX-512 (MOEX_ISA=ref) or with head_dim > 128.
+void attention_one_token_scalar(const float* q, const float* k_cache, const float* v_cache, int64_t heads,
+                                int64_t kv_heads, int64_t head_dim, int64_t max_seq, int64_t length, float* out,
+                                float* scratch);
+
+namespace x86 {
+// AVX-512 (x86/attention_avx512.cc); head_dim <= 128.
+void attention_one_token_avx512(const float* q, const float* k_cache, const float* v_cache, int64_t heads,
+                                int64_t kv_heads, int64_t head_dim, int64_t max_seq, int64_t length, float* out,
+                                float* scratch);
+}  // namespace x86
 
 }  // namespace moex::kernels

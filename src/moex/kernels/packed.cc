@@ -402,11 +402,8 @@ void for_panel_chunks(int64_t panels, Fn&& fn) {
   for (int64_t i = 0; i < chunks; ++i) fn(i * chunk, std::min(panels, (i + 1) * chunk));
 }
 
-// Per call, on the calling thread; the panel workers read them. [T][k_padded]
-thread_local std::vector<uint16_t> g_act_bf16;
-thread_local std::vector<uint8_t> g_act_u8;
-thread_local std::vector<float> g_act_f32;
-thread_local std::vector<float> g_token_scales;
+thread_local std::vector<float> g_act_f32;  // run_scalar: [T][K] x as the kernels round it
+thread_local std::vector<float> g_token_scales;  // run_scalar: [T]
 
 void run_scalar(const float* x, int64_t tokens, const PackedWeights& w, const x86::Epilogue& e) {
   const int64_t K = w.cols;
@@ -447,77 +444,114 @@ void run_scalar(const float* x, int64_t tokens, const PackedWeights& w, const x8
   });
 }
 
+// Activations as one ISA's kernel reads them: converted row by row (so callers may split rows across threads,
+// or convert the rows of several experts in one loop) and bound to a PanelJob from any first row.
+struct Activations {
+  std::vector<uint16_t> bf16;  // kAvx512Bf16 / kAmx: [T][k_padded]
+  std::vector<uint8_t> u8;     // kAvx512Vnni: [T][k_padded] q + 128
+  std::vector<float> f32;      // kAvx512 int4: [T][K] rounded to bf16
+  std::vector<float> extra;    // kAvx512Vnni: [T] token scales; int4 on kAvx512Bf16: [T][groups] group sums
+
+  void size_for(Isa isa, const PackedWeights& w, int64_t tokens) {
+    const size_t kp = w.k_padded, groups = w.group ? (w.cols + w.group - 1) / w.group : 1;
+    switch (isa) {
+      case Isa::kAmx:
+      case Isa::kAvx512Bf16:
+        if (bf16.size() < tokens * kp) bf16.resize(tokens * kp);
+        if (w.format == WeightFormat::kInt4 && extra.size() < tokens * groups) extra.resize(tokens * groups);
+        break;
+      case Isa::kAvx512Vnni:
+        if (u8.size() < tokens * kp) u8.resize(tokens * kp);
+        if (extra.size() < static_cast<size_t>(tokens)) extra.resize(tokens);
+        break;
+      case Isa::kAvx512:
+        if (w.format == WeightFormat::kInt4 && f32.size() < static_cast<size_t>(tokens * w.cols)) f32.resize(tokens * w.cols);
+        break;
+      case Isa::kScalar: break;
+    }
+  }
+  // Row x [K] into row t.
+  void convert(Isa isa, const PackedWeights& w, const float* x, int64_t t) {
+    const int64_t K = w.cols, kp = w.k_padded;
+    switch (isa) {
+      case Isa::kAmx:
+      case Isa::kAvx512Bf16: {
+        uint16_t* row = bf16.data() + t * kp;
+        x86::round_row_bf16_avx512bf16(x, K, kp, row);
+        if (w.format != WeightFormat::kInt4) break;
+        // int4: the kernel multiplies the activations by q + 16 (the codes as bf16, a masked OR) and takes
+        // (zero + 16) * scale * (sum of the group's activations) back off.
+        const int64_t groups = (K + w.group - 1) / w.group;
+        for (int64_t g = 0; g < groups; ++g) {
+          float sum = 0.0f;
+          for (int64_t k = g * w.group; k < std::min(K, (g + 1) * w.group); ++k) sum += bf16_to_f32(row[k]);
+          extra[t * groups + g] = sum;
+        }
+        break;
+      }
+      case Isa::kAvx512Vnni: extra[t] = x86::quantize_row_u8_avx512(x, K, kp, u8.data() + t * kp); break;
+      case Isa::kAvx512:  // int4's activations are bf16 values on every path; int8 and fp8 read x as it is
+        if (w.format == WeightFormat::kInt4)
+          for (int64_t k = 0; k < K; ++k) f32[t * K + k] = bf16_to_f32(f32_to_bf16(x[k]));
+        break;
+      case Isa::kScalar: break;
+    }
+  }
+  // The job reads `tokens` converted rows from row t0 (x: the unconverted rows, for kAvx512 int8/fp8).
+  void bind(Isa isa, const PackedWeights& w, const float* x, int64_t t0, x86::PanelJob& job) const {
+    const int64_t kp = w.k_padded, groups = w.group ? (w.cols + w.group - 1) / w.group : 1;
+    switch (isa) {
+      case Isa::kAmx:
+      case Isa::kAvx512Bf16:
+        job.activations = bf16.data() + t0 * kp;
+        if (w.format == WeightFormat::kInt4) job.group_sums = extra.data() + t0 * groups;
+        break;
+      case Isa::kAvx512Vnni:
+        job.activations = u8.data() + t0 * kp;
+        job.token_scales = extra.data() + t0;
+        break;
+      case Isa::kAvx512: job.activations = w.format == WeightFormat::kInt4 ? f32.data() + t0 * w.cols : x; break;
+      case Isa::kScalar: break;
+    }
+  }
+};
+
+// Panels [begin, end) of one job on an x86 ISA.
+void run_panel_range(Isa isa, const PackedWeights& w, const x86::PanelJob& job, int64_t begin, int64_t end) {
+  switch (isa) {
+    case Isa::kAmx: x86::run_panels_bf16_amx(job, begin, end); break;
+    case Isa::kAvx512Bf16:
+      if (w.format == WeightFormat::kBF16) x86::run_panels_bf16_avx512bf16(job, begin, end);
+      else x86::run_panels_int4_avx512bf16(job, begin, end);
+      break;
+    case Isa::kAvx512Vnni: x86::run_panels_w8a8_avx512vnni(job, begin, end); break;
+    case Isa::kAvx512: x86::run_panels_weight_only_avx512(job, begin, end); break;
+    case Isa::kScalar: MOEX_CHECK(false, "the scalar path has no panel jobs");
+  }
+}
+
+// Per call, on the calling thread; the panel workers read them through the job.
+thread_local Activations g_act;
+
 void run(const float* x, int64_t tokens, const PackedWeights& w, const x86::Epilogue& e, Isa isa) {
   if (tokens <= 0 || w.rows == 0) return;
   if (isa == Isa::kScalar) {
     run_scalar(x, tokens, w, e);
     return;
   }
+  if (isa == Isa::kAmx) MOEX_CHECK(request_amx_permission(), "Linux refused this process the AMX tile state");
+  const int64_t K = w.cols;
+  Activations& act = g_act;  // a name, not the thread_local, reaches the workers
+  act.size_for(isa, w, tokens);
+  parallel_for(tokens, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) act.convert(isa, w, x + t * K, t);
+  });
   x86::PanelJob job;
   job.tokens = tokens;
   job.w = &w;
   job.epilogue = e;
-  const int64_t K = w.cols, kp = w.k_padded;
-  switch (isa) {
-    case Isa::kAmx:
-    case Isa::kAvx512Bf16: {
-      g_act_bf16.resize(tokens * kp);
-      uint16_t* act = g_act_bf16.data();  // [T][k_padded]; a name, not the thread_local, reaches the workers
-      parallel_for(tokens, 1, [&](int64_t begin, int64_t end) {
-        for (int64_t t = begin; t < end; ++t) x86::round_row_bf16_avx512bf16(x + t * K, K, kp, act + t * kp);
-      });
-      job.activations = act;
-      if (isa == Isa::kAmx) {
-        MOEX_CHECK(request_amx_permission(), "Linux refused this process the AMX tile state");
-        for_panel_chunks(w.panels, [&](int64_t b, int64_t e) { x86::run_panels_bf16_amx(job, b, e); });
-        break;
-      }
-      if (w.format == WeightFormat::kBF16) {
-        for_panel_chunks(w.panels, [&](int64_t b, int64_t e) { x86::run_panels_bf16_avx512bf16(job, b, e); });
-        break;
-      }
-      // int4: the kernel multiplies the activations by q + 16 (the codes as bf16, a masked OR) and takes
-      // (zero + 16) * scale * (sum of the group's activations) back off.
-      const int64_t groups = (K + w.group - 1) / w.group;
-      g_token_scales.resize(tokens * groups);
-      float* sums = g_token_scales.data();  // [T][groups]
-      parallel_for(tokens, 1, [&](int64_t begin, int64_t end) {
-        for (int64_t t = begin; t < end; ++t)
-          for (int64_t g = 0; g < groups; ++g) {
-            float sum = 0.0f;
-            for (int64_t k = g * w.group; k < std::min(K, (g + 1) * w.group); ++k) sum += bf16_to_f32(act[t * kp + k]);
-            sums[t * groups + g] = sum;
-          }
-      });
-      job.group_sums = sums;
-      for_panel_chunks(w.panels, [&](int64_t b, int64_t e) { x86::run_panels_int4_avx512bf16(job, b, e); });
-      break;
-    }
-    case Isa::kAvx512Vnni: {
-      g_act_u8.resize(tokens * kp);
-      g_token_scales.resize(tokens);
-      uint8_t* act = g_act_u8.data();          // [T][k_padded]
-      float* scales = g_token_scales.data();  // [T]
-      parallel_for(tokens, 1, [&](int64_t begin, int64_t end) {
-        for (int64_t t = begin; t < end; ++t) scales[t] = x86::quantize_row_u8_avx512(x + t * K, K, kp, act + t * kp);
-      });
-      job.activations = act;
-      job.token_scales = scales;
-      for_panel_chunks(w.panels, [&](int64_t b, int64_t e) { x86::run_panels_w8a8_avx512vnni(job, b, e); });
-      break;
-    }
-    case Isa::kAvx512:
-      job.activations = x;
-      if (w.format == WeightFormat::kInt4) {  // the format's activations are bf16 values on every path
-        g_act_f32.resize(tokens * K);
-        float* rounded = g_act_f32.data();  // [T][K]
-        for (int64_t i = 0; i < tokens * K; ++i) rounded[i] = bf16_to_f32(f32_to_bf16(x[i]));
-        job.activations = rounded;
-      }
-      for_panel_chunks(w.panels, [&](int64_t b, int64_t e) { x86::run_panels_weight_only_avx512(job, b, e); });
-      break;
-    default: MOEX_CHECK(false, "no kernel for ", isa_name(isa));
-  }
+  act.bind(isa, w, x, 0, job);
+  for_panel_chunks(w.panels, [&](int64_t b, int64_t end) { run_panel_range(isa, w, job, b, end); });
 }
 
 }  // namespace
@@ -562,6 +596,135 @@ void expert_down_accumulate(const float* h, int64_t tokens, const PackedWeights&
   e.route_weights = route_weights;
   e.out_rows = out_rows;
   run(h, tokens, w2, e, kernel_isa(w2.format));
+}
+
+namespace {
+
+// The fused pass's bookkeeping, reused call after call (sized up, never down): nothing allocates per step.
+struct FusedPlan {
+  Activations up, down;                 // x rows for w13, h rows for w2: [R] rows, all experts in order
+  std::vector<int64_t> first_row;       // [count] expert's first row in the activations
+  std::vector<int32_t> row_expert;      // [R] the expert of each row
+  struct Item {
+    int32_t expert;
+    int64_t begin, end;  // w13 panels
+  };
+  std::vector<Item> up_items;
+};
+thread_local FusedPlan g_fused;
+
+// A panel's streaming from DRAM costs about as much as this many rows' dot products on it (mini's bf16
+// w13 panel, 128 KB: ~8 us to stream at one core's share of the bandwidth, ~0.6 us per row on vdpbf16ps).
+constexpr int64_t kStreamRows = 12;
+
+}  // namespace
+
+void fused_experts(const ExpertRows* experts, int count, float* out, int64_t out_stride) {
+  const ExpertRows* first = nullptr;
+  int64_t total_rows = 0;
+  for (int e = 0; e < count; ++e) {
+    const ExpertRows& x = experts[e];
+    if (x.rows == 0) continue;
+    MOEX_CHECK(x.rows > 0 && x.w13 && x.w2 && x.w13->gate_up && !x.w2->gate_up && x.x && x.h && x.route_weights &&
+                   x.out_rows, "fused_experts: expert ", e, " is incomplete");
+    if (!first) first = &x;
+    MOEX_CHECK(x.w13->format == first->w13->format && x.w2->format == first->w13->format &&
+                   x.w13->rows == first->w13->rows && x.w13->cols == first->w13->cols &&
+                   x.w2->rows == first->w2->rows && x.w2->cols == x.w13->rows && x.w13->group == first->w13->group &&
+                   x.w2->group == first->w2->group,
+               "fused_experts: the experts differ in format or shape");
+    total_rows += x.rows;
+  }
+  if (!first) return;
+  MOEX_CHECK(out_stride >= first->w2->rows, "fused_experts: out_stride ", out_stride, " < ", first->w2->rows);
+  const PackedWeights &w13 = *first->w13, &w2 = *first->w2;
+  const Isa isa = kernel_isa(w13.format);
+  if (isa == Isa::kScalar) {
+    for (int e = 0; e < count; ++e) {
+      const ExpertRows& x = experts[e];
+      if (x.rows == 0) continue;
+      expert_gate_up(x.x, x.rows, *x.w13, x.h);
+      expert_down_accumulate(x.h, x.rows, *x.w2, x.route_weights, x.out_rows, out, out_stride);
+    }
+    return;
+  }
+  if (isa == Isa::kAmx) MOEX_CHECK(request_amx_permission(), "Linux refused this process the AMX tile state");
+  FusedPlan& plan = g_fused;  // names, not the thread_local, reach the threads
+  plan.up.size_for(isa, w13, total_rows);
+  plan.down.size_for(isa, w2, total_rows);
+  plan.first_row.resize(count);
+  plan.row_expert.resize(total_rows);
+  const int threads = num_threads();
+  // Work items of about equal cost, a few per thread; experts with the most rows first (the longest items
+  // start first under the dynamic schedule).
+  int64_t total_cost = 0;
+  for (int e = 0, row = 0; e < count; ++e) {
+    plan.first_row[e] = row;
+    for (int64_t r = 0; r < experts[e].rows; ++r) plan.row_expert[row + r] = e;
+    row += experts[e].rows;
+    if (experts[e].rows) total_cost += (experts[e].rows + kStreamRows) * w13.panels;
+  }
+  const int64_t target = std::max<int64_t>(1, total_cost / (threads * 4));
+  plan.up_items.clear();
+  for (int e = 0; e < count; ++e) {
+    if (experts[e].rows == 0) continue;
+    const int64_t per_panel = experts[e].rows + kStreamRows;
+    const int64_t chunk = std::clamp<int64_t>((target + per_panel / 2) / per_panel, 1, w13.panels);
+    for (int64_t p = 0; p < w13.panels; p += chunk)
+      plan.up_items.push_back({e, p, std::min(w13.panels, p + chunk)});
+  }
+  std::stable_sort(plan.up_items.begin(), plan.up_items.end(), [&](const FusedPlan::Item& a, const FusedPlan::Item& b) {
+    return (a.end - a.begin) * (experts[a.expert].rows + kStreamRows) > (b.end - b.begin) * (experts[b.expert].rows + kStreamRows);
+  });
+  const int64_t up_items = static_cast<int64_t>(plan.up_items.size());
+  const int64_t down_chunk = std::max<int64_t>(1, w2.panels / (threads * 4));
+  const int64_t down_items = (w2.panels + down_chunk - 1) / down_chunk;
+  const int64_t hidden = w13.cols, inter = w13.rows;
+  const auto job_for = [&](const PackedWeights& w, const Activations& act, const float* x, int e) {
+    x86::PanelJob job;
+    job.tokens = experts[e].rows;
+    job.w = &w;
+    act.bind(isa, w, x, plan.first_row[e], job);
+    return job;
+  };
+#pragma omp parallel num_threads(threads)
+  {
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < total_rows; ++r) {
+      const int e = plan.row_expert[r];
+      plan.up.convert(isa, w13, experts[e].x + (r - plan.first_row[e]) * hidden, r);
+    }
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < up_items; ++i) {
+      const FusedPlan::Item& item = plan.up_items[i];
+      const ExpertRows& x = experts[item.expert];
+      x86::PanelJob job = job_for(*x.w13, plan.up, x.x, item.expert);
+      job.epilogue.kind = x86::Epilogue::kSiluMul;
+      job.epilogue.y = x.h;
+      job.epilogue.ld_y = inter;
+      run_panel_range(isa, *x.w13, job, item.begin, item.end);
+    }
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < total_rows; ++r) {
+      const int e = plan.row_expert[r];
+      plan.down.convert(isa, w2, experts[e].h + (r - plan.first_row[e]) * inter, r);
+    }
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < down_items; ++i) {
+      const int64_t begin = i * down_chunk, end = std::min(w2.panels, begin + down_chunk);
+      for (int e = 0; e < count; ++e) {  // expert order: the same sum as expert_down_accumulate one by one
+        const ExpertRows& x = experts[e];
+        if (x.rows == 0) continue;
+        x86::PanelJob job = job_for(*x.w2, plan.down, x.h, e);
+        job.epilogue.kind = x86::Epilogue::kRoutedAccumulate;
+        job.epilogue.y = out;
+        job.epilogue.ld_y = out_stride;
+        job.epilogue.route_weights = x.route_weights;
+        job.epilogue.out_rows = x.out_rows;
+        run_panel_range(isa, *x.w2, job, begin, end);
+      }
+    }
+  }
 }
 
 }  // namespace moex::kernels

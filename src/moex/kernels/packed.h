@@ -107,6 +107,28 @@ void expert_gate_up(const float* x, int64_t tokens, const PackedWeights& w13, fl
 void expert_down_accumulate(const float* h, int64_t tokens, const PackedWeights& w2, const float* route_weights,
                             const int32_t* out_rows, float* out, int64_t out_stride);
 
+// One expert's rows in a fused MoE pass (fused_experts). Every pointer is the caller's; h is scratch.
+struct ExpertRows {
+  const PackedWeights* w13 = nullptr;    // pack_gate_up(w1, w3): I outputs over hidden
+  const PackedWeights* w2 = nullptr;     // hidden outputs over I
+  const float* x = nullptr;              // [rows, hidden] the expert's gathered tokens
+  int64_t rows = 0;                      // 0: the expert is skipped
+  float* h = nullptr;                    // [rows, I] written: silu(x w1^T) * (x w3^T)
+  const float* route_weights = nullptr;  // [rows] each row's routing weight
+  const int32_t* out_rows = nullptr;     // [rows] each row's row of out (distinct within one expert)
+};
+// The expert stage of a MoE layer in ONE parallel region, the same code for one token and for a prompt:
+//   1. every expert's x rows converted for its kernel (bf16 rounding, W8A8 quantization, int4 group sums);
+//   2. gate_up: work items (expert, run of w13 panels), sized by cost ~ (rows + a streaming floor) x panel
+//      bytes so each thread gets a few of about equal cost, taken dynamically;
+//   3. every h row converted for w2's kernel;
+//   4. down + combine: work items are runs of w2 panels (output columns); each runs every expert in order
+//      and adds route_weights[r] * (h w2^T)[r] into out[out_rows[r]], so no two threads write one element
+//      and the sum over experts is in expert order (bitwise what expert_down_accumulate expert by expert gives).
+// A barrier between the phases, no fork/join per expert. All experts share one format and shape. Without an
+// x86 kernel (MOEX_ISA=ref) the scalar path runs expert_gate_up + expert_down_accumulate expert by expert.
+void fused_experts(const ExpertRows* experts, int count, float* out, int64_t out_stride);
+
 // Which code runs a format. Decided from the CPU (and MOEX_ISA=ref) only; never an ISA the CPU lacks.
 enum class Isa : uint8_t { kScalar, kAvx512, kAvx512Bf16, kAvx512Vnni, kAmx };
 std::string_view isa_name(Isa isa);

@@ -56,6 +56,7 @@ MoELayer::MoELayer(const MoELayerShape& shape, const ParallelPlan& plan, comm::C
   act_.resize(T * k * I);
   expert_out_.resize(T * k * d);
   row_weights_.resize(T * k);
+  row_out_.resize(T * k);
   if (!plan.single()) partial_ = static_cast<float*>(comm->alloc_registered(T * d * sizeof(float)));
   if (plan.overlap) column_chunk_.resize(k * d);
   if (plan.comm_dtype == comm::CommDType::kBF16) bf16_buffer_.resize(T * d);
@@ -83,138 +84,145 @@ void MoELayer::forward(int layer, const MoELayerWeights& w, const float* x, int6
   profile::add_tokens_per_expert(layer, batcher_.stats().tokens_per_expert.data(), shape_.experts);
 }
 
+void MoELayer::route(int layer, const MoELayerWeights& w, const float* x, int64_t tokens) {
+  MOEX_ZONE_LAYER(kRouter, layer);
+  router_.route(x, tokens, w.gate, expert_ids_.data(), expert_weights_.data(), w.gate_bias);
+}
+
+void MoELayer::experts(int layer, const MoELayerWeights& w, const float* x_rows, const int64_t* begin,
+                       const float* row_weights, const int32_t* out_rows, float* out) {
+  const int64_t d = shape_.hidden, I = shape_.intermediate_local;
+  const int count = w.experts.count;
+  MOEX_ZONE_LAYER(kExperts, layer);
+  if (!w.packed.empty()) {
+    expert_rows_.resize(count);
+    for (int le = 0; le < count; ++le) {
+      kernels::ExpertRows& e = expert_rows_[le];
+      e.w13 = &w.packed[le].w13;
+      e.w2 = &w.packed[le].w2;
+      e.x = x_rows + begin[le] * d;
+      e.rows = begin[le + 1] - begin[le];
+      e.h = act_.data() + begin[le] * I;
+      e.route_weights = row_weights + begin[le];
+      e.out_rows = out_rows + begin[le];
+    }
+    kernels::fused_experts(expert_rows_.data(), count, out, d);
+    return;
+  }
+  // As stored: each matmul is its own parallel region over the expert's weights, f32 activations (exact).
+  for (int le = 0; le < count; ++le) {
+    const int64_t b = begin[le], rows = begin[le + 1] - b;
+    if (rows == 0) continue;
+    expert_up(w.local[le], x_rows + b * d, rows, act_.data() + b * I, hidden_up_.data());
+    kernels::matmul(act_.data() + b * I, rows, w.local[le].w2, expert_out_.data() + b * d);  // [rows, d]
+  }
+  const int64_t rows = begin[count];
+  for (int64_t r = 0; r < rows; ++r) {  // rows in expert order: each output row sums its experts in that order
+    const float weight = row_weights[r], *src = expert_out_.data() + r * d;
+    float* y = out + int64_t{out_rows[r]} * d;
+    for (int64_t i = 0; i < d; ++i) y[i] += weight * src[i];
+  }
+}
+
 // Tokens are the same on every rank: each computes its experts (or expert slices) for all of them, and
 // one all-reduce per layer sums the shares. Single rank: the same path with no reduction.
 void MoELayer::forward_replicated(int layer, const MoELayerWeights& w, const float* x, int64_t tokens,
                                   float* residual) {
-  const int64_t d = shape_.hidden, I = shape_.intermediate_local;
-  const int k = shape_.top_k;
-  {
-    MOEX_ZONE_LAYER(kRouter, layer);
-    router_.route(x, tokens, w.gate, expert_ids_.data(), expert_weights_.data(), w.gate_bias);
-  }
+  const int64_t d = shape_.hidden;
+  const int k = shape_.top_k, first = w.experts.first, count = w.experts.count;
+  route(layer, w, x, tokens);
   const auto& offsets = batcher_.expert_offsets();
-  const int first = w.experts.first, last = w.experts.first + w.experts.count;
   int64_t row_begin = 0, row_end = 0;
-  {
+  {  // plan + gather: only the rows of this rank's experts, with each row's routing weight and token
     MOEX_ZONE_LAYER(kDispatch, layer);
     batcher_.plan(expert_ids_.data(), tokens);
     row_begin = offsets[first];
-    row_end = offsets[last];
+    row_end = offsets[first + count];
     const auto& row_token = batcher_.row_token();
-    for (int64_t r = row_begin; r < row_end; ++r)  // only the rows of this rank's experts
+    const auto& row_choice = batcher_.row_choice();
+    local_begin_.resize(count + 1);
+    for (int le = 0; le <= count; ++le) local_begin_[le] = offsets[first + le] - row_begin;
+    for (int64_t r = row_begin; r < row_end; ++r) {
       std::memcpy(gathered_.data() + (r - row_begin) * d, x + int64_t{row_token[r]} * d, d * sizeof(float));
+      row_weights_[r - row_begin] = expert_weights_[int64_t{row_token[r]} * k + row_choice[r]];
+    }
   }
-  const bool packed = !w.packed.empty();
-  if (!packed) {
+  const int32_t* out_rows = batcher_.row_token().data() + row_begin;
+  if (plan_.single()) {
+    experts(layer, w, gathered_.data(), local_begin_.data(), row_weights_.data(), out_rows, residual);
+    return;
+  }
+  float* partial = partial_;  // [T, d] this rank's share
+  const bool overlap = plan_.overlap && plan_.comm_dtype != comm::CommDType::kBF16;
+  MOEX_CHECK(!(overlap && !w.packed.empty()), "--overlap with packed expert weights is refused when the model is built");
+  if (!overlap) {
+    std::fill(partial, partial + tokens * d, 0.0f);
+    experts(layer, w, gathered_.data(), local_begin_.data(), row_weights_.data(), out_rows, partial);
+    MOEX_ZONE_LAYER(kAllReduce, layer);
+    comm::allreduce_f32(*comm_, partial, static_cast<size_t>(tokens * d), plan_.comm_dtype, bf16_buffer_);
+  } else {
+    experts_overlapped(layer, w, tokens, row_begin, row_end, partial);
+  }
+  for (int64_t i = 0; i < tokens * d; ++i) residual[i] += partial[i];
+  last_bytes_sent_ = static_cast<uint64_t>(tokens * d) * comm::wire_bytes(comm::wire_format_for(plan_.comm_dtype), 1);
+}
+
+void MoELayer::experts_overlapped(int layer, const MoELayerWeights& w, int64_t tokens, int64_t row_begin,
+                                  int64_t row_end, float* partial) {
+  const int64_t d = shape_.hidden, I = shape_.intermediate_local;
+  const int first = w.experts.first, last = w.experts.first + w.experts.count;
+  const auto& offsets = batcher_.expert_offsets();
+  const auto& row_token = batcher_.row_token();
+  {
     MOEX_ZONE_LAYER(kExperts, layer);
     for (int e = first; e < last; ++e) {
       const int64_t begin = offsets[e] - row_begin, rows = offsets[e + 1] - offsets[e];
       expert_up(w.local[e - first], gathered_.data() + begin * d, rows, act_.data() + begin * I, hidden_up_.data());
     }
   }
-  const auto& assignment_row = batcher_.assignment_row();
   // w2 and the weighted combine for tokens [t0, t1) or output columns [c0, c1) (one token: split d).
-  const auto down_and_combine = [&](int64_t t0, int64_t t1, int64_t c0, int64_t c1, float* out, bool accumulate) {
-    {
-      MOEX_ZONE_LAYER(kExperts, layer);
-      for (int e = first; e < last; ++e) {
-        // Rows of an expert are in token order, so tokens [t0, t1) are one contiguous run of its rows.
-        const auto& row_token = batcher_.row_token();
-        int64_t r0 = offsets[e], r1 = offsets[e + 1];
-        while (r0 < r1 && row_token[r0] < t0) ++r0;
-        int64_t r_end = r0;
-        while (r_end < r1 && row_token[r_end] < t1) ++r_end;
-        if (r_end == r0) continue;
-        const TensorView w2 = c0 == 0 && c1 == d ? w.local[e - first].w2 : w.local[e - first].w2.rows(c0, c1);
-        if (c0 == 0 && c1 == d) {
-          kernels::matmul(act_.data() + (r0 - row_begin) * I, r_end - r0, w2, expert_out_.data() + (r0 - row_begin) * d);
-        } else {  // single token: columns [c0, c1) of its rows' outputs
-          std::vector<float>& tmp = column_chunk_;
-          kernels::matmul(act_.data() + (r0 - row_begin) * I, r_end - r0, w2, tmp.data());
-          for (int64_t r = r0; r < r_end; ++r)
-            std::memcpy(expert_out_.data() + (r - row_begin) * d + c0, tmp.data() + (r - r0) * (c1 - c0),
-                        (c1 - c0) * sizeof(float));
-        }
-      }
-    }
-    MOEX_ZONE_LAYER(kCombine, layer);
-    for (int64_t t = t0; t < t1; ++t) {
-      float* y = out + t * d;
-      if (!accumulate) std::fill(y + c0, y + c1, 0.0f);
-      for (int j = 0; j < k; ++j) {
-        const int32_t row = assignment_row[t * k + j];
-        if (row < row_begin || row >= row_end) continue;  // dropped, or another rank's expert
-        const float weight = expert_weights_[t * k + j];
-        const float* src = expert_out_.data() + (row - row_begin) * d;
-        for (int64_t i = c0; i < c1; ++i) y[i] += weight * src[i];
+  const auto down_and_combine = [&](int64_t t0, int64_t t1, int64_t c0, int64_t c1) {
+    MOEX_ZONE_LAYER(kExperts, layer);
+    for (int64_t t = t0; t < t1; ++t) std::fill(partial + t * d + c0, partial + t * d + c1, 0.0f);
+    for (int e = first; e < last; ++e) {
+      // Rows of an expert are in token order, so tokens [t0, t1) are one contiguous run of its rows.
+      int64_t r0 = offsets[e], r1 = offsets[e + 1];
+      while (r0 < r1 && row_token[r0] < t0) ++r0;
+      int64_t r_end = r0;
+      while (r_end < r1 && row_token[r_end] < t1) ++r_end;
+      if (r_end == r0) continue;
+      const TensorView w2 = c0 == 0 && c1 == d ? w.local[e - first].w2 : w.local[e - first].w2.rows(c0, c1);
+      // [rows, c1 - c0]: a column chunk only at T < kChunks, so at most 3 rows of d / 4 (column_chunk_ [k, d])
+      float* y = c0 == 0 && c1 == d ? expert_out_.data() + (r0 - row_begin) * d : column_chunk_.data();
+      kernels::matmul(act_.data() + (r0 - row_begin) * I, r_end - r0, w2, y);
+      for (int64_t r = r0; r < r_end; ++r) {
+        float* out = partial + int64_t{row_token[r]} * d;
+        const float weight = row_weights_[r - row_begin];
+        for (int64_t i = c0; i < c1; ++i) out[i] += weight * y[(r - r0) * (c1 - c0) + i - c0];
       }
     }
   };
-
-  // The whole expert stage for every token into out [T, d].
-  const auto experts_and_combine = [&](float* out, bool accumulate) {
-    if (packed) packed_experts(layer, w, tokens, row_begin, row_end, out, accumulate);
-    else down_and_combine(0, tokens, 0, d, out, accumulate);
-  };
-  if (plan_.single()) {
-    experts_and_combine(residual, /*accumulate=*/true);
-    return;
-  }
-  float* partial = partial_;
-  const bool overlap = plan_.overlap && plan_.comm_dtype != comm::CommDType::kBF16;
-  MOEX_CHECK(!(overlap && packed), "--overlap with packed expert weights is refused when the model is built");
-  if (!overlap) {
-    experts_and_combine(partial, /*accumulate=*/false);
-    MOEX_ZONE_LAYER(kAllReduce, layer);
-    comm::allreduce_f32(*comm_, partial, static_cast<size_t>(tokens * d), plan_.comm_dtype, bf16_buffer_);
-  } else {
-    // Chunked: reduce chunk i on the progress thread while chunk i+1 is computed. Chunks are token
-    // ranges, or column ranges of the single token at decode batch 1.
-    constexpr int kChunks = 4;
-    std::array<comm::CommHandle, kChunks> handles;
-    for (int c = 0; c < kChunks; ++c) {
-      int64_t t0 = 0, t1 = tokens, c0 = 0, c1 = d;
-      if (tokens >= kChunks) {
-        t0 = tokens * c / kChunks;
-        t1 = tokens * (c + 1) / kChunks;
-      } else {
-        c0 = d * c / kChunks;
-        c1 = d * (c + 1) / kChunks;
-        if (tokens == 0) c1 = c0;
-      }
-      down_and_combine(t0, t1, c0, c1, partial, /*accumulate=*/false);
-      float* chunk = tokens >= kChunks ? partial + t0 * d : partial + c0;
-      const size_t count = tokens >= kChunks ? static_cast<size_t>((t1 - t0) * d) : static_cast<size_t>(c1 - c0);
-      handles[c] = comm_->start_allreduce(chunk, tokens == 0 ? 0 : count, plan_.comm_dtype);
+  // Chunked: reduce chunk i on the progress thread while chunk i+1 is computed. Chunks are token
+  // ranges, or column ranges of the single token at decode batch 1.
+  constexpr int kChunks = 4;
+  std::array<comm::CommHandle, kChunks> handles;
+  for (int c = 0; c < kChunks; ++c) {
+    int64_t t0 = 0, t1 = tokens, c0 = 0, c1 = d;
+    if (tokens >= kChunks) {
+      t0 = tokens * c / kChunks;
+      t1 = tokens * (c + 1) / kChunks;
+    } else {
+      c0 = d * c / kChunks;
+      c1 = d * (c + 1) / kChunks;
+      if (tokens == 0) c1 = c0;
     }
-    MOEX_ZONE_LAYER(kAllReduce, layer);  // what remains after the last chunk's compute: the exposed wait
-    for (auto& h : handles) h.wait();
+    down_and_combine(t0, t1, c0, c1);
+    float* chunk = tokens >= kChunks ? partial + t0 * d : partial + c0;
+    const size_t n = tokens >= kChunks ? static_cast<size_t>((t1 - t0) * d) : static_cast<size_t>(c1 - c0);
+    handles[c] = comm_->start_allreduce(chunk, tokens == 0 ? 0 : n, plan_.comm_dtype);
   }
-  for (int64_t i = 0; i < tokens * d; ++i) residual[i] += partial[i];
-  last_bytes_sent_ = static_cast<uint64_t>(tokens * d) * comm::wire_bytes(comm::wire_format_for(plan_.comm_dtype), 1);
-}
-
-void MoELayer::packed_experts(int layer, const MoELayerWeights& w, int64_t tokens, int64_t row_begin,
-                              int64_t row_end, float* out, bool accumulate) {
-  const int64_t d = shape_.hidden, I = shape_.intermediate_local;
-  const int k = shape_.top_k;
-  MOEX_ZONE_LAYER(kExperts, layer);
-  if (!accumulate) std::fill(out, out + tokens * d, 0.0f);
-  const auto& offsets = batcher_.expert_offsets();
-  const auto& row_token = batcher_.row_token();
-  const auto& row_choice = batcher_.row_choice();
-  for (int64_t r = row_begin; r < row_end; ++r)
-    row_weights_[r - row_begin] = expert_weights_[int64_t{row_token[r]} * k + row_choice[r]];
-  for (int e = w.experts.first; e < w.experts.first + w.experts.count; ++e) {
-    const int64_t begin = offsets[e] - row_begin, rows = offsets[e + 1] - offsets[e];
-    if (rows == 0) continue;
-    const PackedExpert& pe = w.packed[e - w.experts.first];
-    float* h = act_.data() + begin * I;  // [rows, I]
-    kernels::expert_gate_up(gathered_.data() + begin * d, rows, pe.w13, h);
-    // Rows of one expert are distinct tokens, so no two rows of a call add into the same output row.
-    kernels::expert_down_accumulate(h, rows, pe.w2, row_weights_.data() + begin, row_token.data() + offsets[e], out, d);
-  }
+  MOEX_ZONE_LAYER(kAllReduce, layer);  // what remains after the last chunk's compute: the exposed wait
+  for (auto& h : handles) h.wait();
 }
 
 // dp attention + ep: each rank routes its own tokens, sends every assignment's row to the rank owning
@@ -224,10 +232,7 @@ void MoELayer::forward_dispatch(int layer, const MoELayerWeights& w, const float
   const int64_t d = shape_.hidden, I = shape_.intermediate_local;
   const int E = shape_.experts, per_rank = w.experts.count, P = plan_.world;
   const comm::WireFormat format = comm::wire_format_for(plan_.comm_dtype);
-  {
-    MOEX_ZONE_LAYER(kRouter, layer);
-    router_.route(x, tokens, w.gate, expert_ids_.data(), expert_weights_.data(), w.gate_bias);
-  }
+  route(layer, w, x, tokens);
   const auto& offsets = batcher_.expert_offsets();
   DispatchPlan& dp = dispatch_;  // sized once in the constructor: nothing here allocates per step
   auto &send_counts = dp.send_counts, &send_offsets = dp.send_offsets, &recv_counts = dp.recv_counts,
@@ -288,7 +293,8 @@ void MoELayer::forward_dispatch(int layer, const MoELayerWeights& w, const float
     }
   }
   last_bytes_sent_ = send_bytes;
-  // 3. Regroup arrivals by local expert (they come grouped by source, then expert), run each expert once.
+  // 3. Regroup arrivals by local expert (they come grouped by source, then expert) and run the experts
+  // once over all of them; each output row goes straight back to its arrival's place in received_.
   auto &source_row = dp.source_row, &expert_begin = dp.expert_begin;
   std::fill(expert_begin.begin(), expert_begin.end(), 0);
   {
@@ -301,34 +307,25 @@ void MoELayer::forward_dispatch(int layer, const MoELayerWeights& w, const float
       }
     for (int le = 0; le < per_rank; ++le) expert_begin[le + 1] += expert_begin[le];
   }
-  const auto regroup = [&](const float* from, float* to, bool to_expert_order) {
-    for (int le = 0; le < per_rank; ++le) {
-      int64_t dst = expert_begin[le];
-      for (int p = 0; p < P; ++p) {
-        const int64_t n = recv_expert_rows[p * per_rank + le], src = source_row[p * per_rank + le];
-        if (to_expert_order) std::memcpy(to + dst * d, from + src * d, n * d * sizeof(float));
-        else std::memcpy(to + src * d, from + dst * d, n * d * sizeof(float));
-        dst += n;
-      }
-    }
-  };
-  {
-    MOEX_ZONE_LAYER(kExperts, layer);
-    regroup(received_.data(), by_expert_.data(), true);
-    for (int le = 0; le < per_rank; ++le) {
-      const int64_t begin = expert_begin[le], rows = expert_begin[le + 1] - begin;
-      if (rows == 0) continue;
-      float* rows_x = by_expert_.data() + begin * d;  // [rows, d], overwritten in place by the expert's output
-      if (!w.packed.empty()) {
-        kernels::expert_gate_up(rows_x, rows, w.packed[le].w13, act_.data());
-        kernels::packed_matmul(act_.data(), rows, w.packed[le].w2, rows_x);
-      } else {
-        expert_up(w.local[le], rows_x, rows, act_.data(), hidden_up_.data());
-        kernels::matmul(act_.data(), rows, w.local[le].w2, rows_x);
-      }
-    }
-    regroup(by_expert_.data(), received_.data(), false);
+  if (static_cast<int64_t>(row_out_.size()) < recv_rows) {  // arrivals can exceed T*k under skew
+    row_out_.resize(recv_rows);
+    row_weights_.resize(recv_rows);
   }
+  if (static_cast<int64_t>(expert_out_.size()) < recv_rows * d) expert_out_.resize(recv_rows * d);
+  for (int le = 0; le < per_rank; ++le) {
+    int64_t dst = expert_begin[le];
+    for (int p = 0; p < P; ++p) {
+      const int64_t n = recv_expert_rows[p * per_rank + le], src = source_row[p * per_rank + le];
+      std::memcpy(by_expert_.data() + dst * d, received_.data() + src * d, n * d * sizeof(float));
+      for (int64_t i = 0; i < n; ++i) row_out_[dst + i] = static_cast<int32_t>(src + i);
+      dst += n;
+    }
+  }
+  // The routing weights stay with the sender, which combines; here each output is added once, with weight 1
+  // onto zero: exactly the expert's output.
+  std::fill(row_weights_.begin(), row_weights_.begin() + recv_rows, 1.0f);
+  std::fill(received_.begin(), received_.begin() + recv_rows * d, 0.0f);
+  experts(layer, w, by_expert_.data(), expert_begin.data(), row_weights_.data(), row_out_.data(), received_.data());
   // 4. Outputs go back the way they came; the sender combines them with its routing weights.
   {
     MOEX_ZONE_LAYER(kAllToAll, layer);

@@ -62,13 +62,20 @@ class MoELayer {
   uint64_t last_bytes_sent() const { return last_bytes_sent_; }
 
  private:
+  // The plans compose the same stages: route -> plan -> gather (local copy, or all-to-all dispatch) ->
+  // experts (up, then down + combine) -> all-reduce or all-to-all back.
   void forward_replicated(int layer, const MoELayerWeights& w, const float* x, int64_t tokens, float* residual);
   void forward_dispatch(int layer, const MoELayerWeights& w, const float* x, int64_t tokens, float* residual);
-  // The expert stage over packed weights for rows [row_begin, row_end) of the plan (gathered_): per local
-  // expert, gate/up in one pass into act_, then the down projection times each row's routing weight added
-  // into its token's row of out [T, d] (zeroed first unless `accumulate`): the combine is fused in.
-  void packed_experts(int layer, const MoELayerWeights& w, int64_t tokens, int64_t row_begin, int64_t row_end,
-                      float* out, bool accumulate);
+  // Route: expert_ids_, expert_weights_ [T, k].
+  void route(int layer, const MoELayerWeights& w, const float* x, int64_t tokens);
+  // This rank's experts over rows grouped by local expert: rows [begin[le], begin[le+1]) of x_rows [R, d] are
+  // local expert le's. Up, then down + combine: out[out_rows[r]] += row_weights[r] * expert(x_rows[r]) (out
+  // stride d). Packed weights: one kernels::fused_experts pass; as stored: expert by expert through matmul.
+  void experts(int layer, const MoELayerWeights& w, const float* x_rows, const int64_t* begin,
+               const float* row_weights, const int32_t* out_rows, float* out);
+  // Up, then w2 in column chunks whose all-reduce overlaps the next chunk (as stored, TP, --overlap).
+  void experts_overlapped(int layer, const MoELayerWeights& w, int64_t tokens, int64_t row_begin, int64_t row_end,
+                          float* partial);
 
   MoELayerShape shape_;
   ParallelPlan plan_;
@@ -83,7 +90,10 @@ class MoELayer {
   std::vector<float> hidden_up_;       // [T*k, I_local]
   std::vector<float> act_;             // [T*k, I_local]
   std::vector<float> expert_out_;      // [T*k, d]
-  std::vector<float> row_weights_;     // [T*k] routing weight of each plan row (packed experts)
+  std::vector<float> row_weights_;     // [rows] routing weight of each row the experts stage runs
+  std::vector<int32_t> row_out_;       // [rows] the row of the stage's output each row adds into
+  std::vector<int64_t> local_begin_;   // [E_local + 1] local experts' first rows
+  std::vector<kernels::ExpertRows> expert_rows_;  // [E_local] the fused pass's arguments
   // [T, d] this rank's share of the output, before the all-reduce. Registered memory of comm_ (owned by it):
   // the shm all-reduce reads it in place instead of copying it into its window.
   float* partial_ = nullptr;

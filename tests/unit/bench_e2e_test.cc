@@ -1,0 +1,88 @@
+// `moex bench e2e` through the real binary on a tiny model: one row per format and test with consistent
+// figures (bytes per step by format, FLOPs by batch, the roofline from the probes), and bad flags refused.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace moex {
+namespace {
+
+std::string tiny_model() {
+  static const std::string dir = [] {
+    const std::string out = (std::filesystem::temp_directory_path() / "moex_bench_e2e_tiny").string();
+    if (!std::filesystem::exists(out + "/config.json")) {
+      const std::string cmd = std::string(MOEX_BINARY) + " gen-model --preset tiny --seed 5 --out " + out + " > /dev/null";
+      EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    }
+    return out;
+  }();
+  return dir;
+}
+
+std::string run(const std::string& args, int* status) {
+  FILE* pipe = popen((std::string(MOEX_BINARY) + " bench e2e --model " + tiny_model() + " " + args + " 2>/dev/null").c_str(), "r");
+  EXPECT_NE(pipe, nullptr);
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, pipe)) out.append(buf, n);
+  const int s = pclose(pipe);
+  *status = WIFEXITED(s) ? WEXITSTATUS(s) : -1;
+  return out;
+}
+
+TEST(BenchE2E, OneRowPerFormatAndTestWithConsistentFigures) {
+  int status = 0;
+  const std::string out = run("--weights as-stored,bf16,int8-w8a8,int4 --pp 16 --tg 4 --batches 2,3 --batch-steps 2 "
+                              "--repeats 1 --roofline-mb 64 --threads 2 --json", &status);
+  ASSERT_EQ(status, 0) << out;
+  const nlohmann::json j = nlohmann::json::parse(out);
+  const auto& rows = j.at("results");
+  ASSERT_EQ(rows.size(), 4u * 4u) << out;
+  std::map<std::string, std::map<std::string, nlohmann::json>> by;  // [weights][test]
+  for (const auto& r : rows) {
+    by[r.at("weights")][r.at("test")] = r;
+    EXPECT_GT(r.at("ms").get<double>(), 0) << r;
+    EXPECT_GT(r.at("tokens_per_s").get<double>(), 0) << r;
+    EXPECT_GT(r.at("roofline_tokens_per_s").get<double>(), 0) << r;
+    EXPECT_GT(r.at("read_gb_per_s").get<double>(), 0) << r;
+    EXPECT_GT(r.at("peak_gflops").get<double>(), 0) << r;
+    // %roof is the roofline time over the time taken, the roofline the slower of bytes and FLOPs.
+    const double roof_s = std::max(r.at("bytes").get<double>() / (r.at("read_gb_per_s").get<double>() * 1e9),
+                                   r.at("flops").get<double>() / (r.at("peak_gflops").get<double>() * 1e9));
+    EXPECT_NEAR(r.at("pct_roofline").get<double>(), 100 * roof_s / (r.at("ms").get<double>() * 1e-3),
+                1e-6 * r.at("pct_roofline").get<double>()) << r;
+  }
+  ASSERT_EQ(by.size(), 4u);
+  for (const char* w : {"as-stored", "bf16", "int8-w8a8", "int4-g128"})
+    for (const char* t : {"pp16", "tg4", "decode b2", "decode b3"}) ASSERT_TRUE(by[w].count(t)) << w << " " << t;
+  // Bytes a batch-1 step reads: int4 < int8 < bf16 (their own codes and scales); FLOPs grow with the batch.
+  const auto bytes = [&](const char* w) { return by[w]["tg4"].at("bytes").get<double>(); };
+  EXPECT_LT(bytes("int4-g128"), bytes("int8-w8a8"));
+  EXPECT_LT(bytes("int8-w8a8"), bytes("bf16"));
+  EXPECT_NEAR(by["bf16"]["decode b3"].at("flops").get<double>() / by["bf16"]["decode b2"].at("flops").get<double>(), 1.5, 1e-9);
+  // W8A8's compute roofline is the vpdpbusd peak, the others' the vdpbf16ps peak.
+  EXPECT_GT(by["int8-w8a8"]["pp16"].at("peak_gflops").get<double>(), by["bf16"]["pp16"].at("peak_gflops").get<double>());
+}
+
+TEST(BenchE2E, BadFlagsAreOneLineAndExit2) {
+  int status = 0;
+  run("--weights int3 --repeats 1", &status);
+  EXPECT_EQ(status, 2);
+  run("--weights bf16 --cpu-clock --threads 2 --repeats 1", &status);
+  EXPECT_EQ(status, 2);
+  run("--weights bf16 --group-size 64 --repeats 1", &status);
+  EXPECT_EQ(status, 2);
+  run("--weights bf16 --batches 0 --repeats 1", &status);
+  EXPECT_EQ(status, 2);
+}
+
+}  // namespace
+}  // namespace moex

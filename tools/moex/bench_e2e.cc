@@ -1,0 +1,246 @@
+// `moex bench e2e`: a llama-bench-like table of the whole model per expert weight format: pp<N> (one prompt
+// of N tokens in one forward call), tg<N> (N decode steps of one sequence) and decode at batch B (B sequences,
+// one token each per step), each against its roofline from probes run in the same process just before the
+// format's rows: read bandwidth for the bytes a step reads (each format's own bytes, scales included), the
+// peak of the best dot-product instruction for the FLOPs (vpdpbusd for int8-w8a8, vdpbf16ps otherwise), and
+// for a step the slower of the two: roofline time = max(bytes / read, FLOPs / peak).
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "moex/base/error.h"
+#include "moex/base/threads.h"
+#include "moex/kernels/bench_kernels.h"
+#include "moex/kernels/probe.h"
+#include "moex/model/mixtral.h"
+#include "moex/runtime/generation.h"
+#include "tools/lib/synthetic.h"
+#include "tools/moex/bench.h"
+#include "tools/moex/model_flags.h"
+
+namespace moex::tools {
+namespace {
+
+struct E2EFlags {
+  ModelFlags model;
+  std::vector<std::string> weights = {"as-stored", "bf16", "int8", "int8-w8a8", "int4", "fp8"};
+  int prompt_tokens = 512;      // pp
+  int generate_tokens = 128;    // tg (batch 1)
+  std::vector<int> batches = {16, 64};
+  int batch_steps = 16;         // decode steps per timed run at batch > 1
+  int repeats = 3;
+  size_t roofline_mb = 1024;
+  bool cpu_clock = false;
+  bool json = false;
+};
+
+struct Probes {
+  double read_bytes_per_s = 0, bf16_flops = 0, vnni_ops = 0;
+};
+
+Probes measure_probes(const E2EFlags& f) {
+  Probes p;
+  p.read_bytes_per_s = kernels::read_bandwidth(f.roofline_mb << 20, f.repeats, f.cpu_clock);
+  for (int i = 0; i < 3; ++i) {  // best of three: what the cores can do
+    p.bf16_flops = std::max(p.bf16_flops, kernels::dot_peak_bf16(1 << 21, f.cpu_clock).per_second);
+    p.vnni_ops = std::max(p.vnni_ops, kernels::dot_peak_vnni(1 << 21, f.cpu_clock).per_second);
+  }
+  return p;
+}
+
+// FLOPs of one token through the model: 2 per weight it multiplies (attention projections, router, k
+// experts, lm_head when its logits are wanted) plus attention over `context` cached positions.
+double flops_per_token(const ModelConfig& c, double context, bool logits) {
+  const double d = c.hidden_size, I = c.intermediate_size, hd = c.head_dim, H = c.num_attention_heads,
+               KV = c.num_key_value_heads;
+  const double per_layer = d * (H + 2 * KV) * hd + H * hd * d + c.num_local_experts * d +
+                           c.num_experts_per_tok * 3.0 * d * I;
+  return 2.0 * (c.num_hidden_layers * per_layer + (logits ? static_cast<double>(c.vocab_size) * d : 0.0)) +
+         4.0 * c.num_hidden_layers * H * hd * context;
+}
+
+struct Row {
+  std::string weights, test;
+  int batch = 1, tokens = 0;   // tokens per timed unit (pp: the prompt; decode: per step)
+  double seconds = 0;          // per unit (pp: the prompt; tg / decode: one step)
+  double bytes = 0, flops = 0; // per unit
+  double peak = 0;             // FLOP/s of the instruction the roofline uses
+  Probes probes;
+  double tokens_per_s() const { return tokens / seconds; }
+  double roof_seconds() const { return std::max(bytes / probes.read_bytes_per_s, flops / peak); }
+  const char* bound() const { return bytes / probes.read_bytes_per_s >= flops / peak ? "read" : "compute"; }
+};
+
+// The experts' bytes one step reads: per layer, every expert with a token in the last call.
+double expert_bytes_read(const MixtralModel& m) {
+  double total = 0;
+  for (size_t l = 0; l < m.weights().layers.size(); ++l) {
+    const MoELayerWeights& w = m.weights().layers[l].moe;
+    const double expert = w.packed.empty()
+                              ? static_cast<double>(w.local[0].w1.bytes() + w.local[0].w3.bytes() + w.local[0].w2.bytes())
+                              : static_cast<double>(w.packed[0].w13.weight_bytes() + w.packed[0].w2.weight_bytes());
+    int used = 0;
+    for (int e = 0; e < w.experts.count; ++e) used += m.moe_stats()[l].tokens_per_expert[w.experts.first + e] > 0;
+    total += used * expert;
+  }
+  return total;
+}
+
+double expert_bytes_per_token(const MixtralModel& m) {
+  double total = 0;
+  for (const LayerWeights& l : m.weights().layers) {
+    const MoELayerWeights& w = l.moe;
+    const double expert = w.packed.empty()
+                              ? static_cast<double>(w.local[0].w1.bytes() + w.local[0].w3.bytes() + w.local[0].w2.bytes())
+                              : static_cast<double>(w.packed[0].w13.weight_bytes() + w.packed[0].w2.weight_bytes());
+    total += std::min(m.config().num_experts_per_tok, w.experts.count) * expert;
+  }
+  return total;
+}
+
+std::vector<Row> bench_format(const E2EFlags& f, const std::string& weights) {
+  ModelFlags mf = f.model;
+  mf.weights = weights;
+  if (weights != "int4") mf.group_size_option = nullptr;  // --group-size is int4's
+  int max_batch = 1;
+  for (int b : f.batches) max_batch = std::max(max_batch, b);
+  mf.max_seq_len = std::max({f.prompt_tokens, f.generate_tokens, f.batch_steps}) + 2;
+  mf.max_step_tokens = std::max(f.prompt_tokens, max_batch);
+  const std::unique_ptr<MixtralModel> model = mf.load(max_batch);
+  const ModelConfig& c = model->config();
+  const std::string name = model->options().expert_weights.name();
+  const Probes probes = measure_probes(f);
+  const double peak = weights == "int8-w8a8" ? probes.vnni_ops : probes.bf16_flops;
+  // Dense bytes per token: everything but the experts (attention, router, norms, lm_head, one embedding row).
+  const double dense_bytes = static_cast<double>(model->weight_bytes_per_token()) - expert_bytes_per_token(*model);
+  const TimingOptions timing{.repeats = f.repeats, .cpu_clock = f.cpu_clock};
+  // Through generate(), the loop every command runs: its prefill of a prompt is one forward call of up to
+  // --step-tokens tokens, each decode step one call with a token of every live sequence.
+  const auto run = [&](int batch, int prompt_len, int new_tokens) {
+    GenerationOptions options;
+    options.max_new_tokens = new_tokens;
+    options.stop_at_eos = false;
+    generate(*model, synthetic_prompts(batch, prompt_len, c.vocab_size), options);
+  };
+  std::vector<Row> rows;
+  const auto add = [&](const std::string& test, int batch, int units_tokens, double seconds, double bytes,
+                       double flops) {
+    Row r;
+    r.weights = name;
+    r.test = test;
+    r.batch = batch;
+    r.tokens = units_tokens;
+    r.seconds = seconds;
+    r.bytes = bytes;
+    r.flops = flops;
+    r.peak = peak;
+    r.probes = probes;
+    rows.push_back(r);
+  };
+  if (f.prompt_tokens > 0) {  // the prompt's forward call (its one new token is sampled from that call)
+    const int n = f.prompt_tokens;
+    const double seconds = measure_median(timing, [&] { run(1, n, 1); }).seconds;
+    // Every expert a token chose is read once; attention over n / 2 positions on average; one lm_head row.
+    const double flops = n * flops_per_token(c, (n - 1) / 2.0, false) + 2.0 * c.vocab_size * c.hidden_size;
+    add("pp" + std::to_string(n), 1, n, seconds, dense_bytes + expert_bytes_read(*model), flops);
+  }
+  if (f.generate_tokens > 0) {  // a 1-token prompt, then n - 1 decode steps: n calls of one token
+    const int n = f.generate_tokens;
+    const double seconds = measure_median(timing, [&] { run(1, 1, n); }).seconds / n;
+    add("tg" + std::to_string(n), 1, 1, seconds, static_cast<double>(model->weight_bytes_per_token()),
+        flops_per_token(c, (n - 1) / 2.0, true));
+  }
+  for (int batch : f.batches) {
+    // B one-token prompts (one call each), then n decode steps of B tokens: the steps' time is the run with n
+    // steps less the run with none, both medians of the same conditions.
+    const int n = f.batch_steps;
+    const double prompts_only = measure_median(timing, [&] { run(batch, 1, 1); }).seconds;
+    const double with_steps = measure_median(timing, [&] { run(batch, 1, n + 1); }).seconds;
+    const double seconds = std::max(with_steps - prompts_only, 1e-9) / n;
+    // The last call was a decode step of the batch: its distinct experts per layer are what a step reads.
+    add("decode b" + std::to_string(batch), batch, batch, seconds, dense_bytes + expert_bytes_read(*model),
+        batch * flops_per_token(c, n / 2.0, true));
+  }
+  return rows;
+}
+
+void run_e2e(E2EFlags& f) {
+  MOEX_CHECK_INPUT(f.repeats >= 1, "--repeats must be >= 1");
+  MOEX_CHECK_INPUT(f.prompt_tokens >= 0 && f.prompt_tokens <= kMaxBenchTokens && f.generate_tokens >= 0 &&
+                       f.generate_tokens <= kMaxBenchTokens,
+                   "--pp and --tg must be in 0..", kMaxBenchTokens);
+  MOEX_CHECK_INPUT(f.batch_steps >= 1 && f.batch_steps <= kMaxBenchTokens, "--batch-steps must be in 1..", kMaxBenchTokens);
+  for (int b : f.batches) MOEX_CHECK_INPUT(b >= 1 && b <= 4096, "--batches: ", b, " must be in 1..4096");
+  MOEX_CHECK_INPUT(!f.weights.empty(), "--weights needs at least one format");
+  for (const std::string& w : f.weights)
+    MOEX_CHECK_INPUT(w == "as-stored" || w == "bf16" || w == "int8" || w == "int8-w8a8" || w == "int4" || w == "fp8",
+                     "--weights ", w, ": use as-stored, bf16, int8, int8-w8a8, int4 or fp8");
+  MOEX_CHECK_INPUT(f.model.group_size_option == nullptr || f.model.group_size_option->count() == 0 ||
+                       std::find(f.weights.begin(), f.weights.end(), "int4") != f.weights.end(),
+                   "--group-size applies to --weights int4 only");
+  MOEX_CHECK_INPUT(f.roofline_mb >= 64 && f.roofline_mb <= 65536, "--roofline-mb must be in 64..65536");
+  MOEX_CHECK_INPUT(f.model.world().size() == 1, "bench e2e runs on one rank");
+  f.model.ThreadsFlags::apply();
+  // Each format's load applies the flags again: with the count fixed, not re-derived from an affinity that
+  // pinning has already narrowed to one CPU.
+  f.model.threads = num_threads();
+  MOEX_CHECK_INPUT(!f.cpu_clock || num_threads() == 1, "--cpu-clock times one thread: add --threads 1");
+  std::vector<Row> rows;
+  for (const std::string& w : f.weights) {
+    const std::vector<Row> r = bench_format(f, w);
+    rows.insert(rows.end(), r.begin(), r.end());
+    if (!f.json) {
+      const Probes& p = r.front().probes;
+      std::fprintf(stderr, "%s: probes read %.1f GB/s, vdpbf16ps %.0f GFLOPS, vpdpbusd %.0f GOPS\n",
+                   r.front().weights.c_str(), p.read_bytes_per_s / 1e9, p.bf16_flops / 1e9, p.vnni_ops / 1e9);
+    }
+  }
+  if (f.json) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const Row& r : rows)
+      out.push_back({{"weights", r.weights}, {"test", r.test}, {"batch", r.batch}, {"ms", r.seconds * 1e3},
+                     {"tokens_per_s", r.tokens_per_s()}, {"roofline_tokens_per_s", r.tokens / r.roof_seconds()},
+                     {"pct_roofline", 100.0 * r.roof_seconds() / r.seconds}, {"bound", r.bound()},
+                     {"bytes", r.bytes}, {"flops", r.flops}, {"read_gb_per_s", r.probes.read_bytes_per_s / 1e9},
+                     {"peak_gflops", r.peak / 1e9}});
+    std::printf("%s\n", nlohmann::json{{"model", f.model.model_dir}, {"threads", num_threads()},
+                                       {"cpu_clock", f.cpu_clock}, {"results", out}}.dump().c_str());
+    return;
+  }
+  std::printf("%-10s %-12s %10s %11s %12s %7s %-8s %9s %9s\n", "weights", "test", "ms", "tok/s", "roof tok/s",
+              "%roof", "bound", "MB/step", "GFLOP");
+  for (const Row& r : rows)
+    std::printf("%-10s %-12s %10.2f %11.1f %12.1f %7.1f %-8s %9.1f %9.2f\n", r.weights.c_str(), r.test.c_str(),
+                r.seconds * 1e3, r.tokens_per_s(), r.tokens / r.roof_seconds(), 100.0 * r.roof_seconds() / r.seconds,
+                r.bound(), r.bytes / 1e6, r.flops / 1e9);
+  std::printf("%d threads%s, median of %d runs after a warm-up. ms: per prompt (pp) or per step. roof: max(bytes / read "
+              "probe, FLOPs / peak), the peak vpdpbusd's for int8-w8a8 and vdpbf16ps's otherwise; %%roof = roof time / "
+              "time.\n",
+              num_threads(), f.cpu_clock ? " (CPU clock)" : "", f.repeats);
+}
+
+void setup_e2e_bench(CLI::App& bench) {
+  auto f = std::make_shared<E2EFlags>();
+  auto* cmd = bench.add_subcommand("e2e", "pp / tg / batched decode of the whole model per weight format, "
+                                          "against read and dot-product rooflines measured in the same run");
+  f->model.add_to(cmd);
+  cmd->remove_option(cmd->get_option("--weights"));  // a list here
+  add_list_flag(cmd, "--weights", f->weights, "Expert weight formats: as-stored, bf16, int8, int8-w8a8, int4, fp8");
+  cmd->add_option("--pp", f->prompt_tokens, "Prompt tokens of the prefill test (0: skip)")->capture_default_str();
+  cmd->add_option("--tg", f->generate_tokens, "Decode steps of the batch-1 test (0: skip)")->capture_default_str();
+  add_list_flag(cmd, "--batches", f->batches, "Batch sizes of the batched decode tests");
+  cmd->add_option("--batch-steps", f->batch_steps, "Decode steps per timed run at batch > 1")->capture_default_str();
+  cmd->add_option("--repeats", f->repeats, "Timed runs per test (median reported)")->capture_default_str();
+  cmd->add_option("--roofline-mb", f->roofline_mb, "Read-probe buffer")->capture_default_str();
+  cmd->add_flag("--cpu-clock", f->cpu_clock, "Time on the thread's CPU clock (with --threads 1), for a loaded machine");
+  cmd->add_flag("--json", f->json, "Machine-readable output");
+  cmd->callback([f] { run_e2e(*f); });
+}
+MOEX_REGISTER_BENCH(setup_e2e_bench);
+
+}  // namespace
+}  // namespace moex::tools
