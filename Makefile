@@ -42,12 +42,13 @@ FUZZ_CXX = clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sa
 FUZZ_BASE = src/moex/base/error.cc src/moex/base/small_file.cc
 FUZZ_SAFETENSORS = src/moex/model/safetensors.cc src/moex/model/safetensors_index.cc src/moex/base/dtype.cc \
   src/moex/base/tensor.cc src/moex/base/mapped_file.cc
-FUZZ_GGUF = src/moex/model/gguf.cc src/moex/model/gguf_checkpoint.cc src/moex/model/config.cc src/moex/base/dtype.cc \
+FUZZ_CONFIG = src/moex/model/config.cc src/moex/model/quantization.cc
+FUZZ_GGUF = src/moex/model/gguf.cc src/moex/model/gguf_checkpoint.cc $(FUZZ_CONFIG) src/moex/base/dtype.cc \
   src/moex/base/mapped_file.cc src/moex/base/system_memory.cc
 fuzz: deps
 	mkdir -p build-fuzz/corpus-safetensors build-fuzz/corpus-config build-fuzz/corpus-index build-fuzz/corpus-gguf build-fuzz/corpus-tokenizer_json
 	$(FUZZ_CXX) tests/fuzz/safetensors_fuzz.cc $(FUZZ_SAFETENSORS) $(FUZZ_BASE) -o build-fuzz/safetensors_fuzz
-	$(FUZZ_CXX) tests/fuzz/config_fuzz.cc src/moex/model/config.cc $(FUZZ_BASE) -o build-fuzz/config_fuzz
+	$(FUZZ_CXX) tests/fuzz/config_fuzz.cc $(FUZZ_CONFIG) $(FUZZ_BASE) -o build-fuzz/config_fuzz
 	$(FUZZ_CXX) tests/fuzz/index_fuzz.cc src/moex/model/safetensors_index.cc $(FUZZ_BASE) -o build-fuzz/index_fuzz
 	$(FUZZ_CXX) tests/fuzz/gguf_fuzz.cc $(FUZZ_GGUF) $(FUZZ_BASE) -o build-fuzz/gguf_fuzz
 	$(FUZZ_CXX) tests/fuzz/tokenizer_json_fuzz.cc src/moex/runtime/tokenizer_json.cc $(FUZZ_BASE) -lpcre2-8 -lutf8proc \
