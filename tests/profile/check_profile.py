@@ -14,8 +14,11 @@ import re
 import subprocess
 import sys
 
-FORWARD_ZONES = ["embedding", "attention", "router", "dispatch", "experts", "combine", "lm_head"]
-LAYER_ZONES = ["attention", "router", "dispatch", "experts", "combine"]
+# No "combine": with tokens replicated the weighted combine is fused into the experts stage (the routing
+# weight is applied as each expert's output is added into its token's row); only the dispatch path (dp
+# attention + ep) has a combine zone of its own.
+FORWARD_ZONES = ["embedding", "attention", "router", "dispatch", "experts", "lm_head"]
+LAYER_ZONES = ["attention", "router", "dispatch", "experts"]
 BATCH, PROMPT, STEPS, STEP_TOKENS, WARMUP = 3, 9, 5, 4, 2
 
 failures = []
