@@ -40,9 +40,11 @@ asan: deps
 FUZZ_SECONDS ?= 30
 FUZZ_CXX = clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Isrc
 FUZZ_BASE = src/moex/base/error.cc src/moex/base/small_file.cc
-FUZZ_SAFETENSORS = src/moex/model/safetensors.cc src/moex/model/safetensors_index.cc src/moex/base/dtype.cc \
-  src/moex/base/tensor.cc src/moex/base/mapped_file.cc
 FUZZ_CONFIG = src/moex/model/config.cc src/moex/model/quantization.cc
+# WeightStore hands a .gguf path to the GGUF loader, so the safetensors reader links the GGUF sources too.
+FUZZ_SAFETENSORS = src/moex/model/safetensors.cc src/moex/model/safetensors_index.cc src/moex/base/dtype.cc \
+  src/moex/base/tensor.cc src/moex/base/mapped_file.cc src/moex/model/gguf.cc src/moex/model/gguf_checkpoint.cc \
+  $(FUZZ_CONFIG) src/moex/base/system_memory.cc
 FUZZ_GGUF = src/moex/model/gguf.cc src/moex/model/gguf_checkpoint.cc $(FUZZ_CONFIG) src/moex/base/dtype.cc \
   src/moex/base/mapped_file.cc src/moex/base/system_memory.cc
 fuzz: deps
