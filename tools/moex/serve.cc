@@ -93,10 +93,10 @@ void run_serve(ServeFlags flags) {
   });
   const auto& kv = model->kv_cache();
   std::printf("moex serve: listening on http://%s:%d (model '%s'; KV cache %s, %lld blocks = %lld positions; "
-              "--max-num-seqs %lld, --max-batch-tokens %lld, --max-model-len %d, prefix caching %s%s)\n",
+              "--max-num-seqs %lld, --max-batch-tokens %lld, --max-model-len %lld, prefix caching %s%s)\n",
               so.host.c_str(), server.port(), so.model_name.c_str(), kv_cache_dtype_name(kv.dtype()),
               static_cast<long long>(kv.num_blocks()), static_cast<long long>(kv.capacity_positions()),
-              static_cast<long long>(eo.max_num_seqs), static_cast<long long>(eo.max_batch_tokens), eo.max_model_len,
+              static_cast<long long>(eo.max_num_seqs), static_cast<long long>(eo.max_batch_tokens), static_cast<long long>(eo.max_model_len),
               eo.prefix_caching ? "on" : "off", plan.single() ? "" : ("; " + plan.describe()).c_str());
   std::fflush(stdout);
   server.run();
