@@ -1,14 +1,55 @@
 #include <gtest/gtest.h>
+#include <pthread.h>
+#include <sched.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <set>
+#include <thread>
+#include <vector>
 
 #include "moex/base/dtype.h"
 #include "moex/base/error.h"
 #include "moex/base/tensor.h"
+#include "moex/base/threads.h"
 
 namespace moex {
 namespace {
+
+// The CPU masks of an OpenMP team of `threads` started by the calling thread, one string per thread.
+std::set<std::string> team_masks(int threads) {
+  std::vector<std::string> masks(threads);
+#pragma omp parallel num_threads(threads)
+  {
+    cpu_set_t m;
+    CPU_ZERO(&m);
+    pthread_getaffinity_np(pthread_self(), sizeof(m), &m);
+    std::string bits;
+    for (int c = 0; c < 64; ++c) bits += CPU_ISSET(c, &m) ? '1' : '0';
+    masks[omp_get_thread_num()] = bits;
+  }
+  return {masks.begin(), masks.end()};
+}
+
+// serve runs the forward on an engine thread started after set_num_threads pinned the main thread to one
+// CPU: without become_compute_thread, that thread and its whole OpenMP team inherit that one CPU.
+TEST(Threads, AComputeThreadStartedAfterPinningGetsEveryCpu) {
+  if (cpu_count() < 2) GTEST_SKIP() << "needs 2 CPUs";
+  if (const char* pin = std::getenv("MOEX_PIN_THREADS"); pin && std::atoi(pin) == 0) GTEST_SKIP() << "pinning is off";
+  std::set<std::string> inherited, adopted;
+  std::thread setup([&] {  // a thread of its own, so the test process's main thread keeps its mask
+    set_num_threads(2);    // pins this thread to the first CPU
+    std::thread([&] { inherited = team_masks(2); }).join();
+    std::thread([&] {
+      become_compute_thread();
+      adopted = team_masks(2);
+    }).join();
+  });
+  setup.join();
+  EXPECT_EQ(inherited.size(), 1u) << "a thread started by a pinned thread shares its one CPU";
+  EXPECT_EQ(adopted.size(), 2u) << "become_compute_thread pins its team to distinct CPUs";
+}
 
 // Reference for bf16 rounding: the exact nearest bf16 value, ties to even, found by brute force.
 TEST(DType, Bf16RoundsToNearestEven) {

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "moex/base/threads.h"
 #include "moex/runtime/tokenizer.h"
 #include "moex/serve/engine.h"
 #include "moex/serve/http_server.h"
@@ -72,6 +73,7 @@ void run_serve(ServeFlags flags) {
   eo.prefix_caching = !flags.no_prefix_caching;
   if (!plan.single()) eo.comm = model->options().comm;
   serve::Engine engine(*model, eo);
+  unpin_this_thread();  // the HTTP workers started below take the process's CPUs, not the engine's first one
 
   serve::ServerOptions so;
   so.host = flags.host;

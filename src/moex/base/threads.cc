@@ -44,6 +44,21 @@ int initial_threads() {
 }
 int g_threads = initial_threads();
 
+// The process's CPUs as they were before pin_threads narrowed the calling thread's mask to one CPU.
+struct ProcessCpus {
+  cpu_set_t mask;
+  bool known = false;
+};
+ProcessCpus& process_cpus() {
+  static ProcessCpus cpus = [] {
+    ProcessCpus c;
+    CPU_ZERO(&c.mask);
+    c.known = sched_getaffinity(0, sizeof(c.mask), &c.mask) == 0;
+    return c;
+  }();
+  return cpus;
+}
+
 }  // namespace
 
 int cpu_count() { return std::max(1, omp_get_num_procs()); }
@@ -60,11 +75,11 @@ int max_threads() {
 void pin_threads(int threads) {
   const char* env = std::getenv("MOEX_PIN_THREADS");
   if ((env && std::atoi(env) == 0) || threads < 2) return;
-  cpu_set_t mask;
-  if (sched_getaffinity(0, sizeof(mask), &mask) != 0) return;
+  const ProcessCpus& process = process_cpus();
+  if (!process.known) return;
   std::vector<int> cpus;
   for (int c = 0; c < CPU_SETSIZE; ++c)
-    if (CPU_ISSET(c, &mask)) cpus.push_back(c);
+    if (CPU_ISSET(c, &process.mask)) cpus.push_back(c);
   if (static_cast<int>(cpus.size()) != threads) return;
 #pragma omp parallel num_threads(threads)
   {
@@ -87,5 +102,15 @@ void set_num_threads(int n) {
   pin_threads(g_threads);
 }
 int num_threads() { return g_threads; }
+
+void unpin_this_thread() {
+  const ProcessCpus& process = process_cpus();
+  if (process.known) pthread_setaffinity_np(pthread_self(), sizeof(process.mask), &process.mask);
+}
+
+void become_compute_thread() {
+  unpin_this_thread();
+  pin_threads(g_threads);
+}
 
 }  // namespace moex

@@ -19,6 +19,15 @@ int max_threads();  // kMaxThreadsPerCpu x the machine's CPUs
 void set_num_threads(int n);
 int num_threads();
 
+// set_num_threads pins the calling thread to the first CPU, and a thread inherits its creator's mask: a
+// std::thread started afterwards (an engine thread, HTTP workers) would otherwise run on that one CPU with
+// every OpenMP worker it creates (serve's decode took 1.7x bench decode's time per step until this).
+// unpin_this_thread(): back to the process's CPUs (call before starting threads that must not be pinned).
+// become_compute_thread(): this thread runs the forward passes from now on; it and its OpenMP team are
+// pinned as set_num_threads pinned the calling thread's.
+void unpin_this_thread();
+void become_compute_thread();
+
 // Splits [0, n) into contiguous ranges, one per thread, each a multiple of `grain` (except the last).
 template <typename Fn>
 void parallel_for(int64_t n, int64_t grain, Fn&& fn) {

@@ -5,6 +5,7 @@
 #include <exception>
 
 #include "moex/base/error.h"
+#include "moex/base/threads.h"
 #include "moex/serve/step_sync.h"
 
 namespace moex::serve {
@@ -63,7 +64,10 @@ Engine::Engine(MixtralModel& model, const EngineOptions& options)
   sampled_.reserve(options.max_num_seqs);
   logits_.resize(static_cast<size_t>(options.max_num_seqs) * model.config().vocab_size);
   metrics_.kv_blocks_total = num_blocks_;
-  thread_ = std::thread([this] { loop(); });
+  thread_ = std::thread([this] {
+    become_compute_thread();  // this thread and its OpenMP team on the CPUs, not all on the main thread's one
+    loop();
+  });
 }
 
 Engine::~Engine() {
