@@ -5,7 +5,7 @@ MODEL ?= models/mini
 PROMPT ?= The quick brown fox
 N ?= 32
 
-.PHONY: all deps build run test asan fuzz clean
+.PHONY: all deps build run test asan fuzz clean $(foreach t,$(FUZZ_TARGETS),fuzz-run-$(t))
 
 all: build
 
@@ -25,46 +25,69 @@ run: build $(MODEL)/config.json
 	$(BUILD)/moex generate --model $(MODEL) --prompt "$(PROMPT)" -n $(N)
 
 # MOEX_COMM_TUNING=none: a table that `moex tune-comm` left in ~/.cache/moex must not change what tests run.
+# The PyTorch reference tests (each a python and a moex process, not timing-sensitive) run $(JOBS) at a time;
+# the rest (MPI ranks, timeouts, servers) one at a time. Both halves run; either failing fails the target.
 test: build
-	cd $(BUILD) && MOEX_COMM_TUNING=none ctest --output-on-failure -j1
+	@cd $(BUILD) || exit 1; export MOEX_COMM_TUNING=none; \
+	  ctest --output-on-failure -j$(JOBS) -L reference; ref=$$?; \
+	  ctest --output-on-failure -j1 -LE reference; rest=$$?; \
+	  [ $$ref -eq 0 ] && [ $$rest -eq 0 ] || { echo "make test: failures above (reference: $$ref, others: $$rest)"; exit 1; }
 
 # Unit and bad-input tests once more under AddressSanitizer + UndefinedBehaviorSanitizer (CI runs this too).
 asan: deps
-	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-O1 -g" -DMOEX_SANITIZE=ON
+	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-O1 -g1" -DMOEX_SANITIZE=ON
 	cmake --build build-asan -j$(JOBS) --target moex_unit_tests moex
 	cd build-asan && MOEX_COMM_TUNING=none ctest --output-on-failure -L 'unit|cli'
 
 # libFuzzer (clang from Debian) on the parsers of untrusted files: safetensors headers, config.json,
 # model.safetensors.index.json, GGUF files and tokenizer.json. Each runs FUZZ_SECONDS from its seeds (tests/fuzz/seeds/<name>)
 # plus the corpus it grew before (build-fuzz/corpus-<name>); a crash leaves its input in build-fuzz/ and fails the target.
+# Each source compiles once into build-fuzz/obj (several targets share config.cc, gguf.cc, ...), $(JOBS) at a time.
 FUZZ_SECONDS ?= 30
-FUZZ_CXX = clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Isrc
+FUZZ_TARGETS = safetensors config index gguf tokenizer_json
+FUZZ_CXX = clang++ -std=c++20 -g -O1 -fsanitize=address,undefined -fno-sanitize-recover=undefined -Isrc
 FUZZ_BASE = src/moex/base/error.cc src/moex/base/small_file.cc
 FUZZ_CONFIG = src/moex/model/config.cc src/moex/model/quantization.cc
 # WeightStore hands a .gguf path to the GGUF loader, so the safetensors reader links the GGUF sources too.
-FUZZ_SAFETENSORS = src/moex/model/safetensors.cc src/moex/model/safetensors_index.cc src/moex/base/dtype.cc \
+FUZZ_SRC_safetensors = src/moex/model/safetensors.cc src/moex/model/safetensors_index.cc src/moex/base/dtype.cc \
   src/moex/base/tensor.cc src/moex/base/mapped_file.cc src/moex/model/gguf.cc src/moex/model/gguf_checkpoint.cc \
   $(FUZZ_CONFIG) src/moex/base/system_memory.cc
-FUZZ_GGUF = src/moex/model/gguf.cc src/moex/model/gguf_checkpoint.cc $(FUZZ_CONFIG) src/moex/base/dtype.cc \
+FUZZ_SRC_config = $(FUZZ_CONFIG)
+FUZZ_SRC_index = src/moex/model/safetensors_index.cc
+FUZZ_SRC_gguf = src/moex/model/gguf.cc src/moex/model/gguf_checkpoint.cc $(FUZZ_CONFIG) src/moex/base/dtype.cc \
   src/moex/base/mapped_file.cc src/moex/base/system_memory.cc
+FUZZ_SRC_tokenizer_json = src/moex/runtime/tokenizer_json.cc
+FUZZ_LIBS_tokenizer_json = -lpcre2-8 -lutf8proc
+FUZZ_OPTS_safetensors =
+FUZZ_OPTS_config = -dict=../tests/fuzz/config.dict
+FUZZ_OPTS_index = -dict=../tests/fuzz/index.dict
+FUZZ_OPTS_gguf = -dict=../tests/fuzz/gguf.dict
+FUZZ_OPTS_tokenizer_json = -dict=../tests/fuzz/tokenizer_json.dict
+fuzz_obj = $(patsubst %.cc,build-fuzz/obj/%.o,$(1))
+
+build-fuzz/obj/%.o: %.cc
+	@mkdir -p $(dir $@)
+	$(FUZZ_CXX) -fsanitize=fuzzer-no-link -MMD -MP -c $< -o $@
+-include $(shell find build-fuzz/obj -name '*.d' 2>/dev/null)
+
+define fuzz_target
+build-fuzz/$(1)_fuzz: $(call fuzz_obj,tests/fuzz/$(1)_fuzz.cc $(FUZZ_SRC_$(1)) $(FUZZ_BASE))
+	$(FUZZ_CXX) -fsanitize=fuzzer $$^ $(FUZZ_LIBS_$(1)) -o $$@
+endef
+$(foreach t,$(FUZZ_TARGETS),$(eval $(call fuzz_target,$(t))))
+
+define fuzz_run
+fuzz-run-$(1): build-fuzz/$(1)_fuzz
+	mkdir -p build-fuzz/corpus-$(1)
+	cd build-fuzz && ./$(1)_fuzz -max_total_time=$(FUZZ_SECONDS) -max_len=4096 $(FUZZ_OPTS_$(1)) corpus-$(1) \
+	  ../tests/fuzz/seeds/$(1)
+endef
+$(foreach t,$(FUZZ_TARGETS),$(eval $(call fuzz_run,$(t))))
+
+# The targets build, then run, $(JOBS) at a time (a fuzzer is one process on one core).
 fuzz: deps
-	mkdir -p build-fuzz/corpus-safetensors build-fuzz/corpus-config build-fuzz/corpus-index build-fuzz/corpus-gguf build-fuzz/corpus-tokenizer_json
-	$(FUZZ_CXX) tests/fuzz/safetensors_fuzz.cc $(FUZZ_SAFETENSORS) $(FUZZ_BASE) -o build-fuzz/safetensors_fuzz
-	$(FUZZ_CXX) tests/fuzz/config_fuzz.cc $(FUZZ_CONFIG) $(FUZZ_BASE) -o build-fuzz/config_fuzz
-	$(FUZZ_CXX) tests/fuzz/index_fuzz.cc src/moex/model/safetensors_index.cc $(FUZZ_BASE) -o build-fuzz/index_fuzz
-	$(FUZZ_CXX) tests/fuzz/gguf_fuzz.cc $(FUZZ_GGUF) $(FUZZ_BASE) -o build-fuzz/gguf_fuzz
-	$(FUZZ_CXX) tests/fuzz/tokenizer_json_fuzz.cc src/moex/runtime/tokenizer_json.cc $(FUZZ_BASE) -lpcre2-8 -lutf8proc \
-	  -o build-fuzz/tokenizer_json_fuzz
-	cd build-fuzz && ./safetensors_fuzz -max_total_time=$(FUZZ_SECONDS) -max_len=4096 corpus-safetensors \
-	  ../tests/fuzz/seeds/safetensors
-	cd build-fuzz && ./config_fuzz -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -dict=../tests/fuzz/config.dict \
-	  corpus-config ../tests/fuzz/seeds/config
-	cd build-fuzz && ./index_fuzz -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -dict=../tests/fuzz/index.dict \
-	  corpus-index ../tests/fuzz/seeds/index
-	cd build-fuzz && ./gguf_fuzz -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -dict=../tests/fuzz/gguf.dict \
-	  corpus-gguf ../tests/fuzz/seeds/gguf
-	cd build-fuzz && ./tokenizer_json_fuzz -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -dict=../tests/fuzz/tokenizer_json.dict \
-	  corpus-tokenizer_json ../tests/fuzz/seeds/tokenizer_json
+	$(MAKE) -j$(JOBS) $(foreach t,$(FUZZ_TARGETS),build-fuzz/$(t)_fuzz)
+	$(MAKE) -j$(JOBS) --output-sync=target $(foreach t,$(FUZZ_TARGETS),fuzz-run-$(t))
 
 clean:
 	rm -rf $(BUILD) build-asan
