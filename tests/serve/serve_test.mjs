@@ -6,7 +6,7 @@
 // the server still answers; prefix caching (cached tokens reported, same output as without the cache).
 import assert from 'node:assert/strict';
 import { spawn, execFileSync } from 'node:child_process';
-import { cpSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { cpSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -502,6 +502,22 @@ if (mpirun) {
       return text;
     }));
     assert.deepEqual(two, one.map((x) => x.choices[0].text));
+    // Idle, the ranks sleep between tests for the next step (serve/step_sync) instead of spinning a core.
+    const ranks = readdirSync('/proc').filter((d) => /^\d+$/.test(d)).filter((d) => {
+      try {
+        return readFileSync(`/proc/${d}/stat`, 'utf8').replace(/^.*\) /, '').split(' ')[1] === String(ep.child.pid);
+      } catch { return false; }
+    });
+    assert.equal(ranks.length, 2, `ranks under mpirun: ${ranks}`);
+    const cpu = (pid) => {
+      const f = readFileSync(`/proc/${pid}/stat`, 'utf8').replace(/^.*\) /, '').split(' ');
+      return Number(f[11]) + Number(f[12]);  // utime + stime, in clock ticks (100 a second)
+    };
+    await new Promise((r) => setTimeout(r, 300));
+    const before = ranks.map(cpu);
+    await new Promise((r) => setTimeout(r, 1000));
+    const used = ranks.map((pid, i) => cpu(pid) - before[i]);
+    for (const u of used) assert.ok(u < 30, `an idle rank used ${u}% of a core (ticks of 1 s: ${used})`);
     ep.child.kill('SIGTERM');
   });
 }
