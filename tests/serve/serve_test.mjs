@@ -375,7 +375,11 @@ await check('a non-streamed request whose client disconnects is cancelled', asyn
   const started = Date.now();
   const pending = client.completions.create({ model: modelName, prompt, max_tokens: 1000, temperature: 0,
                                               ignore_eos: true }, { signal: controller.signal });
-  setTimeout(() => controller.abort(), 25);  // the whole answer takes ~180 ms on the tiny model
+  pending.catch(() => {});
+  // Aborted once the server runs it (the whole answer takes ~180 ms on the tiny model, unloaded).
+  for (let t = 0; t < 400 && (await metrics(main.url)).value('moex:num_requests_running') === 0; t++)
+    await new Promise((r) => setTimeout(r, 2));
+  controller.abort();
   await assert.rejects(pending);
   let running = 1;
   for (let t = 0; t < 50 && running !== 0; t++) {
