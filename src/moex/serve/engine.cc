@@ -196,7 +196,7 @@ void Engine::step() {
       --in_flight_;
       continue;
     }
-    Active a{p.stream, Sampler(p.request.sampler)};
+    Active a(p.stream, p.request.sampler);
     a.max_tokens = max_tokens;
     a.ignore_eos = p.request.ignore_eos;
     a.arrival = p.arrival;

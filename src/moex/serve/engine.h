@@ -106,6 +106,7 @@ class Engine {
 
  private:
   struct Active {
+    Active(std::shared_ptr<RequestStream> s, const SamplerOptions& o) : stream(std::move(s)), sampler(o) {}
     std::shared_ptr<RequestStream> stream;
     Sampler sampler;
     TokenCounts generated;  // what the presence / frequency penalties look at

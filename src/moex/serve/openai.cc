@@ -120,11 +120,6 @@ std::string message_text(const json& content, size_t index) {
   return text;
 }
 
-std::vector<int32_t> encode(const Tokenizer& tokenizer, const std::string& text) {
-  const std::vector<int> ids = tokenizer.encode(text, /*add_bos=*/false);
-  return std::vector<int32_t>(ids.begin(), ids.end());
-}
-
 }  // namespace
 
 std::vector<int32_t> chat_prompt(const json& messages, const ChatTemplate& chat_template, const Tokenizer& tokenizer) {
