@@ -6,9 +6,10 @@
 // the server still answers; prefix caching (cached tokens reported, same output as without the cache).
 import assert from 'node:assert/strict';
 import { spawn, execFileSync } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { cpSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
 import OpenAI from 'openai';
 
 const moex = process.argv[2];
@@ -19,9 +20,9 @@ const model = join(work, 'tiny');
 execFileSync(moex, ['gen-model', '--preset', 'tiny', '--seed', '7', '--out', model], { stdio: 'ignore' });
 
 const servers = [];
-function startServer(args, ranks = 1) {
+function startServer(args, ranks = 1, modelDir = model) {
   return new Promise((resolve, reject) => {
-    const serve = ['serve', '--model', model, '--port', '0', '--threads', '1', ...args];
+    const serve = ['serve', '--model', modelDir, '--port', '0', '--threads', '1', ...args];
     const env = { ...process.env, OMPI_MCA_mpi_yield_when_idle: '1', OMPI_MCA_btl_vader_single_copy_mechanism: 'none' };
     const child = ranks === 1
       ? spawn(moex, serve, { stdio: ['ignore', 'pipe', 'inherit'] })
@@ -43,12 +44,23 @@ function stopAll() {
 process.on('exit', () => { stopAll(); rmSync(work, { recursive: true, force: true }); });
 for (const sig of ['SIGINT', 'SIGTERM']) process.on(sig, () => process.exit(1));  // ctest's timeout: no orphans
 
+// GET /metrics, parsed: value('moex:name{label="v"}') is the sample of that name whose labels include the
+// given ones (every sample also carries model_name).
 async function metrics(url) {
   const text = await (await fetch(`${url}/metrics`)).text();
-  const value = (name) => {
-    const m = text.match(new RegExp(`^${name.replace(/[{}"]/g, (c) => '\\' + c)} (\\S+)$`, 'm'));
-    assert.ok(m, `metric ${name} missing`);
-    return Number(m[1]);
+  const labelsOf = (s) => Object.fromEntries([...(s ?? '').matchAll(/(\w+)="((?:[^"\\]|\\.)*)"/g)].map((m) => [m[1], m[2]]));
+  const samples = [];
+  for (const line of text.split('\n')) {
+    const m = line.match(/^([a-zA-Z_:][\w:]*)(?:\{(.*)\})? (\S+)$/);
+    if (m) samples.push({ name: m[1], labels: labelsOf(m[2]), value: Number(m[3]) });
+  }
+  const value = (query) => {
+    const q = query.match(/^([^{]+)(?:\{(.*)\})?$/);
+    const want = labelsOf(q[2]);
+    const hit = samples.find((x) => x.name === q[1] && Object.entries(want).every(([k, v]) => x.labels[k] === v));
+    assert.ok(hit, `metric ${query} missing`);
+    assert.equal(hit.labels.model_name, 'tiny', `${query}: model_name label`);
+    return hit.value;
   };
   return { value, text };
 }
@@ -143,15 +155,124 @@ await check('chat completion, streamed and not: same content, role, usage', asyn
   assert.equal(usage.completion_tokens, 10);
 });
 
-await check('sampling with a seed repeats; stop strings end the text before them', async () => {
+await check('sampling with a seed repeats', async () => {
   const a = await client.completions.create({ model: modelName, prompt, max_tokens: 16, temperature: 0.9, seed: 11 });
   const b = await client.completions.create({ model: modelName, prompt, max_tokens: 16, temperature: 0.9, seed: 11 });
   assert.equal(a.choices[0].text, b.choices[0].text);
-  const stop = greedyText.slice(3, 5);
+});
+
+// The greedy completion's tokens (their texts, from logprobs), to place stop strings across token boundaries.
+const greedyLp = await client.completions.create({ model: modelName, prompt, max_tokens: 12, temperature: 0,
+                                                   ignore_eos: true, logprobs: 1 });
+
+await check('stop strings (split across tokens): the text ends before them, streamed and not, finish_reason stop', async () => {
+  const tokens = greedyLp.choices[0].logprobs.tokens;
+  assert.equal(tokens.join(''), greedyText);
+  const k = tokens.findIndex((t, i) => i > 0 && i + 1 < tokens.length && t.length >= 2 && tokens[i + 1].length >= 2);
+  assert.ok(k > 0, `no two neighbouring tokens of 2+ bytes in ${JSON.stringify(tokens)}`);
+  const at = tokens.slice(0, k).join('').length + tokens[k].length - 2;
+  const stop = greedyText.slice(at, at + 4);  // last 2 of token k, first 2 of token k+1
+  const want = greedyText.slice(0, greedyText.indexOf(stop));
   const s = await client.completions.create({ model: modelName, prompt, max_tokens: 12, temperature: 0,
-                                             ignore_eos: true, stop: [stop] });
-  assert.equal(s.choices[0].text, greedyText.slice(0, greedyText.indexOf(stop)));
+                                             ignore_eos: true, stop: ['never there', stop] });
+  assert.equal(s.choices[0].text, want);
   assert.equal(s.choices[0].finish_reason, 'stop');
+  assert.ok(s.usage.completion_tokens <= k + 2, `${s.usage.completion_tokens} tokens taken past the stop`);
+  // Streamed: nothing of the stop string (a prefix of it is held back) ever reaches the client.
+  const stream = await client.completions.create({ model: modelName, prompt, max_tokens: 12, temperature: 0,
+                                                   ignore_eos: true, stop, stream: true });
+  let text = '', finish = null;
+  for await (const chunk of stream) {
+    for (const c of chunk.choices) {
+      text += c.text;
+      if (c.finish_reason) finish = c.finish_reason;
+    }
+  }
+  assert.equal(text, want);
+  assert.equal(finish, 'stop');
+  // Chat, streamed: the same rules.
+  const messages = [{ role: 'user', content: 'Tell me a story.' }];
+  const full = await client.chat.completions.create({ model: modelName, messages, max_tokens: 10, temperature: 0,
+                                                      ignore_eos: true });
+  const content = full.choices[0].message.content;
+  const chatStop = content.slice(4, 7);
+  const chatStream = await client.chat.completions.create({ model: modelName, messages, max_tokens: 10, temperature: 0,
+                                                            ignore_eos: true, stop: [chatStop], stream: true });
+  let chatText = '', chatFinish = null;
+  for await (const chunk of chatStream) {
+    for (const c of chunk.choices) {
+      chatText += c.delta.content ?? '';
+      if (c.finish_reason) chatFinish = c.finish_reason;
+    }
+  }
+  assert.equal(chatText, content.slice(0, content.indexOf(chatStop)));
+  assert.equal(chatFinish, 'stop');
+  await expectStatus(400, client.completions.create({ model: modelName, prompt, stop: ['a', 'b', 'c', 'd', 'e'] }),
+                     'five stop strings');
+});
+
+// log_softmax of `moex logits` rows for the same prompt ids (numpy): an independent computation of the logprobs.
+function referenceLogprobs(ids, decode) {
+  const out = join(work, 'ref_logits.npy');
+  execFileSync(moex, ['logits', '--model', model, '--ids', ids.join(','), '--decode', String(decode), '--kv-cache-dtype',
+                      'bf16', '--threads', '1', '--out', out], { stdio: 'ignore' });
+  const py = 'import json,sys,numpy as np\n' +
+             'x=np.load(sys.argv[1]).astype(np.float64)[int(sys.argv[2])-1:]\n' +
+             'lp=x-(x.max(1,keepdims=True)+np.log(np.exp(x-x.max(1,keepdims=True)).sum(1,keepdims=True)))\n' +
+             'print(json.dumps([sorted(r.tolist(),reverse=True)[:5] for r in lp]))';
+  return JSON.parse(execFileSync('/usr/bin/python3', ['-c', py, out, String(ids.length)]).toString());
+}
+
+await check('logprobs: completions (legacy shape) and chat, streamed and not; greedy = top entry; equal to moex logits', async () => {
+  const ids = [1, 300, 301, 50, 77, 120, 9];
+  const ref = referenceLogprobs(ids, 6);  // rows: the last prompt position, then 6 decode steps
+  const r = await client.completions.create({ model: modelName, prompt: ids, max_tokens: 6, temperature: 0,
+                                             ignore_eos: true, logprobs: 3 });
+  const lp = r.choices[0].logprobs;
+  assert.equal(lp.tokens.length, 6);
+  assert.equal(lp.tokens.join(''), r.choices[0].text);
+  let offset = 0;
+  for (let i = 0; i < 6; i++) {
+    assert.equal(lp.text_offset[i], offset);
+    offset += lp.tokens[i].length;
+    const top = Object.values(lp.top_logprobs[i]).sort((a, b) => b - a);
+    assert.ok(top.length >= 3, JSON.stringify(lp.top_logprobs[i]));
+    assert.ok(lp.token_logprobs[i] <= 0);
+    assert.ok(Math.abs(lp.token_logprobs[i] - top[0]) < 1e-6, `greedy token ${i} is not the top entry`);
+    for (let j = 0; j < 3; j++) assert.ok(Math.abs(top[j] - ref[i][j]) < 5e-3, `token ${i} top ${j}: ${top[j]} vs ${ref[i][j]}`);
+  }
+  // Streamed: the same values, in the chunks.
+  const stream = await client.completions.create({ model: modelName, prompt: ids, max_tokens: 6, temperature: 0,
+                                                   ignore_eos: true, logprobs: 3, stream: true });
+  const streamed = [];
+  for await (const chunk of stream) for (const c of chunk.choices) if (c.logprobs) streamed.push(...c.logprobs.token_logprobs);
+  assert.deepEqual(streamed, lp.token_logprobs);
+  // Chat: content[{token, logprob, bytes, top_logprobs}], sorted, <= 0; the greedy token is the top entry.
+  const messages = [{ role: 'user', content: 'Tell me a story.' }];
+  const c = await client.chat.completions.create({ model: modelName, messages, max_tokens: 5, temperature: 0,
+                                                   ignore_eos: true, logprobs: true, top_logprobs: 4 });
+  const content = c.choices[0].logprobs.content;
+  assert.equal(content.length, 5);
+  assert.equal(content.map((e) => e.token).join(''), c.choices[0].message.content);
+  for (const e of content) {
+    assert.deepEqual(e.bytes, [...Buffer.from(e.token, 'utf8')]);
+    assert.equal(e.top_logprobs.length, 4);
+    assert.equal(e.top_logprobs[0].token, e.token);
+    assert.ok(Math.abs(e.top_logprobs[0].logprob - e.logprob) < 1e-6);
+    for (let j = 0; j < 4; j++) {
+      assert.ok(e.top_logprobs[j].logprob <= 0);
+      if (j > 0) assert.ok(e.top_logprobs[j].logprob <= e.top_logprobs[j - 1].logprob, 'top_logprobs not sorted');
+    }
+  }
+  const cs = await client.chat.completions.create({ model: modelName, messages, max_tokens: 5, temperature: 0,
+                                                    ignore_eos: true, logprobs: true, top_logprobs: 4, stream: true });
+  const chatStreamed = [];
+  for await (const chunk of cs) for (const ch of chunk.choices) if (ch.logprobs) chatStreamed.push(...ch.logprobs.content);
+  assert.deepEqual(chatStreamed.map((e) => e.logprob), content.map((e) => e.logprob));
+  // Sampled (temperature 1): the chosen token's logprob is among the model's, <= 0.
+  const t = await client.completions.create({ model: modelName, prompt: ids, max_tokens: 4, temperature: 1, seed: 3,
+                                             logprobs: 0, ignore_eos: true });
+  for (const v of t.choices[0].logprobs.token_logprobs) assert.ok(v <= 0 && Number.isFinite(v));
 });
 
 async function expectStatus(status, promise, what) {
@@ -246,9 +367,49 @@ await check('200 concurrent streams, half disconnect mid-stream: KV usage back t
   assert.equal(r.choices[0].text, greedyText);
 });
 
-// A second server: one sequence at a time, no queue, no prefix caching.
+await check('a non-streamed request whose client disconnects is cancelled', async () => {
+  const before = await metrics(main.url);
+  const aborts = before.value('moex:request_success_total{finished_reason="abort"}');
+  const lengths = before.value('moex:request_success_total{finished_reason="length"}');
+  const controller = new AbortController();
+  const started = Date.now();
+  const pending = client.completions.create({ model: modelName, prompt, max_tokens: 1000, temperature: 0,
+                                              ignore_eos: true }, { signal: controller.signal });
+  pending.catch(() => {});
+  // Aborted once the server runs it (the whole answer takes ~180 ms on the tiny model, unloaded).
+  for (let t = 0; t < 400 && (await metrics(main.url)).value('moex:num_requests_running') === 0; t++)
+    await new Promise((r) => setTimeout(r, 2));
+  controller.abort();
+  await assert.rejects(pending);
+  let running = 1;
+  for (let t = 0; t < 50 && running !== 0; t++) {
+    await new Promise((r) => setTimeout(r, 20));
+    running = (await metrics(main.url)).value('moex:num_requests_running');
+  }
+  const after = await metrics(main.url);
+  assert.equal(after.value('moex:request_success_total{finished_reason="length"}'), lengths,
+               `the request ran to its end (${Date.now() - started} ms)`);
+  assert.equal(after.value('moex:request_success_total{finished_reason="abort"}'), aborts + 1);
+  assert.equal(after.value('moex:kv_cache_usage_perc'), 0);
+});
+
+// Chat templates from the checkpoint: a copy of the model whose tokenizer_config.json holds ChatML as HF's list
+// of named templates ("default" is used), and a copy with no template (chat requests: 400).
+const CHATML = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + " +
+               "'<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+const chatmlModel = join(work, 'tiny-chatml'), bareModel = join(work, 'tiny-bare');
+for (const [dir, template] of [[chatmlModel, [{ name: 'default', template: CHATML }, { name: 'rag', template: '{{ x' }]],
+                               [bareModel, undefined]]) {
+  cpSync(model, dir, { recursive: true });
+  const config = JSON.parse(readFileSync(join(dir, 'tokenizer_config.json')));
+  if (template) config.chat_template = template;
+  else delete config.chat_template;
+  writeFileSync(join(dir, 'tokenizer_config.json'), JSON.stringify(config));
+}
+
+// A second server (ChatML): one sequence at a time, no queue, no prefix caching.
 const small = await startServer(['--max-num-seqs', '1', '--max-waiting', '0', '--max-batch-tokens', '64',
-                                 '--no-prefix-caching']);
+                                 '--no-prefix-caching', '--served-model-name', 'tiny'], 1, chatmlModel);
 const smallClient = new OpenAI({ baseURL: `${small.url}/v1`, apiKey: 'unused', maxRetries: 0 });
 
 await check('prefix caching: a shared 200-token prefix is reported cached, with the same output', async () => {
@@ -268,6 +429,34 @@ await check('prefix caching: a shared 200-token prefix is reported cached, with 
   assert.equal(rb.choices[0].text, uncached.choices[0].text);
 });
 
+await check('ChatML from tokenizer_config.json: the prompt ids are what jinja2 renders, tokenized by sentencepiece', async () => {
+  const messages = [{ role: 'system', content: 'You are terse.' }, { role: 'user', content: 'Tell me a story.' },
+                    { role: 'assistant', content: 'Once.' }, { role: 'user', content: 'More!' }];
+  const rendered = JSON.parse(execFileSync('/usr/bin/python3', [join(dirname(fileURLToPath(import.meta.url)), '../reference/chat_template_ref.py')], {
+    input: JSON.stringify([{ template: CHATML, messages, add_generation_prompt: true, bos_token: '<s>', eos_token: '</s>' }]),
+  }).toString())[0];
+  assert.ok(rendered.ok, rendered.error);
+  assert.ok(rendered.text.endsWith('<|im_start|>assistant\n'));
+  const ids = JSON.parse(execFileSync('/usr/bin/python3', ['-c',
+    'import json,sys,sentencepiece as s; p=s.SentencePieceProcessor(model_file=sys.argv[1]); print(json.dumps(p.encode(sys.stdin.read())))',
+    join(chatmlModel, 'tokenizer.model')], { input: rendered.text }).toString());
+  const chat = await smallClient.chat.completions.create({ model: modelName, messages, max_tokens: 8, temperature: 0,
+                                                           ignore_eos: true });
+  assert.equal(chat.usage.prompt_tokens, ids.length);
+  // The same ids as a completion prompt give the same greedy text: the ids themselves are equal.
+  const same = await smallClient.completions.create({ model: modelName, prompt: ids, max_tokens: 8, temperature: 0,
+                                                      ignore_eos: true });
+  assert.equal(chat.choices[0].message.content, same.choices[0].text);
+  // A model with no template: chat is a 400 that says so; completions still work.
+  const bare = await startServer(['--max-num-seqs', '1', '--max-batch-tokens', '64', '--served-model-name', 'tiny'], 1, bareModel);
+  const bareClient = new OpenAI({ baseURL: `${bare.url}/v1`, apiKey: 'unused', maxRetries: 0 });
+  const e = await expectStatus(400, bareClient.chat.completions.create({ model: modelName, messages }), 'no template');
+  assert.match(e.error.message, /no chat template/);
+  const ok = await bareClient.completions.create({ model: modelName, prompt, max_tokens: 2 });
+  assert.equal(ok.usage.completion_tokens <= 2, true);
+  bare.child.kill('SIGTERM');
+});
+
 await check('queue full -> 429', async () => {
   const results = await Promise.allSettled(Array.from({ length: 4 }, () =>
     smallClient.completions.create({ model: modelName, prompt, max_tokens: 300, temperature: 0, ignore_eos: true })));
@@ -279,9 +468,12 @@ await check('queue full -> 429', async () => {
 });
 
 await check('bad start-up flags: one error line, exit 2', async () => {
+  const badTemplate = join(work, 'bad.jinja');
+  writeFileSync(badTemplate, '{% macro m() %}x{% endmacro %}{{ m() }}');
   const port = new URL(main.url).port;
   for (const args of [['--max-num-seqs', '8', '--max-batch-tokens', '4'], ['--port', port], ['--kv-cache-gb', '1e-9'],
-                      ['--max-model-len', '999999'], ['--kv-cache-dtype', 'f16']]) {
+                      ['--max-model-len', '999999'], ['--kv-cache-dtype', 'f16'], ['--chat-template', badTemplate],
+                      ['--chat-template', join(work, 'missing.jinja')]]) {
     let status = 0, stderr = '';
     try {
       execFileSync(moex, ['serve', '--model', model, '--threads', '1', ...args],
@@ -314,6 +506,22 @@ if (mpirun) {
       return text;
     }));
     assert.deepEqual(two, one.map((x) => x.choices[0].text));
+    // Idle, the ranks sleep between tests for the next step (serve/step_sync) instead of spinning a core.
+    const ranks = readdirSync('/proc').filter((d) => /^\d+$/.test(d)).filter((d) => {
+      try {
+        return readFileSync(`/proc/${d}/stat`, 'utf8').replace(/^.*\) /, '').split(' ')[1] === String(ep.child.pid);
+      } catch { return false; }
+    });
+    assert.equal(ranks.length, 2, `ranks under mpirun: ${ranks}`);
+    const cpu = (pid) => {
+      const f = readFileSync(`/proc/${pid}/stat`, 'utf8').replace(/^.*\) /, '').split(' ');
+      return Number(f[11]) + Number(f[12]);  // utime + stime, in clock ticks (100 a second)
+    };
+    await new Promise((r) => setTimeout(r, 300));
+    const before = ranks.map(cpu);
+    await new Promise((r) => setTimeout(r, 1000));
+    const used = ranks.map((pid, i) => cpu(pid) - before[i]);
+    for (const u of used) assert.ok(u < 30, `an idle rank used ${u}% of a core (ticks of 1 s: ${used})`);
     ep.child.kill('SIGTERM');
   });
 }

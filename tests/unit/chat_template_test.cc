@@ -173,7 +173,19 @@ TEST(ChatTemplate, LoadsFromTheModelOrAFileAndRefusesWhatIsMissing) {
   std::ofstream(dir / "bad.jinja") << "{% macro %}";
   EXPECT_THROW(ChatTemplate::load(dir.string(), (dir / "bad.jinja").string()), Error);
   EXPECT_THROW(ChatTemplate::load(dir.string(), (dir / "missing.jinja").string()), Error);
+  EXPECT_TRUE(ChatTemplate::model_has_template(dir.string()));
+  // HF's list of named templates: "default" is the one used; a list without it is refused.
+  std::ofstream(dir / "tokenizer_config.json")
+      << json{{"chat_template", json::array({json{{"name", "tool_use"}, {"template", "{{ x"}},
+                                             json{{"name", "default"}, {"template", kChatMLTemplate}}})}}.dump();
+  EXPECT_EQ(ChatTemplate::load(dir.string()).family(), "chatml");
+  std::ofstream(dir / "tokenizer_config.json")
+      << json{{"chat_template", json::array({json{{"name", "tool_use"}, {"template", kChatMLTemplate}}})}}.dump();
+  EXPECT_THROW(ChatTemplate::load(dir.string()), Error);
+  std::ofstream(dir / "tokenizer_config.json") << json{{"bos_token", "<s>"}}.dump();
+  EXPECT_FALSE(ChatTemplate::model_has_template(dir.string()));
   std::filesystem::remove_all(dir);
+  EXPECT_FALSE(ChatTemplate::model_has_template(dir.string()));
 }
 
 TEST(ChatTemplate, EncodeTurnsSpecialTokensIntoTheirIds) {

@@ -54,7 +54,7 @@ std::vector<int32_t> collect(RequestStream& stream, std::string* reason) {
 
 bool wait_for_free_cache(Engine& engine) {
   for (int i = 0; i < 200; ++i) {
-    if (engine.metrics().kv_blocks_used.load() == 0 && engine.metrics().num_requests_running.load() == 0) return true;
+    if (engine.metrics().kv_blocks_used.value() == 0 && engine.metrics().serving.num_requests_running.value() == 0) return true;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   return false;
@@ -103,7 +103,7 @@ TEST(ServeEngine, ConcurrentRequestsGetTheTokensOfEachAlone) {
         << "prompt of " << lengths[p] << " tokens";
   }
   EXPECT_TRUE(wait_for_free_cache(engine));
-  EXPECT_EQ(engine.metrics().generation_tokens.load(), static_cast<int64_t>(prompts.size()) * max_tokens);
+  EXPECT_EQ(engine.metrics().serving.generation_tokens.value(), static_cast<double>(prompts.size() * max_tokens));
 }
 
 // Penalties reach the sampler with the request's own output so far: the served tokens equal a plain loop

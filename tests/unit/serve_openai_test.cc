@@ -1,4 +1,5 @@
-// The OpenAI request checks and the streamed text assembly of `moex serve` (src/moex/serve/openai.*).
+// The OpenAI request checks of `moex serve` (src/moex/serve/openai.*); streamed text and stop strings are
+// runtime/stop_strings (stop_strings_test.cc).
 // The server end to end, driven by the official `openai` client, is tests/serve.
 #include <gtest/gtest.h>
 
@@ -24,9 +25,11 @@ const Tokenizer& tiny_tokenizer() {
   return tokenizer;
 }
 
-ApiError refused(const std::string& body, bool chat = false) {
+const ChatTemplate& mixtral_template();
+
+ApiError refused(const std::string& body, bool chat = false, bool with_template = true) {
   try {
-    parse_request(body, chat, tiny_tokenizer(), "tiny", 64);
+    parse_request(body, chat, tiny_tokenizer(), "tiny", 64, chat && with_template ? &mixtral_template() : nullptr);
   } catch (const ApiError& e) {
     return e;
   }
@@ -59,19 +62,52 @@ TEST(ServeOpenAI, ParsesACompletionRequest) {
   EXPECT_EQ(pen.generation.sampler.frequency_penalty, -1.5f);
 }
 
-TEST(ServeOpenAI, ChatPromptIsMixtralsInstFormat) {
+const ChatTemplate& mixtral_template() {
+  static const ChatTemplate t(kMixtralChatTemplate, "<s>", "</s>");
+  return t;
+}
+
+TEST(ServeOpenAI, ChatPromptIsTheTemplatesWithSpecialTokensAsIds) {
   const ApiRequest r = parse_request(
       R"({"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
                        {"role": "assistant", "content": "Hello"}, {"role": "user", "content": [{"type": "text", "text": "Why?"}]}]})",
-      true, tiny_tokenizer(), "tiny", 256);
+      true, tiny_tokenizer(), "tiny", 256, &mixtral_template());
+  // Mixtral-Instruct's format, written out here: the text between <s> / </s> is encoded in one piece.
   const Tokenizer& t = tiny_tokenizer();
   std::vector<int32_t> want = {static_cast<int32_t>(t.bos_id())};
-  for (int id : t.encode("[INST] Be brief.\n\nHi [/INST]", false)) want.push_back(id);
-  for (int id : t.encode("Hello", false)) want.push_back(id);
+  for (int id : t.encode(" [INST] Be brief.\n\nHi [/INST] Hello", false)) want.push_back(id);
   want.push_back(t.eos_id());
-  for (int id : t.encode("[INST] Why? [/INST]", false)) want.push_back(id);
+  for (int id : t.encode(" [INST] Why? [/INST]", false)) want.push_back(id);
   EXPECT_EQ(r.generation.prompt, want);
   EXPECT_EQ(r.generation.max_tokens, 256 - static_cast<int64_t>(want.size()));  // chat: what the context leaves
+  // The template's raise_exception (roles that do not alternate) is a 400 naming messages.
+  try {
+    parse_request(R"({"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]})", true,
+                  tiny_tokenizer(), "tiny", 256, &mixtral_template());
+    ADD_FAILURE() << "accepted two user turns in a row";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.param, "messages");
+    EXPECT_NE(e.message.find("alternate"), std::string::npos) << e.message;
+  }
+  // No template: a chat request is a 400 that says so.
+  const ApiError none = refused(R"({"messages": [{"role": "user", "content": "a"}]})", true, /*with_template=*/false);
+  EXPECT_NE(none.message.find("no chat template"), std::string::npos) << none.message;
+}
+
+TEST(ServeOpenAI, ParsesLogprobsInBothShapes) {
+  const ApiRequest c = parse_request(R"({"prompt": "x", "logprobs": 3})", false, tiny_tokenizer(), "tiny", 64);
+  EXPECT_TRUE(c.generation.sampler.logprobs);
+  EXPECT_EQ(c.generation.sampler.top_logprobs, 3);
+  const ApiRequest z = parse_request(R"({"prompt": "x", "logprobs": 0})", false, tiny_tokenizer(), "tiny", 64);
+  EXPECT_TRUE(z.generation.sampler.logprobs);
+  EXPECT_EQ(z.generation.sampler.top_logprobs, 0);
+  const ApiRequest h = parse_request(R"({"messages": [{"role": "user", "content": "a"}], "logprobs": true, "top_logprobs": 5})",
+                                     true, tiny_tokenizer(), "tiny", 64, &mixtral_template());
+  EXPECT_TRUE(h.generation.sampler.logprobs);
+  EXPECT_EQ(h.generation.sampler.top_logprobs, 5);
+  EXPECT_EQ(refused(R"({"prompt": "x", "logprobs": 21})").param, "logprobs");
+  EXPECT_EQ(refused(R"({"prompt": "x", "logprobs": true})").param, "logprobs");
+  EXPECT_EQ(refused(R"({"messages": [{"role": "user", "content": "a"}], "top_logprobs": 2})", true).param, "top_logprobs");
 }
 
 TEST(ServeOpenAI, RefusesBadRequestsNamingTheField) {
@@ -89,7 +125,6 @@ TEST(ServeOpenAI, RefusesBadRequestsNamingTheField) {
   EXPECT_EQ(refused(R"({"prompt": "x", "stop": 5})").param, "stop");
   EXPECT_EQ(refused(R"({"prompt": "x", "n": 2})").param, "n");
   EXPECT_EQ(refused(R"({"prompt": "x", "frobnicate": true})").param, "frobnicate");
-  EXPECT_EQ(refused(R"({"prompt": "x", "logprobs": 2})").param, "logprobs");
   EXPECT_EQ(refused(R"({"prompt": "x", "presence_penalty": 2.5})").param, "presence_penalty");
   EXPECT_EQ(refused(R"({"prompt": "x", "frequency_penalty": "lots"})").param, "frequency_penalty");
   EXPECT_EQ(refused(R"({"prompt": "x", "stream_options": {"include_usage": true}})").param, "stream_options");
@@ -107,25 +142,6 @@ TEST(ServeOpenAI, RefusesBadRequestsNamingTheField) {
   EXPECT_EQ(refused(R"({"messages": [{"role": "robot", "content": "x"}]})", true).param, "messages[0].role");
   EXPECT_EQ(refused(R"({"messages": [{"role": "user", "content": 7}]})", true).param, "messages[0].content");
   EXPECT_EQ(refused(R"({"messages": [{"role": "user", "content": "x"}], "prompt": "y"})", true).param, "prompt");
-}
-
-TEST(ServeOpenAI, StreamedTextEqualsTheWholeDecodeAndStopsBeforeAStopString) {
-  const Tokenizer& t = tiny_tokenizer();
-  const std::vector<int> prompt = t.encode("The cat", true);
-  const std::vector<int> completion = t.encode("The cat sat on the mat. Then it slept.", true);
-  std::vector<int32_t> gen(completion.begin() + static_cast<long>(prompt.size()), completion.end());
-  const std::string whole = t.decode(completion).substr(t.decode(prompt).size());
-  // Token by token, the pieces add up to the whole decode.
-  TextAssembler streamed(t, std::vector<int32_t>(prompt.begin(), prompt.end()), {}, t.eos_id());
-  std::string text;
-  for (size_t i = 0; i < gen.size(); ++i) text += streamed.add({gen[i]}, i + 1 == gen.size());
-  EXPECT_EQ(text, whole);
-  // A stop string split over tokens ends the text before it, and nothing of it leaks out first.
-  TextAssembler stopping(t, std::vector<int32_t>(prompt.begin(), prompt.end()), {"mat."}, t.eos_id());
-  text.clear();
-  for (size_t i = 0; i < gen.size() && !stopping.stopped(); ++i) text += stopping.add({gen[i]}, i + 1 == gen.size());
-  EXPECT_TRUE(stopping.stopped());
-  EXPECT_EQ(text, whole.substr(0, whole.find("mat.")));
 }
 
 }  // namespace

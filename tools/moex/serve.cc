@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "moex/base/threads.h"
+#include "moex/runtime/chat_template.h"
 #include "moex/runtime/tokenizer.h"
 #include "moex/serve/engine.h"
 #include "moex/serve/http_server.h"
@@ -29,6 +30,7 @@ struct ServeFlags {
   std::string served_model_name;
   bool no_prefix_caching = false;
   int http_threads = 0;
+  std::string chat_template;  // a Jinja file; empty: the model's tokenizer_config.json chat_template
 };
 
 void run_serve(ServeFlags flags) {
@@ -44,6 +46,11 @@ void run_serve(ServeFlags flags) {
   flags.model.max_step_tokens = static_cast<int>(flags.max_batch_tokens);
   flags.model.kv_cache_gb = flags.kv_cache_gb;
   Tokenizer tokenizer(flags.model.model_dir + "/tokenizer.model");
+  // The chat template: --chat-template FILE, else the checkpoint's; one that does not parse stops start-up
+  // (exit 2). A model with none serves /v1/completions only: chat requests get a 400 (as vLLM).
+  std::unique_ptr<ChatTemplate> chat_template;
+  if (!flags.chat_template.empty() || ChatTemplate::model_has_template(flags.model.model_dir))
+    chat_template = std::make_unique<ChatTemplate>(ChatTemplate::load(flags.model.model_dir, flags.chat_template));
 
   // SIGINT / SIGTERM end the server through a watcher thread (httplib's stop() is not async-signal-safe);
   // blocked before any thread starts, so every thread inherits the mask.
@@ -65,7 +72,14 @@ void run_serve(ServeFlags flags) {
   }
   MOEX_CHECK_INPUT(tokenizer.vocab_size() <= model->config().vocab_size, "tokenizer.model has ",
                    tokenizer.vocab_size(), " pieces but config.json's vocab_size is ", model->config().vocab_size);
+  serve::ServerOptions so;
+  so.model_name = flags.served_model_name.empty()
+                      ? std::filesystem::path(flags.model.model_dir).lexically_normal().filename().string()
+                      : flags.served_model_name;
+  if (so.model_name.empty()) so.model_name = std::filesystem::path(flags.model.model_dir).parent_path().filename().string();
+  so.chat_template = chat_template.get();
   serve::EngineOptions eo;
+  eo.model_name = so.model_name;
   eo.max_num_seqs = flags.max_num_seqs;
   eo.max_batch_tokens = flags.max_batch_tokens;
   eo.max_waiting = flags.max_waiting;
@@ -75,14 +89,9 @@ void run_serve(ServeFlags flags) {
   serve::Engine engine(*model, eo);
   unpin_this_thread();  // the HTTP workers started below take the process's CPUs, not the engine's first one
 
-  serve::ServerOptions so;
   so.host = flags.host;
   so.port = flags.port;
   so.api_key = flags.api_key;
-  so.model_name = flags.served_model_name.empty()
-                      ? std::filesystem::path(flags.model.model_dir).lexically_normal().filename().string()
-                      : flags.served_model_name;
-  if (so.model_name.empty()) so.model_name = std::filesystem::path(flags.model.model_dir).parent_path().filename().string();
   so.http_threads = flags.http_threads > 0 ? flags.http_threads
                                            : static_cast<int>(std::min<int64_t>(flags.max_num_seqs + flags.max_waiting + 8, 512));
   serve::HttpServer server(engine, tokenizer, so);
@@ -94,9 +103,10 @@ void run_serve(ServeFlags flags) {
     server.stop();
   });
   const auto& kv = model->kv_cache();
-  std::printf("moex serve: listening on http://%s:%d (model '%s'; KV cache %s, %lld blocks = %lld positions; "
+  std::printf("moex serve: listening on http://%s:%d (model '%s'; chat template %s; KV cache %s, %lld blocks = %lld positions; "
               "--max-num-seqs %lld, --max-batch-tokens %lld, --max-model-len %lld, prefix caching %s%s)\n",
-              so.host.c_str(), server.port(), so.model_name.c_str(), kv_cache_dtype_name(kv.dtype()),
+              so.host.c_str(), server.port(), so.model_name.c_str(),
+              chat_template ? chat_template->family().c_str() : "none", kv_cache_dtype_name(kv.dtype()),
               static_cast<long long>(kv.num_blocks()), static_cast<long long>(kv.capacity_positions()),
               static_cast<long long>(eo.max_num_seqs), static_cast<long long>(eo.max_batch_tokens), static_cast<long long>(eo.max_model_len),
               eo.prefix_caching ? "on" : "off", plan.single() ? "" : ("; " + plan.describe()).c_str());
@@ -127,6 +137,8 @@ void setup_serve(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--api-key", flags->api_key, "Require 'Authorization: Bearer KEY' on /v1/*");
   cmd->add_option("--served-model-name", flags->served_model_name, "The model's name in the API (default: the folder's)");
+  cmd->add_option("--chat-template", flags->chat_template,
+                  "Jinja chat template file (default: tokenizer_config.json's chat_template)");
   cmd->add_flag("--no-prefix-caching", flags->no_prefix_caching, "Do not reuse the KV blocks of shared prefixes");
   cmd->add_option("--http-threads", flags->http_threads, "HTTP worker threads (0: max-num-seqs + max-waiting + 8, <= 512)")
       ->capture_default_str();

@@ -63,6 +63,7 @@ class SelfCommunicator final : public Communicator {
   P2PRequest isend(const void*, size_t, int peer, int) override { bad_peer(peer); }
   P2PRequest irecv(void*, size_t, int peer, int) override { bad_peer(peer); }
   void wait_all(std::span<P2PRequest>) override {}
+  bool test_all(std::span<P2PRequest>) override { return true; }
   void allreduce(void* data, size_t count, CommDType dtype, AllreduceAlgo algo) override {
     // Nothing crosses a wire, so nothing is quantised; the event still reports the call.
     const int64_t now = steady_now_ns();
@@ -282,6 +283,16 @@ void MpiCommunicator::wait_all(std::span<P2PRequest> requests) {
   }
   stats_.wait_ns += steady_now_ns() - start;
   for (auto& request : requests) request = from_mpi(MPI_REQUEST_NULL);
+}
+
+bool MpiCommunicator::test_all(std::span<P2PRequest> requests) {
+  std::vector<MPI_Request> handles(requests.size());
+  for (size_t i = 0; i < requests.size(); ++i) handles[i] = to_mpi(requests[i]);
+  int done = 0;
+  check(MPI_Testall(static_cast<int>(handles.size()), handles.data(), &done, MPI_STATUSES_IGNORE), "MPI_Testall");
+  if (!done) return false;  // MPI_Testall leaves the requests as they were
+  for (auto& request : requests) request = from_mpi(MPI_REQUEST_NULL);
+  return true;
 }
 
 void MpiCommunicator::sendrecv(const void* send, size_t send_bytes, int dest, void* recv, size_t recv_bytes,

@@ -37,6 +37,9 @@ class Communicator {
   virtual P2PRequest irecv(void* data, size_t bytes, int peer, int tag) = 0;
   // Blocks until all complete; a peer that makes no progress for the comm timeout is an error (exit 3).
   virtual void wait_all(std::span<P2PRequest> requests) = 0;
+  // Never blocks: true when all have completed (they are then released), else nothing changes. For a
+  // waiter that sleeps between tests instead of spinning (an idle `moex serve` rank, serve/step_sync).
+  virtual bool test_all(std::span<P2PRequest> requests) = 0;
 
   // ---- collectives (blocking; every rank of the group calls them in the same order) ----
   // data [count] of dtype (fp32 for kF32/kF8, uint16_t bf16 for kBF16); in place, sum.

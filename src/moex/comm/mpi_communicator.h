@@ -76,6 +76,7 @@ class MpiCommunicator final : public Communicator {
   P2PRequest isend(const void* data, size_t bytes, int peer, int tag) override;
   P2PRequest irecv(void* data, size_t bytes, int peer, int tag) override;
   void wait_all(std::span<P2PRequest> requests) override;
+  bool test_all(std::span<P2PRequest> requests) override;
 
   void allreduce(void* data, size_t count, CommDType dtype, AllreduceAlgo algo) override;
   void alltoallv(const void* send, std::span<const size_t> send_counts, std::span<const size_t> send_offsets,

@@ -1067,9 +1067,21 @@ ChatTemplate ChatTemplate::load(const std::string& model_dir, const std::string&
   } else {
     MOEX_CHECK_INPUT(has_config && config.contains("chat_template"), "the model has no chat template (",
                      config_path, " has no \"chat_template\"): pass --chat-template FILE");
-    const nlohmann::json& t = config["chat_template"];
-    MOEX_CHECK_INPUT(t.is_string(), config_path, ": \"chat_template\" is not a string (named templates are not supported)");
-    source = t.get<std::string>();
+    const nlohmann::json* t = &config["chat_template"];
+    if (t->is_array()) {  // named templates: HF's apply_chat_template takes "default" when none is asked for
+      const nlohmann::json* chosen = nullptr;
+      for (const nlohmann::json& named : *t) {
+        MOEX_CHECK_INPUT(named.is_object() && named.contains("name") && named["name"].is_string() &&
+                             named.contains("template") && named["template"].is_string(),
+                         config_path, ": \"chat_template\" as a list holds {\"name\": string, \"template\": string}");
+        if (named["name"] == "default") chosen = &named["template"];
+      }
+      MOEX_CHECK_INPUT(chosen != nullptr, config_path,
+                       ": \"chat_template\" lists named templates but none named \"default\": pass --chat-template FILE");
+      t = chosen;
+    }
+    MOEX_CHECK_INPUT(t->is_string(), config_path, ": \"chat_template\" must be a string or a list of named templates");
+    source = t->get<std::string>();
     where = config_path;
   }
   try {
@@ -1077,6 +1089,18 @@ ChatTemplate ChatTemplate::load(const std::string& model_dir, const std::string&
   } catch (const Error& e) {
     throw_error(ErrorKind::kInvalidInput, where + ": " + e.what());
   }
+}
+
+bool ChatTemplate::model_has_template(const std::string& model_dir) {
+  const std::string config_path = model_dir + "/tokenizer_config.json";
+  if (!std::filesystem::exists(config_path)) return false;
+  nlohmann::json config;
+  try {
+    config = nlohmann::json::parse(read_small_file(config_path, 16 << 20));
+  } catch (const nlohmann::json::exception& e) {
+    throw_error(ErrorKind::kInvalidInput, config_path + ": not valid JSON: " + e.what());
+  }
+  return config.is_object() && config.contains("chat_template") && !config["chat_template"].is_null();
 }
 
 }  // namespace moex

@@ -42,8 +42,11 @@ class ChatTemplate {
   ChatTemplate& operator=(ChatTemplate&&) noexcept;
 
   // The model's template: `chat_template_file` when non-empty, else tokenizer_config.json's
-  // `chat_template` in `model_dir` (bos/eos tokens from the same file). No template is an error.
+  // `chat_template` in `model_dir` (bos/eos tokens from the same file): a string, or HF's list of named
+  // templates [{"name", "template"}], of which "default" is used. No template is an error.
   static ChatTemplate load(const std::string& model_dir, const std::string& chat_template_file = "");
+  // Whether `model_dir`'s tokenizer_config.json has a `chat_template` (what load() would read).
+  static bool model_has_template(const std::string& model_dir);
 
   // The prompt text. `add_generation_prompt`: end with the assistant's turn opening (ChatML's
   // "<|im_start|>assistant\n"; the [INST] format has none). A template's raise_exception (roles that do

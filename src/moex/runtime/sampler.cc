@@ -9,6 +9,33 @@ namespace moex {
 namespace {
 // Up to this many candidates (top-k) are sorted at once; more are sorted lazily (see Sampler::sample).
 constexpr int kSortAllBelow = 1024;
+
+// The nucleus cut and the draw, over candidates in sampling order (largest logit first): `weight(i)` is
+// candidate i's unnormalised probability (it may sort lazily, so it is asked in increasing i), `total`
+// the sum of weights over [0, keep). Cuts to the smallest prefix whose probability reaches top_p, then
+// draws from it with `rng`; returns the index drawn.
+template <class Weight>
+int cut_and_draw(int keep, double total, float top_p, std::mt19937_64& rng, const Weight& weight) {
+  if (top_p < 1.0f) {
+    double cumulative = 0.0;
+    for (int i = 0; i < keep; ++i) {
+      cumulative += weight(i) / total;
+      if (cumulative >= top_p) {
+        keep = i + 1;
+        total = cumulative * total;
+        break;
+      }
+    }
+  }
+  std::uniform_real_distribution<double> uniform(0.0, total);
+  double r = uniform(rng);
+  for (int i = 0; i < keep; ++i) {
+    r -= weight(i);
+    if (r <= 0.0) return i;
+  }
+  weight(keep - 1);  // rounding left r above 0: the last candidate (sorted into place first)
+  return keep - 1;
+}
 }  // namespace
 
 int argmax(const float* logits, int n) {
@@ -79,24 +106,8 @@ int Sampler::sample(const float* logits, int vocab_size, const TokenCounts* gene
     const float max_logit = candidates_[0].first;
     double total = 0.0;
     for (int i = 0; i < keep; ++i) total += (candidates_[i].first = std::exp(candidates_[i].first - max_logit));
-    if (options_.top_p < 1.0f) {  // smallest prefix whose probability reaches top_p
-      double cumulative = 0.0;
-      for (int i = 0; i < keep; ++i) {
-        cumulative += candidates_[i].first / total;
-        if (cumulative >= options_.top_p) {
-          keep = i + 1;
-          total = cumulative * total;
-          break;
-        }
-      }
-    }
-    std::uniform_real_distribution<double> uniform(0.0, total);
-    double r = uniform(rng_);
-    for (int i = 0; i < keep; ++i) {
-      r -= candidates_[i].first;
-      if (r <= 0.0) return candidates_[i].second;
-    }
-    return candidates_[keep - 1].second;
+    const auto weight = [&](int i) { return static_cast<double>(candidates_[i].first); };
+    return candidates_[cut_and_draw(keep, total, options_.top_p, rng_, weight)].second;
   }
   // Many candidates (no top-k, or a large one): the same walk in the same order (largest logit first, ties
   // to the lower id), but sorted lazily, a growing prefix at a time, since the walk and the top-p cut
@@ -117,25 +128,7 @@ int Sampler::sample(const float* logits, int vocab_size, const TokenCounts* gene
     }
     return std::exp(candidates_[i].first - max_logit);
   };
-  if (options_.top_p < 1.0f) {
-    double cumulative = 0.0;
-    for (int i = 0; i < keep; ++i) {
-      cumulative += weight_at(i) / total;
-      if (cumulative >= options_.top_p) {
-        keep = i + 1;
-        total = cumulative * total;
-        break;
-      }
-    }
-  }
-  std::uniform_real_distribution<double> uniform(0.0, total);
-  double r = uniform(rng_);
-  for (int i = 0; i < keep; ++i) {
-    r -= weight_at(i);
-    if (r <= 0.0) return candidates_[i].second;
-  }
-  weight_at(keep - 1);
-  return candidates_[keep - 1].second;
+  return candidates_[cut_and_draw(keep, total, options_.top_p, rng_, weight_at)].second;
 }
 
 void Sampler::sample(const float* logits, int vocab_size, const TokenCounts* generated, SampledToken* out) {

@@ -17,16 +17,18 @@ RequestStream::Read RequestStream::wait(std::chrono::milliseconds timeout) {
   cv_.wait_for(lock, timeout, [&] { return !tokens_.empty() || finished_; });
   Read r;
   r.tokens.swap(tokens_);
+  r.logprobs.swap(logprobs_);
   r.finished = finished_;
   r.finish_reason = finish_reason_;
   r.error = error_;
   return r;
 }
 
-void RequestStream::push(int32_t token) {
+void RequestStream::push(int32_t token, const SampledToken* logprobs) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     tokens_.push_back(token);
+    if (logprobs) logprobs_.push_back(*logprobs);
   }
   cv_.notify_all();
 }
@@ -41,6 +43,16 @@ void RequestStream::finish(const std::string& reason, const std::string& error) 
   cv_.notify_all();
 }
 
+// ---- EngineMetrics -------------------------------------------------------------------------------------
+
+EngineMetrics::EngineMetrics(const std::string& model_name)
+    : serving(registry, model_name),  // model_name is a label of each of its metrics, as of these:
+      kv_blocks_used(registry.gauge("moex:kv_cache_blocks_used", "KV-cache blocks referenced by a request.",
+                                    {{"model_name", model_name}})),
+      kv_blocks_total(registry.gauge("moex:kv_cache_blocks_total", "KV-cache blocks in the pool.", {{"model_name", model_name}})),
+      requests_rejected(registry.counter("moex:requests_rejected_total", "Requests refused with 429 (queue full).",
+                                         {{"model_name", model_name}})) {}
+
 // ---- Engine --------------------------------------------------------------------------------------------
 
 namespace {
@@ -52,7 +64,8 @@ Engine::Engine(MixtralModel& model, const EngineOptions& options)
       options_(options),
       num_blocks_(model.kv_cache().num_blocks()),
       blocks_(static_cast<int32_t>(num_blocks_), static_cast<int32_t>(kernels::kKvBlockSize), options.prefix_caching),
-      scheduler_(SchedulerOptions{options.max_num_seqs, options.max_batch_tokens}, blocks_) {
+      scheduler_(SchedulerOptions{options.max_num_seqs, options.max_batch_tokens}, blocks_),
+      metrics_(options.model_name) {
   MOEX_CHECK_INPUT(options.max_batch_tokens <= model.options().max_step_tokens, "--max-batch-tokens ",
                    options.max_batch_tokens, " is more than the model's step size ", model.options().max_step_tokens);
   MOEX_CHECK_INPUT(options.max_model_len >= 2 && options.max_model_len <= model.options().max_seq_len,
@@ -63,7 +76,7 @@ Engine::Engine(MixtralModel& model, const EngineOptions& options)
   logit_rows_.reserve(options.max_num_seqs);
   sampled_.reserve(options.max_num_seqs);
   logits_.resize(static_cast<size_t>(options.max_num_seqs) * model.config().vocab_size);
-  metrics_.kv_blocks_total = num_blocks_;
+  metrics_.kv_blocks_total.set(static_cast<double>(num_blocks_));
   thread_ = std::thread([this] {
     become_compute_thread();  // this thread and its OpenMP team on the CPUs, not all on the main thread's one
     loop();
@@ -103,7 +116,7 @@ std::shared_ptr<RequestStream> Engine::submit(GenerationRequest request) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (in_flight_ >= options_.max_num_seqs + options_.max_waiting) {
-      ++metrics_.requests_rejected;
+      metrics_.requests_rejected.inc();
       return nullptr;
     }
     ++in_flight_;
@@ -117,23 +130,33 @@ void Engine::finish(SeqId, Active& a, const std::string& reason, const std::stri
   if (a.finished) return;
   a.finished = true;
   a.stream->finish(reason, error);
-  if (reason == "stop") ++metrics_.finished_stop;
-  else if (reason == "length") ++metrics_.finished_length;
-  else ++metrics_.finished_abort;
-  if (a.seen) metrics_.e2e_request_latency.observe(seconds(RequestStream::Clock::now() - a.arrival));
+  metrics::ServingMetrics& m = metrics_.serving;
+  if (reason == "stop") m.request_success_stop.inc();
+  else if (reason == "length") m.request_success_length.inc();
+  else m.request_success_abort.inc();
+  if (a.seen) m.e2e_request_latency_seconds.observe(seconds(RequestStream::Clock::now() - a.arrival));
+  if (a.first_token != RequestStream::Clock::time_point{}) {
+    m.request_prefill_time_seconds.observe(seconds(a.first_token - a.scheduled));
+    m.request_decode_time_seconds.observe(seconds(a.last_token - a.first_token));
+    if (a.num_tokens > 1)
+      m.time_per_output_token_seconds.observe(seconds(a.last_token - a.first_token) / static_cast<double>(a.num_tokens - 1));
+  }
   std::lock_guard<std::mutex> lock(mutex_);
   --in_flight_;
 }
 
 void Engine::publish_gauges() {
-  metrics_.num_requests_running = scheduler_.num_running();
+  metrics::ServingMetrics& m = metrics_.serving;
+  m.num_requests_running.set(static_cast<double>(scheduler_.num_running()));
   int64_t pending = 0;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     pending = static_cast<int64_t>(pending_.size());
   }
-  metrics_.num_requests_waiting = scheduler_.num_waiting() + pending;
-  metrics_.kv_blocks_used = blocks_.num_used_blocks();
+  m.num_requests_waiting.set(static_cast<double>(scheduler_.num_waiting() + pending));
+  const int64_t used = blocks_.num_used_blocks();
+  metrics_.kv_blocks_used.set(static_cast<double>(used));
+  m.kv_cache_usage_perc.set(static_cast<double>(used) / static_cast<double>(std::max<int64_t>(num_blocks_, 1)));
 }
 
 void Engine::loop() {
@@ -172,12 +195,14 @@ void Engine::step() {
       scheduler_.add(p.id, std::move(p.request.prompt), max_tokens);  // checked in submit: should not throw
     } catch (const std::exception& e) {
       p.stream->finish("abort", e.what());
-      ++metrics_.finished_abort;
+      metrics_.serving.request_success_abort.inc();
       std::lock_guard<std::mutex> lock(mutex_);
       --in_flight_;
       continue;
     }
-    Active a{p.stream, Sampler(p.request.sampler), {}, max_tokens, p.request.ignore_eos};
+    Active a(p.stream, p.request.sampler);
+    a.max_tokens = max_tokens;
+    a.ignore_eos = p.request.ignore_eos;
     a.arrival = p.arrival;
     active_.emplace(p.id, std::move(a));
   }
@@ -195,7 +220,8 @@ void Engine::step() {
 
   const StepPlan& plan = scheduler_.schedule();
   for (SeqId id : plan.released) active_.erase(id);
-  metrics_.num_preemptions += static_cast<int64_t>(plan.preempted.size());
+  metrics::ServingMetrics& m = metrics_.serving;
+  m.num_preemptions.inc(static_cast<double>(plan.preempted.size()));
   if (plan.seqs.empty()) {
     publish_gauges();
     return;
@@ -214,12 +240,13 @@ void Engine::step() {
     Active& a = active_.at(s.id);
     if (!a.seen) {  // first scheduled: its cached prefix is what the plan starts after
       a.seen = true;
-      const int64_t prompt = a.stream->prompt_tokens();
+      a.scheduled = now;
+      const double prompt = static_cast<double>(a.stream->prompt_tokens());
       a.stream->set_cached_tokens(s.begin);
-      metrics_.prompt_tokens += prompt;
-      metrics_.prefix_cache_queries += prompt;
-      metrics_.prefix_cache_hits += s.begin;
-      metrics_.request_queue_time.observe(seconds(now - a.arrival));
+      m.prompt_tokens.inc(prompt);
+      m.prefix_cache_queries.inc(prompt);
+      m.prefix_cache_hits.inc(static_cast<double>(s.begin));
+      m.request_queue_time_seconds.observe(seconds(now - a.arrival));
     }
   }
   StepInput input;
@@ -238,7 +265,8 @@ void Engine::step() {
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     if (!plan.seqs[i].sample) continue;
     Active& a = active_.at(plan.seqs[i].id);
-    sampled_[i] = a.sampler.sample(logits_.data() + r * vocab, vocab, &a.generated);
+    a.sampler.sample(logits_.data() + r * vocab, vocab, &a.generated, &a.last);  // logprobs when asked for
+    sampled_[i] = a.last.token;
     a.generated.add(sampled_[i]);
     ++r;
   }
@@ -251,13 +279,14 @@ void Engine::step() {
     const SeqId id = plan.seqs[i].id;
     Active& a = active_.at(id);
     const int32_t token = sampled_[i];
-    a.stream->push(token);
-    ++metrics_.generation_tokens;
+    a.stream->push(token, a.sampler.options().logprobs ? &a.last : nullptr);
+    m.generation_tokens.inc();
+    ++a.num_tokens;
     if (a.first_token == RequestStream::Clock::time_point{}) {
       a.first_token = done;
-      metrics_.time_to_first_token.observe(seconds(done - a.arrival));
+      m.time_to_first_token_seconds.observe(seconds(done - a.arrival));
     } else {
-      metrics_.inter_token_latency.observe(seconds(done - a.last_token));
+      m.inter_token_latency_seconds.observe(seconds(done - a.last_token));
     }
     a.last_token = done;
     if (!a.ignore_eos && token == eos) {

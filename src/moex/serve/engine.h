@@ -18,7 +18,7 @@
 #include "moex/runtime/kv_block_manager.h"
 #include "moex/runtime/sampler.h"
 #include "moex/runtime/scheduler.h"
-#include "moex/serve/metrics.h"
+#include "moex/runtime/metrics.h"
 
 namespace moex::serve {
 
@@ -28,6 +28,7 @@ struct EngineOptions {
   int64_t max_waiting = 256;       // requests queued beyond the running ones; more: rejected (HTTP 429)
   int64_t max_model_len = 2048;    // prompt + max_tokens
   bool prefix_caching = true;
+  std::string model_name = "moex";  // the model_name label on every metric
   // Multi-rank (this is rank 0): every step's input is broadcast to the other ranks (serve/step_sync.h).
   comm::Communicator* comm = nullptr;
 };
@@ -45,6 +46,7 @@ class RequestStream {
   using Clock = std::chrono::steady_clock;
   struct Read {
     std::vector<int32_t> tokens;  // new since the last read
+    std::vector<SampledToken> logprobs;  // one per token when the request asked for logprobs, else empty
     bool finished = false;
     std::string finish_reason;    // "stop" (EOS), "length" (max_tokens), "abort" (engine error), "cancelled"
     std::string error;            // non-empty: the request failed (message for the client)
@@ -59,7 +61,7 @@ class RequestStream {
 
   // Engine side.
   explicit RequestStream(int64_t prompt_tokens) : prompt_tokens_(prompt_tokens) {}
-  void push(int32_t token);
+  void push(int32_t token, const SampledToken* logprobs = nullptr);
   void finish(const std::string& reason, const std::string& error = "");
   void set_cached_tokens(int64_t n) { cached_tokens_.store(n); }
 
@@ -67,11 +69,22 @@ class RequestStream {
   std::mutex mutex_;
   std::condition_variable cv_;
   std::vector<int32_t> tokens_;
+  std::vector<SampledToken> logprobs_;
   bool finished_ = false;
   std::string finish_reason_, error_;
   std::atomic<bool> cancelled_{false};
   const int64_t prompt_tokens_;
   std::atomic<int64_t> cached_tokens_{0};
+};
+
+// The server's Prometheus metrics: vLLM's serving metrics (runtime/metrics.h) and the server's own.
+struct EngineMetrics {
+  explicit EngineMetrics(const std::string& model_name);
+  metrics::Registry registry;
+  metrics::ServingMetrics serving;
+  metrics::Gauge& kv_blocks_used;       // moex:kv_cache_blocks_used
+  metrics::Gauge& kv_blocks_total;      // moex:kv_cache_blocks_total
+  metrics::Counter& requests_rejected;  // moex:requests_rejected_total (HTTP 429)
 };
 
 class Engine {
@@ -89,18 +102,21 @@ class Engine {
   const EngineOptions& options() const { return options_; }
   const MixtralModel& model() const { return model_; }
   int64_t capacity_positions() const { return num_blocks_ * kernels::kKvBlockSize; }
-  Metrics& metrics() { return metrics_; }
+  EngineMetrics& metrics() { return metrics_; }
 
  private:
   struct Active {
+    Active(std::shared_ptr<RequestStream> s, const SamplerOptions& o) : stream(std::move(s)), sampler(o) {}
     std::shared_ptr<RequestStream> stream;
     Sampler sampler;
     TokenCounts generated;  // what the presence / frequency penalties look at
+    SampledToken last;      // the latest sampled token and its logprobs (reused: no allocation per token)
     int64_t max_tokens = 0;
+    int64_t num_tokens = 0;  // generated so far
     bool ignore_eos = false;
     bool seen = false;      // has been in a plan (its cached prefix is known)
     bool finished = false;  // its stream has its final event
-    RequestStream::Clock::time_point arrival, first_token, last_token;
+    RequestStream::Clock::time_point arrival, scheduled, first_token, last_token;
   };
   struct Pending {
     SeqId id;
@@ -118,7 +134,7 @@ class Engine {
   int64_t num_blocks_;
   KvBlockManager blocks_;
   Scheduler scheduler_;
-  Metrics metrics_;
+  EngineMetrics metrics_;
 
   std::mutex mutex_;  // guards pending_, stop_, in_flight_
   std::condition_variable cv_;

@@ -2,14 +2,17 @@
 
 #include <httplib.h>
 #include <netdb.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <ctime>
 #include <exception>
+#include <filesystem>
 
 #include "moex/base/error.h"
+#include "moex/runtime/stop_strings.h"
 #include "moex/serve/openai.h"
 
 namespace moex::serve {
@@ -31,26 +34,50 @@ ApiError api_error(int status, const std::string& message, const std::string& ty
   return e;
 }
 
-// One request's answer in the making: the tokens it has, the text so far, what it has sent.
+// The text of `token` after `before` (a few ids of context, so SentencePiece keeps its leading space).
+std::string token_text(const Tokenizer& tokenizer, std::vector<int> before, int token) {
+  const size_t head = tokenizer.decode(before).size();
+  before.push_back(token);
+  const std::string text = tokenizer.decode(before);
+  return text.size() > head ? text.substr(head) : std::string();
+}
+
+// One request's answer in the making: the tokens it has, the text so far (runtime/stop_strings: the
+// incremental detokenizer and the stop strings), its logprobs not yet sent.
 struct Completion {
-  Completion(const Tokenizer& tokenizer, ApiRequest request, std::shared_ptr<RequestStream> stream, int eos,
-             std::string id, int64_t created, std::string model)
-      : request(std::move(request)),
+  Completion(const Tokenizer& tokenizer, ApiRequest request, std::shared_ptr<RequestStream> stream, std::string id,
+             int64_t created, std::string model)
+      : tokenizer(tokenizer),
+        request(std::move(request)),
         stream(std::move(stream)),
-        text(tokenizer, this->request.generation.prompt, this->request.stop, eos),
+        text(tokenizer, std::vector<int>(this->request.generation.prompt.begin(), this->request.generation.prompt.end()),
+             this->request.stop),
         id(std::move(id)),
         created(created),
-        model(std::move(model)) {}
+        model(std::move(model)) {
+    const std::vector<int32_t>& p = this->request.generation.prompt;
+    recent.assign(p.end() - static_cast<std::ptrdiff_t>(std::min<size_t>(p.size(), kContext)), p.end());
+  }
+  static constexpr size_t kContext = 4;  // ids before a token that its logprobs text is decoded after
+  const Tokenizer& tokenizer;
   ApiRequest request;
   std::shared_ptr<RequestStream> stream;
-  TextAssembler text;
+  TextStream text;
   std::string id;
   int64_t created;
   std::string model;
   bool started = false;  // stream: the first chunk (chat: the role) is out
   bool done = false;     // the final event is out (or the client is gone)
+  int64_t completion_tokens = 0;  // tokens taken (up to the one that completed a stop string)
   std::string finish_reason;
   std::string error;
+  // logprobs of the tokens taken and not yet sent, with each token's text and its alternatives'.
+  std::vector<int> recent;
+  std::vector<SampledToken> logprobs;
+  std::vector<std::string> token_texts;
+  std::vector<std::vector<std::string>> top_texts;
+  std::vector<int64_t> offsets;
+  int64_t offset = 0;
 
   // Waits for the engine; returns the new final text. Sets done / finish_reason / error at the end.
   std::string next() {
@@ -60,22 +87,52 @@ struct Completion {
       error = r.error;
       return "";
     }
-    std::string delta = text.add(r.tokens, r.finished);
+    std::string delta;
+    for (size_t i = 0; i < r.tokens.size() && !text.stopped(); ++i) {
+      ++completion_tokens;
+      if (i < r.logprobs.size()) add_logprobs(r.logprobs[i]);
+      delta += text.add(r.tokens[i]).text;
+    }
     if (text.stopped()) {
       if (!r.finished) stream->cancel();  // the rest is not wanted
       done = true;
       finish_reason = "stop";
     } else if (r.finished) {
+      delta += text.finish();
       done = true;
       finish_reason = r.finish_reason == "length" ? "length" : "stop";
     }
     return delta;
   }
 
-  json usage() const { return usage_json(stream->prompt_tokens(), text.completion_tokens(), stream->cached_tokens()); }
+  void add_logprobs(const SampledToken& t) {
+    logprobs.push_back(t);
+    token_texts.push_back(token_text(tokenizer, recent, t.token));
+    std::vector<std::string> alternatives;
+    for (const TokenLogprob& e : t.top) alternatives.push_back(token_text(tokenizer, recent, e.token));
+    top_texts.push_back(std::move(alternatives));
+    offsets.push_back(offset);
+    offset += static_cast<int64_t>(token_texts.back().size());
+    recent.push_back(t.token);
+    if (recent.size() > kContext) recent.erase(recent.begin());
+  }
 
-  json choice(const std::string& delta, const std::string* reason, bool streaming) const {
-    json c = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", reason ? json(*reason) : json(nullptr)}};
+  // The logprobs object of the tokens taken since the last call (null when the request asked for none).
+  json take_logprobs() {
+    if (!request.generation.sampler.logprobs) return nullptr;
+    json out = request.chat ? chat_logprobs(logprobs, token_texts, top_texts)
+                            : completion_logprobs(logprobs, token_texts, offsets, top_texts);
+    logprobs.clear();
+    token_texts.clear();
+    top_texts.clear();
+    offsets.clear();
+    return out;
+  }
+
+  json usage() const { return usage_json(stream->prompt_tokens(), completion_tokens, stream->cached_tokens()); }
+
+  json choice(const std::string& delta, const std::string* reason, bool streaming, json lp = nullptr) const {
+    json c = {{"index", 0}, {"logprobs", std::move(lp)}, {"finish_reason", reason ? json(*reason) : json(nullptr)}};
     if (!request.chat) {
       c["text"] = delta;
     } else if (streaming) {
@@ -86,14 +143,54 @@ struct Completion {
     return c;
   }
 
-  json chunk(const std::string& delta, const std::string* reason) const {
+  json chunk(const std::string& delta, const std::string* reason, json lp = nullptr) const {
     return json{{"id", id},
                 {"object", request.chat ? "chat.completion.chunk" : "text_completion"},
                 {"created", created},
                 {"model", model},
-                {"choices", json::array({choice(delta, reason, true)})}};
+                {"choices", json::array({choice(delta, reason, true, std::move(lp))})}};
   }
 };
+
+// The socket of a request's connection, found by its address pair: cpp-httplib 0.11 (Debian 12's) does
+// not hand it to a handler, and a non-streamed handler has no write that could fail when the client goes.
+// -1 when not found (the request then runs to its end, as before).
+int connection_socket(const httplib::Request& req) {
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
+    int fd = -1;
+    try {
+      fd = std::stoi(entry.path().filename().string());
+    } catch (...) {
+      continue;
+    }
+    sockaddr_storage local{}, peer{};
+    socklen_t ll = sizeof(local), pl = sizeof(peer);
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0 ||
+        getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0)
+      continue;
+    char lhost[NI_MAXHOST], lport[NI_MAXSERV], phost[NI_MAXHOST], pport[NI_MAXSERV];
+    if (getnameinfo(reinterpret_cast<sockaddr*>(&local), ll, lhost, sizeof(lhost), lport, sizeof(lport),
+                    NI_NUMERICHOST | NI_NUMERICSERV) != 0 ||
+        getnameinfo(reinterpret_cast<sockaddr*>(&peer), pl, phost, sizeof(phost), pport, sizeof(pport),
+                    NI_NUMERICHOST | NI_NUMERICSERV) != 0)
+      continue;
+    if (req.remote_addr == phost && std::to_string(req.remote_port) == pport &&
+        std::to_string(req.local_port) == lport)
+      return fd;
+  }
+  return -1;
+}
+
+// True when the peer of `fd` has closed (or reset) its connection.
+bool peer_closed(int fd) {
+  if (fd < 0) return false;
+  pollfd p{fd, static_cast<short>(POLLIN | POLLRDHUP), 0};
+  if (poll(&p, 1, 0) <= 0) return false;
+  if (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) return true;
+  char byte;
+  return recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 0;  // readable with nothing to read: EOF
+}
 
 std::string sse(const json& j) { return "data: " + j.dump() + "\n\n"; }
 
@@ -186,7 +283,7 @@ void HttpServer::routes() {
 
   s.Get("/health", [](const httplib::Request&, httplib::Response& res) { res.set_content("{}", "application/json"); });
   s.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(engine_.metrics().render(), "text/plain; version=0.0.4");
+    res.set_content(engine_.metrics().registry.exposition(), "text/plain; version=0.0.4");
   });
   s.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
     const json model = {{"id", options_.model_name},     {"object", "model"},
@@ -200,7 +297,8 @@ void HttpServer::routes() {
       ApiRequest request;
       std::shared_ptr<RequestStream> stream;
       try {
-        request = parse_request(req.body, chat, tokenizer_, options_.model_name, engine_.options().max_model_len);
+        request = parse_request(req.body, chat, tokenizer_, options_.model_name, engine_.options().max_model_len,
+                                options_.chat_template);
         stream = engine_.submit(request.generation);
       } catch (const ApiError& e) {
         return send_error(res, e);
@@ -212,18 +310,25 @@ void HttpServer::routes() {
                                          "rate_limit_exceeded"));
       static std::atomic<int64_t> next{1};
       const std::string id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(next++);
-      auto c = std::make_shared<Completion>(tokenizer_, std::move(request), stream,
-                                            engine_.model().config().eos_token_id, id,
+      auto c = std::make_shared<Completion>(tokenizer_, std::move(request), stream, id,
                                             static_cast<int64_t>(std::time(nullptr)), options_.model_name);
       if (!c->request.stream) {
+        // Between the 50 ms waits, a client that has gone away cancels its request (at the engine's next step).
+        const int fd = connection_socket(req);
         std::string text;
-        while (!c->done) text += c->next();
+        while (!c->done) {
+          text += c->next();
+          if (!c->done && peer_closed(fd)) {
+            c->stream->cancel();
+            return;  // nobody to answer
+          }
+        }
         if (!c->error.empty()) return send_error(res, api_error(500, c->error, "internal_server_error"));
         json body = {{"id", c->id},
                      {"object", chat ? "chat.completion" : "text_completion"},
                      {"created", c->created},
                      {"model", c->model},
-                     {"choices", json::array({c->choice(text, &c->finish_reason, false)})},
+                     {"choices", json::array({c->choice(text, &c->finish_reason, false, c->take_logprobs())})},
                      {"usage", c->usage()}};
         return res.set_content(body.dump(), "application/json");
       }
@@ -252,7 +357,7 @@ void HttpServer::routes() {
               sink.done();
               return true;
             }
-            if (!delta.empty() && !write(sse(c->chunk(delta, nullptr)))) return false;
+            if (!delta.empty() && !write(sse(c->chunk(delta, nullptr, c->take_logprobs())))) return false;
             if (!c->done) {
               if (sink.is_writable && !sink.is_writable()) {
                 c->stream->cancel();
@@ -261,7 +366,7 @@ void HttpServer::routes() {
               }
               return true;
             }
-            std::string tail = sse(c->chunk("", &c->finish_reason));
+            std::string tail = sse(c->chunk("", &c->finish_reason, c->take_logprobs()));
             if (c->request.include_usage) {
               json u = c->chunk("", nullptr);
               u["choices"] = json::array();

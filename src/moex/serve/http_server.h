@@ -1,10 +1,12 @@
 // The HTTP face of the engine (cpp-httplib): the OpenAI endpoints, /health and /metrics. Each request runs
 // on a thread of the server's pool: it parses and checks the body, submits to the Engine and writes the
-// request's tokens as they come (SSE when streaming). A client that goes away mid-stream is cancelled.
+// request's tokens as they come (SSE when streaming). A client that goes away (mid-stream, or while a
+// non-streamed request waits) is cancelled.
 #pragma once
 #include <memory>
 #include <string>
 
+#include "moex/runtime/chat_template.h"
 #include "moex/runtime/tokenizer.h"
 #include "moex/serve/engine.h"
 
@@ -20,6 +22,7 @@ struct ServerOptions {
   std::string api_key;         // non-empty: /v1/* need "Authorization: Bearer <key>"
   std::string model_name;      // what /v1/models lists and requests may name
   int http_threads = 64;
+  const ChatTemplate* chat_template = nullptr;  // the model's; null: chat requests get a 400
 };
 
 class HttpServer {

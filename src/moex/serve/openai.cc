@@ -120,19 +120,11 @@ std::string message_text(const json& content, size_t index) {
   return text;
 }
 
-std::vector<int32_t> encode(const Tokenizer& tokenizer, const std::string& text) {
-  const std::vector<int> ids = tokenizer.encode(text, /*add_bos=*/false);
-  return std::vector<int32_t>(ids.begin(), ids.end());
-}
-
 }  // namespace
 
-std::vector<int32_t> mixtral_chat_prompt(const json& messages, const Tokenizer& tokenizer) {
+std::vector<int32_t> chat_prompt(const json& messages, const ChatTemplate& chat_template, const Tokenizer& tokenizer) {
   if (!messages.is_array() || messages.empty()) bad("messages", "'messages' must be a non-empty array");
-  std::vector<int32_t> ids;
-  if (tokenizer.bos_id() >= 0) ids.push_back(tokenizer.bos_id());
-  std::string system;
-  bool expect_user = true;
+  std::vector<ChatMessage> turns;
   for (size_t i = 0; i < messages.size(); ++i) {
     const json& m = messages[i];
     const std::string param = "messages[" + std::to_string(i) + "]";
@@ -143,33 +135,23 @@ std::vector<int32_t> mixtral_chat_prompt(const json& messages, const Tokenizer& 
     if (!m.contains("role") || !m["role"].is_string()) bad(param + ".role", "'" + param + ".role' must be a string");
     if (!m.contains("content")) bad(param + ".content", "'" + param + ".content' is required");
     const std::string role = m["role"].get<std::string>();
-    const std::string text = message_text(m["content"], i);
-    if (role == "system") {
-      if (i != 0) bad(param + ".role", "a system message may only come first");
-      system = text;
-    } else if (role == "user") {
-      if (!expect_user) bad(param + ".role", "roles must alternate user / assistant after an optional system message");
-      const std::string turn = "[INST] " + (system.empty() ? "" : system + "\n\n") + text + " [/INST]";
-      system.clear();
-      const std::vector<int32_t> t = encode(tokenizer, turn);
-      ids.insert(ids.end(), t.begin(), t.end());
-      expect_user = false;
-    } else if (role == "assistant") {
-      if (expect_user) bad(param + ".role", "roles must alternate user / assistant after an optional system message");
-      const std::vector<int32_t> t = encode(tokenizer, text);
-      ids.insert(ids.end(), t.begin(), t.end());
-      if (tokenizer.eos_id() >= 0) ids.push_back(tokenizer.eos_id());
-      expect_user = true;
-    } else {
+    if (role != "system" && role != "user" && role != "assistant")
       bad(param + ".role", "'" + param + ".role' must be system, user or assistant, got '" + role + "'");
-    }
+    turns.push_back(ChatMessage{role, message_text(m["content"], i)});
   }
-  if (expect_user) bad("messages", "the last message must come from the user");
-  return ids;
+  // The template decides what a conversation may look like (Mixtral's raises on roles that do not alternate).
+  std::string rendered;
+  try {
+    rendered = chat_template.render(turns, /*add_generation_prompt=*/true);
+  } catch (const Error& e) {
+    bad("messages", std::string("the chat template refused the messages: ") + e.what());
+  }
+  const std::vector<int> ids = chat_template.encode(tokenizer, rendered);
+  return std::vector<int32_t>(ids.begin(), ids.end());
 }
 
 ApiRequest parse_request(const std::string& body, bool chat, const Tokenizer& tokenizer, const std::string& served_model,
-                         int64_t max_model_len) {
+                         int64_t max_model_len, const ChatTemplate* chat_template) {
   if (!nesting_within(body, 32)) bad("", "the request body nests JSON deeper than 32 levels");
   const json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) bad("", "the request body is not valid JSON");
@@ -196,9 +178,21 @@ ApiRequest parse_request(const std::string& body, bool chat, const Tokenizer& to
   }
   // Features not offered (yet): refused rather than silently ignored.
   if (get_int(j, "n", 1, 1, 1) != 1) bad("n", "'n' must be 1");
-  if (j.contains("logprobs") && !j["logprobs"].is_null() && j["logprobs"] != false)
-    bad("logprobs", "'logprobs' is not supported by this server yet");
-  if (j.contains("top_logprobs") && !j["top_logprobs"].is_null()) bad("top_logprobs", "'top_logprobs' is not supported yet");
+  // logprobs: completions take `logprobs: N` (the top N besides the sampled token), chat `logprobs: true`
+  // with `top_logprobs: N`. Computed on the raw logits (runtime/sampler.h), N <= kMaxTopLogprobs.
+  SamplerOptions& so = r.generation.sampler;
+  if (chat) {
+    so.logprobs = get_bool(j, "logprobs", false);
+    so.top_logprobs = static_cast<int>(get_int(j, "top_logprobs", 0, 0, kMaxTopLogprobs));
+    if (so.top_logprobs > 0 && !so.logprobs) bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+  } else {
+    const auto lp = j.find("logprobs");
+    if (lp != j.end() && !lp->is_null()) {
+      if (lp->is_boolean()) bad("logprobs", "'logprobs' must be an integer (0..20) for /v1/completions");
+      so.top_logprobs = static_cast<int>(get_int(j, "logprobs", 0, 0, kMaxTopLogprobs));
+      so.logprobs = true;
+    }
+  }
   if (j.contains("logit_bias") && !j["logit_bias"].is_null() && !(j["logit_bias"].is_object() && j["logit_bias"].empty()))
     bad("logit_bias", "'logit_bias' is not supported yet");
   if (!chat) {
@@ -212,7 +206,10 @@ ApiRequest parse_request(const std::string& body, bool chat, const Tokenizer& to
   std::vector<int32_t>& prompt = r.generation.prompt;
   if (chat) {
     if (!j.contains("messages")) bad("messages", "'messages' is required");
-    prompt = mixtral_chat_prompt(j["messages"], tokenizer);
+    if (!chat_template)
+      bad("messages", "this model has no chat template (tokenizer_config.json has no \"chat_template\"): "
+                      "use /v1/completions, or start the server with --chat-template FILE");
+    prompt = chat_prompt(j["messages"], *chat_template, tokenizer);
   } else {
     if (!j.contains("prompt")) bad("prompt", "'prompt' is required");
     const json& p = j["prompt"];
@@ -247,7 +244,7 @@ ApiRequest parse_request(const std::string& body, bool chat, const Tokenizer& to
                             : "max_tokens";
   r.generation.max_tokens = get_int(j, max_key, chat ? max_model_len - prompt_len : 16, 1, big);
 
-  SamplerOptions& s = r.generation.sampler;
+  SamplerOptions& s = so;
   s.temperature = static_cast<float>(get_number(j, "temperature", 1.0, 0.0, 2.0));
   s.top_p = static_cast<float>(get_number(j, "top_p", 1.0, 0.0, 1.0));
   if (s.top_p <= 0.0f) bad("top_p", "'top_p' must be in (0, 1]");
@@ -278,67 +275,44 @@ ApiRequest parse_request(const std::string& body, bool chat, const Tokenizer& to
   return r;
 }
 
-// ---- text assembly -------------------------------------------------------------------------------------
+// ---- logprobs ------------------------------------------------------------------------------------------
 
-TextAssembler::TextAssembler(const Tokenizer& tokenizer, std::vector<int32_t> prompt, std::vector<std::string> stop,
-                             int eos_id)
-    : tokenizer_(tokenizer), stop_(std::move(stop)), eos_id_(eos_id) {
-  // Only the last few prompt tokens matter for how the completion's first piece decodes.
-  const size_t keep = std::min<size_t>(prompt.size(), 8);
-  ids_.assign(prompt.end() - keep, prompt.end());
-  prompt_text_len_ = tokenizer_.decode(std::vector<int>(ids_.begin(), ids_.end())).size();
+json completion_logprobs(const std::vector<SampledToken>& tokens, const std::vector<std::string>& text,
+                         const std::vector<int64_t>& offset, const std::vector<std::vector<std::string>>& top_text) {
+  json out = {{"tokens", json::array()}, {"token_logprobs", json::array()}, {"top_logprobs", json::array()},
+              {"text_offset", json::array()}};
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    out["tokens"].push_back(text[i]);
+    out["token_logprobs"].push_back(tokens[i].logprob);
+    json top = json::object();  // as vLLM: the top N, and the sampled token
+    for (size_t k = 0; k < tokens[i].top.size(); ++k)
+      if (!top.contains(top_text[i][k])) top[top_text[i][k]] = tokens[i].top[k].logprob;
+    if (!top.contains(text[i])) top[text[i]] = tokens[i].logprob;
+    out["top_logprobs"].push_back(std::move(top));
+    out["text_offset"].push_back(offset[i]);
+  }
+  return out;
 }
 
 namespace {
-// Bytes at the end of `s` that start an incomplete UTF-8 sequence (0 when it ends on a whole character).
-size_t incomplete_utf8_tail(const std::string& s) {
-  for (size_t back = 1; back <= std::min<size_t>(4, s.size()); ++back) {
-    const unsigned char c = static_cast<unsigned char>(s[s.size() - back]);
-    if ((c & 0xC0) == 0x80) continue;  // continuation byte
-    const size_t need = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 1;
-    return need > back ? back : 0;
-  }
-  return 0;
+json bytes_of(const std::string& s) {
+  json b = json::array();
+  for (unsigned char c : s) b.push_back(static_cast<int>(c));
+  return b;
 }
 }  // namespace
 
-std::string TextAssembler::add(const std::vector<int32_t>& tokens, bool last) {
-  if (stopped_) return "";
-  const int pieces = tokenizer_.vocab_size();
-  for (int32_t t : tokens) {
-    generated_.push_back(t);
-    if (t != eos_id_ && t >= 0 && t < pieces) ids_.push_back(t);  // ids past the tokenizer have no text
+json chat_logprobs(const std::vector<SampledToken>& tokens, const std::vector<std::string>& text,
+                   const std::vector<std::vector<std::string>>& top_text) {
+  json content = json::array();
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    json top = json::array();
+    for (size_t k = 0; k < tokens[i].top.size(); ++k)
+      top.push_back({{"token", top_text[i][k]}, {"logprob", tokens[i].top[k].logprob}, {"bytes", bytes_of(top_text[i][k])}});
+    content.push_back({{"token", text[i]}, {"logprob", tokens[i].logprob}, {"bytes", bytes_of(text[i])},
+                       {"top_logprobs", std::move(top)}});
   }
-  const std::string full = tokenizer_.decode(std::vector<int>(ids_.begin(), ids_.end()));
-  text_ = full.size() >= prompt_text_len_ ? full.substr(prompt_text_len_) : std::string();
-  size_t final_end = text_.size();
-  // The first stop string (earliest position) ends the text.
-  size_t stop_at = std::string::npos;
-  for (const std::string& s : stop_) {
-    const size_t at = text_.find(s, emitted_ > s.size() ? emitted_ - s.size() : 0);
-    if (at != std::string::npos && at < stop_at) stop_at = at;
-  }
-  if (stop_at != std::string::npos) {
-    stopped_ = true;
-    final_end = stop_at;
-  } else if (!last) {
-    // Hold back what could still become a stop string or is half a character.
-    size_t hold = 0;
-    for (const std::string& s : stop_)
-      for (size_t k = std::min(s.size() - 1, text_.size()); k > hold; --k)
-        if (text_.compare(text_.size() - k, k, s, 0, k) == 0) {
-          hold = k;
-          break;
-        }
-    hold = std::max(hold, incomplete_utf8_tail(text_));
-    // A decode ending in U+FFFD (an incomplete byte-fallback character) waits for its next token too.
-    if (text_.size() >= 3 && text_.compare(text_.size() - 3, 3, "\xEF\xBF\xBD") == 0) hold = std::max<size_t>(hold, 3);
-    final_end = text_.size() - std::min(hold, text_.size());
-  }
-  if (final_end <= emitted_) return "";
-  std::string out = text_.substr(emitted_, final_end - emitted_);
-  emitted_ = final_end;
-  return out;
+  return json{{"content", std::move(content)}};
 }
 
 json usage_json(int64_t prompt_tokens, int64_t completion_tokens, int64_t cached_tokens) {

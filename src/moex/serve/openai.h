@@ -1,7 +1,7 @@
 // The OpenAI API's shapes: request bodies of /v1/completions and /v1/chat/completions checked field by
-// field into a GenerationRequest, the chat prompt (Mixtral's [INST] format), streamed text assembly with
-// stop strings, and the response / chunk / error objects. Pure functions of their inputs, so the HTTP
-// server (http_server.cc) only moves bytes.
+// field into a GenerationRequest (the chat prompt rendered by the model's chat template,
+// runtime/chat_template.h), logprobs objects, usage and error objects. Pure functions of their inputs, so
+// the HTTP server (http_server.cc) only moves bytes; streamed text and stop strings are runtime/stop_strings.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "moex/runtime/chat_template.h"
 #include "moex/runtime/tokenizer.h"
 #include "moex/serve/engine.h"
 
@@ -37,34 +38,23 @@ bool nesting_within(const std::string& body, int max_depth);
 
 // Parses and checks a request body. Throws ApiError (400 for malformed JSON, wrong types, unknown fields,
 // values out of range; 404 for another model's name). `served_model` is the name /v1/models lists.
+// `chat_template`: the model's (null: it has none, and a chat request is a 400, as vLLM answers).
 ApiRequest parse_request(const std::string& body, bool chat, const Tokenizer& tokenizer, const std::string& served_model,
-                         int64_t max_model_len);
+                         int64_t max_model_len, const ChatTemplate* chat_template = nullptr);
 
-// The chat prompt in Mixtral's format: <s>[INST] {system}\n\n{user} [/INST]{assistant}</s>[INST] ... [/INST]
-std::vector<int32_t> mixtral_chat_prompt(const nlohmann::json& messages, const Tokenizer& tokenizer);
+// The prompt ids of a chat request's `messages`: checked (roles, text content), rendered by the template
+// and encoded (its bos / eos text as their ids). The template's raise_exception is a 400 naming 'messages'.
+std::vector<int32_t> chat_prompt(const nlohmann::json& messages, const ChatTemplate& chat_template,
+                                 const Tokenizer& tokenizer);
 
-// Turns generated ids into text as they arrive: the text is decode(prompt + generated) after decode(prompt)
-// (SentencePiece drops a leading space at the start of a decode), held back while it ends in an incomplete
-// UTF-8 sequence or could be the start of a stop string.
-class TextAssembler {
- public:
-  TextAssembler(const Tokenizer& tokenizer, std::vector<int32_t> prompt, std::vector<std::string> stop, int eos_id);
-  // Adds tokens; returns the text that is now final (not yet returned). `last`: nothing more will come.
-  std::string add(const std::vector<int32_t>& tokens, bool last);
-  bool stopped() const { return stopped_; }  // a stop string was found: the text ends before it
-  int64_t completion_tokens() const { return static_cast<int64_t>(generated_.size()); }
-
- private:
-  const Tokenizer& tokenizer_;
-  std::vector<int32_t> ids_;  // prompt + generated (EOS excluded)
-  std::vector<int32_t> generated_;
-  std::vector<std::string> stop_;
-  int eos_id_;
-  size_t prompt_text_len_ = 0;
-  std::string text_;    // the completion's text so far
-  size_t emitted_ = 0;  // bytes of text_ returned
-  bool stopped_ = false;
-};
+// logprobs objects. `text` is each token's text (what the detokenizer gave for it), `offset` the completion
+// text's length before each token.
+// /v1/completions (legacy): {tokens, token_logprobs, top_logprobs: [{text: logprob}], text_offset}.
+nlohmann::json completion_logprobs(const std::vector<SampledToken>& tokens, const std::vector<std::string>& text,
+                                   const std::vector<int64_t>& offset, const std::vector<std::vector<std::string>>& top_text);
+// chat: {content: [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}.
+nlohmann::json chat_logprobs(const std::vector<SampledToken>& tokens, const std::vector<std::string>& text,
+                             const std::vector<std::vector<std::string>>& top_text);
 
 nlohmann::json usage_json(int64_t prompt_tokens, int64_t completion_tokens, int64_t cached_tokens);
 
