@@ -33,6 +33,27 @@ const float* widen_tile(const uint16_t* src, float* dst, int64_t count) {
   return dst;
 }
 
+// acc[lane] = acc[lane] * correction[lane] + sum_j p[j][lane] v_j for lanes 0..n-1, C = head_dim / 16 chunks
+// as a compile-time count so the lane's accumulators stay in registers.
+template <int C>
+void add_pv(float* acc, const float* V, const float* p, const float* correction, int64_t n, int64_t valid, int64_t hd) {
+  for (int64_t lane = 0; lane < n; ++lane) {
+    float* a = acc + lane * hd;
+    const __m512 c = _mm512_set1_ps(correction[lane]);
+    __m512 av[C];
+#pragma GCC unroll 8
+    for (int k = 0; k < C; ++k) av[k] = _mm512_mul_ps(c, _mm512_maskz_loadu_ps(lane_mask(hd - 16 * k), a + 16 * k));
+    for (int64_t j = 0; j < valid; ++j) {
+      const __m512 pj = _mm512_set1_ps(p[j * 16 + lane]);
+#pragma GCC unroll 8
+      for (int k = 0; k < C; ++k)
+        av[k] = _mm512_fmadd_ps(pj, _mm512_maskz_loadu_ps(lane_mask(hd - 16 * k), V + j * hd + 16 * k), av[k]);
+    }
+#pragma GCC unroll 8
+    for (int k = 0; k < C; ++k) _mm512_mask_storeu_ps(a + 16 * k, lane_mask(hd - 16 * k), av[k]);
+  }
+}
+
 // e^x for x <= 0, with x below -87 taken as -87 (e^-87 ~ 1.6e-38): exp_ps(-inf) would be NaN.
 inline __m512 exp_nonpositive(__m512 x) { return exp_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f))); }
 
@@ -106,19 +127,15 @@ void tile(const PagedKvLayout& layout, const Elem* pool, int64_t layer, const Pa
       l = _mm512_fmadd_ps(l, correction, sum);
       m = m_new;
       _mm512_storeu_ps(lane_f, correction);
-      // acc[lane] = acc[lane] * correction + sum_j p[j][lane] v_j
-      for (int64_t lane = 0; lane < n; ++lane) {
-        float* a = acc + lane * hd;
-        const __m512 c = _mm512_set1_ps(lane_f[lane]);
-        __m512 av[8];
-        for (int64_t k = 0; k < chunks; ++k)
-          av[k] = _mm512_mul_ps(c, _mm512_maskz_loadu_ps(lane_mask(hd - 16 * k), a + 16 * k));
-        for (int64_t j = 0; j < valid; ++j) {
-          const __m512 pj = _mm512_set1_ps(p[j * 16 + lane]);
-          for (int64_t k = 0; k < chunks; ++k)
-            av[k] = _mm512_fmadd_ps(pj, _mm512_maskz_loadu_ps(lane_mask(hd - 16 * k), V + j * hd + 16 * k), av[k]);
-        }
-        for (int64_t k = 0; k < chunks; ++k) _mm512_mask_storeu_ps(a + 16 * k, lane_mask(hd - 16 * k), av[k]);
+      switch (chunks) {
+        case 1: add_pv<1>(acc, V, p, lane_f, n, valid, hd); break;
+        case 2: add_pv<2>(acc, V, p, lane_f, n, valid, hd); break;
+        case 3: add_pv<3>(acc, V, p, lane_f, n, valid, hd); break;
+        case 4: add_pv<4>(acc, V, p, lane_f, n, valid, hd); break;
+        case 5: add_pv<5>(acc, V, p, lane_f, n, valid, hd); break;
+        case 6: add_pv<6>(acc, V, p, lane_f, n, valid, hd); break;
+        case 7: add_pv<7>(acc, V, p, lane_f, n, valid, hd); break;
+        default: add_pv<8>(acc, V, p, lane_f, n, valid, hd); break;
       }
     }
     _mm512_storeu_ps(lane_f, _mm512_div_ps(_mm512_set1_ps(1.0f), l));
