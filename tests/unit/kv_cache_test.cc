@@ -201,6 +201,42 @@ TEST_F(PagedAttentionTest, RaggedHeadDimsAndLaneGroups) {
   check_case({14, 2, 72, seqs}, 10);  // hd 72, group 7: 112 vectors
 }
 
+TEST_F(PagedAttentionTest, AQueryRowsResultDoesNotDependOnTheRowsBesideIt) {
+  // Each query vector's lane runs its own sums in the same order whatever shares its tile: a prompt's rows
+  // computed in one prefill call equal, bit for bit, the same rows computed one decode-style call each
+  // (what --batch-invariant relies on). Both tiles.
+  PagedKvLayout layout;
+  layout.layers = 1;
+  layout.kv_heads = 2;
+  layout.head_dim = 48;
+  const int64_t heads = 8, len = 37, width = heads * layout.head_dim;
+  layout.num_blocks = (len + layout.block_size - 1) / layout.block_size;
+  std::mt19937 rng(12);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  std::vector<uint16_t> pool(layout.num_blocks * layout.block_elems());
+  for (uint16_t& v : pool) v = f32_to_bf16(uniform(rng));
+  std::vector<int32_t> table(layout.num_blocks);
+  std::iota(table.begin(), table.end(), 0);
+  std::vector<float> q(len * width);
+  for (float& v : q) v = uniform(rng);
+  std::vector<float> scratch(num_threads() * kernels::paged_attention_scratch_floats(layout, heads));
+  const bool had_x86 = use_x86_kernels();
+  for (bool x86 : {false, true}) {
+    if (x86 && !cpu_features().has_avx512_kernels()) continue;
+    SCOPED_TRACE(x86 ? "x86 tile" : "portable tile");
+    set_use_x86_kernels(x86);
+    std::vector<float> together(len * width, NAN), alone(len * width, NAN);
+    const PagedAttentionSeq prompt{table.data(), 0, len, 0};
+    kernels::paged_attention(layout, pool.data(), 0, &prompt, 1, q.data(), heads, together.data(), scratch.data());
+    for (int64_t r = 0; r < len; ++r) {
+      const PagedAttentionSeq one{table.data(), r, 1, r};
+      kernels::paged_attention(layout, pool.data(), 0, &one, 1, q.data(), heads, alone.data(), scratch.data());
+    }
+    for (int64_t i = 0; i < len * width; ++i) ASSERT_EQ(together[i], alone[i]) << "element " << i;
+  }
+  set_use_x86_kernels(had_x86);
+}
+
 // ---- the block pool ---------------------------------------------------------------------------------
 
 TEST(PagedKvCache, Bf16HoldsTwiceThePositionsOfTheFp32CacheInTheSameBytes) {
