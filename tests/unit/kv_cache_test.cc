@@ -8,6 +8,7 @@
 #include <random>
 #include <vector>
 
+#include "moex/base/cpu.h"
 #include "moex/base/dtype.h"
 #include "moex/base/error.h"
 #include "moex/base/threads.h"
@@ -127,33 +128,42 @@ void check_case(const AttentionCase& c, uint32_t seed) {
   contiguous_attention(q, keys, values, c.seqs, c.heads, c.kv_heads, c.hd, exact);
   contiguous_attention(q, keys_bf16, values_bf16, c.seqs, c.heads, c.kv_heads, c.hd, rounded);
   std::vector<float> scratch(num_threads() * kernels::paged_attention_scratch_floats(layout, c.heads));
-  kernels::paged_attention(layout, pool.data(), layer, seqs.data(), seqs.size(), q.data(), c.heads, fast.data(),
-                           scratch.data());
-  kernels::paged_attention_ref(layout, pool.data(), layer, seqs.data(), seqs.size(), q.data(), c.heads, ref.data());
+  // Both tiles: the portable one, and the AVX-512 one (x86/paged_attention_avx512.cc) where the CPU has it.
+  const bool had_x86 = use_x86_kernels();
+  for (bool x86 : {false, true}) {
+    if (x86 && !cpu_features().has_avx512_kernels()) continue;
+    SCOPED_TRACE(x86 ? "x86 tile" : "portable tile");
+    set_use_x86_kernels(x86);
+    std::fill(fast.begin(), fast.end(), NAN);
+    kernels::paged_attention(layout, pool.data(), layer, seqs.data(), seqs.size(), q.data(), c.heads, fast.data(),
+                             scratch.data());
+    kernels::paged_attention_ref(layout, pool.data(), layer, seqs.data(), seqs.size(), q.data(), c.heads, ref.data());
 
-  // Against the same bf16 values the only difference is fp32 summation order: 2e-5 on outputs |o| <= 1.
-  // Against exact fp32 K/V, bf16 storage adds: V rounding <= 2^-9 |v| (0.002) directly, and K rounding moves
-  // each score by <= 2^-9 * sum|q||k| / sqrt(hd) (<= 0.002 * sqrt(hd) worst case, ~0.002 typical with
-  // random signs), which moves the output by about that times |v|: 1e-2 bounds both with margin.
-  float worst_exact = 0;
-  for (size_t i = 0; i < q.size(); ++i) {
-    ASSERT_NEAR(fast[i], rounded[i], 2e-5f) << "fast, element " << i;
-    ASSERT_NEAR(ref[i], rounded[i], 2e-5f) << "ref, element " << i;
-    ASSERT_NEAR(fast[i], exact[i], 1e-2f) << "fast vs fp32, element " << i;
-    worst_exact = std::max(worst_exact, std::abs(fast[i] - exact[i]));
-  }
-  EXPECT_GT(worst_exact, 0.0f);  // the pool really is bf16
+    // Against the same bf16 values the only difference is fp32 summation order: 2e-5 on outputs |o| <= 1.
+    // Against exact fp32 K/V, bf16 storage adds: V rounding <= 2^-9 |v| (0.002) directly, and K rounding moves
+    // each score by <= 2^-9 * sum|q||k| / sqrt(hd) (<= 0.002 * sqrt(hd) worst case, ~0.002 typical with
+    // random signs), which moves the output by about that times |v|: 1e-2 bounds both with margin.
+    float worst_exact = 0;
+    for (size_t i = 0; i < q.size(); ++i) {
+      ASSERT_NEAR(fast[i], rounded[i], 2e-5f) << "fast, element " << i;
+      ASSERT_NEAR(ref[i], rounded[i], 2e-5f) << "ref, element " << i;
+      ASSERT_NEAR(fast[i], exact[i], 1e-2f) << "fast vs fp32, element " << i;
+      worst_exact = std::max(worst_exact, std::abs(fast[i] - exact[i]));
+    }
+    EXPECT_GT(worst_exact, 0.0f);  // the pool really is bf16
 
-  // The f32 pool: against the exact K/V only the summation order differs.
-  std::vector<float> fast32(q.size(), NAN), ref32(q.size(), NAN);
-  kernels::paged_attention(layout_f32, pool_f32.data(), layer, seqs.data(), seqs.size(), q.data(), c.heads,
-                           fast32.data(), scratch.data());
-  kernels::paged_attention_ref(layout_f32, pool_f32.data(), layer, seqs.data(), seqs.size(), q.data(), c.heads,
-                               ref32.data());
-  for (size_t i = 0; i < q.size(); ++i) {
-    ASSERT_NEAR(fast32[i], exact[i], 2e-5f) << "fast f32, element " << i;
-    ASSERT_NEAR(ref32[i], exact[i], 2e-5f) << "ref f32, element " << i;
+    // The f32 pool: against the exact K/V only the summation order differs.
+    std::vector<float> fast32(q.size(), NAN), ref32(q.size(), NAN);
+    kernels::paged_attention(layout_f32, pool_f32.data(), layer, seqs.data(), seqs.size(), q.data(), c.heads,
+                             fast32.data(), scratch.data());
+    kernels::paged_attention_ref(layout_f32, pool_f32.data(), layer, seqs.data(), seqs.size(), q.data(), c.heads,
+                                 ref32.data());
+    for (size_t i = 0; i < q.size(); ++i) {
+      ASSERT_NEAR(fast32[i], exact[i], 2e-5f) << "fast f32, element " << i;
+      ASSERT_NEAR(ref32[i], exact[i], 2e-5f) << "ref f32, element " << i;
+    }
   }
+  set_use_x86_kernels(had_x86);
 }
 
 class PagedAttentionTest : public ::testing::Test {
@@ -179,6 +189,52 @@ TEST_F(PagedAttentionTest, PrefillChunksAreCausalAcrossTilesAndBlocks) {
   check_case({4, 4, 16, seqs}, 4);
   check_case({8, 2, 32, seqs}, 5);
   check_case({8, 1, 8, seqs}, 6);
+}
+
+TEST_F(PagedAttentionTest, RaggedHeadDimsAndLaneGroups) {
+  // head_dim not a multiple of 16 (the x86 tile's masked chunks), mini's 64, and the 128 limit; query
+  // vectors per item (rows x group) that fill 16 lanes partly, exactly and over several lane groups.
+  const std::vector<TestSeq> seqs = {{0, 33}, {16, 7}, {3, 1}, {47, 17}};
+  check_case({16, 4, 64, seqs}, 7);   // mini's shape: 64 query vectors per tile
+  check_case({6, 2, 40, seqs}, 8);    // hd 40, group 3: 48 vectors, lane groups of 16
+  check_case({5, 5, 128, seqs}, 9);   // hd 128, no GQA
+  check_case({14, 2, 72, seqs}, 10);  // hd 72, group 7: 112 vectors
+}
+
+TEST_F(PagedAttentionTest, AQueryRowsResultDoesNotDependOnTheRowsBesideIt) {
+  // Each query vector's lane runs its own sums in the same order whatever shares its tile: a prompt's rows
+  // computed in one prefill call equal, bit for bit, the same rows computed one decode-style call each
+  // (what --batch-invariant relies on). Both tiles.
+  PagedKvLayout layout;
+  layout.layers = 1;
+  layout.kv_heads = 2;
+  layout.head_dim = 48;
+  const int64_t heads = 8, len = 37, width = heads * layout.head_dim;
+  layout.num_blocks = (len + layout.block_size - 1) / layout.block_size;
+  std::mt19937 rng(12);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  std::vector<uint16_t> pool(layout.num_blocks * layout.block_elems());
+  for (uint16_t& v : pool) v = f32_to_bf16(uniform(rng));
+  std::vector<int32_t> table(layout.num_blocks);
+  std::iota(table.begin(), table.end(), 0);
+  std::vector<float> q(len * width);
+  for (float& v : q) v = uniform(rng);
+  std::vector<float> scratch(num_threads() * kernels::paged_attention_scratch_floats(layout, heads));
+  const bool had_x86 = use_x86_kernels();
+  for (bool x86 : {false, true}) {
+    if (x86 && !cpu_features().has_avx512_kernels()) continue;
+    SCOPED_TRACE(x86 ? "x86 tile" : "portable tile");
+    set_use_x86_kernels(x86);
+    std::vector<float> together(len * width, NAN), alone(len * width, NAN);
+    const PagedAttentionSeq prompt{table.data(), 0, len, 0};
+    kernels::paged_attention(layout, pool.data(), 0, &prompt, 1, q.data(), heads, together.data(), scratch.data());
+    for (int64_t r = 0; r < len; ++r) {
+      const PagedAttentionSeq one{table.data(), r, 1, r};
+      kernels::paged_attention(layout, pool.data(), 0, &one, 1, q.data(), heads, alone.data(), scratch.data());
+    }
+    for (int64_t i = 0; i < len * width; ++i) ASSERT_EQ(together[i], alone[i]) << "element " << i;
+  }
+  set_use_x86_kernels(had_x86);
 }
 
 // ---- the block pool ---------------------------------------------------------------------------------

@@ -10,8 +10,11 @@
 #include <functional>
 #include <random>
 
+#include "moex/base/cpu.h"
+#include "moex/base/dtype.h"
 #include "moex/base/error.h"
 #include "moex/base/threads.h"
+#include "moex/kernels/paged_attention.h"
 
 namespace moex::kernels {
 namespace {
@@ -173,13 +176,62 @@ void bench_moe(const KernelBenchOptions& o, const FormatSpec& spec, const std::s
   }
 }
 
+// Causal self-attention of one T-token prompt over a bf16 paged KV cache (mini's heads: 16 query, 4 KV, head
+// dim 64), through the AVX-512 tile (`attention`) or the portable one (`attention_portable`), in the same run.
+// FLOPs: q.k and p.v, 2 x 2 x head_dim per (query head, key) pair the causal mask keeps; judged against the
+// vfmadd231ps probe (the tile's instruction). Bytes: the K/V the call reads.
+void bench_attention(const KernelBenchOptions& o, bool vector_tile, KernelBenchReport& report) {
+  const int64_t heads = 16, kv_heads = 4, hd = 64;
+  const bool had_x86 = use_x86_kernels();
+  for (int64_t T : o.tokens) {
+    PagedKvLayout layout;
+    layout.layers = 1;
+    layout.kv_heads = kv_heads;
+    layout.head_dim = hd;
+    layout.num_blocks = (T + layout.block_size - 1) / layout.block_size;
+    std::vector<uint16_t> pool(layout.num_blocks * layout.block_elems());
+    std::mt19937 rng(11);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (uint16_t& v : pool) v = f32_to_bf16(normal(rng));
+    std::vector<int32_t> table(layout.num_blocks);
+    for (int64_t b = 0; b < layout.num_blocks; ++b) table[b] = static_cast<int32_t>(b);
+    std::vector<float> q(T * heads * hd), out(T * heads * hd);  // [T, heads * hd]
+    for (float& v : q) v = normal(rng);
+    const PagedAttentionSeq seq{table.data(), 0, T, 0};
+    std::vector<float> scratch(num_threads() * paged_attention_scratch_floats(layout, heads));
+    set_use_x86_kernels(vector_tile);
+    const double seconds = median_call_seconds(o.repeats, o.sample_ms, o.cpu_clock, [&] {
+      paged_attention(layout, pool.data(), 0, &seq, 1, q.data(), heads, out.data(), scratch.data());
+    });
+    set_use_x86_kernels(had_x86);
+    KernelBenchRow r;
+    r.kernel = vector_tile ? "attention" : "attention_portable";
+    r.format = "bf16-kv";
+    r.isa = vector_tile ? "avx512" : "none";
+    r.tokens = T;
+    r.rows = heads;
+    r.cols = hd;
+    r.seconds = seconds;
+    r.weight_bytes = 2.0 * T * kv_heads * hd * 2;
+    r.flops = 4.0 * hd * heads * (static_cast<double>(T) * (T + 1) / 2);
+    r.gb_per_s = r.weight_bytes / seconds / 1e9;
+    r.gflops = r.flops / seconds / 1e9;
+    r.pct_read_roofline = 100.0 * r.weight_bytes / seconds / report.read_bytes_per_s;
+    const double peak = report.fma_peak.per_second;
+    r.pct_compute_peak = 100.0 * r.flops / seconds / peak;
+    r.pct_roofline = 100.0 * std::max(r.weight_bytes / report.read_bytes_per_s, r.flops / peak) / seconds;
+    report.rows.push_back(r);
+  }
+}
+
 }  // namespace
 
 KernelBenchReport bench_kernels(const KernelBenchOptions& o) {
   MOEX_CHECK_INPUT(o.hidden > 0 && o.intermediate > 0, "hidden and intermediate sizes must be > 0");
   for (const std::string& k : o.kernels)
-    MOEX_CHECK_INPUT(k == "w1" || k == "gate_up" || k == "down" || k == "moe" || k == "moe_unfused", "unknown kernel '",
-                     k, "' (choose w1, gate_up, down, moe, moe_unfused)");
+    MOEX_CHECK_INPUT(k == "w1" || k == "gate_up" || k == "down" || k == "moe" || k == "moe_unfused" ||
+                         k == "attention" || k == "attention_portable",
+                     "unknown kernel '", k, "' (choose w1, gate_up, down, moe, moe_unfused, attention, attention_portable)");
   std::vector<FormatSpec> specs;
   for (const std::string& f : o.formats) specs.push_back(parse_format_spec(f));
   int64_t max_tokens = 1;
@@ -209,10 +261,13 @@ KernelBenchReport bench_kernels(const KernelBenchOptions& o) {
   std::vector<int32_t> out_rows(max_tokens);
   for (int64_t t = 0; t < max_tokens; ++t) out_rows[t] = static_cast<int32_t>(t);
 
+  for (const std::string& kernel : o.kernels)  // not per format: the KV cache is bf16
+    if (kernel == "attention" || kernel == "attention_portable") bench_attention(o, kernel == "attention", report);
   for (size_t s = 0; s < specs.size(); ++s) {
     const FormatSpec& spec = specs[s];
     const QuantizedMatrix w1 = make_weights(spec, I, H, 1), w3 = make_weights(spec, I, H, 3), w2 = make_weights(spec, H, I, 2);
     for (const std::string& kernel : o.kernels) {
+      if (kernel == "attention" || kernel == "attention_portable") continue;
       if (kernel == "moe" || kernel == "moe_unfused") {
         bench_moe(o, spec, o.formats[s], kernel == "moe", report, x);
         continue;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "moex/base/cpu.h"
 #include "moex/base/dtype.h"
 #include "moex/base/threads.h"
 
@@ -44,8 +45,11 @@ void paged_kv_write(const PagedKvLayout& layout, float* pool, int64_t layer, con
 
 int64_t paged_attention_scratch_floats(const PagedKvLayout& layout, int64_t heads) {
   const int64_t rows = kPagedQueryTile * (heads / layout.kv_heads);
-  // k [bs][hd], v [bs][hd], scores [bs], acc [rows][hd], running max and sum [rows]
-  return 2 * layout.block_size * layout.head_dim + layout.block_size + rows * layout.head_dim + 2 * rows;
+  // Portable tile: k [bs][hd], v [bs][hd], scores [bs], acc [rows][hd], running max and sum [rows].
+  const int64_t portable = 2 * layout.block_size * layout.head_dim + layout.block_size + rows * layout.head_dim + 2 * rows;
+  // x86 tile: k, v [bs][hd], transposed queries [hd][16], acc [16][hd], probabilities [bs][16], lanes [16].
+  const int64_t x86 = 2 * layout.block_size * layout.head_dim + 32 * layout.head_dim + 16 * layout.block_size + 16;
+  return std::max(portable, x86);
 }
 
 namespace {
@@ -135,6 +139,7 @@ void attention(const PagedKvLayout& layout, const Elem* pool, int64_t layer, con
   // Items (sequence, KV head, query tile) over a dense grid; tiles past a sequence's rows are skipped.
   // Dynamic schedule: items differ by their context length.
   const int64_t items = num_seqs * kv_heads * max_tiles;
+  const bool vector_tile = use_x86_kernels() && layout.block_size == 16 && layout.head_dim <= 128;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads()) if (items > 1)
   for (int64_t item = 0; item < items; ++item) {
     const int64_t s = item / (kv_heads * max_tiles), g = (item / max_tiles) % kv_heads, tile = item % max_tiles;
@@ -142,8 +147,12 @@ void attention(const PagedKvLayout& layout, const Elem* pool, int64_t layer, con
     const int64_t row_begin = tile * kPagedQueryTile;
     if (row_begin >= seq.q_len) continue;
     const int64_t row_end = std::min(seq.q_len, row_begin + kPagedQueryTile);
-    attend_tile(layout, pool, layer, seq, row_begin, row_end, g, group, q, heads, out,
-                scratch + static_cast<int64_t>(omp_get_thread_num()) * per_thread);
+    float* thread_scratch = scratch + static_cast<int64_t>(omp_get_thread_num()) * per_thread;
+    if (vector_tile)
+      x86::paged_attend_tile_avx512(layout, pool, layer, seq, row_begin, row_end, g, group, q, heads, out,
+                                    thread_scratch);
+    else
+      attend_tile(layout, pool, layer, seq, row_begin, row_end, g, group, q, heads, out, thread_scratch);
   }
 }
 
