@@ -286,7 +286,7 @@ void setup_gen_model(CLI::App& app) {
   auto options = std::make_shared<GenModelOptions>();
   auto* cmd = app.add_subcommand("gen-model", "Write a synthetic Mixtral checkpoint in Hugging Face layout");
   cmd->add_option("--preset", options->preset,
-                  "tiny | small | mini | mixtral-8x7b | qwen2-moe-tiny | qwen2-moe-a2.7b | qwen3-moe-tiny | "
+                  "tiny | small | mini | mixtral-8x7b | qwen2-moe-tiny | qwen2-moe-a2.7b | qwen3-moe-tiny | qwen3-moe-mini | "
                   "qwen3-30b-a3b | olmoe-tiny | olmoe-1b-7b | dots1-tiny | dots-llm1")
       ->required();
   cmd->add_option("--out", options->out,
