@@ -44,7 +44,7 @@ inline float round_to(DType dtype, float v) { return dtype == DType::kBF16 ? bf1
 const std::vector<std::string>& synthetic_preset_names() {
   // Per family a small preset (tests) and one with a real model's geometry (its HF config.json figures).
   static const std::vector<std::string> names = {"tiny",           "small",         "mini",          "mixtral-8x7b",
-                                                 "qwen2-moe-tiny", "qwen2-moe-a2.7b", "qwen3-moe-tiny", "qwen3-30b-a3b",
+                                                 "qwen2-moe-tiny", "qwen2-moe-a2.7b", "qwen3-moe-tiny", "qwen3-moe-mini", "qwen3-30b-a3b",
                                                  "olmoe-tiny",     "olmoe-1b-7b",   "dots1-tiny",    "dots-llm1"};
   return names;
 }
@@ -98,6 +98,10 @@ ModelConfig synthetic_preset(const std::string& name) {
     set(64, 32, 2, 4, 2, 512, 4096);
     family(ModelFamily::kQwen3Moe, 32, 8, 128, true, 1e6f, 1e-6f);
     c.head_dim = 32;
+  } else if (name == "qwen3-moe-mini") {  // mini's size with Qwen3-MoE's expert shape: 128 small experts top-8
+    set(1024, 384, 8, 16, 4, 32000, 32768);
+    family(ModelFamily::kQwen3Moe, 128, 8, 3072, true, 1e6f, 1e-6f);
+    c.head_dim = 64;
   } else if (name == "qwen3-30b-a3b") {  // Qwen3-30B-A3B
     set(2048, 768, 48, 32, 4, 151936, 40960);
     family(ModelFamily::kQwen3Moe, 128, 8, 6144, true, 1e6f, 1e-6f);

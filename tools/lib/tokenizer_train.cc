@@ -508,6 +508,27 @@ ByteLevelBpeOptions olmoe_tokenizer_options(int vocab_size) {
   return o;
 }
 
+ByteLevelBpeOptions family_tokenizer_options(const std::string& model_type, int vocab_size, int model_max_length) {
+  ByteLevelBpeOptions o;
+  if (model_type == "olmoe") {
+    o = olmoe_tokenizer_options(vocab_size);
+  } else {
+    MOEX_CHECK_INPUT(model_type == "qwen2_moe" || model_type == "qwen3_moe" || model_type == "dots1",
+                     "tokenizer: no byte-level tokenizer layout for model_type '", model_type, "'");
+    o = qwen2_tokenizer_options(vocab_size);
+    o.eos_token = "<|im_end|>";
+    o.chat_template = kChatMLTemplate;  // runtime/chat_template.h, checked against jinja2
+  }
+  o.model_max_length = model_max_length;
+  return o;
+}
+
+int TrainedByteLevelBpe::id_of(const std::string& special) const {
+  for (const auto& [name, id] : special_ids)
+    if (name == special) return id;
+  return -1;
+}
+
 TrainedByteLevelBpe train_byte_level_bpe(const ByteLevelBpeOptions& options) {
   const int specials = static_cast<int>(options.special_tokens.size());
   MOEX_CHECK_INPUT(options.vocab_size >= 256 + specials, "tokenizer: vocab size ", options.vocab_size,
@@ -659,7 +680,7 @@ TrainedByteLevelBpe train_byte_level_bpe(const ByteLevelBpeOptions& options) {
         {"merges", merge_list}}},
   };
   auto name_or_null = [](const std::string& s) { return s.empty() ? ojson(nullptr) : ojson(s); };
-  const ojson config = {
+  ojson config = {
       {"add_bos_token", false},
       {"add_prefix_space", false},
       {"added_tokens_decoder", added_decoder},
@@ -672,7 +693,9 @@ TrainedByteLevelBpe train_byte_level_bpe(const ByteLevelBpeOptions& options) {
       {"tokenizer_class", options.tokenizer_class.empty() ? "PreTrainedTokenizerFast" : options.tokenizer_class},
       {"unk_token", nullptr},
   };
+  if (!options.chat_template.empty()) config["chat_template"] = options.chat_template;
   TrainedByteLevelBpe out;
+  for (int i = 0; i < specials; ++i) out.special_ids.emplace_back(options.special_tokens[i], first_special + i);
   out.tokenizer_json = tokenizer.dump(2) + "\n";
   out.tokenizer_config_json = config.dump(2) + "\n";
   out.vocab_size = static_cast<int>(tokens.size()) + specials;

@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace moex {
@@ -50,6 +51,7 @@ struct ByteLevelBpeOptions {
   std::vector<std::string> special_tokens;
   std::string bos_token, eos_token, pad_token;  // tokenizer_config.json's; "" writes null
   std::string tokenizer_class;                  // tokenizer_config.json's "tokenizer_class"
+  std::string chat_template;                    // tokenizer_config.json's "chat_template"; "" writes none
   int model_max_length = 4096;
 };
 // Qwen2 / Qwen3's layout: <|endoftext|> <|im_start|> <|im_end|> after the merges; no BOS, EOS and pad
@@ -64,8 +66,16 @@ struct TrainedByteLevelBpe {
   std::string tokenizer_config_json;
   int vocab_size = 0;  // < options.vocab_size when the corpus has no more pairs seen twice
   int merges = 0;
+  std::vector<std::pair<std::string, int>> special_ids;  // each special token and its id
+  int id_of(const std::string& special) const;           // -1 when it is not a special token
 };
 // Deterministic (~0.3 s). Throws Error(kInvalidInput) when vocab_size cannot hold the bytes and specials.
 TrainedByteLevelBpe train_byte_level_bpe(const ByteLevelBpeOptions& options);
+
+// The tokenizer a byte-level family's checkpoint ships, in that family's layout (gen-model): Qwen2's for
+// qwen2_moe, qwen3_moe and dots1 (dots.llm1 uses Qwen2's vocabulary) with the ChatML template (runtime's kChatMLTemplate) and EOS
+// <|im_end|> (an instruct model's, as the presets' eos_token_id says); OLMoE's (GPT-NeoX) for olmoe, a base
+// model: no chat template. model_max_length is the model's context.
+ByteLevelBpeOptions family_tokenizer_options(const std::string& model_type, int vocab_size, int model_max_length);
 
 }  // namespace moex

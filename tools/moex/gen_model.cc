@@ -1,6 +1,6 @@
-// `moex gen-model`: writes a synthetic Mixtral checkpoint in Hugging Face layout (config.json,
-// safetensors, tokenizer.model, tokenizer_config.json, generation_config.json) so that the loader that
-// reads it also reads a real downloaded Mixtral.
+// `moex gen-model`: writes a synthetic checkpoint of any family in Hugging Face layout (config.json,
+// safetensors, tokenizer.model or a byte-level tokenizer.json, tokenizer_config.json, generation_config.json)
+// so that the loader that reads it also reads a real downloaded model of that family.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -193,12 +193,21 @@ void run_gen_model(const GenModelOptions& o) {
                      "): move it away, or choose another --out");
   }
 
-  // The tokenizer trains (~0.5 s, one thread) while the weights are generated.
+  // The tokenizer trains (~0.5 s, one thread) while the weights are generated: Mixtral's SentencePiece
+  // tokenizer.model (and the tokenizer.json converted from it, as HF's Mixtral ships both), or the byte-level
+  // BPE tokenizer.json of the other families (docs/model.md), whose special-token ids config.json then names.
+  const bool byte_level = config.family != ModelFamily::kMixtral;
   TrainedTokenizer tokenizer;
+  TrainedByteLevelBpe bpe;
   std::exception_ptr tokenizer_error;
   std::thread tokenizer_thread([&] {
     try {
-      tokenizer = train_builtin_tokenizer(config.vocab_size);
+      if (byte_level) {
+        bpe = train_byte_level_bpe(
+            family_tokenizer_options(config.model_type, config.vocab_size, config.max_position_embeddings));
+      } else {
+        tokenizer = train_builtin_tokenizer(config.vocab_size);
+      }
     } catch (...) {
       tokenizer_error = std::current_exception();
     }
@@ -208,16 +217,31 @@ void run_gen_model(const GenModelOptions& o) {
     ~Joiner() { if (thread.joinable()) thread.join(); }
   } joiner{tokenizer_thread};
 
-  write_text(dir + "/config.json", model_config_to_json(config));
-  write_text(dir + "/generation_config.json", generation_config_json(config));
-  write_text(dir + "/tokenizer_config.json", llama_tokenizer_config_json(config.max_position_embeddings));
   const auto weights_start = std::chrono::steady_clock::now();
   write_safetensors(dir, model.tensors(), plan, model.filler());
   const double weights_seconds = seconds_since(weights_start);
   tokenizer_thread.join();
   if (tokenizer_error) std::rethrow_exception(tokenizer_error);
-  write_text(dir + "/tokenizer.model", tokenizer.model_proto);
-  write_text(dir + "/tokenizer.json", mixtral_tokenizer_json(tokenizer.model_proto));  // both, as HF's Mixtral ships
+  ModelConfig written = config;
+  if (byte_level) {
+    // config.json's ids are the tokenizer's: Qwen's bos_token_id is <|endoftext|> (its tokenizer adds no BOS),
+    // OLMoE has none; eos is tokenizer_config.json's eos_token; pad as the family ships it.
+    const ByteLevelBpeOptions options =
+        family_tokenizer_options(config.model_type, config.vocab_size, config.max_position_embeddings);
+    written.eos_token_id = bpe.id_of(options.eos_token);
+    written.has_bos = config.family != ModelFamily::kOlmoe;
+    written.bos_token_id = written.has_bos ? bpe.id_of("<|endoftext|>") : -1;
+    if (config.pad_token_id >= 0) written.pad_token_id = bpe.id_of(options.pad_token);
+    validate_model_config(written);
+    write_text(dir + "/tokenizer.json", bpe.tokenizer_json);
+    write_text(dir + "/tokenizer_config.json", bpe.tokenizer_config_json);
+  } else {
+    write_text(dir + "/tokenizer.model", tokenizer.model_proto);
+    write_text(dir + "/tokenizer.json", mixtral_tokenizer_json(tokenizer.model_proto));
+    write_text(dir + "/tokenizer_config.json", llama_tokenizer_config_json(config.max_position_embeddings));
+  }
+  write_text(dir + "/config.json", model_config_to_json(written));
+  write_text(dir + "/generation_config.json", generation_config_json(written));
   staging.publish(out);
   const double total_seconds = seconds_since(start);
 
@@ -232,12 +256,17 @@ void run_gen_model(const GenModelOptions& o) {
   std::printf("  weights      %s, %s in %zu file%s (%s)\n", std::string(dtype_name(dtype)).c_str(),
               human_bytes(static_cast<double>(file_bytes)).c_str(), plan.shards.size(), plan.shards.size() == 1 ? "" : "s",
               plan.shards.size() == 1 ? "model.safetensors" : "model-*-of-*.safetensors + model.safetensors.index.json");
-  std::printf("  tokenizer    SentencePiece BPE with byte fallback, %d pieces", tokenizer.vocab_size);
-  if (tokenizer.trained_pieces < tokenizer.vocab_size) {
+  if (byte_level) {
+    std::printf("  tokenizer    byte-level BPE (tokenizer.json), %d tokens (%d merges), eos id %d\n", bpe.vocab_size,
+                bpe.merges, written.eos_token_id);
+  } else {
+    std::printf("  tokenizer    SentencePiece BPE with byte fallback, %d pieces", tokenizer.vocab_size);
+  }
+  if (!byte_level && tokenizer.trained_pieces < tokenizer.vocab_size) {
     std::printf(" (%d trained merges + %d frequent word pairs)", tokenizer.trained_pieces,
                 tokenizer.vocab_size - tokenizer.trained_pieces);
   }
-  std::printf("\n");
+  if (!byte_level) std::printf("\n");
   const RouterSkewReport& skew = model.router_skew();
   std::printf("  router load  skew %.2f; measured at layer 0 on %d normalised embedding rows, top-%d: max/mean %.2f, min/mean %.2f\n",
               skew.skew, skew.tokens, c.num_experts_per_tok, skew.max_over_mean, skew.min_over_mean);
@@ -257,7 +286,7 @@ void setup_gen_model(CLI::App& app) {
   auto options = std::make_shared<GenModelOptions>();
   auto* cmd = app.add_subcommand("gen-model", "Write a synthetic Mixtral checkpoint in Hugging Face layout");
   cmd->add_option("--preset", options->preset,
-                  "tiny | small | mini | mixtral-8x7b | qwen2-moe-tiny | qwen2-moe-a2.7b | qwen3-moe-tiny | "
+                  "tiny | small | mini | mixtral-8x7b | qwen2-moe-tiny | qwen2-moe-a2.7b | qwen3-moe-tiny | qwen3-moe-mini | "
                   "qwen3-30b-a3b | olmoe-tiny | olmoe-1b-7b | dots1-tiny | dots-llm1")
       ->required();
   cmd->add_option("--out", options->out,

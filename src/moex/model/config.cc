@@ -418,6 +418,28 @@ static double short_float(float value) {
   return std::strtod(text, nullptr);
 }
 
+// The config.json fields (as gen-model writes them) that several families share, each family's spelling.
+struct FamilyJsonFields {
+  ModelFamily family;
+  const char* experts_key;  // num_local_experts | num_experts | n_routed_experts
+  bool moe_intermediate;    // intermediate_size is the dense MLP's and moe_intermediate_size the expert's
+  bool head_dim, attention_bias, sliding_window, max_window_layers, rope_scaling;
+  bool always_norm_topk;    // written even at its default (Mixtral writes it only when false)
+};
+constexpr FamilyJsonFields kFamilyJsonFields[] = {
+    // family                experts key          moe_i  hd     bias   sw     mwl    rope   norm
+    {ModelFamily::kMixtral, "num_local_experts", false, true, false, true, false, false, false},
+    {ModelFamily::kQwen2Moe, "num_experts", true, false, false, true, true, true, true},
+    {ModelFamily::kQwen3Moe, "num_experts", true, true, true, true, true, true, true},
+    {ModelFamily::kOlmoe, "num_experts", false, false, true, false, false, true, true},
+    {ModelFamily::kDots1, "n_routed_experts", true, true, true, true, true, true, true},
+};
+static const FamilyJsonFields& family_json_fields(ModelFamily family) {
+  for (const FamilyJsonFields& f : kFamilyJsonFields)
+    if (f.family == family) return f;
+  throw_error(ErrorKind::kInternal, "config: no config.json fields for this model family");
+}
+
 std::string model_config_to_json(const ModelConfig& c) {
   const FamilyInfo& info = c.info();
   json j = {{"architectures", {info.architecture}},
@@ -443,56 +465,40 @@ std::string model_config_to_json(const ModelConfig& c) {
             {"output_router_logits", false},
             {"torch_dtype", c.torch_dtype}};
   if (c.pad_token_id >= 0) j["pad_token_id"] = c.pad_token_id;
+  // What the families' HF config classes spell alike comes from the table; what only one family has, below it.
+  const FamilyJsonFields& f = family_json_fields(c.family);
+  if (!f.rope_scaling) j.erase("rope_scaling");
+  j[f.experts_key] = c.num_local_experts;
+  j["intermediate_size"] = f.moe_intermediate ? c.dense_intermediate_size : c.intermediate_size;
+  if (f.moe_intermediate) j["moe_intermediate_size"] = c.intermediate_size;
+  if (f.head_dim) j["head_dim"] = c.head_dim;
+  if (f.attention_bias) j["attention_bias"] = false;
+  if (f.sliding_window) j["sliding_window"] = nullptr;
+  if (f.max_window_layers) j["max_window_layers"] = c.num_hidden_layers;
+  if (f.always_norm_topk || !c.norm_topk_prob) j["norm_topk_prob"] = c.norm_topk_prob;
   switch (c.family) {
     case ModelFamily::kMixtral:
-      j.erase("rope_scaling");
-      j["intermediate_size"] = c.intermediate_size;
-      j["head_dim"] = c.head_dim;
-      j["num_local_experts"] = c.num_local_experts;
-      j["sliding_window"] = nullptr;
       j["router_jitter_noise"] = 0.0;
-      if (!c.norm_topk_prob) j["norm_topk_prob"] = false;
       break;
     case ModelFamily::kQwen2Moe:
     case ModelFamily::kQwen3Moe:
-      j["intermediate_size"] = c.dense_intermediate_size;
-      j["moe_intermediate_size"] = c.intermediate_size;
-      j["num_experts"] = c.num_local_experts;
-      j["norm_topk_prob"] = c.norm_topk_prob;
       j["decoder_sparse_step"] = c.decoder_sparse_step;
       j["mlp_only_layers"] = c.mlp_only_layers;
       j["use_sliding_window"] = false;
-      j["sliding_window"] = nullptr;
-      j["max_window_layers"] = c.num_hidden_layers;
       if (c.family == ModelFamily::kQwen2Moe) {
         j["shared_expert_intermediate_size"] = c.shared_expert_intermediate_size;
         if (!c.qkv_bias) j["qkv_bias"] = false;
-      } else {
-        j["head_dim"] = c.head_dim;
-        j["attention_bias"] = false;
       }
       break;
     case ModelFamily::kOlmoe:
-      j["intermediate_size"] = c.intermediate_size;
-      j["num_experts"] = c.num_local_experts;
-      j["norm_topk_prob"] = c.norm_topk_prob;
-      j["attention_bias"] = false;
       j["clip_qkv"] = nullptr;
       break;
     case ModelFamily::kDots1:
-      j["intermediate_size"] = c.dense_intermediate_size;
-      j["moe_intermediate_size"] = c.intermediate_size;
-      j["head_dim"] = c.head_dim;
-      j["n_routed_experts"] = c.num_local_experts;
       j["n_shared_experts"] = c.n_shared_experts;
       j["n_group"] = c.n_group;
       j["topk_group"] = c.topk_group;
       j["first_k_dense_replace"] = c.first_k_dense_replace;
       j["routed_scaling_factor"] = short_float(c.routed_scaling_factor);
-      j["norm_topk_prob"] = c.norm_topk_prob;
-      j["attention_bias"] = false;
-      j["sliding_window"] = nullptr;
-      j["max_window_layers"] = c.num_hidden_layers;
       break;
   }
   if (c.quantization.quantized()) j["quantization_config"] = json::parse(c.quantization.json);

@@ -60,11 +60,16 @@ MixtralModel::MixtralModel(const std::string& model_dir, const ModelOptions& opt
     attn_partial_ = static_cast<float*>(options.comm->alloc_registered(T * d * sizeof(float)));
   if (options.plan.comm_dtype == comm::CommDType::kBF16) bf16_buffer_.resize(T * d);
   final_rows_.resize(T * d);
-  // olmoe normalises q and k over all heads: a rank holding only some heads cannot.
-  MOEX_CHECK_INPUT(c.qk_norm != QkNorm::kWhole || (weights_.heads_local == c.num_attention_heads &&
-                                                   weights_.kv_heads_local == c.num_key_value_heads),
-                   "model_type \"", c.model_type, "\" normalises q and k over all heads, which attention TP splits: ",
-                   "use --attn-parallel dp (with --moe-parallel ep) or one rank");
+  // olmoe normalises q and k over all heads: under attention TP a rank sums its heads' squares and one
+  // all-reduce of [2, T] floats gives the whole projection's (attention_block). A KV head held by several
+  // ranks (fewer KV heads than ranks) is counted once per holder, so every head must have as many holders.
+  if (c.qk_norm == QkNorm::kWhole && weights_.heads_local != c.num_attention_heads) {
+    MOEX_CHECK_INPUT(options.comm && (int64_t{options.comm->size()} * weights_.kv_heads_local) % c.num_key_value_heads == 0,
+                     "model_type \"", c.model_type, "\": attention TP over ", options.comm ? options.comm->size() : 1,
+                     " ranks splits ", c.num_key_value_heads, " KV heads unevenly for its q/k norm over all heads: ",
+                     "use --attn-parallel dp (with --moe-parallel ep)");
+    qk_sums_.resize(2 * T);
+  }
   const size_t mlp_width = std::max(c.shared_expert_intermediate_size, c.dense_intermediate_size);
   mlp_gate_.resize(T * mlp_width);
   mlp_up_.resize(T * mlp_width);
@@ -209,7 +214,9 @@ void MixtralModel::attention_block(int layer, const StepInput& step) {
     add_bias(k_.data(), KV * hd, lw.bk);
     add_bias(v_.data(), KV * hd, lw.bv);
   }
-  if (lw.q_norm.data) {
+  if (lw.q_norm.data && !qk_sums_.empty()) {
+    whole_qk_norm_split(layer, T);
+  } else if (lw.q_norm.data) {
     const bool per_head = c.qk_norm == QkNorm::kPerHead;
     kernels::rmsnorm(q_.data(), per_head ? T * H : T, per_head ? hd : H * hd, lw.q_norm.data,
                      lw.q_norm.dtype == DType::kBF16, c.rms_norm_eps, q_.data());  // in place: row by row
@@ -251,6 +258,37 @@ void MixtralModel::attention_block(int layer, const StepInput& step) {
                         bf16_buffer_);
   }
   for (int64_t i = 0; i < T * d; ++i) hidden_[i] += attn_partial_[i];
+}
+
+// olmoe's RMSNorm over the whole q (and k) projection when this rank holds only some heads (attention TP):
+// the per-token sums of squares of every rank's slice, summed by one all-reduce (f32 whatever --comm-dtype:
+// 2T floats), then each rank scales its slice by rsqrt(mean + eps) and its slice of the norm weight.
+void MixtralModel::whole_qk_norm_split(int layer, int64_t T) {
+  const ModelConfig& c = config_;
+  const LayerWeights& lw = weights_.layers[layer];
+  const int64_t qw = int64_t{weights_.heads_local} * c.head_dim, kw = int64_t{weights_.kv_heads_local} * c.head_dim;
+  float* sums = qk_sums_.data();  // [2, T]: q, then k
+  for (int64_t t = 0; t < T; ++t) {
+    float sq = 0, sk = 0;
+    for (int64_t i = 0; i < qw; ++i) sq += q_[t * qw + i] * q_[t * qw + i];
+    for (int64_t i = 0; i < kw; ++i) sk += k_[t * kw + i] * k_[t * kw + i];
+    sums[t] = sq, sums[T + t] = sk;
+  }
+  {
+    MOEX_ZONE_LAYER(kAllReduce, layer);
+    comm::allreduce_f32(*options_.comm, sums, static_cast<size_t>(2 * T), comm::CommDType::kF32, bf16_buffer_);
+  }
+  // Each KV head is held by `holders` ranks (1 unless KV heads are replicated), so its squares came in that often.
+  const float holders = static_cast<float>(int64_t{options_.comm->size()} * weights_.kv_heads_local / c.num_key_value_heads);
+  const auto scale = [&](float* x, int64_t width, float sum, float count, const TensorView& w) {
+    const float r = 1.0f / std::sqrt(sum / count + c.rms_norm_eps);
+    for (int64_t i = 0; i < width; ++i)
+      x[i] = x[i] * r * (w.dtype == DType::kBF16 ? bf16_to_f32(w.as<const uint16_t>()[i]) : w.as<const float>()[i]);
+  };
+  for (int64_t t = 0; t < T; ++t) {
+    scale(q_.data() + t * qw, qw, sums[t], static_cast<float>(c.q_dim()), lw.q_norm);
+    scale(k_.data() + t * kw, kw, sums[T + t] / holders, static_cast<float>(c.kv_dim()), lw.k_norm);
+  }
 }
 
 void MixtralModel::mlp_block(int layer, int64_t T) {

@@ -81,6 +81,7 @@ class MixtralModel {
   }
   void embed(const StepInput& step);
   void attention_block(int layer, const StepInput& step);
+  void whole_qk_norm_split(int layer, int64_t T);  // olmoe q/k norm when this rank holds some heads
   // The shared expert(s) of a MoE layer or the dense MLP of a dense layer over normed_, added into hidden_.
   void mlp_block(int layer, int64_t tokens);
 
@@ -104,6 +105,7 @@ class MixtralModel {
   // communicator (owned by it), so the shm all-reduce reads it in place.
   float* attn_partial_ = nullptr;
   std::vector<uint16_t> bf16_buffer_;  // [T*d] bf16 all-reduce payload
+  std::vector<float> qk_sums_;      // [2, T] olmoe under attention TP: per-token sums of q^2, k^2 (all-reduced)
   std::vector<float> final_rows_;   // [T, d] normed rows that need logits
   std::vector<float> mlp_gate_, mlp_up_;  // [T, I_mlp] shared-expert / dense-MLP hidden (I_mlp: the widest)
   std::vector<float> mlp_out_;      // [T, d]

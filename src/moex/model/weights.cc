@@ -330,8 +330,10 @@ MixtralWeights load_mixtral_weights(const std::string& model_dir, const ModelCon
       lw.q_norm = resident(expect(s, p + "self_attn.q_norm.weight", {hd}));
       lw.k_norm = resident(expect(s, p + "self_attn.k_norm.weight", {hd}));
     } else if (c.qk_norm == QkNorm::kWhole) {
-      lw.q_norm = resident(expect(s, p + "self_attn.q_norm.weight", {c.q_dim()}));
-      lw.k_norm = resident(expect(s, p + "self_attn.k_norm.weight", {c.kv_dim()}));
+      // Over the whole projection (olmoe): this rank's heads' slice (attention TP; mixtral.cc sums the squares).
+      lw.q_norm = resident(slice1(expect(s, p + "self_attn.q_norm.weight", {c.q_dim()}), heads.begin * hd, heads.end * hd));
+      lw.k_norm = resident(slice1(expect(s, p + "self_attn.k_norm.weight", {c.kv_dim()}), kv_heads.begin * hd,
+                                  kv_heads.end * hd));
     }
     const auto mlp_weights = [&](const std::string& q, int64_t width) {
       return ExpertWeights{resident(expect(s, q + "gate_proj.weight", {width, d})),
