@@ -401,7 +401,8 @@ TEST(GgufCheckpoint, RefusesWhatItCannotRun) {
     w.add_f32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
     if (experts) w.add_u32("llama.expert_count", 8), w.add_u32("llama.expert_used_count", 2);
   };
-  config_error([](GgufWriter& w) { w.add_string("general.architecture", "qwen2moe"); }, "\"qwen2moe\"");
+  config_error([](GgufWriter& w) { w.add_string("general.architecture", "deepseek2"); }, "multi-head latent attention");
+  config_error([](GgufWriter& w) { w.add_string("general.architecture", "phimoe"); }, "\"phimoe\"");
   config_error([&](GgufWriter& w) { llama(w, false); }, "dense llama model");
   config_error([&](GgufWriter& w) { llama(w, true), w.add_string("llama.rope.scaling.type", "yarn"); },
                "\"llama.rope.scaling.type\" (\"yarn\") is not supported");

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 
 #include "moex/base/dtype.h"
@@ -251,34 +252,58 @@ uint32_t file_type(GgmlType t) {  // llama.cpp's LLAMA_FTYPE_* for general.file_
 
 std::string convert_to_gguf(const std::string& model_dir, const std::string& path, GgmlType type) {
   const ModelConfig c = load_model_config(model_dir + "/config.json");
-  MOEX_CHECK_INPUT(c.model_type == "mixtral", model_dir, ": model_type \"", c.model_type,
-                   "\": moex convert writes Mixtral checkpoints only");
+  const std::string arch = gguf_architecture(c.family), a = arch + ".";
+  const bool llama = c.family == ModelFamily::kMixtral;
+  // What llama.cpp's architecture cannot say is refused rather than written as a file it would run wrongly.
+  MOEX_CHECK_INPUT(c.decoder_sparse_step == 1, model_dir, ": decoder_sparse_step ", c.decoder_sparse_step,
+                   " is not written (give the dense layers as mlp_only_layers)");
   const auto store = std::make_shared<WeightStore>(model_dir);
+  MOEX_CHECK_INPUT(std::filesystem::exists(model_dir + "/tokenizer.model"), model_dir,
+                   ": has no tokenizer.model; moex convert writes the SentencePiece vocabulary (tokenizer.ggml.model "
+                   "\"llama\") only, not yet a byte-level BPE tokenizer.json (\"gpt2\")");
   sentencepiece::SentencePieceProcessor sp;
   const std::string proto = read_small_file(model_dir + "/tokenizer.model", kMaxTokenizerFileBytes, "(SentencePiece)");
   const auto status = sp.LoadFromSerializedProto(proto);
   MOEX_CHECK_INPUT(status.ok(), "cannot load ", model_dir, "/tokenizer.model: ", status.ToString());
 
   GgufWriter w;
-  w.add_string("general.architecture", "llama");
+  w.add_string("general.architecture", arch);
   w.add_string("general.name", "moex-converted");
   w.add_u32("general.file_type", file_type(type));
   w.add_u32("general.quantization_version", 2);
-  w.add_u32("llama.context_length", c.max_position_embeddings);
-  w.add_u32("llama.embedding_length", c.hidden_size);
-  w.add_u32("llama.block_count", c.num_hidden_layers);
-  w.add_u32("llama.feed_forward_length", c.intermediate_size);
-  w.add_u32("llama.rope.dimension_count", c.head_dim);
-  w.add_u32("llama.attention.head_count", c.num_attention_heads);
-  w.add_u32("llama.attention.head_count_kv", c.num_key_value_heads);
-  w.add_f32("llama.rope.freq_base", c.rope_theta);
-  w.add_f32("llama.attention.layer_norm_rms_epsilon", c.rms_norm_eps);
-  w.add_u32("llama.expert_count", c.num_local_experts);
-  w.add_u32("llama.expert_used_count", c.num_experts_per_tok);
-  w.add_u32("llama.vocab_size", c.vocab_size);
+  w.add_u32(a + "context_length", c.max_position_embeddings);
+  w.add_u32(a + "embedding_length", c.hidden_size);
+  w.add_u32(a + "block_count", c.num_hidden_layers);
+  // llama / olmoe: the expert width; the others: the dense MLP's, with the expert's in expert_feed_forward_length.
+  const bool expert_ffn_key = !llama && c.family != ModelFamily::kOlmoe;
+  w.add_u32(a + "feed_forward_length", expert_ffn_key ? c.dense_intermediate_size : c.intermediate_size);
+  if (expert_ffn_key) w.add_u32(a + "expert_feed_forward_length", c.intermediate_size);
+  w.add_u32(a + "rope.dimension_count", c.head_dim);
+  w.add_u32(a + "attention.head_count", c.num_attention_heads);
+  w.add_u32(a + "attention.head_count_kv", c.num_key_value_heads);
+  w.add_f32(a + "rope.freq_base", c.rope_theta);
+  w.add_f32(a + "attention.layer_norm_rms_epsilon", c.rms_norm_eps);
+  w.add_u32(a + "expert_count", c.num_local_experts);
+  w.add_u32(a + "expert_used_count", c.num_experts_per_tok);
+  w.add_u32(a + "vocab_size", c.vocab_size);
   if (c.head_dim * c.num_attention_heads != c.hidden_size) {
-    w.add_u32("llama.attention.key_length", c.head_dim);
-    w.add_u32("llama.attention.value_length", c.head_dim);
+    w.add_u32(a + "attention.key_length", c.head_dim);
+    w.add_u32(a + "attention.value_length", c.head_dim);
+  }
+  // Top-k renormalisation: llama.cpp hard-wires it for llama (true), qwen3moe (true), qwen2moe and olmoe
+  // (false) and reads this key for dots1; written for every family so that MoEX's reader need not guess.
+  if (!llama) w.add_bool(a + "expert_weights_norm", c.norm_topk_prob);
+  if (c.family == ModelFamily::kQwen2Moe)
+    w.add_u32(a + "expert_shared_feed_forward_length", c.shared_expert_intermediate_size);
+  if (c.family == ModelFamily::kDots1) {
+    w.add_u32(a + "leading_dense_block_count", c.first_k_dense_replace);
+    w.add_u32(a + "expert_shared_count", c.n_shared_experts);
+    w.add_f32(a + "expert_weights_scale", c.routed_scaling_factor);
+    w.add_u32(a + "expert_gating_func", 2);  // llama_expert_gating_func_type: sigmoid
+    if (c.n_group > 1) {
+      w.add_u32(a + "expert_group_count", c.n_group);
+      w.add_u32(a + "expert_group_used_count", c.topk_group);
+    }
   }
   // The vocabulary as llama.cpp's converter writes a SentencePiece model: every id up to vocab_size (ids past
   // the tokenizer's pieces are padding, as HF pads the embedding), its score and type.
@@ -301,10 +326,10 @@ std::string convert_to_gguf(const std::string& model_dir, const std::string& pat
   w.add_string_array("tokenizer.ggml.tokens", tokens);
   w.add_f32_array("tokenizer.ggml.scores", scores);
   w.add_i32_array("tokenizer.ggml.token_type", types);
-  w.add_u32("tokenizer.ggml.bos_token_id", c.bos_token_id);
+  if (c.has_bos) w.add_u32("tokenizer.ggml.bos_token_id", c.bos_token_id);
   w.add_u32("tokenizer.ggml.eos_token_id", c.eos_token_id);
   w.add_u32("tokenizer.ggml.unknown_token_id", std::max(sp.unk_id(), 0));
-  w.add_bool("tokenizer.ggml.add_bos_token", true);
+  w.add_bool("tokenizer.ggml.add_bos_token", c.has_bos);
   w.add_bool("tokenizer.ggml.add_eos_token", false);
   w.add_bool("tokenizer.ggml.add_space_prefix", true);
 
@@ -329,30 +354,67 @@ std::string convert_to_gguf(const std::string& model_dir, const std::string& pat
     });
   };
   const int64_t d = c.hidden_size, V = c.vocab_size, I = c.intermediate_size, E = c.num_local_experts, hd = c.head_dim;
+  const FamilyInfo& info = c.info();
   // llama.cpp's llama architecture applies rotary embeddings to adjacent pairs; HF's Mixtral to the two
   // halves of each head. The converter therefore stores HF row (h * hd/2 + j) of a head at row (2 j + h).
-  auto rotary = [hd](int64_t r) {
-    const int64_t head = r / hd, within = r % hd;
-    return head * hd + (within % 2) * (hd / 2) + within / 2;
+  // The other architectures use NEOX rotary (the halves, as HF) and are stored unpermuted.
+  std::function<int64_t(int64_t)> rotary = nullptr;
+  if (llama)
+    rotary = [hd](int64_t r) {
+      const int64_t head = r / hd, within = r % hd;
+      return head * hd + (within % 2) * (hd / 2) + within / 2;
+    };
+  const uint64_t ud = d;
+  auto vec = [&](const std::string& name, const std::string& hf, int64_t n) {
+    add(name, {uint64_t(n)}, GgmlType::kF32, {hf}, 1, n);
   };
-  add("token_embd.weight", {uint64_t(d), uint64_t(V)}, weight_type(d), {"model.embed_tokens.weight"}, V, d);
-  add("output_norm.weight", {uint64_t(d)}, GgmlType::kF32, {"model.norm.weight"}, 1, d);
-  if (store->contains("lm_head.weight"))
-    add("output.weight", {uint64_t(d), uint64_t(V)}, weight_type(d), {"lm_head.weight"}, V, d);
+  // HF [rows, cols] as the ggml 2-D tensor [cols, rows] in the weight type.
+  auto mat = [&](const std::string& name, const std::string& hf, int64_t rows, int64_t cols,
+                 std::function<int64_t(int64_t)> perm = nullptr) {
+    add(name, {uint64_t(cols), uint64_t(rows)}, weight_type(cols), {hf}, rows, cols, perm);
+  };
+  auto mlp = [&](const std::string& b, const std::string& suffix, const std::string& hf, int64_t width) {
+    mat(b + "ffn_gate" + suffix + ".weight", hf + "gate_proj.weight", width, d);
+    mat(b + "ffn_up" + suffix + ".weight", hf + "up_proj.weight", width, d);
+    mat(b + "ffn_down" + suffix + ".weight", hf + "down_proj.weight", d, width);
+  };
+  mat("token_embd.weight", "model.embed_tokens.weight", V, d);
+  vec("output_norm.weight", "model.norm.weight", d);
+  if (store->contains("lm_head.weight")) mat("output.weight", "lm_head.weight", V, d);
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const std::string b = "blk." + std::to_string(l) + ".", p = "model.layers." + std::to_string(l) + ".";
-    const uint64_t ud = d, q = c.q_dim(), kv = c.kv_dim();
-    add(b + "attn_norm.weight", {ud}, GgmlType::kF32, {p + "input_layernorm.weight"}, 1, d);
-    add(b + "attn_q.weight", {ud, q}, weight_type(d), {p + "self_attn.q_proj.weight"}, q, d, rotary);
-    add(b + "attn_k.weight", {ud, kv}, weight_type(d), {p + "self_attn.k_proj.weight"}, kv, d, rotary);
-    add(b + "attn_v.weight", {ud, kv}, weight_type(d), {p + "self_attn.v_proj.weight"}, kv, d);
-    add(b + "attn_output.weight", {q, ud}, weight_type(q), {p + "self_attn.o_proj.weight"}, d, q);
-    add(b + "ffn_norm.weight", {ud}, GgmlType::kF32, {p + "post_attention_layernorm.weight"}, 1, d);
-    add(b + "ffn_gate_inp.weight", {ud, uint64_t(E)}, GgmlType::kF32, {p + "block_sparse_moe.gate.weight"}, E, d);
+    const int64_t q = c.q_dim(), kv = c.kv_dim();
+    vec(b + "attn_norm.weight", p + "input_layernorm.weight", d);
+    mat(b + "attn_q.weight", p + "self_attn.q_proj.weight", q, d, rotary);
+    mat(b + "attn_k.weight", p + "self_attn.k_proj.weight", kv, d, rotary);
+    mat(b + "attn_v.weight", p + "self_attn.v_proj.weight", kv, d);
+    mat(b + "attn_output.weight", p + "self_attn.o_proj.weight", d, q);
+    if (c.qkv_bias) {
+      vec(b + "attn_q.bias", p + "self_attn.q_proj.bias", q);
+      vec(b + "attn_k.bias", p + "self_attn.k_proj.bias", kv);
+      vec(b + "attn_v.bias", p + "self_attn.v_proj.bias", kv);
+    }
+    if (c.qk_norm != QkNorm::kNone) {
+      const bool per_head = c.qk_norm == QkNorm::kPerHead;
+      vec(b + "attn_q_norm.weight", p + "self_attn.q_norm.weight", per_head ? hd : q);
+      vec(b + "attn_k_norm.weight", p + "self_attn.k_norm.weight", per_head ? hd : kv);
+    }
+    vec(b + "ffn_norm.weight", p + "post_attention_layernorm.weight", d);
+    if (!c.moe_layer(l)) {  // llama.cpp's dense FFN names (dots1's leading dense blocks)
+      mlp(b, "", p + "mlp.", c.dense_intermediate_size);
+      continue;
+    }
+    const std::string moe = p + info.moe_prefix + ".";
+    add(b + "ffn_gate_inp.weight", {ud, uint64_t(E)}, GgmlType::kF32, {moe + "gate.weight"}, E, d);
+    if (c.scoring == RouterScoring::kSigmoidGrouped) vec(b + "exp_probs_b.bias", moe + "gate.e_score_correction_bias", E);
+    if (c.shared_expert_intermediate_size > 0)
+      mlp(b, "_shexp", moe + info.shared_prefix + ".", c.shared_expert_intermediate_size);
+    if (c.shared_expert_gate) vec(b + "ffn_gate_inp_shexp.weight", moe + "shared_expert_gate.weight", d);
     std::vector<std::string> w1, w2, w3;
     for (int e = 0; e < E; ++e) {
-      const std::string x = p + "block_sparse_moe.experts." + std::to_string(e) + ".";
-      w1.push_back(x + "w1.weight"), w2.push_back(x + "w2.weight"), w3.push_back(x + "w3.weight");
+      const std::string x = moe + "experts." + std::to_string(e) + ".";
+      w1.push_back(x + info.expert_gate + ".weight"), w2.push_back(x + info.expert_down + ".weight");
+      w3.push_back(x + info.expert_up + ".weight");
     }
     add(b + "ffn_gate_exps.weight", {ud, uint64_t(I), uint64_t(E)}, weight_type(d), w1, I, d);
     add(b + "ffn_up_exps.weight", {ud, uint64_t(I), uint64_t(E)}, weight_type(d), w3, I, d);
