@@ -411,6 +411,61 @@ TEST(GgufCheckpoint, RefusesWhatItCannotRun) {
   config_error([&](GgufWriter& w) { llama(w, true), w.add_u32("split.count", 3); }, "split GGUF");
   config_error([&](GgufWriter& w) { llama(w, false), w.add_u32("llama.expert_count", 8), w.add_u32("llama.expert_used_count", 9); },
                "num_experts_per_tok");
+  // The other architectures: their own keys are used or refused as llama's are.
+  auto family = [](GgufWriter& w, const std::string& arch) {
+    const std::string a = arch + ".";
+    w.add_string("general.architecture", arch);
+    w.add_u32(a + "embedding_length", 64), w.add_u32(a + "block_count", 1), w.add_u32(a + "feed_forward_length", 128);
+    w.add_u32(a + "attention.head_count", 4), w.add_u32(a + "context_length", 256), w.add_u32(a + "vocab_size", 512);
+    w.add_f32(a + "attention.layer_norm_rms_epsilon", 1e-6f);
+    w.add_u32(a + "expert_count", 8), w.add_u32(a + "expert_used_count", 2), w.add_u32(a + "expert_feed_forward_length", 32);
+  };
+  config_error([&](GgufWriter& w) { family(w, "qwen3moe"), w.add_u32("qwen3moe.attention.sliding_window", 128); },
+               "\"qwen3moe.attention.sliding_window\" (128) is not supported");
+  config_error([&](GgufWriter& w) { family(w, "qwen3moe"), w.add_u32("llama.expert_count", 8); },
+               "\"llama.expert_count\" belongs to no architecture");
+  config_error([&](GgufWriter& w) { family(w, "qwen3moe"), w.add_u32("qwen3moe.attention.key_length", 16),
+                                    w.add_u32("qwen3moe.attention.value_length", 32); },
+               "qwen3moe.attention.value_length differs from the head dimension 16");
+  config_error([&](GgufWriter& w) { family(w, "qwen2moe"); }, "qwen2moe.expert_shared_feed_forward_length");
+  config_error([&](GgufWriter& w) { family(w, "dots1"), w.add_u32("dots1.expert_shared_count", 1),
+                                    w.add_u32("dots1.expert_gating_func", 1); },
+               "expert_gating_func is not 2 (sigmoid)");
+  config_error([&](GgufWriter& w) { family(w, "dots1"); }, "dots1.expert_shared_count");
+}
+
+// Each family's metadata becomes the config its HF config.json would give.
+TEST(GgufCheckpoint, FamilyMetadata) {
+  GgufWriter w;
+  const std::string a = "dots1.";
+  w.add_string("general.architecture", "dots1");
+  w.add_u32(a + "embedding_length", 64), w.add_u32(a + "block_count", 3), w.add_u32(a + "feed_forward_length", 128);
+  w.add_u32(a + "attention.head_count", 4), w.add_u32(a + "attention.head_count_kv", 2), w.add_u32(a + "context_length", 256);
+  w.add_u32(a + "vocab_size", 512), w.add_u32(a + "attention.key_length", 32), w.add_u32(a + "attention.value_length", 32);
+  w.add_f32(a + "attention.layer_norm_rms_epsilon", 1e-6f), w.add_f32(a + "rope.freq_base", 5e4f);
+  w.add_u32(a + "expert_count", 16), w.add_u32(a + "expert_used_count", 4), w.add_u32(a + "expert_feed_forward_length", 24);
+  w.add_u32(a + "leading_dense_block_count", 1), w.add_u32(a + "expert_shared_count", 2);
+  w.add_f32(a + "expert_weights_scale", 2.5f), w.add_u32(a + "expert_gating_func", 2), w.add_bool(a + "expert_weights_norm", true);
+  w.add_u32(a + "expert_group_count", 4), w.add_u32(a + "expert_group_used_count", 2);
+  w.add_tensor("token_embd.weight", {64, 512}, GgmlType::kF32, [](std::vector<uint8_t>* o) { o->resize(64 * 512 * 4); });
+  const std::string path = temp_path("moex_gguf_test_dots1.gguf");
+  w.write(path);
+  const GgufFile f(path);
+  const ModelConfig c = gguf_model_config(f.contents(), path);
+  EXPECT_EQ(c.model_type, "dots1");
+  EXPECT_EQ(c.head_dim, 32);
+  EXPECT_EQ(c.intermediate_size, 24);
+  EXPECT_EQ(c.dense_intermediate_size, 128);
+  EXPECT_EQ(c.first_k_dense_replace, 1);
+  EXPECT_EQ(c.shared_expert_intermediate_size, 48);
+  EXPECT_FLOAT_EQ(c.routed_scaling_factor, 2.5f);
+  EXPECT_TRUE(c.norm_topk_prob);
+  EXPECT_EQ(c.n_group, 4);
+  EXPECT_EQ(c.topk_group, 2);
+  EXPECT_EQ(c.scoring, RouterScoring::kSigmoidGrouped);
+  EXPECT_EQ(c.qk_norm, QkNorm::kPerHead);
+  EXPECT_FALSE(c.has_bos);  // no tokenizer.ggml.bos_token_id
+  EXPECT_FLOAT_EQ(c.rope_theta, 5e4f);
 }
 
 }  // namespace
