@@ -290,6 +290,12 @@ std::string convert_to_gguf(const std::string& model_dir, const std::string& pat
     w.add_u32(a + "attention.key_length", c.head_dim);
     w.add_u32(a + "attention.value_length", c.head_dim);
   }
+  const bool hard_wired_norm = c.family == ModelFamily::kQwen3Moe;
+  if ((c.family == ModelFamily::kQwen2Moe || c.family == ModelFamily::kQwen3Moe || c.family == ModelFamily::kOlmoe) &&
+      c.norm_topk_prob != hard_wired_norm)
+    std::fprintf(stderr, "moex convert: note: norm_topk_prob is %s, but llama.cpp's %s always runs it as %s: MoEX reads "
+                 "%s.expert_weights_norm, llama.cpp will run this file differently\n", c.norm_topk_prob ? "true" : "false",
+                 arch.c_str(), hard_wired_norm ? "true" : "false", arch.c_str());
   // Top-k renormalisation: llama.cpp hard-wires it for llama (true), qwen3moe (true), qwen2moe and olmoe
   // (false) and reads this key for dots1; written for every family so that MoEX's reader need not guess.
   if (!llama) w.add_bool(a + "expert_weights_norm", c.norm_topk_prob);
