@@ -16,7 +16,9 @@
 #include "moex/model/gguf.h"
 #include "moex/model/safetensors.h"
 #include "moex/runtime/tokenizer.h"
+#include "moex/runtime/tokenizer_json.h"
 #include "tools/lib/gguf_writer.h"
+#include "tools/lib/tokenizer_train.h"
 
 namespace moex {
 namespace {
@@ -374,6 +376,49 @@ TEST(GgufCheckpoint, TokenizerFromTheVocabularyEncodesAsTheSentencePieceModel) {
     const std::vector<int> ids = original.encode(text, true);
     EXPECT_EQ(ids, rebuilt.encode(text, true)) << text;
     EXPECT_EQ(original.decode(ids), rebuilt.decode(ids)) << text;
+  }
+}
+
+// A byte-level BPE tokenizer.json (Qwen2's and OLMoE's layouts) written as a "gpt2" GGUF vocabulary reads back
+// as a tokenizer giving the same ids and text as the original tokenizer.json (JsonTokenizer, which
+// tests/tokenizer checks against Hugging Face's own). Ids past the tokenizer's are padding tokens.
+TEST(GgufCheckpoint, ByteLevelVocabularyEncodesAsTheTokenizerJson) {
+  for (const bool qwen : {true, false}) {
+    const TrainedByteLevelBpe trained =
+        train_byte_level_bpe(qwen ? qwen2_tokenizer_options(600) : olmoe_tokenizer_options(600));
+    ModelConfig c;
+    c.vocab_size = trained.vocab_size + 8;
+    c.has_bos = false, c.bos_token_id = -1, c.eos_token_id = qwen ? trained.vocab_size - 3 : 0;
+    GgufWriter w;
+    w.add_string("general.architecture", "qwen3moe");
+    ASSERT_TRUE(tools::add_byte_level_vocabulary(w, trained.tokenizer_json, c, "tokenizer.json"));
+    const std::string path = temp_path(qwen ? "moex_gguf_test_qwen_vocab.gguf" : "moex_gguf_test_olmo_vocab.gguf");
+    w.write(path);
+    const auto original = JsonTokenizer::parse(trained.tokenizer_json, "tokenizer.json");
+    const Tokenizer rebuilt = Tokenizer::for_model(path);
+    EXPECT_EQ(rebuilt.vocab_size(), c.vocab_size);
+    EXPECT_EQ(rebuilt.bos_id(), -1);
+    EXPECT_EQ(rebuilt.eos_id(), c.eos_token_id);
+    for (const std::string text : {"Once upon a time", "  two  spaces\tand tabs\n", "digits 1234567 and 3.14",
+                                   "Unicode: h\u00e9llo w\u00f6rld \u65e5\u672c\u8a9e \U0001F642", "\xff\xfe invalid bytes",
+                                   "<|endoftext|> special <|endoftext|>x", ""}) {
+      const std::vector<int> ids = original->encode(text, true);
+      EXPECT_EQ(ids, rebuilt.encode(text, true)) << text;
+      EXPECT_EQ(original->decode(ids, true), rebuilt.decode(ids)) << text;
+    }
+  }
+  // A pre-tokenizer MoEX does not know is refused by name.
+  GgufWriter w;
+  w.add_string("tokenizer.ggml.model", "gpt2"), w.add_string("tokenizer.ggml.pre", "llama-bpe");
+  w.add_string_array("tokenizer.ggml.tokens", {"a", "b"}), w.add_i32_array("tokenizer.ggml.token_type", {1, 1});
+  w.add_string_array("tokenizer.ggml.merges", {});
+  const std::string path = temp_path("moex_gguf_test_bad_pre.gguf");
+  w.write(path);
+  try {
+    Tokenizer::for_model(path);
+    ADD_FAILURE() << "no error for tokenizer.ggml.pre llama-bpe";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("\"llama-bpe\""), std::string::npos) << e.what();
   }
 }
 

@@ -2,6 +2,8 @@
 
 #include <sentencepiece_processor.h>
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -14,6 +16,7 @@
 #include "moex/base/small_file.h"
 #include "moex/model/config.h"
 #include "moex/model/safetensors.h"
+#include "moex/runtime/tokenizer_json.h"
 
 namespace moex::tools {
 namespace {
@@ -250,6 +253,72 @@ uint32_t file_type(GgmlType t) {  // llama.cpp's LLAMA_FTYPE_* for general.file_
 
 }  // namespace
 
+// A byte-level BPE tokenizer.json (Qwen2 / Qwen3 / OLMoE) as llama.cpp's converter writes it: tokenizer.ggml.model
+// "gpt2", every id's token (ids past the tokenizer's are "[PAD<id>]" padding, as llama.cpp's converter names
+// them), the merges as "a b", the token types (added special tokens 3 "control", other added tokens 4
+// "user defined", the rest 1) and the pre-tokenizer's name: "qwen2" for Qwen2's Split regex before a
+// ByteLevel without its own regex, "olmo" for a ByteLevel with GPT-2's regex; both with an NFC normalizer.
+// Returns false when `json_text` is empty or not byte-level (the SentencePiece path then applies); anything
+// else the reader could not run back exactly is refused.
+bool add_byte_level_vocabulary(GgufWriter& w, const std::string& json_text, const ModelConfig& c, const std::string& origin) {
+  if (json_text.empty()) return false;
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(json_text);
+  } catch (const nlohmann::json::exception& e) {
+    throw_error(ErrorKind::kInvalidInput, origin + ": not valid JSON (" + e.what() + ")");
+  }
+  const nlohmann::json pre = j.value("pre_tokenizer", nlohmann::json());
+  auto is_byte_level = [](const nlohmann::json& p, bool regex) {
+    return p.is_object() && p.value("type", "") == "ByteLevel" && p.value("use_regex", true) == regex &&
+           !p.value("add_prefix_space", false);
+  };
+  std::string pre_name;
+  if (is_byte_level(pre, true)) {
+    pre_name = "olmo";
+  } else if (pre.is_object() && pre.value("type", "") == "Sequence" && pre.contains("pretokenizers") &&
+             pre["pretokenizers"].size() == 2 && is_byte_level(pre["pretokenizers"][1], false)) {
+    const nlohmann::json& split = pre["pretokenizers"][0];
+    MOEX_CHECK_INPUT(split.value("type", "") == "Split" && split.contains("pattern") && split["pattern"].is_object() &&
+                         split["pattern"].value("Regex", "") == kQwen2SplitPattern && split.value("behavior", "") == "Isolated",
+                     origin, ": a byte-level pre-tokenizer other than Qwen2's or GPT-2's is not written to GGUF");
+    pre_name = "qwen2";
+  } else {
+    return false;  // SentencePiece-style (Mixtral's fast tokenizer): tokenizer.model is written instead
+  }
+  const nlohmann::json nfc = {{"type", "NFC"}};
+  MOEX_CHECK_INPUT(j.value("normalizer", nlohmann::json()) == nfc, origin,
+                   ": a byte-level tokenizer without an NFC normalizer has no GGUF pre-tokenizer MoEX reads back");
+  const nlohmann::json& model = j["model"];
+  MOEX_CHECK_INPUT(model.is_object() && model.value("type", "") == "BPE" && model["vocab"].is_object() &&
+                       model["merges"].is_array(), origin, ": model must be BPE with a vocab and merges");
+  std::vector<std::string> tokens(c.vocab_size);
+  std::vector<int32_t> types(c.vocab_size, 1);
+  std::vector<bool> seen(c.vocab_size, false);
+  auto place = [&](const std::string& token, int64_t id, int32_t type) {
+    MOEX_CHECK_INPUT(id >= 0 && id < c.vocab_size, origin, ": token \"", token, "\" has id ", id, ", outside vocab_size ",
+                     c.vocab_size);
+    tokens[id] = token, types[id] = type, seen[id] = true;
+  };
+  for (const auto& [token, id] : model["vocab"].items()) place(token, id.get<int64_t>(), 1);
+  for (const nlohmann::json& t : j.value("added_tokens", nlohmann::json::array()))
+    place(t.at("content").get<std::string>(), t.at("id").get<int64_t>(), t.value("special", false) ? 3 : 4);
+  for (int id = 0; id < c.vocab_size; ++id)
+    if (!seen[id]) tokens[id] = "[PAD" + std::to_string(id) + "]", types[id] = 4;
+  std::vector<std::string> merges;
+  for (const nlohmann::json& m : model["merges"])
+    merges.push_back(m.is_string() ? m.get<std::string>() : m.at(0).get<std::string>() + " " + m.at(1).get<std::string>());
+  w.add_string("tokenizer.ggml.model", "gpt2");
+  w.add_string("tokenizer.ggml.pre", pre_name);
+  w.add_string_array("tokenizer.ggml.tokens", tokens);
+  w.add_i32_array("tokenizer.ggml.token_type", types);
+  w.add_string_array("tokenizer.ggml.merges", merges);
+  if (c.has_bos) w.add_u32("tokenizer.ggml.bos_token_id", c.bos_token_id);
+  w.add_u32("tokenizer.ggml.eos_token_id", c.eos_token_id);
+  w.add_bool("tokenizer.ggml.add_bos_token", false);
+  return true;
+}
+
 std::string convert_to_gguf(const std::string& model_dir, const std::string& path, GgmlType type) {
   const ModelConfig c = load_model_config(model_dir + "/config.json");
   const std::string arch = gguf_architecture(c.family), a = arch + ".";
@@ -258,13 +327,6 @@ std::string convert_to_gguf(const std::string& model_dir, const std::string& pat
   MOEX_CHECK_INPUT(c.decoder_sparse_step == 1, model_dir, ": decoder_sparse_step ", c.decoder_sparse_step,
                    " is not written (give the dense layers as mlp_only_layers)");
   const auto store = std::make_shared<WeightStore>(model_dir);
-  MOEX_CHECK_INPUT(std::filesystem::exists(model_dir + "/tokenizer.model"), model_dir,
-                   ": has no tokenizer.model; moex convert writes the SentencePiece vocabulary (tokenizer.ggml.model "
-                   "\"llama\") only, not yet a byte-level BPE tokenizer.json (\"gpt2\")");
-  sentencepiece::SentencePieceProcessor sp;
-  const std::string proto = read_small_file(model_dir + "/tokenizer.model", kMaxTokenizerFileBytes, "(SentencePiece)");
-  const auto status = sp.LoadFromSerializedProto(proto);
-  MOEX_CHECK_INPUT(status.ok(), "cannot load ", model_dir, "/tokenizer.model: ", status.ToString());
 
   GgufWriter w;
   w.add_string("general.architecture", arch);
@@ -311,33 +373,46 @@ std::string convert_to_gguf(const std::string& model_dir, const std::string& pat
       w.add_u32(a + "expert_group_used_count", c.topk_group);
     }
   }
-  // The vocabulary as llama.cpp's converter writes a SentencePiece model: every id up to vocab_size (ids past
-  // the tokenizer's pieces are padding, as HF pads the embedding), its score and type.
-  std::vector<std::string> tokens;
-  std::vector<float> scores;
-  std::vector<int32_t> types;
-  MOEX_CHECK_INPUT(sp.GetPieceSize() <= c.vocab_size, "tokenizer.model has ", sp.GetPieceSize(),
-                   " pieces, more than vocab_size ", c.vocab_size);
-  for (int id = 0; id < c.vocab_size; ++id) {
-    if (id >= sp.GetPieceSize()) {
-      tokens.push_back("[PAD" + std::to_string(id) + "]"), scores.push_back(-1000.0f), types.push_back(5);
-      continue;
+  const std::string json_path = model_dir + "/tokenizer.json";
+  const std::string json_text = std::filesystem::exists(json_path)
+                                   ? read_small_file(json_path, kMaxTokenizerFileBytes, "(the checkpoint's tokenizer.json)")
+                                   : std::string();
+  if (!add_byte_level_vocabulary(w, json_text, c, json_path)) {
+    MOEX_CHECK_INPUT(std::filesystem::exists(model_dir + "/tokenizer.model"), model_dir,
+                     ": has neither a byte-level BPE tokenizer.json (written as tokenizer.ggml.model \"gpt2\") nor a "
+                     "SentencePiece tokenizer.model (\"llama\")");
+    sentencepiece::SentencePieceProcessor sp;
+    const std::string proto = read_small_file(model_dir + "/tokenizer.model", kMaxTokenizerFileBytes, "(SentencePiece)");
+    const auto status = sp.LoadFromSerializedProto(proto);
+    MOEX_CHECK_INPUT(status.ok(), "cannot load ", model_dir, "/tokenizer.model: ", status.ToString());
+    // The vocabulary as llama.cpp's converter writes a SentencePiece model: every id up to vocab_size (ids past
+    // the tokenizer's pieces are padding, as HF pads the embedding), its score and type.
+    std::vector<std::string> tokens;
+    std::vector<float> scores;
+    std::vector<int32_t> types;
+    MOEX_CHECK_INPUT(sp.GetPieceSize() <= c.vocab_size, "tokenizer.model has ", sp.GetPieceSize(),
+                     " pieces, more than vocab_size ", c.vocab_size);
+    for (int id = 0; id < c.vocab_size; ++id) {
+      if (id >= sp.GetPieceSize()) {
+        tokens.push_back("[PAD" + std::to_string(id) + "]"), scores.push_back(-1000.0f), types.push_back(5);
+        continue;
+      }
+      tokens.push_back(sp.IdToPiece(id));
+      scores.push_back(sp.GetScore(id));
+      types.push_back(sp.IsUnknown(id) ? 2 : sp.IsControl(id) ? 3 : sp.IsUnused(id) ? 5 : sp.IsByte(id) ? 6 : 1);
     }
-    tokens.push_back(sp.IdToPiece(id));
-    scores.push_back(sp.GetScore(id));
-    types.push_back(sp.IsUnknown(id) ? 2 : sp.IsControl(id) ? 3 : sp.IsUnused(id) ? 5 : sp.IsByte(id) ? 6 : 1);
+    w.add_string("tokenizer.ggml.model", "llama");
+    w.add_string("tokenizer.ggml.pre", "default");
+    w.add_string_array("tokenizer.ggml.tokens", tokens);
+    w.add_f32_array("tokenizer.ggml.scores", scores);
+    w.add_i32_array("tokenizer.ggml.token_type", types);
+    if (c.has_bos) w.add_u32("tokenizer.ggml.bos_token_id", c.bos_token_id);
+    w.add_u32("tokenizer.ggml.eos_token_id", c.eos_token_id);
+    w.add_u32("tokenizer.ggml.unknown_token_id", std::max(sp.unk_id(), 0));
+    w.add_bool("tokenizer.ggml.add_bos_token", c.has_bos);
+    w.add_bool("tokenizer.ggml.add_eos_token", false);
+    w.add_bool("tokenizer.ggml.add_space_prefix", true);
   }
-  w.add_string("tokenizer.ggml.model", "llama");
-  w.add_string("tokenizer.ggml.pre", "default");
-  w.add_string_array("tokenizer.ggml.tokens", tokens);
-  w.add_f32_array("tokenizer.ggml.scores", scores);
-  w.add_i32_array("tokenizer.ggml.token_type", types);
-  if (c.has_bos) w.add_u32("tokenizer.ggml.bos_token_id", c.bos_token_id);
-  w.add_u32("tokenizer.ggml.eos_token_id", c.eos_token_id);
-  w.add_u32("tokenizer.ggml.unknown_token_id", std::max(sp.unk_id(), 0));
-  w.add_bool("tokenizer.ggml.add_bos_token", c.has_bos);
-  w.add_bool("tokenizer.ggml.add_eos_token", false);
-  w.add_bool("tokenizer.ggml.add_space_prefix", true);
 
   std::map<GgmlType, int> written;
   // A 2-D weight of `cols` per row in `type`, or the fallback when its rows do not hold whole blocks.

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "moex/model/config.h"
 #include "moex/model/gguf.h"
 
 namespace moex::tools {
@@ -51,6 +52,10 @@ class GgufWriter {
 void quantize_q8_0(const float* x, int64_t n, std::vector<uint8_t>* out);
 void quantize_q4_0(const float* x, int64_t n, std::vector<uint8_t>* out);
 void quantize_q4_k(const float* x, int64_t n, std::vector<uint8_t>* out);
+
+// Adds tokenizer.ggml.* ("gpt2") for a byte-level BPE tokenizer.json text (Qwen2's or OLMoE's pre-tokenizer);
+// false, adding nothing, when the text is empty or not byte-level. `origin` names the file in errors.
+bool add_byte_level_vocabulary(GgufWriter& w, const std::string& json_text, const ModelConfig& c, const std::string& origin);
 
 // The GGUF tensor types of `moex convert --type`.
 bool gguf_convert_type(const std::string& name, GgmlType* out);
