@@ -16,7 +16,9 @@
 #include "moex/model/gguf.h"
 #include "moex/model/safetensors.h"
 #include "moex/runtime/tokenizer.h"
+#include "moex/runtime/tokenizer_json.h"
 #include "tools/lib/gguf_writer.h"
+#include "tools/lib/tokenizer_train.h"
 
 namespace moex {
 namespace {
@@ -377,6 +379,49 @@ TEST(GgufCheckpoint, TokenizerFromTheVocabularyEncodesAsTheSentencePieceModel) {
   }
 }
 
+// A byte-level BPE tokenizer.json (Qwen2's and OLMoE's layouts) written as a "gpt2" GGUF vocabulary reads back
+// as a tokenizer giving the same ids and text as the original tokenizer.json (JsonTokenizer, which
+// tests/tokenizer checks against Hugging Face's own). Ids past the tokenizer's are padding tokens.
+TEST(GgufCheckpoint, ByteLevelVocabularyEncodesAsTheTokenizerJson) {
+  for (const bool qwen : {true, false}) {
+    const TrainedByteLevelBpe trained =
+        train_byte_level_bpe(qwen ? qwen2_tokenizer_options(600) : olmoe_tokenizer_options(600));
+    ModelConfig c;
+    c.vocab_size = trained.vocab_size + 8;
+    c.has_bos = false, c.bos_token_id = -1, c.eos_token_id = qwen ? trained.vocab_size - 3 : 0;
+    GgufWriter w;
+    w.add_string("general.architecture", "qwen3moe");
+    ASSERT_TRUE(tools::add_byte_level_vocabulary(w, trained.tokenizer_json, c, "tokenizer.json"));
+    const std::string path = temp_path(qwen ? "moex_gguf_test_qwen_vocab.gguf" : "moex_gguf_test_olmo_vocab.gguf");
+    w.write(path);
+    const auto original = JsonTokenizer::parse(trained.tokenizer_json, "tokenizer.json");
+    const Tokenizer rebuilt = Tokenizer::for_model(path);
+    EXPECT_EQ(rebuilt.vocab_size(), c.vocab_size);
+    EXPECT_EQ(rebuilt.bos_id(), -1);
+    EXPECT_EQ(rebuilt.eos_id(), c.eos_token_id);
+    for (const std::string text : {"Once upon a time", "  two  spaces\tand tabs\n", "digits 1234567 and 3.14",
+                                   "Unicode: h\u00e9llo w\u00f6rld \u65e5\u672c\u8a9e \U0001F642", "\xff\xfe invalid bytes",
+                                   "<|endoftext|> special <|endoftext|>x", ""}) {
+      const std::vector<int> ids = original->encode(text, true);
+      EXPECT_EQ(ids, rebuilt.encode(text, true)) << text;
+      EXPECT_EQ(original->decode(ids, true), rebuilt.decode(ids)) << text;
+    }
+  }
+  // A pre-tokenizer MoEX does not know is refused by name.
+  GgufWriter w;
+  w.add_string("tokenizer.ggml.model", "gpt2"), w.add_string("tokenizer.ggml.pre", "llama-bpe");
+  w.add_string_array("tokenizer.ggml.tokens", {"a", "b"}), w.add_i32_array("tokenizer.ggml.token_type", {1, 1});
+  w.add_string_array("tokenizer.ggml.merges", {});
+  const std::string path = temp_path("moex_gguf_test_bad_pre.gguf");
+  w.write(path);
+  try {
+    Tokenizer::for_model(path);
+    ADD_FAILURE() << "no error for tokenizer.ggml.pre llama-bpe";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("\"llama-bpe\""), std::string::npos) << e.what();
+  }
+}
+
 // Metadata of another architecture, a dense model, or a key that changes the computation is refused.
 TEST(GgufCheckpoint, RefusesWhatItCannotRun) {
   auto config_error = [](const std::function<void(GgufWriter&)>& edit, const std::string& cause) {
@@ -401,7 +446,8 @@ TEST(GgufCheckpoint, RefusesWhatItCannotRun) {
     w.add_f32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
     if (experts) w.add_u32("llama.expert_count", 8), w.add_u32("llama.expert_used_count", 2);
   };
-  config_error([](GgufWriter& w) { w.add_string("general.architecture", "qwen2moe"); }, "\"qwen2moe\"");
+  config_error([](GgufWriter& w) { w.add_string("general.architecture", "deepseek2"); }, "multi-head latent attention");
+  config_error([](GgufWriter& w) { w.add_string("general.architecture", "phimoe"); }, "\"phimoe\"");
   config_error([&](GgufWriter& w) { llama(w, false); }, "dense llama model");
   config_error([&](GgufWriter& w) { llama(w, true), w.add_string("llama.rope.scaling.type", "yarn"); },
                "\"llama.rope.scaling.type\" (\"yarn\") is not supported");
@@ -410,6 +456,61 @@ TEST(GgufCheckpoint, RefusesWhatItCannotRun) {
   config_error([&](GgufWriter& w) { llama(w, true), w.add_u32("split.count", 3); }, "split GGUF");
   config_error([&](GgufWriter& w) { llama(w, false), w.add_u32("llama.expert_count", 8), w.add_u32("llama.expert_used_count", 9); },
                "num_experts_per_tok");
+  // The other architectures: their own keys are used or refused as llama's are.
+  auto family = [](GgufWriter& w, const std::string& arch) {
+    const std::string a = arch + ".";
+    w.add_string("general.architecture", arch);
+    w.add_u32(a + "embedding_length", 64), w.add_u32(a + "block_count", 1), w.add_u32(a + "feed_forward_length", 128);
+    w.add_u32(a + "attention.head_count", 4), w.add_u32(a + "context_length", 256), w.add_u32(a + "vocab_size", 512);
+    w.add_f32(a + "attention.layer_norm_rms_epsilon", 1e-6f);
+    w.add_u32(a + "expert_count", 8), w.add_u32(a + "expert_used_count", 2), w.add_u32(a + "expert_feed_forward_length", 32);
+  };
+  config_error([&](GgufWriter& w) { family(w, "qwen3moe"), w.add_u32("qwen3moe.attention.sliding_window", 128); },
+               "\"qwen3moe.attention.sliding_window\" (128) is not supported");
+  config_error([&](GgufWriter& w) { family(w, "qwen3moe"), w.add_u32("llama.expert_count", 8); },
+               "\"llama.expert_count\" belongs to no architecture");
+  config_error([&](GgufWriter& w) { family(w, "qwen3moe"), w.add_u32("qwen3moe.attention.key_length", 16),
+                                    w.add_u32("qwen3moe.attention.value_length", 32); },
+               "qwen3moe.attention.value_length differs from the head dimension 16");
+  config_error([&](GgufWriter& w) { family(w, "qwen2moe"); }, "qwen2moe.expert_shared_feed_forward_length");
+  config_error([&](GgufWriter& w) { family(w, "dots1"), w.add_u32("dots1.expert_shared_count", 1),
+                                    w.add_u32("dots1.expert_gating_func", 1); },
+               "expert_gating_func is not 2 (sigmoid)");
+  config_error([&](GgufWriter& w) { family(w, "dots1"); }, "dots1.expert_shared_count");
+}
+
+// Each family's metadata becomes the config its HF config.json would give.
+TEST(GgufCheckpoint, FamilyMetadata) {
+  GgufWriter w;
+  const std::string a = "dots1.";
+  w.add_string("general.architecture", "dots1");
+  w.add_u32(a + "embedding_length", 64), w.add_u32(a + "block_count", 3), w.add_u32(a + "feed_forward_length", 128);
+  w.add_u32(a + "attention.head_count", 4), w.add_u32(a + "attention.head_count_kv", 2), w.add_u32(a + "context_length", 256);
+  w.add_u32(a + "vocab_size", 512), w.add_u32(a + "attention.key_length", 32), w.add_u32(a + "attention.value_length", 32);
+  w.add_f32(a + "attention.layer_norm_rms_epsilon", 1e-6f), w.add_f32(a + "rope.freq_base", 5e4f);
+  w.add_u32(a + "expert_count", 16), w.add_u32(a + "expert_used_count", 4), w.add_u32(a + "expert_feed_forward_length", 24);
+  w.add_u32(a + "leading_dense_block_count", 1), w.add_u32(a + "expert_shared_count", 2);
+  w.add_f32(a + "expert_weights_scale", 2.5f), w.add_u32(a + "expert_gating_func", 2), w.add_bool(a + "expert_weights_norm", true);
+  w.add_u32(a + "expert_group_count", 4), w.add_u32(a + "expert_group_used_count", 2);
+  w.add_tensor("token_embd.weight", {64, 512}, GgmlType::kF32, [](std::vector<uint8_t>* o) { o->resize(64 * 512 * 4); });
+  const std::string path = temp_path("moex_gguf_test_dots1.gguf");
+  w.write(path);
+  const GgufFile f(path);
+  const ModelConfig c = gguf_model_config(f.contents(), path);
+  EXPECT_EQ(c.model_type, "dots1");
+  EXPECT_EQ(c.head_dim, 32);
+  EXPECT_EQ(c.intermediate_size, 24);
+  EXPECT_EQ(c.dense_intermediate_size, 128);
+  EXPECT_EQ(c.first_k_dense_replace, 1);
+  EXPECT_EQ(c.shared_expert_intermediate_size, 48);
+  EXPECT_FLOAT_EQ(c.routed_scaling_factor, 2.5f);
+  EXPECT_TRUE(c.norm_topk_prob);
+  EXPECT_EQ(c.n_group, 4);
+  EXPECT_EQ(c.topk_group, 2);
+  EXPECT_EQ(c.scoring, RouterScoring::kSigmoidGrouped);
+  EXPECT_EQ(c.qk_norm, QkNorm::kPerHead);
+  EXPECT_FALSE(c.has_bos);  // no tokenizer.ggml.bos_token_id
+  EXPECT_FLOAT_EQ(c.rope_theta, 5e4f);
 }
 
 }  // namespace

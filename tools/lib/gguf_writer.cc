@@ -2,10 +2,13 @@
 
 #include <sentencepiece_processor.h>
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 
 #include "moex/base/dtype.h"
@@ -13,6 +16,7 @@
 #include "moex/base/small_file.h"
 #include "moex/model/config.h"
 #include "moex/model/safetensors.h"
+#include "moex/runtime/tokenizer_json.h"
 
 namespace moex::tools {
 namespace {
@@ -249,64 +253,166 @@ uint32_t file_type(GgmlType t) {  // llama.cpp's LLAMA_FTYPE_* for general.file_
 
 }  // namespace
 
+// A byte-level BPE tokenizer.json (Qwen2 / Qwen3 / OLMoE) as llama.cpp's converter writes it: tokenizer.ggml.model
+// "gpt2", every id's token (ids past the tokenizer's are "[PAD<id>]" padding, as llama.cpp's converter names
+// them), the merges as "a b", the token types (added special tokens 3 "control", other added tokens 4
+// "user defined", the rest 1) and the pre-tokenizer's name: "qwen2" for Qwen2's Split regex before a
+// ByteLevel without its own regex, "olmo" for a ByteLevel with GPT-2's regex; both with an NFC normalizer.
+// Returns false when `json_text` is empty or not byte-level (the SentencePiece path then applies); anything
+// else the reader could not run back exactly is refused.
+bool add_byte_level_vocabulary(GgufWriter& w, const std::string& json_text, const ModelConfig& c, const std::string& origin) {
+  if (json_text.empty()) return false;
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(json_text);
+  } catch (const nlohmann::json::exception& e) {
+    throw_error(ErrorKind::kInvalidInput, origin + ": not valid JSON (" + e.what() + ")");
+  }
+  const nlohmann::json pre = j.value("pre_tokenizer", nlohmann::json());
+  auto is_byte_level = [](const nlohmann::json& p, bool regex) {
+    return p.is_object() && p.value("type", "") == "ByteLevel" && p.value("use_regex", true) == regex &&
+           !p.value("add_prefix_space", false);
+  };
+  std::string pre_name;
+  if (is_byte_level(pre, true)) {
+    pre_name = "olmo";
+  } else if (pre.is_object() && pre.value("type", "") == "Sequence" && pre.contains("pretokenizers") &&
+             pre["pretokenizers"].size() == 2 && is_byte_level(pre["pretokenizers"][1], false)) {
+    const nlohmann::json& split = pre["pretokenizers"][0];
+    MOEX_CHECK_INPUT(split.value("type", "") == "Split" && split.contains("pattern") && split["pattern"].is_object() &&
+                         split["pattern"].value("Regex", "") == kQwen2SplitPattern && split.value("behavior", "") == "Isolated",
+                     origin, ": a byte-level pre-tokenizer other than Qwen2's or GPT-2's is not written to GGUF");
+    pre_name = "qwen2";
+  } else {
+    return false;  // SentencePiece-style (Mixtral's fast tokenizer): tokenizer.model is written instead
+  }
+  const nlohmann::json nfc = {{"type", "NFC"}};
+  MOEX_CHECK_INPUT(j.value("normalizer", nlohmann::json()) == nfc, origin,
+                   ": a byte-level tokenizer without an NFC normalizer has no GGUF pre-tokenizer MoEX reads back");
+  const nlohmann::json& model = j["model"];
+  MOEX_CHECK_INPUT(model.is_object() && model.value("type", "") == "BPE" && model["vocab"].is_object() &&
+                       model["merges"].is_array(), origin, ": model must be BPE with a vocab and merges");
+  std::vector<std::string> tokens(c.vocab_size);
+  std::vector<int32_t> types(c.vocab_size, 1);
+  std::vector<bool> seen(c.vocab_size, false);
+  auto place = [&](const std::string& token, int64_t id, int32_t type) {
+    MOEX_CHECK_INPUT(id >= 0 && id < c.vocab_size, origin, ": token \"", token, "\" has id ", id, ", outside vocab_size ",
+                     c.vocab_size);
+    tokens[id] = token, types[id] = type, seen[id] = true;
+  };
+  for (const auto& [token, id] : model["vocab"].items()) place(token, id.get<int64_t>(), 1);
+  for (const nlohmann::json& t : j.value("added_tokens", nlohmann::json::array()))
+    place(t.at("content").get<std::string>(), t.at("id").get<int64_t>(), t.value("special", false) ? 3 : 4);
+  for (int id = 0; id < c.vocab_size; ++id)
+    if (!seen[id]) tokens[id] = "[PAD" + std::to_string(id) + "]", types[id] = 4;
+  std::vector<std::string> merges;
+  for (const nlohmann::json& m : model["merges"])
+    merges.push_back(m.is_string() ? m.get<std::string>() : m.at(0).get<std::string>() + " " + m.at(1).get<std::string>());
+  w.add_string("tokenizer.ggml.model", "gpt2");
+  w.add_string("tokenizer.ggml.pre", pre_name);
+  w.add_string_array("tokenizer.ggml.tokens", tokens);
+  w.add_i32_array("tokenizer.ggml.token_type", types);
+  w.add_string_array("tokenizer.ggml.merges", merges);
+  if (c.has_bos) w.add_u32("tokenizer.ggml.bos_token_id", c.bos_token_id);
+  w.add_u32("tokenizer.ggml.eos_token_id", c.eos_token_id);
+  w.add_bool("tokenizer.ggml.add_bos_token", false);
+  return true;
+}
+
 std::string convert_to_gguf(const std::string& model_dir, const std::string& path, GgmlType type) {
   const ModelConfig c = load_model_config(model_dir + "/config.json");
-  MOEX_CHECK_INPUT(c.model_type == "mixtral", model_dir, ": model_type \"", c.model_type,
-                   "\": moex convert writes Mixtral checkpoints only");
+  const std::string arch = gguf_architecture(c.family), a = arch + ".";
+  const bool llama = c.family == ModelFamily::kMixtral;
+  // What llama.cpp's architecture cannot say is refused rather than written as a file it would run wrongly.
+  MOEX_CHECK_INPUT(c.decoder_sparse_step == 1, model_dir, ": decoder_sparse_step ", c.decoder_sparse_step,
+                   " is not written (give the dense layers as mlp_only_layers)");
   const auto store = std::make_shared<WeightStore>(model_dir);
-  sentencepiece::SentencePieceProcessor sp;
-  const std::string proto = read_small_file(model_dir + "/tokenizer.model", kMaxTokenizerFileBytes, "(SentencePiece)");
-  const auto status = sp.LoadFromSerializedProto(proto);
-  MOEX_CHECK_INPUT(status.ok(), "cannot load ", model_dir, "/tokenizer.model: ", status.ToString());
 
   GgufWriter w;
-  w.add_string("general.architecture", "llama");
+  w.add_string("general.architecture", arch);
   w.add_string("general.name", "moex-converted");
   w.add_u32("general.file_type", file_type(type));
   w.add_u32("general.quantization_version", 2);
-  w.add_u32("llama.context_length", c.max_position_embeddings);
-  w.add_u32("llama.embedding_length", c.hidden_size);
-  w.add_u32("llama.block_count", c.num_hidden_layers);
-  w.add_u32("llama.feed_forward_length", c.intermediate_size);
-  w.add_u32("llama.rope.dimension_count", c.head_dim);
-  w.add_u32("llama.attention.head_count", c.num_attention_heads);
-  w.add_u32("llama.attention.head_count_kv", c.num_key_value_heads);
-  w.add_f32("llama.rope.freq_base", c.rope_theta);
-  w.add_f32("llama.attention.layer_norm_rms_epsilon", c.rms_norm_eps);
-  w.add_u32("llama.expert_count", c.num_local_experts);
-  w.add_u32("llama.expert_used_count", c.num_experts_per_tok);
-  w.add_u32("llama.vocab_size", c.vocab_size);
+  w.add_u32(a + "context_length", c.max_position_embeddings);
+  w.add_u32(a + "embedding_length", c.hidden_size);
+  w.add_u32(a + "block_count", c.num_hidden_layers);
+  // llama / olmoe: the expert width; the others: the dense MLP's, with the expert's in expert_feed_forward_length.
+  const bool expert_ffn_key = !llama && c.family != ModelFamily::kOlmoe;
+  w.add_u32(a + "feed_forward_length", expert_ffn_key ? c.dense_intermediate_size : c.intermediate_size);
+  if (expert_ffn_key) w.add_u32(a + "expert_feed_forward_length", c.intermediate_size);
+  w.add_u32(a + "rope.dimension_count", c.head_dim);
+  w.add_u32(a + "attention.head_count", c.num_attention_heads);
+  w.add_u32(a + "attention.head_count_kv", c.num_key_value_heads);
+  w.add_f32(a + "rope.freq_base", c.rope_theta);
+  w.add_f32(a + "attention.layer_norm_rms_epsilon", c.rms_norm_eps);
+  w.add_u32(a + "expert_count", c.num_local_experts);
+  w.add_u32(a + "expert_used_count", c.num_experts_per_tok);
+  w.add_u32(a + "vocab_size", c.vocab_size);
   if (c.head_dim * c.num_attention_heads != c.hidden_size) {
-    w.add_u32("llama.attention.key_length", c.head_dim);
-    w.add_u32("llama.attention.value_length", c.head_dim);
+    w.add_u32(a + "attention.key_length", c.head_dim);
+    w.add_u32(a + "attention.value_length", c.head_dim);
   }
-  // The vocabulary as llama.cpp's converter writes a SentencePiece model: every id up to vocab_size (ids past
-  // the tokenizer's pieces are padding, as HF pads the embedding), its score and type.
-  std::vector<std::string> tokens;
-  std::vector<float> scores;
-  std::vector<int32_t> types;
-  MOEX_CHECK_INPUT(sp.GetPieceSize() <= c.vocab_size, "tokenizer.model has ", sp.GetPieceSize(),
-                   " pieces, more than vocab_size ", c.vocab_size);
-  for (int id = 0; id < c.vocab_size; ++id) {
-    if (id >= sp.GetPieceSize()) {
-      tokens.push_back("[PAD" + std::to_string(id) + "]"), scores.push_back(-1000.0f), types.push_back(5);
-      continue;
+  const bool hard_wired_norm = c.family == ModelFamily::kQwen3Moe;
+  if ((c.family == ModelFamily::kQwen2Moe || c.family == ModelFamily::kQwen3Moe || c.family == ModelFamily::kOlmoe) &&
+      c.norm_topk_prob != hard_wired_norm)
+    std::fprintf(stderr, "moex convert: note: norm_topk_prob is %s, but llama.cpp's %s always runs it as %s: MoEX reads "
+                 "%s.expert_weights_norm, llama.cpp will run this file differently\n", c.norm_topk_prob ? "true" : "false",
+                 arch.c_str(), hard_wired_norm ? "true" : "false", arch.c_str());
+  // Top-k renormalisation: llama.cpp hard-wires it for llama (true), qwen3moe (true), qwen2moe and olmoe
+  // (false) and reads this key for dots1; written for every family so that MoEX's reader need not guess.
+  if (!llama) w.add_bool(a + "expert_weights_norm", c.norm_topk_prob);
+  if (c.family == ModelFamily::kQwen2Moe)
+    w.add_u32(a + "expert_shared_feed_forward_length", c.shared_expert_intermediate_size);
+  if (c.family == ModelFamily::kDots1) {
+    w.add_u32(a + "leading_dense_block_count", c.first_k_dense_replace);
+    w.add_u32(a + "expert_shared_count", c.n_shared_experts);
+    w.add_f32(a + "expert_weights_scale", c.routed_scaling_factor);
+    w.add_u32(a + "expert_gating_func", 2);  // llama_expert_gating_func_type: sigmoid
+    if (c.n_group > 1) {
+      w.add_u32(a + "expert_group_count", c.n_group);
+      w.add_u32(a + "expert_group_used_count", c.topk_group);
     }
-    tokens.push_back(sp.IdToPiece(id));
-    scores.push_back(sp.GetScore(id));
-    types.push_back(sp.IsUnknown(id) ? 2 : sp.IsControl(id) ? 3 : sp.IsUnused(id) ? 5 : sp.IsByte(id) ? 6 : 1);
   }
-  w.add_string("tokenizer.ggml.model", "llama");
-  w.add_string("tokenizer.ggml.pre", "default");
-  w.add_string_array("tokenizer.ggml.tokens", tokens);
-  w.add_f32_array("tokenizer.ggml.scores", scores);
-  w.add_i32_array("tokenizer.ggml.token_type", types);
-  w.add_u32("tokenizer.ggml.bos_token_id", c.bos_token_id);
-  w.add_u32("tokenizer.ggml.eos_token_id", c.eos_token_id);
-  w.add_u32("tokenizer.ggml.unknown_token_id", std::max(sp.unk_id(), 0));
-  w.add_bool("tokenizer.ggml.add_bos_token", true);
-  w.add_bool("tokenizer.ggml.add_eos_token", false);
-  w.add_bool("tokenizer.ggml.add_space_prefix", true);
+  const std::string json_path = model_dir + "/tokenizer.json";
+  const std::string json_text = std::filesystem::exists(json_path)
+                                   ? read_small_file(json_path, kMaxTokenizerFileBytes, "(the checkpoint's tokenizer.json)")
+                                   : std::string();
+  if (!add_byte_level_vocabulary(w, json_text, c, json_path)) {
+    MOEX_CHECK_INPUT(std::filesystem::exists(model_dir + "/tokenizer.model"), model_dir,
+                     ": has neither a byte-level BPE tokenizer.json (written as tokenizer.ggml.model \"gpt2\") nor a "
+                     "SentencePiece tokenizer.model (\"llama\")");
+    sentencepiece::SentencePieceProcessor sp;
+    const std::string proto = read_small_file(model_dir + "/tokenizer.model", kMaxTokenizerFileBytes, "(SentencePiece)");
+    const auto status = sp.LoadFromSerializedProto(proto);
+    MOEX_CHECK_INPUT(status.ok(), "cannot load ", model_dir, "/tokenizer.model: ", status.ToString());
+    // The vocabulary as llama.cpp's converter writes a SentencePiece model: every id up to vocab_size (ids past
+    // the tokenizer's pieces are padding, as HF pads the embedding), its score and type.
+    std::vector<std::string> tokens;
+    std::vector<float> scores;
+    std::vector<int32_t> types;
+    MOEX_CHECK_INPUT(sp.GetPieceSize() <= c.vocab_size, "tokenizer.model has ", sp.GetPieceSize(),
+                     " pieces, more than vocab_size ", c.vocab_size);
+    for (int id = 0; id < c.vocab_size; ++id) {
+      if (id >= sp.GetPieceSize()) {
+        tokens.push_back("[PAD" + std::to_string(id) + "]"), scores.push_back(-1000.0f), types.push_back(5);
+        continue;
+      }
+      tokens.push_back(sp.IdToPiece(id));
+      scores.push_back(sp.GetScore(id));
+      types.push_back(sp.IsUnknown(id) ? 2 : sp.IsControl(id) ? 3 : sp.IsUnused(id) ? 5 : sp.IsByte(id) ? 6 : 1);
+    }
+    w.add_string("tokenizer.ggml.model", "llama");
+    w.add_string("tokenizer.ggml.pre", "default");
+    w.add_string_array("tokenizer.ggml.tokens", tokens);
+    w.add_f32_array("tokenizer.ggml.scores", scores);
+    w.add_i32_array("tokenizer.ggml.token_type", types);
+    if (c.has_bos) w.add_u32("tokenizer.ggml.bos_token_id", c.bos_token_id);
+    w.add_u32("tokenizer.ggml.eos_token_id", c.eos_token_id);
+    w.add_u32("tokenizer.ggml.unknown_token_id", std::max(sp.unk_id(), 0));
+    w.add_bool("tokenizer.ggml.add_bos_token", c.has_bos);
+    w.add_bool("tokenizer.ggml.add_eos_token", false);
+    w.add_bool("tokenizer.ggml.add_space_prefix", true);
+  }
 
   std::map<GgmlType, int> written;
   // A 2-D weight of `cols` per row in `type`, or the fallback when its rows do not hold whole blocks.
@@ -329,30 +435,67 @@ std::string convert_to_gguf(const std::string& model_dir, const std::string& pat
     });
   };
   const int64_t d = c.hidden_size, V = c.vocab_size, I = c.intermediate_size, E = c.num_local_experts, hd = c.head_dim;
+  const FamilyInfo& info = c.info();
   // llama.cpp's llama architecture applies rotary embeddings to adjacent pairs; HF's Mixtral to the two
   // halves of each head. The converter therefore stores HF row (h * hd/2 + j) of a head at row (2 j + h).
-  auto rotary = [hd](int64_t r) {
-    const int64_t head = r / hd, within = r % hd;
-    return head * hd + (within % 2) * (hd / 2) + within / 2;
+  // The other architectures use NEOX rotary (the halves, as HF) and are stored unpermuted.
+  std::function<int64_t(int64_t)> rotary = nullptr;
+  if (llama)
+    rotary = [hd](int64_t r) {
+      const int64_t head = r / hd, within = r % hd;
+      return head * hd + (within % 2) * (hd / 2) + within / 2;
+    };
+  const uint64_t ud = d;
+  auto vec = [&](const std::string& name, const std::string& hf, int64_t n) {
+    add(name, {uint64_t(n)}, GgmlType::kF32, {hf}, 1, n);
   };
-  add("token_embd.weight", {uint64_t(d), uint64_t(V)}, weight_type(d), {"model.embed_tokens.weight"}, V, d);
-  add("output_norm.weight", {uint64_t(d)}, GgmlType::kF32, {"model.norm.weight"}, 1, d);
-  if (store->contains("lm_head.weight"))
-    add("output.weight", {uint64_t(d), uint64_t(V)}, weight_type(d), {"lm_head.weight"}, V, d);
+  // HF [rows, cols] as the ggml 2-D tensor [cols, rows] in the weight type.
+  auto mat = [&](const std::string& name, const std::string& hf, int64_t rows, int64_t cols,
+                 std::function<int64_t(int64_t)> perm = nullptr) {
+    add(name, {uint64_t(cols), uint64_t(rows)}, weight_type(cols), {hf}, rows, cols, perm);
+  };
+  auto mlp = [&](const std::string& b, const std::string& suffix, const std::string& hf, int64_t width) {
+    mat(b + "ffn_gate" + suffix + ".weight", hf + "gate_proj.weight", width, d);
+    mat(b + "ffn_up" + suffix + ".weight", hf + "up_proj.weight", width, d);
+    mat(b + "ffn_down" + suffix + ".weight", hf + "down_proj.weight", d, width);
+  };
+  mat("token_embd.weight", "model.embed_tokens.weight", V, d);
+  vec("output_norm.weight", "model.norm.weight", d);
+  if (store->contains("lm_head.weight")) mat("output.weight", "lm_head.weight", V, d);
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const std::string b = "blk." + std::to_string(l) + ".", p = "model.layers." + std::to_string(l) + ".";
-    const uint64_t ud = d, q = c.q_dim(), kv = c.kv_dim();
-    add(b + "attn_norm.weight", {ud}, GgmlType::kF32, {p + "input_layernorm.weight"}, 1, d);
-    add(b + "attn_q.weight", {ud, q}, weight_type(d), {p + "self_attn.q_proj.weight"}, q, d, rotary);
-    add(b + "attn_k.weight", {ud, kv}, weight_type(d), {p + "self_attn.k_proj.weight"}, kv, d, rotary);
-    add(b + "attn_v.weight", {ud, kv}, weight_type(d), {p + "self_attn.v_proj.weight"}, kv, d);
-    add(b + "attn_output.weight", {q, ud}, weight_type(q), {p + "self_attn.o_proj.weight"}, d, q);
-    add(b + "ffn_norm.weight", {ud}, GgmlType::kF32, {p + "post_attention_layernorm.weight"}, 1, d);
-    add(b + "ffn_gate_inp.weight", {ud, uint64_t(E)}, GgmlType::kF32, {p + "block_sparse_moe.gate.weight"}, E, d);
+    const int64_t q = c.q_dim(), kv = c.kv_dim();
+    vec(b + "attn_norm.weight", p + "input_layernorm.weight", d);
+    mat(b + "attn_q.weight", p + "self_attn.q_proj.weight", q, d, rotary);
+    mat(b + "attn_k.weight", p + "self_attn.k_proj.weight", kv, d, rotary);
+    mat(b + "attn_v.weight", p + "self_attn.v_proj.weight", kv, d);
+    mat(b + "attn_output.weight", p + "self_attn.o_proj.weight", d, q);
+    if (c.qkv_bias) {
+      vec(b + "attn_q.bias", p + "self_attn.q_proj.bias", q);
+      vec(b + "attn_k.bias", p + "self_attn.k_proj.bias", kv);
+      vec(b + "attn_v.bias", p + "self_attn.v_proj.bias", kv);
+    }
+    if (c.qk_norm != QkNorm::kNone) {
+      const bool per_head = c.qk_norm == QkNorm::kPerHead;
+      vec(b + "attn_q_norm.weight", p + "self_attn.q_norm.weight", per_head ? hd : q);
+      vec(b + "attn_k_norm.weight", p + "self_attn.k_norm.weight", per_head ? hd : kv);
+    }
+    vec(b + "ffn_norm.weight", p + "post_attention_layernorm.weight", d);
+    if (!c.moe_layer(l)) {  // llama.cpp's dense FFN names (dots1's leading dense blocks)
+      mlp(b, "", p + "mlp.", c.dense_intermediate_size);
+      continue;
+    }
+    const std::string moe = p + info.moe_prefix + ".";
+    add(b + "ffn_gate_inp.weight", {ud, uint64_t(E)}, GgmlType::kF32, {moe + "gate.weight"}, E, d);
+    if (c.scoring == RouterScoring::kSigmoidGrouped) vec(b + "exp_probs_b.bias", moe + "gate.e_score_correction_bias", E);
+    if (c.shared_expert_intermediate_size > 0)
+      mlp(b, "_shexp", moe + info.shared_prefix + ".", c.shared_expert_intermediate_size);
+    if (c.shared_expert_gate) vec(b + "ffn_gate_inp_shexp.weight", moe + "shared_expert_gate.weight", d);
     std::vector<std::string> w1, w2, w3;
     for (int e = 0; e < E; ++e) {
-      const std::string x = p + "block_sparse_moe.experts." + std::to_string(e) + ".";
-      w1.push_back(x + "w1.weight"), w2.push_back(x + "w2.weight"), w3.push_back(x + "w3.weight");
+      const std::string x = moe + "experts." + std::to_string(e) + ".";
+      w1.push_back(x + info.expert_gate + ".weight"), w2.push_back(x + info.expert_down + ".weight");
+      w3.push_back(x + info.expert_up + ".weight");
     }
     add(b + "ffn_gate_exps.weight", {ud, uint64_t(I), uint64_t(E)}, weight_type(d), w1, I, d);
     add(b + "ffn_up_exps.weight", {ud, uint64_t(I), uint64_t(E)}, weight_type(d), w3, I, d);

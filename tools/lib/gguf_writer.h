@@ -1,12 +1,14 @@
 // A GGUF v3 writer (the layout is described in moex/model/gguf.h) and the Q8_0 / Q4_0 / Q4_K quantizers,
-// written from the block formats' definitions; and the conversion of a Hugging Face Mixtral folder into the
-// GGUF file llama.cpp's converter would write. Hand-written: no Debian library writes GGUF.
+// written from the block formats' definitions; and the conversion of a Hugging Face folder of any family
+// MoEX runs (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, dots1) into the GGUF file llama.cpp's converter would
+// write. Hand-written: no Debian library writes GGUF.
 #pragma once
 #include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
 
+#include "moex/model/config.h"
 #include "moex/model/gguf.h"
 
 namespace moex::tools {
@@ -51,10 +53,14 @@ void quantize_q8_0(const float* x, int64_t n, std::vector<uint8_t>* out);
 void quantize_q4_0(const float* x, int64_t n, std::vector<uint8_t>* out);
 void quantize_q4_k(const float* x, int64_t n, std::vector<uint8_t>* out);
 
+// Adds tokenizer.ggml.* ("gpt2") for a byte-level BPE tokenizer.json text (Qwen2's or OLMoE's pre-tokenizer);
+// false, adding nothing, when the text is empty or not byte-level. `origin` names the file in errors.
+bool add_byte_level_vocabulary(GgufWriter& w, const std::string& json_text, const ModelConfig& c, const std::string& origin);
+
 // The GGUF tensor types of `moex convert --type`.
 bool gguf_convert_type(const std::string& name, GgmlType* out);
 
-// Writes the Mixtral checkpoint in `model_dir` (config.json, safetensors, tokenizer.model) as the GGUF file
+// Writes the checkpoint in `model_dir` (config.json, safetensors, tokenizer.model) as the GGUF file
 // `path` (written in place: the caller writes to a temporary name and renames). 1-D tensors and the router
 // stay F32 (as llama.cpp's converter keeps them); a tensor whose rows are not a multiple of the type's block
 // falls back to Q8_0, then F16. Returns a one-line summary of the tensor types written.

@@ -1,4 +1,4 @@
-// `moex convert --model DIR --out FILE.gguf [--type T] [--force]`: a Hugging Face Mixtral folder written as
+// `moex convert --model DIR --out FILE.gguf [--type T] [--force]`: a Hugging Face folder (any family) written as
 // the GGUF file llama.cpp's converter would write (tools/lib/gguf_writer.h). The file is written under a
 // temporary name beside --out and renamed when complete, so an interrupted run leaves --out as it was, and a
 // reader that has the old file mapped keeps its bytes (a new inode replaces it).
@@ -61,7 +61,7 @@ void run_convert(const ConvertOptions& o) {
 
 void setup_convert(CLI::App& app) {
   auto options = std::make_shared<ConvertOptions>();
-  auto* cmd = app.add_subcommand("convert", "Write a Hugging Face Mixtral folder as a llama.cpp GGUF file");
+  auto* cmd = app.add_subcommand("convert", "Write a Hugging Face model folder as a llama.cpp GGUF file");
   cmd->add_option("--model", options->model, "Hugging Face model folder (config.json, safetensors, tokenizer.model)")
       ->required();
   cmd->add_option("--out", options->out, "The .gguf file to write (written beside, then renamed)")->required();

@@ -34,7 +34,10 @@ comm::Description describe_model(const std::string& model_dir) {
       for (uint64_t n : t.ne) dims += " " + std::to_string(n);
       out.emplace_back("tensor " + t.name, ggml_type_name(t.type) + dims);
     }
-    const std::string vocab = gguf_sentencepiece_proto(file.contents(), model_dir);
+    const GgufValue* kind = file.contents().find("tokenizer.ggml.model");
+    const std::string vocab = kind && kind->type == GgufType::kString && kind->s == "gpt2"
+                                  ? gguf_byte_level_tokenizer_json(file.contents(), model_dir)
+                                  : gguf_sentencepiece_proto(file.contents(), model_dir);
     char digest[48];
     std::snprintf(digest, sizeof(digest), "%zu bytes, hash %016zx", vocab.size(), std::hash<std::string>{}(vocab));
     out.emplace_back("GGUF vocabulary", digest);

@@ -1,6 +1,6 @@
 // GGUF metadata -> ModelConfig, GGUF tensors -> the Hugging Face names and layouts, and the vocabulary ->
-// a SentencePiece ModelProto. The conventions are llama.cpp's for the "llama" architecture with experts
-// (Mixtral): see docs/model.md.
+// a SentencePiece ModelProto. The conventions are llama.cpp's for its architectures llama (with experts:
+// Mixtral), qwen2moe, qwen3moe, olmoe and dots1: see docs/model.md.
 #include <cmath>
 #include <cstring>
 #include <set>
@@ -52,22 +52,68 @@ const GgufValue* get_array(const GgufContents& g, const std::string& origin, con
   return v;
 }
 
-// The llama.* keys llama.cpp's converter writes for Mixtral and MoEX uses; any other key of the architecture
-// could change the computation (rope scaling, sliding windows, logit soft-capping...) and is refused.
-const std::set<std::string> kLlamaKeys = {
-    "llama.context_length", "llama.embedding_length", "llama.block_count", "llama.feed_forward_length",
-    "llama.attention.head_count", "llama.attention.head_count_kv", "llama.attention.layer_norm_rms_epsilon",
-    "llama.rope.freq_base", "llama.rope.dimension_count", "llama.expert_count", "llama.expert_used_count",
-    "llama.vocab_size", "llama.attention.key_length", "llama.attention.value_length"};
+// The GGUF architectures MoEX loads: llama.cpp's general.architecture name for each family.
+struct GgufArch {
+  const char* name;
+  ModelFamily family;
+};
+constexpr GgufArch kArchs[] = {{"llama", ModelFamily::kMixtral},
+                               {"qwen2moe", ModelFamily::kQwen2Moe},
+                               {"qwen3moe", ModelFamily::kQwen3Moe},
+                               {"olmoe", ModelFamily::kOlmoe},
+                               {"dots1", ModelFamily::kDots1}};
+
+// The {arch}.* keys llama.cpp's converter writes for these families and MoEX uses (the suffix after the
+// architecture's name); any other key of the architecture could change the computation (rope scaling,
+// sliding windows, logit soft-capping...) and is refused.
+const std::set<std::string> kCommonKeys = {
+    "context_length", "embedding_length", "block_count", "feed_forward_length", "attention.head_count",
+    "attention.head_count_kv", "attention.layer_norm_rms_epsilon", "rope.freq_base", "rope.dimension_count",
+    "expert_count", "expert_used_count", "vocab_size", "attention.key_length", "attention.value_length",
+    "expert_weights_norm"};
+const std::set<std::string>& family_keys(ModelFamily f) {
+  static const std::set<std::string> none, qwen2 = {"expert_feed_forward_length", "expert_shared_feed_forward_length"},
+                                           qwen3 = {"expert_feed_forward_length"},
+                                           dots1 = {"expert_feed_forward_length", "leading_dense_block_count",
+                                                    "expert_shared_count", "expert_weights_scale", "expert_gating_func",
+                                                    "expert_group_count", "expert_group_used_count"};
+  switch (f) {
+    case ModelFamily::kQwen2Moe: return qwen2;
+    case ModelFamily::kQwen3Moe: return qwen3;
+    case ModelFamily::kDots1: return dots1;
+    default: return none;
+  }
+}
+
+bool get_bool(const GgufContents& g, const std::string& origin, const std::string& key, bool fallback) {
+  const GgufValue* v = g.find(key);
+  if (!v) return fallback;
+  if (v->type != GgufType::kBool) fail(origin, "metadata \"" + key + "\" must be a bool, got " + v->str());
+  return v->u != 0;
+}
 
 }  // namespace
 
+const char* gguf_architecture(ModelFamily family) {
+  for (const GgufArch& a : kArchs)
+    if (a.family == family) return a.name;
+  return "";
+}
+
 ModelConfig gguf_model_config(const GgufContents& g, const std::string& origin) {
-  const GgufValue* arch = g.find("general.architecture");
-  if (!arch || arch->type != GgufType::kString) fail(origin, "metadata has no string \"general.architecture\"");
-  if (arch->s != "llama")
-    fail(origin, "general.architecture is \"" + arch->s +
-                     "\": MoEX loads GGUF files of the \"llama\" architecture with experts (Mixtral) only");
+  const GgufValue* arch_value = g.find("general.architecture");
+  if (!arch_value || arch_value->type != GgufType::kString) fail(origin, "metadata has no string \"general.architecture\"");
+  const std::string arch = arch_value->s;
+  const GgufArch* found = nullptr;
+  for (const GgufArch& a : kArchs)
+    if (arch == a.name) found = &a;
+  if (!found)
+    fail(origin, "general.architecture is \"" + arch +
+                     "\": MoEX loads GGUF files of the architectures llama (with experts: Mixtral), qwen2moe, "
+                     "qwen3moe, olmoe and dots1" +
+                     (arch == "deepseek2" ? " (deepseek2 uses multi-head latent attention, which MoEX does not run)" : ""));
+  const ModelFamily f = found->family;
+  const bool llama = f == ModelFamily::kMixtral;
   for (const auto& [key, value] : g.metadata) {
     const std::string prefix = key.substr(0, key.find('.'));
     if (prefix == "general" || prefix == "tokenizer" || prefix == "quantize") continue;  // not the computation
@@ -78,41 +124,89 @@ ModelConfig gguf_model_config(const GgufContents& g, const std::string& origin) 
                          "): merge the parts first (llama-gguf-split --merge)");
       continue;
     }
-    if (prefix != "llama") fail(origin, "metadata key \"" + key + "\" belongs to no architecture MoEX loads");
-    if (kLlamaKeys.count(key)) continue;
-    if (key == "llama.rope.scaling.type" && value.type == GgufType::kString && value.s == "none") continue;
+    if (prefix != arch) fail(origin, "metadata key \"" + key + "\" belongs to no architecture MoEX loads");
+    const std::string suffix = key.substr(arch.size() + 1);
+    if (kCommonKeys.count(suffix) || family_keys(f).count(suffix)) continue;
+    if (suffix == "rope.scaling.type" && value.type == GgufType::kString && value.s == "none") continue;
     fail(origin, "metadata key \"" + key + "\" (" + value.str() + ") is not supported: MoEX would run the model wrongly");
   }
+  const std::string a = arch + ".";
   ModelConfig c;
-  c.model_type = "mixtral";
-  c.hidden_size = static_cast<int>(get_int(g, origin, "llama.embedding_length", 0, true));
-  c.num_hidden_layers = static_cast<int>(get_int(g, origin, "llama.block_count", 0, true));
-  c.intermediate_size = static_cast<int>(get_int(g, origin, "llama.feed_forward_length", 0, true));
-  c.num_attention_heads = static_cast<int>(get_int(g, origin, "llama.attention.head_count", 0, true));
-  c.num_key_value_heads =
-      static_cast<int>(get_int(g, origin, "llama.attention.head_count_kv", c.num_attention_heads, false));
-  c.max_position_embeddings = static_cast<int>(get_int(g, origin, "llama.context_length", 0, true));
-  if (!g.find("llama.expert_count"))
-    fail(origin, "has no llama.expert_count: a dense llama model, and MoEX runs Mixture-of-Experts models only");
-  c.num_local_experts = static_cast<int>(get_int(g, origin, "llama.expert_count", 0, true));
-  c.num_experts_per_tok = static_cast<int>(get_int(g, origin, "llama.expert_used_count", 0, true));
-  if (c.hidden_size % c.num_attention_heads != 0 && !g.find("llama.rope.dimension_count"))
-    fail(origin, "llama.embedding_length is not a multiple of llama.attention.head_count");
-  c.head_dim = static_cast<int>(get_int(g, origin, "llama.rope.dimension_count", c.hidden_size / c.num_attention_heads, false));
-  for (const char* key : {"llama.attention.key_length", "llama.attention.value_length"}) {
-    if (get_int(g, origin, key, c.head_dim, false) != c.head_dim)
-      fail(origin, std::string(key) + " differs from the rotary dimension " + std::to_string(c.head_dim) +
-                       ": partial rotary embeddings are not supported");
+  c.family = f;
+  c.model_type = family_info(f).model_type;
+  c.qk_norm = family_info(f).qk_norm;
+  c.scoring = family_info(f).scoring;
+  c.hidden_size = static_cast<int>(get_int(g, origin, a + "embedding_length", 0, true));
+  c.num_hidden_layers = static_cast<int>(get_int(g, origin, a + "block_count", 0, true));
+  c.num_attention_heads = static_cast<int>(get_int(g, origin, a + "attention.head_count", 0, true));
+  c.num_key_value_heads = static_cast<int>(get_int(g, origin, a + "attention.head_count_kv", c.num_attention_heads, false));
+  c.max_position_embeddings = static_cast<int>(get_int(g, origin, a + "context_length", 0, true));
+  if (!g.find(a + "expert_count"))
+    fail(origin, "has no " + a + "expert_count: a dense " + arch + " model, and MoEX runs Mixture-of-Experts models only");
+  c.num_local_experts = static_cast<int>(get_int(g, origin, a + "expert_count", 0, true));
+  c.num_experts_per_tok = static_cast<int>(get_int(g, origin, a + "expert_used_count", 0, true));
+  const bool has_key_length = g.find(a + "attention.key_length") != nullptr;
+  if (c.hidden_size % c.num_attention_heads != 0 && !g.find(a + "rope.dimension_count") && !has_key_length)
+    fail(origin, a + "embedding_length is not a multiple of " + a + "attention.head_count");
+  const int64_t default_head = c.hidden_size / c.num_attention_heads;
+  if (llama) {  // llama.cpp's llama: the head is the rotary dimension; key/value lengths must agree with it
+    c.head_dim = static_cast<int>(get_int(g, origin, a + "rope.dimension_count", default_head, false));
+  } else {  // the others: the key length is the head (qwen3moe / dots1 head_dim), all of it rotated
+    c.head_dim = static_cast<int>(get_int(g, origin, a + "attention.key_length", default_head, false));
   }
-  c.rms_norm_eps = static_cast<float>(get_float(g, origin, "llama.attention.layer_norm_rms_epsilon", 0, true));
-  c.rope_theta = static_cast<float>(get_float(g, origin, "llama.rope.freq_base", 10000.0, false));
+  for (const std::string key : {a + "attention.key_length", a + "attention.value_length", a + "rope.dimension_count"}) {
+    if (get_int(g, origin, key, c.head_dim, false) != c.head_dim)
+      fail(origin, key + " differs from the head dimension " + std::to_string(c.head_dim) +
+                       ": partial rotary embeddings and key/value heads of different widths are not supported");
+  }
+  // Expert width: feed_forward_length in llama and olmoe (every layer is MoE); expert_feed_forward_length in
+  // the others, whose feed_forward_length is the dense MLP's.
+  if (llama || f == ModelFamily::kOlmoe) {
+    c.intermediate_size = static_cast<int>(get_int(g, origin, a + "feed_forward_length", 0, true));
+  } else {
+    c.intermediate_size = static_cast<int>(get_int(g, origin, a + "expert_feed_forward_length", 0, true));
+    c.dense_intermediate_size = static_cast<int>(get_int(g, origin, a + "feed_forward_length", 0, false, 0));
+  }
+  // Renormalising the top-k weights: llama.cpp hard-wires it per architecture (llama and qwen3moe do, qwen2moe
+  // and olmoe do not) and reads expert_weights_norm (default false) for dots1; a file may say otherwise.
+  const bool norm_default = llama || f == ModelFamily::kQwen3Moe;
+  c.norm_topk_prob = get_bool(g, origin, a + "expert_weights_norm", norm_default);
+  if (f == ModelFamily::kQwen2Moe) {
+    c.shared_expert_intermediate_size =
+        static_cast<int>(get_int(g, origin, a + "expert_shared_feed_forward_length", 0, true));
+    c.shared_expert_gate = true;
+    c.qkv_bias = g.tensor("blk.0.attn_q.bias") != nullptr;
+  }
+  if (f == ModelFamily::kQwen2Moe || f == ModelFamily::kQwen3Moe) {
+    // llama.cpp's qwen architectures have no key for HF's mlp_only_layers / decoder_sparse_step: a layer
+    // without a router (blk.N.ffn_gate_inp) is dense, as MoEX's converter writes them (llama.cpp refuses
+    // such files: it needs a router in every layer).
+    for (int l = 0; l < c.num_hidden_layers; ++l)
+      if (!g.tensor("blk." + std::to_string(l) + ".ffn_gate_inp.weight")) c.mlp_only_layers.push_back(l);
+  }
+  if (f == ModelFamily::kDots1) {
+    c.first_k_dense_replace = static_cast<int>(get_int(g, origin, a + "leading_dense_block_count", 0, false, 0));
+    c.n_shared_experts = static_cast<int>(get_int(g, origin, a + "expert_shared_count", 0, true));
+    if (int64_t{c.n_shared_experts} * c.intermediate_size > INT32_MAX)
+      fail(origin, a + "expert_shared_count x " + a + "expert_feed_forward_length is out of range");
+    c.shared_expert_intermediate_size = c.n_shared_experts * c.intermediate_size;
+    c.routed_scaling_factor = static_cast<float>(get_float(g, origin, a + "expert_weights_scale", 1.0, false));
+    // llama_expert_gating_func_type: 1 softmax, 2 sigmoid. dots1 scores with a sigmoid (DeepSeek-V3's noaux_tc).
+    if (get_int(g, origin, a + "expert_gating_func", 2, false, 0, 3) != 2)
+      fail(origin, a + "expert_gating_func is not 2 (sigmoid): dots1's router scores with a sigmoid");
+    c.n_group = static_cast<int>(get_int(g, origin, a + "expert_group_count", 1, false));
+    c.topk_group = static_cast<int>(get_int(g, origin, a + "expert_group_used_count", 1, false));
+  }
+  c.rms_norm_eps = static_cast<float>(get_float(g, origin, a + "attention.layer_norm_rms_epsilon", 0, true));
+  c.rope_theta = static_cast<float>(get_float(g, origin, a + "rope.freq_base", 10000.0, false));
   const GgufValue* tokens = get_array(g, origin, "tokenizer.ggml.tokens", GgufType::kString);
   const GgufTensorInfo* embd = g.tensor("token_embd.weight");
   if (!embd || embd->ne.size() != 2) fail(origin, "has no 2-D tensor \"token_embd.weight\"");
-  c.vocab_size = static_cast<int>(get_int(g, origin, "llama.vocab_size", tokens ? static_cast<int64_t>(tokens->count) : 0, !tokens));
+  c.vocab_size = static_cast<int>(get_int(g, origin, a + "vocab_size", tokens ? static_cast<int64_t>(tokens->count) : 0, !tokens));
   c.tie_word_embeddings = g.tensor("output.weight") == nullptr;
-  c.norm_topk_prob = true;  // llama.cpp's llama architecture renormalises the top-k softmax weights, as HF's Mixtral
-  c.bos_token_id = static_cast<int>(get_int(g, origin, "tokenizer.ggml.bos_token_id", 1, false, 0));
+  // No BOS id (OLMoE's config has bos_token_id null): no BOS, except for llama files, which default to 1.
+  c.has_bos = llama || g.find("tokenizer.ggml.bos_token_id") != nullptr;
+  c.bos_token_id = c.has_bos ? static_cast<int>(get_int(g, origin, "tokenizer.ggml.bos_token_id", 1, false, 0)) : -1;
   c.eos_token_id = static_cast<int>(get_int(g, origin, "tokenizer.ggml.eos_token_id", 2, false, 0));
   c.torch_dtype = embd->type == static_cast<uint32_t>(GgmlType::kBF16) ? "bfloat16" : "float32";
   try {
@@ -184,7 +278,7 @@ class Mapper {
   void check_all_used() const {
     for (const GgufTensorInfo& t : g_.tensors)
       if (!used_.count(t.name))
-        fail(origin_, "tensor \"" + t.name + "\" is not part of a Mixtral-style llama model: MoEX would ignore it");
+        fail(origin_, "tensor \"" + t.name + "\" is not part of the model its metadata describes: MoEX would ignore it");
   }
 
  private:
@@ -211,28 +305,65 @@ std::unique_ptr<GgufCheckpoint> load_gguf_checkpoint(const std::string& path) {
   double owned_bytes = 0;
   for (const GgufTensorInfo& t : g.tensors) {
     const bool as_stored = t.type == uint32_t(GgmlType::kF32) || t.type == uint32_t(GgmlType::kBF16);
-    const bool rotary = t.name.find(".attn_q.") != std::string::npos || t.name.find(".attn_k.") != std::string::npos;
+    const bool rotary = c.family == ModelFamily::kMixtral &&
+                        (t.name.find(".attn_q.") != std::string::npos || t.name.find(".attn_k.") != std::string::npos);
     if (!as_stored) owned_bytes += 4.0 * t.numel();
     else if (rotary) owned_bytes += static_cast<double>(t.bytes);
   }
   check_fits_in_memory(owned_bytes, path + ": its tensors dequantized to f32",
                        "use an F32 or BF16 GGUF (mapped, not copied), or a machine with more memory");
   Mapper m(*ck, path);
+  const FamilyInfo& info = c.info();
+  const bool llama = c.family == ModelFamily::kMixtral;
   const uint64_t d = c.hidden_size, V = c.vocab_size, I = c.intermediate_size, E = c.num_local_experts;
-  const uint64_t q = c.q_dim(), kv = c.kv_dim();
-  m.put("model.embed_tokens.weight", m.get("token_embd.weight", {d, V}), 0, V, {int64_t(V), int64_t(d)});
-  m.put("model.norm.weight", m.get("output_norm.weight", {d}), 0, 1, {int64_t(d)});
-  if (!c.tie_word_embeddings) m.put("lm_head.weight", m.get("output.weight", {d, V}), 0, V, {int64_t(V), int64_t(d)});
+  const uint64_t q = c.q_dim(), kv = c.kv_dim(), hd = c.head_dim;
+  // llama.cpp permutes attn_q / attn_k for its llama architecture only (adjacent-pair rotary); qwen2moe,
+  // qwen3moe, olmoe and dots1 use NEOX rotary (the two halves), HF's order, and are stored as HF has them.
+  const int rotary = llama ? c.head_dim : 0;
+  auto vec = [&](const std::string& hf, const std::string& name, uint64_t n) {
+    m.put(hf, m.get(name, {n}), 0, 1, {int64_t(n)});
+  };
+  auto mat = [&](const std::string& hf, const std::string& name, uint64_t rows, uint64_t cols, int head_dim = 0) {
+    m.put(hf, m.get(name, {cols, rows}), 0, rows, {int64_t(rows), int64_t(cols)}, head_dim);
+  };
+  // A SwiGLU MLP of width `width` stored as gguf `gate`/`up`/`down` names, as HF's gate_proj/up_proj/down_proj.
+  auto mlp = [&](const std::string& hf, const std::string& b, const std::string& suffix, uint64_t width) {
+    mat(hf + "gate_proj.weight", b + "ffn_gate" + suffix + ".weight", width, d);
+    mat(hf + "up_proj.weight", b + "ffn_up" + suffix + ".weight", width, d);
+    mat(hf + "down_proj.weight", b + "ffn_down" + suffix + ".weight", d, width);
+  };
+  mat("model.embed_tokens.weight", "token_embd.weight", V, d);
+  vec("model.norm.weight", "output_norm.weight", d);
+  if (!c.tie_word_embeddings) mat("lm_head.weight", "output.weight", V, d);
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const std::string b = "blk." + std::to_string(l) + ".", p = "model.layers." + std::to_string(l) + ".";
-    m.put(p + "input_layernorm.weight", m.get(b + "attn_norm.weight", {d}), 0, 1, {int64_t(d)});
-    m.put(p + "self_attn.q_proj.weight", m.get(b + "attn_q.weight", {d, q}), 0, q, {int64_t(q), int64_t(d)}, c.head_dim);
-    m.put(p + "self_attn.k_proj.weight", m.get(b + "attn_k.weight", {d, kv}), 0, kv, {int64_t(kv), int64_t(d)}, c.head_dim);
-    m.put(p + "self_attn.v_proj.weight", m.get(b + "attn_v.weight", {d, kv}), 0, kv, {int64_t(kv), int64_t(d)});
-    m.put(p + "self_attn.o_proj.weight", m.get(b + "attn_output.weight", {q, d}), 0, d, {int64_t(d), int64_t(q)});
-    m.put(p + "post_attention_layernorm.weight", m.get(b + "ffn_norm.weight", {d}), 0, 1, {int64_t(d)});
-    m.put(p + "block_sparse_moe.gate.weight", m.get(b + "ffn_gate_inp.weight", {d, E}), 0, E, {int64_t(E), int64_t(d)});
-    const std::string x = p + "block_sparse_moe.experts.";
+    vec(p + "input_layernorm.weight", b + "attn_norm.weight", d);
+    mat(p + "self_attn.q_proj.weight", b + "attn_q.weight", q, d, rotary);
+    mat(p + "self_attn.k_proj.weight", b + "attn_k.weight", kv, d, rotary);
+    mat(p + "self_attn.v_proj.weight", b + "attn_v.weight", kv, d);
+    mat(p + "self_attn.o_proj.weight", b + "attn_output.weight", d, q);
+    if (c.qkv_bias) {
+      vec(p + "self_attn.q_proj.bias", b + "attn_q.bias", q);
+      vec(p + "self_attn.k_proj.bias", b + "attn_k.bias", kv);
+      vec(p + "self_attn.v_proj.bias", b + "attn_v.bias", kv);
+    }
+    if (c.qk_norm != QkNorm::kNone) {
+      const bool per_head = c.qk_norm == QkNorm::kPerHead;
+      vec(p + "self_attn.q_norm.weight", b + "attn_q_norm.weight", per_head ? hd : q);
+      vec(p + "self_attn.k_norm.weight", b + "attn_k_norm.weight", per_head ? hd : kv);
+    }
+    vec(p + "post_attention_layernorm.weight", b + "ffn_norm.weight", d);
+    if (!c.moe_layer(l)) {  // a dense layer (dots1's leading dense blocks, qwen's mlp_only_layers)
+      mlp(p + "mlp.", b, "", c.dense_intermediate_size);
+      continue;
+    }
+    const std::string moe = p + info.moe_prefix + ".";
+    mat(moe + "gate.weight", b + "ffn_gate_inp.weight", E, d);
+    if (c.scoring == RouterScoring::kSigmoidGrouped) vec(moe + "gate.e_score_correction_bias", b + "exp_probs_b.bias", E);
+    if (c.shared_expert_intermediate_size > 0)
+      mlp(moe + info.shared_prefix + ".", b, "_shexp", c.shared_expert_intermediate_size);
+    if (c.shared_expert_gate)  // HF [1, d]; llama.cpp stores the vector as [d]
+      m.put(moe + "shared_expert_gate.weight", m.get(b + "ffn_gate_inp_shexp.weight", {d}), 0, 1, {1, int64_t(d)});
     if (!g.tensor(b + "ffn_gate_exps.weight") && g.tensor(b + "ffn_gate.0.weight"))
       fail(path, "stores one tensor per expert (" + b + "ffn_gate.0.weight), the layout of early 2024 llama.cpp: "
                  "re-convert it with a current llama.cpp, which writes the 3-D " + b + "ffn_gate_exps.weight");
@@ -241,10 +372,10 @@ std::unique_ptr<GgufCheckpoint> load_gguf_checkpoint(const std::string& path) {
     const GgufTensorInfo& up = m.get(b + "ffn_up_exps.weight", {d, I, E});
     const GgufTensorInfo& down = m.get(b + "ffn_down_exps.weight", {I, d, E});
     for (uint64_t e = 0; e < E; ++e) {
-      const std::string y = x + std::to_string(e) + ".";
-      m.put(y + "w1.weight", gate, e * I, I, {int64_t(I), int64_t(d)});
-      m.put(y + "w3.weight", up, e * I, I, {int64_t(I), int64_t(d)});
-      m.put(y + "w2.weight", down, e * d, d, {int64_t(d), int64_t(I)});
+      const std::string y = moe + "experts." + std::to_string(e) + ".";
+      m.put(y + info.expert_gate + ".weight", gate, e * I, I, {int64_t(I), int64_t(d)});
+      m.put(y + info.expert_up + ".weight", up, e * I, I, {int64_t(I), int64_t(d)});
+      m.put(y + info.expert_down + ".weight", down, e * d, d, {int64_t(d), int64_t(I)});
     }
   }
   m.check_all_used();

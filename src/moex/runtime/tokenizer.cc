@@ -55,6 +55,59 @@ nlohmann::json read_json_if_present(const std::string& path) {
 
 }  // namespace
 
+// A GGUF "gpt2" vocabulary (byte-level BPE: tokenizer.ggml.tokens in id order, .merges as "a b", .token_type,
+// .pre naming the pre-tokenizer) as the tokenizer.json Hugging Face ships for it, so that JsonTokenizer (the
+// implementation checked against HF's `tokenizers`) runs it. The pre-tokenizers are llama.cpp's names for
+// the models MoEX runs: "qwen2" (Qwen2 / Qwen3: Qwen2's Split regex, then ByteLevel without its regex, NFC)
+// and "olmo" (OLMoE's GPT-NeoX tokenizer: ByteLevel with GPT-2's regex, NFC); others are refused. Control
+// (3) and user-defined (4) tokens are added tokens, split out of the text first; control ones are special.
+std::string gguf_byte_level_tokenizer_json(const GgufContents& g, const std::string& origin) {
+  auto array = [&](const char* key, GgufType element) -> const GgufValue& {
+    const GgufValue* v = g.find(key);
+    MOEX_CHECK_INPUT(v && v->type == GgufType::kArray && v->element == element, origin, ": metadata has no array \"", key, "\"");
+    return *v;
+  };
+  const GgufValue& tokens = array("tokenizer.ggml.tokens", GgufType::kString);
+  const GgufValue& merges = array("tokenizer.ggml.merges", GgufType::kString);
+  const GgufValue& types = array("tokenizer.ggml.token_type", GgufType::kI32);
+  MOEX_CHECK_INPUT(types.count == tokens.count && tokens.count > 0, origin,
+                   ": tokenizer.ggml.token_type must hold one type per token");
+  const GgufValue* pre = g.find("tokenizer.ggml.pre");
+  const std::string pre_name = pre && pre->type == GgufType::kString ? pre->s : "";
+  using json = nlohmann::ordered_json;
+  const json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}};
+  json pre_tokenizer;
+  if (pre_name == "qwen2") {
+    const json split = {{"type", "Split"}, {"pattern", {{"Regex", std::string(kQwen2SplitPattern)}}}, {"behavior", "Isolated"}, {"invert", false}};
+    pre_tokenizer = json{{"type", "Sequence"}, {"pretokenizers", json::array({split, byte_level})}};
+  } else if (pre_name == "olmo") {
+    pre_tokenizer = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
+  } else {
+    throw_error(ErrorKind::kInvalidInput, origin + ": tokenizer.ggml.pre \"" + pre_name +
+                                              "\" is not a byte-level pre-tokenizer MoEX knows (qwen2, olmo)");
+  }
+  json vocab = json::object(), added = json::array(), merge_list = json::array();
+  for (uint64_t k = 0; k < tokens.count; ++k) {
+    const std::string token(tokens.strings[k]);
+    MOEX_CHECK_INPUT(!vocab.contains(token), origin, ": token ", k, " \"", token, "\" appears twice");
+    vocab[token] = k;
+    const int64_t type = types.integer_at(k);
+    MOEX_CHECK_INPUT(type >= 1 && type <= 6, origin, ": token ", k, " has type ", type, " (1 to 6)");
+    if (type == 3 || type == 4)
+      added.push_back({{"id", k}, {"content", token}, {"single_word", false}, {"lstrip", false}, {"rstrip", false},
+                       {"normalized", false}, {"special", type == 3}});
+  }
+  for (uint64_t k = 0; k < merges.count; ++k) merge_list.push_back(std::string(merges.strings[k]));
+  const json tokenizer = {
+      {"version", "1.0"}, {"truncation", nullptr}, {"padding", nullptr}, {"added_tokens", added},
+      {"normalizer", {{"type", "NFC"}}}, {"pre_tokenizer", pre_tokenizer}, {"post_processor", byte_level},
+      {"decoder", byte_level},
+      {"model", {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr}, {"continuing_subword_prefix", nullptr},
+                 {"end_of_word_suffix", nullptr}, {"fuse_unk", false}, {"byte_fallback", false}, {"ignore_merges", false},
+                 {"vocab", vocab}, {"merges", merge_list}}}};
+  return tokenizer.dump();
+}
+
 Tokenizer::Tokenizer(const Proto& proto)
     : file_(proto.origin), processor_(std::make_unique<sentencepiece::SentencePieceProcessor>()) {
   const auto status = processor_->LoadFromSerializedProto(proto.bytes);
@@ -63,10 +116,29 @@ Tokenizer::Tokenizer(const Proto& proto)
   eos_id_ = processor_->eos_id();
 }
 
+Tokenizer::Tokenizer(const Json& json) : file_(json.origin) {
+  json_ = JsonTokenizer::parse(json.text, json.origin);
+  bos_id_ = json.bos_id, eos_id_ = json.eos_id;
+}
+
 Tokenizer Tokenizer::for_model(const std::string& model) {
   if (!is_gguf_path(model)) return Tokenizer(file_in(model));
   const GgufFile file(model);
-  return Tokenizer(Proto{gguf_sentencepiece_proto(file.contents(), model), model});
+  const GgufContents& g = file.contents();
+  const GgufValue* kind = g.find("tokenizer.ggml.model");
+  if (kind && kind->type == GgufType::kString && kind->s == "gpt2") {
+    auto id = [&](const char* key) {
+      const GgufValue* v = g.find(key);
+      int64_t out = -1;
+      MOEX_CHECK_INPUT(!v || (v->integer(&out) && out >= 0 && out < int64_t{1} << 31), model, ": ", key, " must be a token id");
+      return static_cast<int>(out);
+    };
+    Tokenizer t(Json{gguf_byte_level_tokenizer_json(g, model), model, id("tokenizer.ggml.bos_token_id"),
+                     id("tokenizer.ggml.eos_token_id")});
+    MOEX_CHECK_INPUT(t.bos_id_ < t.vocab_size() && t.eos_id_ < t.vocab_size(), model, ": BOS / EOS ids outside the vocabulary");
+    return t;
+  }
+  return Tokenizer(Proto{gguf_sentencepiece_proto(g, model), model});
 }
 
 std::string Tokenizer::file_in(const std::string& model_dir) {

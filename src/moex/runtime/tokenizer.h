@@ -15,6 +15,9 @@ class SentencePieceProcessor;
 namespace moex {
 
 class JsonTokenizer;
+struct GgufContents;
+// The tokenizer.json text that a GGUF file's "gpt2" (byte-level BPE) vocabulary describes (tokenizer.cc).
+std::string gguf_byte_level_tokenizer_json(const GgufContents& gguf, const std::string& origin);
 
 class Tokenizer {
  public:
@@ -26,6 +29,12 @@ class Tokenizer {
     std::string bytes, origin;
   };
   explicit Tokenizer(const Proto& proto);
+  // A tokenizer.json text built in memory (a GGUF file's "gpt2" vocabulary) with its BOS / EOS (-1: none).
+  struct Json {
+    std::string text, origin;
+    int bos_id = -1, eos_id = -1;
+  };
+  explicit Tokenizer(const Json& json);
   // The tokenizer of a --model: the vocabulary of a .gguf file, else the folder's file_in(model).
   static Tokenizer for_model(const std::string& model);
   Tokenizer(Tokenizer&&) noexcept;
