@@ -38,6 +38,7 @@ fi
 [ -e "$root" ] && { echo "fresh-check: $root exists; give a new folder to --root" >&2; exit 2; }
 
 mounts=()
+ca_env=""
 cleanup() {
   local status=$?
   for ((i = ${#mounts[@]} - 1; i >= 0; i--)); do umount -l "${mounts[i]}" 2>/dev/null || true; done
@@ -74,13 +75,21 @@ mkdir -p "$root/dev/shm"
 mount -t tmpfs -o size=2g tmpfs "$root/dev/shm"
 mounts+=("$root/dev/shm")
 cp /etc/resolv.conf "$root/etc/resolv.conf" 2>/dev/null || true
+# This machine's network, not a dependency: a machine whose egress goes through a TLS proxy trusts its CA
+# from /usr/local/share/ca-certificates; so does the root (ca-certificates, installed by install-deps,
+# adds them to the bundle npm and apt read).
+if compgen -G "/usr/local/share/ca-certificates/*.crt" >/dev/null; then
+  mkdir -p "$root/usr/local/share/ca-certificates"
+  cp /usr/local/share/ca-certificates/*.crt "$root/usr/local/share/ca-certificates/"
+  ca_env="NODE_EXTRA_CA_CERTS=/etc/ssl/certs/ca-certificates.crt"  # node's own CA list lacks them
+fi
 
 targets="make run N=8"
 [ "$only_run" -eq 1 ] || targets="$targets && make test"
 echo "fresh-check: running '$targets' inside the root"
 start=$(date +%s)
 if chroot "$root" /usr/bin/env -i HOME=/root PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-     LANG=C.UTF-8 TERM=dumb /bin/bash -c "cd /src && $targets"; then
+     LANG=C.UTF-8 TERM=dumb $ca_env /bin/bash -c "cd /src && $targets"; then
   echo "fresh-check: PASSED ($targets) in $(( $(date +%s) - start )) s"
 else
   status=$?
