@@ -434,72 +434,24 @@ std::string convert_to_gguf(const std::string& model_dir, const std::string& pat
       for (const TensorView& v : views) encode(rows_f32(v, 0, rows, cols, perm), cols, t, out);
     });
   };
-  const int64_t d = c.hidden_size, V = c.vocab_size, I = c.intermediate_size, E = c.num_local_experts, hd = c.head_dim;
-  const FamilyInfo& info = c.info();
+  const int64_t hd = c.head_dim;
   // llama.cpp's llama architecture applies rotary embeddings to adjacent pairs; HF's Mixtral to the two
   // halves of each head. The converter therefore stores HF row (h * hd/2 + j) of a head at row (2 j + h).
   // The other architectures use NEOX rotary (the halves, as HF) and are stored unpermuted.
-  std::function<int64_t(int64_t)> rotary = nullptr;
-  if (llama)
-    rotary = [hd](int64_t r) {
-      const int64_t head = r / hd, within = r % hd;
-      return head * hd + (within % 2) * (hd / 2) + within / 2;
-    };
-  const uint64_t ud = d;
-  auto vec = [&](const std::string& name, const std::string& hf, int64_t n) {
-    add(name, {uint64_t(n)}, GgmlType::kF32, {hf}, 1, n);
+  auto rotary = [hd](int64_t r) {
+    const int64_t head = r / hd, within = r % hd;
+    return head * hd + (within % 2) * (hd / 2) + within / 2;
   };
-  // HF [rows, cols] as the ggml 2-D tensor [cols, rows] in the weight type.
-  auto mat = [&](const std::string& name, const std::string& hf, int64_t rows, int64_t cols,
-                 std::function<int64_t(int64_t)> perm = nullptr) {
-    add(name, {uint64_t(cols), uint64_t(rows)}, weight_type(cols), {hf}, rows, cols, perm);
-  };
-  auto mlp = [&](const std::string& b, const std::string& suffix, const std::string& hf, int64_t width) {
-    mat(b + "ffn_gate" + suffix + ".weight", hf + "gate_proj.weight", width, d);
-    mat(b + "ffn_up" + suffix + ".weight", hf + "up_proj.weight", width, d);
-    mat(b + "ffn_down" + suffix + ".weight", hf + "down_proj.weight", d, width);
-  };
-  mat("token_embd.weight", "model.embed_tokens.weight", V, d);
-  vec("output_norm.weight", "model.norm.weight", d);
-  if (store->contains("lm_head.weight")) mat("output.weight", "lm_head.weight", V, d);
-  for (int l = 0; l < c.num_hidden_layers; ++l) {
-    const std::string b = "blk." + std::to_string(l) + ".", p = "model.layers." + std::to_string(l) + ".";
-    const int64_t q = c.q_dim(), kv = c.kv_dim();
-    vec(b + "attn_norm.weight", p + "input_layernorm.weight", d);
-    mat(b + "attn_q.weight", p + "self_attn.q_proj.weight", q, d, rotary);
-    mat(b + "attn_k.weight", p + "self_attn.k_proj.weight", kv, d, rotary);
-    mat(b + "attn_v.weight", p + "self_attn.v_proj.weight", kv, d);
-    mat(b + "attn_output.weight", p + "self_attn.o_proj.weight", d, q);
-    if (c.qkv_bias) {
-      vec(b + "attn_q.bias", p + "self_attn.q_proj.bias", q);
-      vec(b + "attn_k.bias", p + "self_attn.k_proj.bias", kv);
-      vec(b + "attn_v.bias", p + "self_attn.v_proj.bias", kv);
+  for (const GgufTensorName& t : gguf_tensor_names(c)) {
+    const auto rows = uint64_t(t.rows), cols = uint64_t(t.cols);
+    const GgmlType as = t.always_f32 ? GgmlType::kF32 : weight_type(t.cols);
+    switch (t.kind) {
+      case GgufTensorName::Kind::kVector: add(t.gguf, {cols}, GgmlType::kF32, t.hf, 1, t.cols); break;
+      case GgufTensorName::Kind::kMatrix:
+        add(t.gguf, {cols, rows}, as, t.hf, t.rows, t.cols, t.rotary ? std::function<int64_t(int64_t)>(rotary) : nullptr);
+        break;
+      case GgufTensorName::Kind::kExperts: add(t.gguf, {cols, rows, uint64_t(t.hf.size())}, as, t.hf, t.rows, t.cols); break;
     }
-    if (c.qk_norm != QkNorm::kNone) {
-      const bool per_head = c.qk_norm == QkNorm::kPerHead;
-      vec(b + "attn_q_norm.weight", p + "self_attn.q_norm.weight", per_head ? hd : q);
-      vec(b + "attn_k_norm.weight", p + "self_attn.k_norm.weight", per_head ? hd : kv);
-    }
-    vec(b + "ffn_norm.weight", p + "post_attention_layernorm.weight", d);
-    if (!c.moe_layer(l)) {  // llama.cpp's dense FFN names (dots1's leading dense blocks)
-      mlp(b, "", p + "mlp.", c.dense_intermediate_size);
-      continue;
-    }
-    const std::string moe = p + info.moe_prefix + ".";
-    add(b + "ffn_gate_inp.weight", {ud, uint64_t(E)}, GgmlType::kF32, {moe + "gate.weight"}, E, d);
-    if (c.scoring == RouterScoring::kSigmoidGrouped) vec(b + "exp_probs_b.bias", moe + "gate.e_score_correction_bias", E);
-    if (c.shared_expert_intermediate_size > 0)
-      mlp(b, "_shexp", moe + info.shared_prefix + ".", c.shared_expert_intermediate_size);
-    if (c.shared_expert_gate) vec(b + "ffn_gate_inp_shexp.weight", moe + "shared_expert_gate.weight", d);
-    std::vector<std::string> w1, w2, w3;
-    for (int e = 0; e < E; ++e) {
-      const std::string x = moe + "experts." + std::to_string(e) + ".";
-      w1.push_back(x + info.expert_gate + ".weight"), w2.push_back(x + info.expert_down + ".weight");
-      w3.push_back(x + info.expert_up + ".weight");
-    }
-    add(b + "ffn_gate_exps.weight", {ud, uint64_t(I), uint64_t(E)}, weight_type(d), w1, I, d);
-    add(b + "ffn_up_exps.weight", {ud, uint64_t(I), uint64_t(E)}, weight_type(d), w3, I, d);
-    add(b + "ffn_down_exps.weight", {uint64_t(I), ud, uint64_t(E)}, weight_type(I), w2, d, I);
   }
   w.write(path);
   std::string summary;

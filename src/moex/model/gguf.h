@@ -114,6 +114,24 @@ ModelConfig load_checkpoint_config(const std::string& model);
 // to f32, exactly as ggml's dequantize_row functions define the values.
 void gguf_dequantize(uint32_t type, const uint8_t* src, int64_t n, float* out);
 
+// One GGUF tensor and the Hugging Face tensor(s) it holds: the one table that both the reader below and
+// tools/lib's writer walk, so that the two cannot drift apart. A matrix is HF [rows, cols], stored as the
+// ggml 2-D tensor [cols, rows]; a 3-D expert tensor holds `hf.size()` such matrices, [E][rows][cols]
+// (ggml [cols, rows, E]); a vector holds `cols` values, shaped `hf_shape` on the HF side.
+struct GgufTensorName {
+  enum class Kind { kVector, kMatrix, kExperts };
+  std::string gguf;
+  std::vector<std::string> hf;  // one name, or one per expert for kExperts
+  Kind kind = Kind::kMatrix;
+  int64_t rows = 1, cols = 0;
+  Shape hf_shape;               // the HF shape of a vector: {cols}, or {1, cols} for the shared-expert gate
+  bool rotary = false;          // llama's attn_q / attn_k: rows interleaved per head (see load_gguf_checkpoint)
+  bool always_f32 = false;      // stored in f32 whatever the weight type (norms, biases, the router)
+};
+// Every tensor of `c`'s architecture in llama.cpp's names, in file order. lm_head appears unless
+// tie_word_embeddings.
+std::vector<GgufTensorName> gguf_tensor_names(const ModelConfig& c);
+
 // The tensors of a GGUF file under MoEX's Hugging Face names and layouts: F32 and BF16 tensors are views
 // into the mapping; F16 is widened once to F32; Q8_0 / Q4_0 / Q4_K are dequantized once to F32 (exact:
 // every dequantized value is an f32); attn_q / attn_k rows are put back in HF's order (llama.cpp's

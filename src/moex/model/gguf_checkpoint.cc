@@ -154,7 +154,7 @@ ModelConfig gguf_model_config(const GgufContents& g, const std::string& origin) 
   } else {  // the others: the key length is the head (qwen3moe / dots1 head_dim), all of it rotated
     c.head_dim = static_cast<int>(get_int(g, origin, a + "attention.key_length", default_head, false));
   }
-  for (const std::string key : {a + "attention.key_length", a + "attention.value_length", a + "rope.dimension_count"}) {
+  for (const std::string& key : {a + "attention.key_length", a + "attention.value_length", a + "rope.dimension_count"}) {
     if (get_int(g, origin, key, c.head_dim, false) != c.head_dim)
       fail(origin, key + " differs from the head dimension " + std::to_string(c.head_dim) +
                        ": partial rotary embeddings and key/value heads of different widths are not supported");
@@ -295,6 +295,74 @@ class Mapper {
 
 }  // namespace
 
+std::vector<GgufTensorName> gguf_tensor_names(const ModelConfig& c) {
+  using Kind = GgufTensorName::Kind;
+  std::vector<GgufTensorName> out;
+  const FamilyInfo& info = c.info();
+  const int64_t d = c.hidden_size, V = c.vocab_size, I = c.intermediate_size, E = c.num_local_experts;
+  const int64_t q = c.q_dim(), kv = c.kv_dim(), hd = c.head_dim;
+  // llama.cpp permutes attn_q / attn_k for its llama architecture only (adjacent-pair rotary); qwen2moe,
+  // qwen3moe, olmoe and dots1 use NEOX rotary (the two halves), HF's order, and are stored as HF has them.
+  const bool llama = c.family == ModelFamily::kMixtral;
+  auto vec = [&](const std::string& gguf, const std::string& hf, int64_t n, Shape hf_shape = {}) {
+    out.push_back({gguf, {hf}, Kind::kVector, 1, n, hf_shape.rank == 0 ? Shape{n} : hf_shape, false, true});
+  };
+  auto mat = [&](const std::string& gguf, const std::string& hf, int64_t rows, int64_t cols, bool rotary = false) {
+    out.push_back({gguf, {hf}, Kind::kMatrix, rows, cols, {}, rotary, false});
+  };
+  // A SwiGLU MLP of width `width`: gguf `gate`/`up`/`down` names, HF's gate_proj/up_proj/down_proj.
+  auto mlp = [&](const std::string& b, const std::string& suffix, const std::string& hf, int64_t width) {
+    mat(b + "ffn_gate" + suffix + ".weight", hf + "gate_proj.weight", width, d);
+    mat(b + "ffn_up" + suffix + ".weight", hf + "up_proj.weight", width, d);
+    mat(b + "ffn_down" + suffix + ".weight", hf + "down_proj.weight", d, width);
+  };
+  mat("token_embd.weight", "model.embed_tokens.weight", V, d);
+  vec("output_norm.weight", "model.norm.weight", d);
+  if (!c.tie_word_embeddings) mat("output.weight", "lm_head.weight", V, d);
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    const std::string b = "blk." + std::to_string(l) + ".", p = "model.layers." + std::to_string(l) + ".";
+    vec(b + "attn_norm.weight", p + "input_layernorm.weight", d);
+    mat(b + "attn_q.weight", p + "self_attn.q_proj.weight", q, d, llama);
+    mat(b + "attn_k.weight", p + "self_attn.k_proj.weight", kv, d, llama);
+    mat(b + "attn_v.weight", p + "self_attn.v_proj.weight", kv, d);
+    mat(b + "attn_output.weight", p + "self_attn.o_proj.weight", d, q);
+    if (c.qkv_bias) {
+      vec(b + "attn_q.bias", p + "self_attn.q_proj.bias", q);
+      vec(b + "attn_k.bias", p + "self_attn.k_proj.bias", kv);
+      vec(b + "attn_v.bias", p + "self_attn.v_proj.bias", kv);
+    }
+    if (c.qk_norm != QkNorm::kNone) {
+      const bool per_head = c.qk_norm == QkNorm::kPerHead;
+      vec(b + "attn_q_norm.weight", p + "self_attn.q_norm.weight", per_head ? hd : q);
+      vec(b + "attn_k_norm.weight", p + "self_attn.k_norm.weight", per_head ? hd : kv);
+    }
+    vec(b + "ffn_norm.weight", p + "post_attention_layernorm.weight", d);
+    if (!c.moe_layer(l)) {  // a dense layer (dots1's leading dense blocks, qwen's mlp_only_layers)
+      mlp(b, "", p + "mlp.", c.dense_intermediate_size);
+      continue;
+    }
+    const std::string moe = p + info.moe_prefix + ".";
+    mat(b + "ffn_gate_inp.weight", moe + "gate.weight", E, d);
+    out.back().always_f32 = true;  // llama.cpp keeps the router in f32
+    if (c.scoring == RouterScoring::kSigmoidGrouped) vec(b + "exp_probs_b.bias", moe + "gate.e_score_correction_bias", E);
+    if (c.shared_expert_intermediate_size > 0)
+      mlp(b, "_shexp", moe + info.shared_prefix + ".", c.shared_expert_intermediate_size);
+    if (c.shared_expert_gate)  // HF [1, d]; llama.cpp stores the vector as [d]
+      vec(b + "ffn_gate_inp_shexp.weight", moe + "shared_expert_gate.weight", d, {1, d});
+    GgufTensorName gate{b + "ffn_gate_exps.weight", {}, Kind::kExperts, I, d, {}, false, false};
+    GgufTensorName up{b + "ffn_up_exps.weight", {}, Kind::kExperts, I, d, {}, false, false};
+    GgufTensorName down{b + "ffn_down_exps.weight", {}, Kind::kExperts, d, I, {}, false, false};
+    for (int64_t e = 0; e < E; ++e) {
+      const std::string x = moe + "experts." + std::to_string(e) + ".";
+      gate.hf.push_back(x + info.expert_gate + ".weight");
+      up.hf.push_back(x + info.expert_up + ".weight");
+      down.hf.push_back(x + info.expert_down + ".weight");
+    }
+    out.push_back(gate), out.push_back(up), out.push_back(down);
+  }
+  return out;
+}
+
 std::unique_ptr<GgufCheckpoint> load_gguf_checkpoint(const std::string& path) {
   auto ck = std::make_unique<GgufCheckpoint>();
   ck->file = std::make_unique<GgufFile>(path);
@@ -313,69 +381,26 @@ std::unique_ptr<GgufCheckpoint> load_gguf_checkpoint(const std::string& path) {
   check_fits_in_memory(owned_bytes, path + ": its tensors dequantized to f32",
                        "use an F32 or BF16 GGUF (mapped, not copied), or a machine with more memory");
   Mapper m(*ck, path);
-  const FamilyInfo& info = c.info();
-  const bool llama = c.family == ModelFamily::kMixtral;
-  const uint64_t d = c.hidden_size, V = c.vocab_size, I = c.intermediate_size, E = c.num_local_experts;
-  const uint64_t q = c.q_dim(), kv = c.kv_dim(), hd = c.head_dim;
-  // llama.cpp permutes attn_q / attn_k for its llama architecture only (adjacent-pair rotary); qwen2moe,
-  // qwen3moe, olmoe and dots1 use NEOX rotary (the two halves), HF's order, and are stored as HF has them.
-  const int rotary = llama ? c.head_dim : 0;
-  auto vec = [&](const std::string& hf, const std::string& name, uint64_t n) {
-    m.put(hf, m.get(name, {n}), 0, 1, {int64_t(n)});
-  };
-  auto mat = [&](const std::string& hf, const std::string& name, uint64_t rows, uint64_t cols, int head_dim = 0) {
-    m.put(hf, m.get(name, {cols, rows}), 0, rows, {int64_t(rows), int64_t(cols)}, head_dim);
-  };
-  // A SwiGLU MLP of width `width` stored as gguf `gate`/`up`/`down` names, as HF's gate_proj/up_proj/down_proj.
-  auto mlp = [&](const std::string& hf, const std::string& b, const std::string& suffix, uint64_t width) {
-    mat(hf + "gate_proj.weight", b + "ffn_gate" + suffix + ".weight", width, d);
-    mat(hf + "up_proj.weight", b + "ffn_up" + suffix + ".weight", width, d);
-    mat(hf + "down_proj.weight", b + "ffn_down" + suffix + ".weight", d, width);
-  };
-  mat("model.embed_tokens.weight", "token_embd.weight", V, d);
-  vec("model.norm.weight", "output_norm.weight", d);
-  if (!c.tie_word_embeddings) mat("lm_head.weight", "output.weight", V, d);
-  for (int l = 0; l < c.num_hidden_layers; ++l) {
-    const std::string b = "blk." + std::to_string(l) + ".", p = "model.layers." + std::to_string(l) + ".";
-    vec(p + "input_layernorm.weight", b + "attn_norm.weight", d);
-    mat(p + "self_attn.q_proj.weight", b + "attn_q.weight", q, d, rotary);
-    mat(p + "self_attn.k_proj.weight", b + "attn_k.weight", kv, d, rotary);
-    mat(p + "self_attn.v_proj.weight", b + "attn_v.weight", kv, d);
-    mat(p + "self_attn.o_proj.weight", b + "attn_output.weight", d, q);
-    if (c.qkv_bias) {
-      vec(p + "self_attn.q_proj.bias", b + "attn_q.bias", q);
-      vec(p + "self_attn.k_proj.bias", b + "attn_k.bias", kv);
-      vec(p + "self_attn.v_proj.bias", b + "attn_v.bias", kv);
-    }
-    if (c.qk_norm != QkNorm::kNone) {
-      const bool per_head = c.qk_norm == QkNorm::kPerHead;
-      vec(p + "self_attn.q_norm.weight", b + "attn_q_norm.weight", per_head ? hd : q);
-      vec(p + "self_attn.k_norm.weight", b + "attn_k_norm.weight", per_head ? hd : kv);
-    }
-    vec(p + "post_attention_layernorm.weight", b + "ffn_norm.weight", d);
-    if (!c.moe_layer(l)) {  // a dense layer (dots1's leading dense blocks, qwen's mlp_only_layers)
-      mlp(p + "mlp.", b, "", c.dense_intermediate_size);
-      continue;
-    }
-    const std::string moe = p + info.moe_prefix + ".";
-    mat(moe + "gate.weight", b + "ffn_gate_inp.weight", E, d);
-    if (c.scoring == RouterScoring::kSigmoidGrouped) vec(moe + "gate.e_score_correction_bias", b + "exp_probs_b.bias", E);
-    if (c.shared_expert_intermediate_size > 0)
-      mlp(moe + info.shared_prefix + ".", b, "_shexp", c.shared_expert_intermediate_size);
-    if (c.shared_expert_gate)  // HF [1, d]; llama.cpp stores the vector as [d]
-      m.put(moe + "shared_expert_gate.weight", m.get(b + "ffn_gate_inp_shexp.weight", {d}), 0, 1, {1, int64_t(d)});
-    if (!g.tensor(b + "ffn_gate_exps.weight") && g.tensor(b + "ffn_gate.0.weight"))
-      fail(path, "stores one tensor per expert (" + b + "ffn_gate.0.weight), the layout of early 2024 llama.cpp: "
-                 "re-convert it with a current llama.cpp, which writes the 3-D " + b + "ffn_gate_exps.weight");
-    // One 3-D tensor per projection, [E][rows][cols]: one view (or dequantized copy) per expert.
-    const GgufTensorInfo& gate = m.get(b + "ffn_gate_exps.weight", {d, I, E});
-    const GgufTensorInfo& up = m.get(b + "ffn_up_exps.weight", {d, I, E});
-    const GgufTensorInfo& down = m.get(b + "ffn_down_exps.weight", {I, d, E});
-    for (uint64_t e = 0; e < E; ++e) {
-      const std::string y = moe + "experts." + std::to_string(e) + ".";
-      m.put(y + info.expert_gate + ".weight", gate, e * I, I, {int64_t(I), int64_t(d)});
-      m.put(y + info.expert_up + ".weight", up, e * I, I, {int64_t(I), int64_t(d)});
-      m.put(y + info.expert_down + ".weight", down, e * d, d, {int64_t(d), int64_t(I)});
+  for (const GgufTensorName& t : gguf_tensor_names(c)) {
+    const uint64_t rows = t.rows, cols = t.cols;
+    switch (t.kind) {
+      case GgufTensorName::Kind::kVector:
+        m.put(t.hf[0], m.get(t.gguf, {cols}), 0, 1, t.hf_shape);
+        break;
+      case GgufTensorName::Kind::kMatrix:
+        m.put(t.hf[0], m.get(t.gguf, {cols, rows}), 0, t.rows, {t.rows, t.cols}, t.rotary ? c.head_dim : 0);
+        break;
+      case GgufTensorName::Kind::kExperts: {
+        const std::string layer = t.gguf.substr(0, t.gguf.find(".ffn_") + 1);  // "blk.N."
+        if (!g.tensor(t.gguf) && g.tensor(layer + "ffn_gate.0.weight"))
+          fail(path, "stores one tensor per expert (" + layer + "ffn_gate.0.weight), the layout of early 2024 "
+                     "llama.cpp: re-convert it with a current llama.cpp, which writes the 3-D " + layer +
+                     "ffn_gate_exps.weight");
+        // One 3-D tensor per projection, [E][rows][cols]: one view (or dequantized copy) per expert.
+        const GgufTensorInfo& all = m.get(t.gguf, {cols, rows, uint64_t(t.hf.size())});
+        for (size_t e = 0; e < t.hf.size(); ++e) m.put(t.hf[e], all, int64_t(e) * t.rows, t.rows, {t.rows, t.cols});
+        break;
+      }
     }
   }
   m.check_all_used();
