@@ -53,6 +53,18 @@ def main():
             failures.append(f"{fmt}: KL differs from the definition")
         if abs(report["top1_agree_percent"] - top1) > 1e-9:
             failures.append(f"{fmt}: top-1 agreement differs")
+        # The stored model's gap between its two best logits, everywhere and where the format's top-1 differs.
+        two = np.sort(lp_base, 1)[:, -2:]
+        gaps = two[:, 1] - two[:, 0]
+        flips = gaps[np.argmax(q, 1) != np.argmax(lp_base, 1)]
+        flip_max = flips.max() if len(flips) else 0.0
+        want = {"top2_gap_median": np.sort(gaps)[len(gaps) // 2], "flip_top2_gap_max": flip_max,
+                "top1_prob_median": np.sort(np.exp(two[:, 1]))[len(gaps) // 2]}
+        for key, value in want.items():
+            if not np.isclose(report[key], value, rtol=1e-4, atol=1e-6):
+                failures.append(f"{fmt}: {key} {report[key]} differs from numpy's {value}")
+        if report["positions_above_flip_gap_max"] != int((gaps > flip_max).sum()):
+            failures.append(f"{fmt}: positions_above_flip_gap_max differs")
     if not kl_means["int4"] > kl_means["int8"] > 0:
         failures.append(f"KL int4 {kl_means['int4']} should exceed int8 {kl_means['int8']} > 0")
     for f in failures:

@@ -109,6 +109,10 @@ void run_quality(QualityFlags& f) {
   }
   const int64_t positions = f.prompts * int64_t{f.prompt_len};
   std::vector<double> kl(positions), lp, lq;
+  // A top-1 flip needs the format's error to exceed the stored model's gap between its two best logits, so
+  // the gaps at the flips, beside the gaps everywhere, say whether a flip is a near-tie or a real error
+  // (a model with random weights has far flatter distributions than a trained one: many near-ties).
+  std::vector<double> gaps(positions), flip_gaps, top1_prob(positions);
   int64_t agree = 0;
   for (int64_t i = 0; i < positions; ++i) {
     const float* p = reference.data() + i * V;
@@ -118,8 +122,25 @@ void run_quality(QualityFlags& f) {
     double sum = 0;
     for (int64_t v = 0; v < V; ++v) sum += std::exp(lp[v]) * (lp[v] - lq[v]);
     kl[i] = std::max(sum, 0.0);
-    agree += std::max_element(p, p + V) - p == std::max_element(q, q + V) - q;
+    const int64_t best = std::max_element(p, p + V) - p;
+    float second = -INFINITY;
+    for (int64_t v = 0; v < V; ++v)
+      if (v != best) second = std::max(second, p[v]);
+    gaps[i] = double(p[best]) - second;
+    top1_prob[i] = std::exp(lp[best]);
+    const bool same = best == std::max_element(q, q + V) - q;
+    agree += same;
+    if (!same) flip_gaps.push_back(gaps[i]);
   }
+  const auto median = [](std::vector<double> v) {
+    if (v.empty()) return 0.0;
+    std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+    return v[v.size() / 2];
+  };
+  const double gap_median = median(gaps), flip_gap_median = median(flip_gaps), prob_median = median(top1_prob);
+  const double flip_gap_max = flip_gaps.empty() ? 0.0 : *std::max_element(flip_gaps.begin(), flip_gaps.end());
+  // The share of positions whose gap is at least the largest gap at which a flip happened: there, top-1 held.
+  const int64_t above = std::count_if(gaps.begin(), gaps.end(), [&](double g) { return g > flip_gap_max; });
   std::vector<double> sorted = kl;
   std::sort(sorted.begin(), sorted.end());
   const auto quantile = [&](double x) { return sorted[std::min<int64_t>(positions - 1, int64_t(x * (positions - 1) + 0.5))]; };
@@ -130,7 +151,10 @@ void run_quality(QualityFlags& f) {
     std::printf("%s\n", nlohmann::json{{"model", f.model.model_dir}, {"reference", reference_name}, {"compared", name},
                                        {"prompts", f.prompts}, {"prompt_len", f.prompt_len}, {"positions", positions},
                                        {"kl_mean", mean}, {"kl_median", quantile(0.5)}, {"kl_p99", quantile(0.99)},
-                                       {"kl_max", sorted.back()}, {"top1_agree_percent", top1}, {"seconds", seconds}}
+                                       {"kl_max", sorted.back()}, {"top1_agree_percent", top1},
+                                       {"top1_prob_median", prob_median}, {"top2_gap_median", gap_median},
+                                       {"flip_top2_gap_median", flip_gap_median}, {"flip_top2_gap_max", flip_gap_max},
+                                       {"positions_above_flip_gap_max", above}, {"seconds", seconds}}
                             .dump()
                             .c_str());
     return;
@@ -141,6 +165,11 @@ void run_quality(QualityFlags& f) {
               quantile(0.5), quantile(0.99), sorted.back());
   std::printf("  top-1 agrees on %.2f%% of %lld positions   (%.1f s, %d threads)\n", top1,
               static_cast<long long>(positions), seconds, num_threads());
+  std::printf("  stored model: median top-1 probability %.3g, median gap between its two best logits %.3g\n",
+              prob_median, gap_median);
+  if (!flip_gaps.empty())
+    std::printf("  at the %zu flips that gap was: median %.3g, max %.3g (%.1f%% of positions have a larger gap)\n",
+                flip_gaps.size(), flip_gap_median, flip_gap_max, 100.0 * above / positions);
 }
 
 void setup_quality(CLI::App& bench) {
