@@ -393,6 +393,19 @@ TEST(ServeBench, StepBreakdownIsTheDifferenceOfTwoMetricsSnapshots) {
   EXPECT_FALSE(step_breakdown(before, MetricsSnapshot::parse("other_metric 1\n"), 1.0).available);
 }
 
+// Token arrival times are sent_at + ttft + the gaps so far; gaps that begin before `from` are left out.
+TEST(ServeBench, SteadyITLLeavesOutTheGapsBeforeEveryoneDecodes) {
+  std::vector<RequestResult> rs(3);
+  rs[0].success = rs[1].success = true;
+  rs[0].sent_at = 0.0, rs[0].ttft = 1.0, rs[0].itl = {0.5, 0.1, 0.1};  // tokens at 1.0, 1.5, 1.6, 1.7
+  rs[1].sent_at = 0.2, rs[1].ttft = 1.3, rs[1].itl = {0.2, 0.2};       // tokens at 1.5, 1.7, 1.9
+  rs[2].sent_at = 0.0, rs[2].ttft = 9.0, rs[2].itl = {1.0};            // failed: not counted
+  EXPECT_DOUBLE_EQ(all_decoding_at(rs, 3), 1.5);
+  EXPECT_DOUBLE_EQ(all_decoding_at(rs, 1), 1.0);
+  EXPECT_EQ(itl_after(rs, 1.5), (std::vector<double>{0.1, 0.1, 0.2, 0.2}));
+  EXPECT_EQ(itl_after(rs, 0.0).size(), 5u);
+}
+
 // --long-prompt runs the load twice and sends one long request in the second run (the in-test server has
 // no step metrics, so the chunks are "not available").
 TEST(ServeBench, LongPromptRunsTheLoadTwiceAndReportsTheITLOfBoth) {
@@ -416,6 +429,8 @@ TEST(ServeBench, LongPromptRunsTheLoadTwiceAndReportsTheITLOfBoth) {
   EXPECT_GE(l["itl_p99_with_ms"].get<double>(), 1.0);
   EXPECT_GE(l["itl_max_with_ms"].get<double>(), l["itl_p99_with_ms"].get<double>());
   EXPECT_FALSE(l.contains("chunks"));
+  EXPECT_GE(l["steady_itl_p99_with_ms"].get<double>(), 1.0);
+  EXPECT_LE(l["steady_itl_max_with_ms"].get<double>(), l["itl_max_with_ms"].get<double>());
   const std::string bad = std::string(MOEX_BINARY) + " bench serve --url " + server.url() + " --long-prompt -1 2> /dev/null";
   EXPECT_EQ(WEXITSTATUS(std::system(bad.c_str())), 2);
 }

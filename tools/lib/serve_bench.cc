@@ -275,7 +275,9 @@ std::vector<RequestResult> run_load(const std::vector<BenchRequest>& requests, c
       for (size_t i; (i = next.fetch_add(1)) < requests.size();) {
         std::this_thread::sleep_until(start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(arrival[i])));
         try {
+          const double sent_at = std::chrono::duration<double>(Clock::now() - start).count();
           results[i] = send(requests[i]);
+          results[i].sent_at = sent_at;
         } catch (const std::exception& e) {
           results[i].success = false;
           results[i].error = e.what();
@@ -285,6 +287,26 @@ std::vector<RequestResult> run_load(const std::vector<BenchRequest>& requests, c
   for (auto& t : pool) t.join();
   *duration_s = std::chrono::duration<double>(Clock::now() - start).count();
   return results;
+}
+
+std::vector<double> itl_after(const std::vector<RequestResult>& results, double from) {
+  std::vector<double> out;
+  for (const RequestResult& r : results) {
+    if (!r.success) continue;
+    double t = r.sent_at + r.ttft;  // arrival of the token before the gap
+    for (double gap : r.itl) {
+      if (t >= from) out.push_back(gap);
+      t += gap;
+    }
+  }
+  return out;
+}
+
+double all_decoding_at(const std::vector<RequestResult>& results, size_t n) {
+  double at = 0;
+  for (size_t i = 0; i < std::min(n, results.size()); ++i)
+    if (results[i].success) at = std::max(at, results[i].sent_at + results[i].ttft);
+  return at;
 }
 
 double percentile(std::vector<double> v, double p) {

@@ -42,6 +42,7 @@ struct RequestResult {
   double latency = 0;     // s, send to [DONE]
   std::vector<double> itl;  // s, gaps between successive chunks with text
   std::string text;
+  double sent_at = 0;       // s, when run_load sent it (since the load started)
 };
 
 struct ClientOptions {
@@ -82,6 +83,12 @@ struct LoadOptions {
 // fake in tests). Returns the results in request order and the wall time.
 std::vector<RequestResult> run_load(const std::vector<BenchRequest>& requests, const LoadOptions& options,
                                     const std::function<RequestResult(const BenchRequest&)>& send, double* duration_s);
+
+// The gaps (s) of every successful request that begin at or after `from` seconds of the load (token
+// arrival times: sent_at + ttft + the gaps so far): the ITL of steady decoding, after a start-up prefill.
+std::vector<double> itl_after(const std::vector<RequestResult>& results, double from);
+// When every successful one of the first `n` requests had its first token (seconds of the load).
+double all_decoding_at(const std::vector<RequestResult>& results, size_t n);
 
 struct Stat {
   double mean = 0, median = 0, p99 = 0, stddev = 0;

@@ -41,6 +41,9 @@ struct ServeBenchFlags {
 struct LongPromptReport {
   serve_bench::Summary without, with;
   double max_itl_without_ms = 0, max_itl_with_ms = 0;
+  // The same over the gaps after every first-wave request decodes (its start-up prefill chunks left out).
+  serve_bench::Stat steady_without_ms, steady_with_ms;
+  double steady_max_without_ms = 0, steady_max_with_ms = 0;
   serve_bench::RequestResult long_result;
   double sent_at_s = 0;
   serve_bench::StepBreakdown window;  // the server's steps while the long prompt was in flight
@@ -53,6 +56,14 @@ double max_itl_ms(const std::vector<serve_bench::RequestResult>& results) {
   return m;
 }
 
+// ITL statistics (ms) of the gaps after every one of the first `wave` requests has its first token.
+void steady_itl(const std::vector<serve_bench::RequestResult>& results, size_t wave, serve_bench::Stat* stat, double* max_ms) {
+  std::vector<double> gaps = serve_bench::itl_after(results, serve_bench::all_decoding_at(results, wave));
+  for (double& g : gaps) g *= 1e3;
+  *max_ms = gaps.empty() ? 0 : *std::max_element(gaps.begin(), gaps.end());
+  *stat = serve_bench::stat_of(std::move(gaps));
+}
+
 LongPromptReport run_long_prompt(const ServeBenchFlags& f, const serve_bench::ClientOptions& client,
                                  const serve_bench::LoadOptions& load) {
   using namespace serve_bench;
@@ -62,6 +73,8 @@ LongPromptReport run_long_prompt(const ServeBenchFlags& f, const serve_bench::Cl
   const auto without = run_load(baseline, load, [&](const BenchRequest& r) { return send_completion(client, r); }, &duration);
   rep.without = summarize(without, duration);
   rep.max_itl_without_ms = max_itl_ms(without);
+  const size_t wave = static_cast<size_t>(std::min(f.concurrency, f.num_requests));
+  steady_itl(without, wave, &rep.steady_without_ms, &rep.steady_max_without_ms);
 
   const auto requests = random_requests(f.num_requests, f.input_len, f.output_len, f.seed + 1, 259, f.vocab_size);
   const BenchRequest long_request = random_requests(1, f.long_prompt, 1, f.seed + 2, 259, f.vocab_size)[0];
@@ -97,6 +110,7 @@ LongPromptReport run_long_prompt(const ServeBenchFlags& f, const serve_bench::Cl
   sender.join();
   rep.with = summarize(with, duration);
   rep.max_itl_with_ms = max_itl_ms(with);
+  steady_itl(with, wave, &rep.steady_with_ms, &rep.steady_max_with_ms);
   return rep;
 }
 
@@ -110,6 +124,11 @@ nlohmann::json long_prompt_json(const ServeBenchFlags& f, const LongPromptReport
                       {"itl_p99_with_ms", r.with.itl_ms.p99},
                       {"itl_max_without_ms", r.max_itl_without_ms},
                       {"itl_max_with_ms", r.max_itl_with_ms},
+                      {"steady_itl_p99_without_ms", r.steady_without_ms.p99},
+                      {"steady_itl_p99_with_ms", r.steady_with_ms.p99},
+                      {"steady_itl_median_without_ms", r.steady_without_ms.median},
+                      {"steady_itl_max_without_ms", r.steady_max_without_ms},
+                      {"steady_itl_max_with_ms", r.steady_max_with_ms},
                       {"without", serve_bench::summary_json(r.without)},
                       {"with", serve_bench::summary_json(r.with)}};
   if (!r.long_result.success) j["error"] = r.long_result.error;
@@ -139,6 +158,8 @@ std::string format_long_prompt(const ServeBenchFlags& f, const LongPromptReport&
   row("Decoders' ITL p99 without / with (ms):", num(r.without.itl_ms.p99) + " / " + num(r.with.itl_ms.p99));
   row("Decoders' ITL median without / with (ms):", num(r.without.itl_ms.median) + " / " + num(r.with.itl_ms.median));
   row("Decoders' ITL max without / with (ms):", num(r.max_itl_without_ms) + " / " + num(r.max_itl_with_ms));
+  row("After all decode: ITL p99 w/o / with:", num(r.steady_without_ms.p99) + " / " + num(r.steady_with_ms.p99));
+  row("After all decode: ITL max w/o / with:", num(r.steady_max_without_ms) + " / " + num(r.steady_max_with_ms));
   row("Long prompt TTFT (ms):", r.long_result.success ? num(r.long_result.ttft * 1e3) : "failed: " + r.long_result.error);
   const auto& w = r.window;
   if (w.available && w.prefill_steps > 0) {
@@ -147,9 +168,10 @@ std::string format_long_prompt(const ServeBenchFlags& f, const LongPromptReport&
     row("Its chunks (server prefill steps):", line);
     row("One chunk's time (ms, mean):", num(w.prefill_step_ms()));
     row("Decode step beside it (ms, mean):", w.decode_steps > 0 ? num(w.decode_step_ms()) : "-");
-    const double delay = r.with.itl_ms.p99 - r.without.itl_ms.p99;
+    // Its delay to a decoder's next token: the steady ITL p99 with it, less the steady ITL median without.
+    const double delay = r.steady_with_ms.p99 - r.steady_without_ms.median;
     std::snprintf(line, sizeof line, "%.2f %s %.2f", delay, delay <= w.prefill_step_ms() ? "<=" : ">", w.prefill_step_ms());
-    row("ITL p99 with - without vs one chunk (ms):", line);
+    row("Delay (p99 with - median w/o) vs chunk:", line);
   } else {
     row("Its chunks:", "not available (no moex:engine_* metrics)");
   }
