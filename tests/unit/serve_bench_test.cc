@@ -349,5 +349,92 @@ TEST(ServeBench, DatasetLinesAreCheckedAndCycled) {
   std::filesystem::remove(path);
 }
 
+// The server's step timings: a Prometheus exposition parsed (labels, escapes, histogram lines, comments),
+// and the difference of two snapshots as bench serve reports it.
+TEST(ServeBench, StepBreakdownIsTheDifferenceOfTwoMetricsSnapshots) {
+  const auto text = [](double prefill_steps, double prefill_s, double decode_steps, double decode_s, double decode_rows) {
+    char b[2048];
+    std::snprintf(b, sizeof b,
+                  "# HELP moex:engine_steps_total Engine steps.\n# TYPE moex:engine_steps counter\n"
+                  "moex:engine_steps_total{model_name=\"m \\\"q\\\"\",kind=\"prefill\"} %g\n"
+                  "moex:engine_steps_total{model_name=\"m \\\"q\\\"\",kind=\"decode\"} %g\n"
+                  "moex:engine_step_seconds_total{model_name=\"m\",kind=\"prefill\"} %g\n"
+                  "moex:engine_step_seconds_total{model_name=\"m\",kind=\"decode\"} %g\n"
+                  "moex:engine_forward_seconds_total{model_name=\"m\",kind=\"prefill\"} %g\n"
+                  "moex:engine_forward_seconds_total{model_name=\"m\",kind=\"decode\"} %g\n"
+                  "moex:engine_step_rows_total{model_name=\"m\",kind=\"prefill\",row=\"prompt\"} %g\n"
+                  "moex:engine_step_rows_total{model_name=\"m\",kind=\"prefill\",row=\"decode\"} 3\n"
+                  "moex:engine_step_rows_total{model_name=\"m\",kind=\"decode\",row=\"decode\"} %g\n"
+                  "moex:engine_step_duration_seconds_bucket{model_name=\"m\",kind=\"decode\",le=\"+Inf\"} 4\n",
+                  prefill_steps, decode_steps, prefill_s, decode_s, prefill_s * 0.9, decode_s * 0.5, prefill_steps * 100,
+                  decode_rows);
+    return std::string(b);
+  };
+  const MetricsSnapshot before = MetricsSnapshot::parse(text(2, 1.0, 10, 2.0, 80));
+  const MetricsSnapshot after = MetricsSnapshot::parse(text(5, 4.0, 30, 6.0, 240));
+  EXPECT_EQ(after.value("moex:engine_steps_total"), 35);  // every label set
+  EXPECT_EQ(after.value("moex:engine_steps_total", {{"kind", "prefill"}, {"model_name", "m \"q\""}}), 5);
+  EXPECT_EQ(after.value("moex:engine_step_duration_seconds_bucket", {{"le", "+Inf"}}), 4);
+  EXPECT_FALSE(after.has("moex:absent"));
+  const StepBreakdown b = step_breakdown(before, after, 10.0);
+  ASSERT_TRUE(b.available);
+  EXPECT_EQ(b.prefill_steps, 3);
+  EXPECT_DOUBLE_EQ(b.prefill_seconds, 3.0);
+  EXPECT_DOUBLE_EQ(b.prefill_step_ms(), 1000.0);
+  EXPECT_EQ(b.prefill_prompt_rows, 300);
+  EXPECT_EQ(b.prefill_decode_rows, 0);  // the same in both
+  EXPECT_EQ(b.decode_steps, 20);
+  EXPECT_EQ(b.decode_rows, 160);
+  EXPECT_DOUBLE_EQ(b.decode_tokens_per_s(), 40.0);  // 160 rows in 4 s of decode steps
+  EXPECT_DOUBLE_EQ(b.decode_rows_per_step(), 8.0);
+  EXPECT_NEAR(b.engine_other_seconds(), 3.0 * 0.1 + 4.0 * 0.5, 1e-12);
+  EXPECT_DOUBLE_EQ(b.outside_steps_seconds(), 3.0);  // 10 s of wall, 7 in steps
+  EXPECT_NE(format_breakdown(b).find("Decode-step throughput (tok/s):"), std::string::npos);
+  EXPECT_FALSE(step_breakdown(before, MetricsSnapshot::parse("other_metric 1\n"), 1.0).available);
+}
+
+// Token arrival times are sent_at + ttft + the gaps so far; gaps that begin before `from` are left out.
+TEST(ServeBench, SteadyITLLeavesOutTheGapsBeforeEveryoneDecodes) {
+  std::vector<RequestResult> rs(3);
+  rs[0].success = rs[1].success = true;
+  rs[0].sent_at = 0.0, rs[0].ttft = 1.0, rs[0].itl = {0.5, 0.1, 0.1};  // tokens at 1.0, 1.5, 1.6, 1.7
+  rs[1].sent_at = 0.2, rs[1].ttft = 1.3, rs[1].itl = {0.2, 0.2};       // tokens at 1.5, 1.7, 1.9
+  rs[2].sent_at = 0.0, rs[2].ttft = 9.0, rs[2].itl = {1.0};            // failed: not counted
+  EXPECT_DOUBLE_EQ(all_decoding_at(rs, 3), 1.5);
+  EXPECT_DOUBLE_EQ(all_decoding_at(rs, 1), 1.0);
+  EXPECT_EQ(itl_after(rs, 1.5), (std::vector<double>{0.1, 0.1, 0.2, 0.2}));
+  EXPECT_EQ(itl_after(rs, 0.0).size(), 5u);
+}
+
+// --long-prompt runs the load twice and sends one long request in the second run (the in-test server has
+// no step metrics, so the chunks are "not available").
+TEST(ServeBench, LongPromptRunsTheLoadTwiceAndReportsTheITLOfBoth) {
+  FakeServer server;
+  server.first_ms = 2;
+  server.gap_ms = 1;
+  const std::string out_path = (std::filesystem::temp_directory_path() / ("moex_bench_serve_long_" + std::to_string(getpid()) + ".json")).string();
+  const std::string cmd = std::string(MOEX_BINARY) + " bench serve --url " + server.url() +
+                          " --api-key secret --concurrency 2 --num-requests 2 --input-len 9 --output-len 6 --long-prompt 40 --json > " +
+                          out_path;
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  std::ifstream in(out_path);
+  const json j = json::parse(in);
+  std::filesystem::remove(out_path);
+  const json& l = j["long_prompt"];
+  EXPECT_EQ(l["tokens"], 40);
+  EXPECT_TRUE(l["success"].get<bool>());
+  EXPECT_EQ(l["without"]["completed"], 2);
+  EXPECT_EQ(l["with"]["completed"], 2);
+  EXPECT_EQ(l["with"]["total_output_tokens"], 2 * 6);  // the long request is not one of the decoders
+  // Gaps of the in-test server are >= 1 ms when sent, but two chunks may arrive in one read: only > 0 holds.
+  EXPECT_GT(l["itl_p99_with_ms"].get<double>(), 0.0);
+  EXPECT_GE(l["itl_max_with_ms"].get<double>(), l["itl_p99_with_ms"].get<double>());
+  EXPECT_FALSE(l.contains("chunks"));
+  EXPECT_GE(l["steady_itl_p99_with_ms"].get<double>(), 0.0);
+  EXPECT_LE(l["steady_itl_max_with_ms"].get<double>(), l["itl_max_with_ms"].get<double>());
+  const std::string bad = std::string(MOEX_BINARY) + " bench serve --url " + server.url() + " --long-prompt -1 2> /dev/null";
+  EXPECT_EQ(WEXITSTATUS(std::system(bad.c_str())), 2);
+}
+
 }  // namespace
 }  // namespace moex::tools::serve_bench

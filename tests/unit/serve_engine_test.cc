@@ -104,6 +104,26 @@ TEST(ServeEngine, ConcurrentRequestsGetTheTokensOfEachAlone) {
   }
   EXPECT_TRUE(wait_for_free_cache(engine));
   EXPECT_EQ(engine.metrics().serving.generation_tokens.value(), static_cast<double>(prompts.size() * max_tokens));
+
+  // The step accounting: every prompt token is a prompt row of some prefill step, each request feeds back
+  // max_tokens - 1 sampled tokens as decode rows, decode steps carry no prompt row, and decoders rode
+  // along the prefill chunks (6 prompts, 168 tokens, 32-token steps).
+  const EngineMetrics& m = engine.metrics();
+  ASSERT_EQ(m.serving.num_preemptions.value(), 0);  // no recompute rows in the counts below
+  int64_t total_prompt = 0;
+  for (int l : lengths) total_prompt += l;
+  EXPECT_EQ(m.prefill_steps.prompt_rows.value() + m.decode_steps.prompt_rows.value(), static_cast<double>(total_prompt));
+  EXPECT_EQ(m.decode_steps.prompt_rows.value(), 0);
+  EXPECT_EQ(m.prefill_steps.decode_rows.value() + m.decode_steps.decode_rows.value(),
+            static_cast<double>(prompts.size() * (max_tokens - 1)));
+  EXPECT_GT(m.prefill_steps.decode_rows.value(), 0);  // chunked prefill beside decoding
+  EXPECT_GE(m.prefill_steps.steps.value(), static_cast<double>((total_prompt + 31) / 32));
+  EXPECT_EQ(m.request_prompt_computed_tokens.count(), prompts.size());
+  EXPECT_EQ(m.request_prompt_computed_tokens.sum(), static_cast<double>(total_prompt));  // distinct prompts: no hits
+  EXPECT_LE(m.prefill_steps.forward_seconds.value(), m.prefill_steps.step_seconds.value());
+  EXPECT_LE(m.decode_steps.forward_seconds.value(), m.decode_steps.step_seconds.value());
+  EXPECT_EQ(m.prefill_steps.step_duration.count() + m.decode_steps.step_duration.count(),
+            static_cast<uint64_t>(m.prefill_steps.steps.value() + m.decode_steps.steps.value()));
 }
 
 // Penalties reach the sampler with the request's own output so far: the served tokens equal a plain loop

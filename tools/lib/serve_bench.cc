@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <mutex>
 #include <random>
@@ -155,7 +156,10 @@ RequestResult send_completion(const ClientOptions& options, const BenchRequest& 
   bool done = false;
   std::string raw;  // the body, kept for an error message when the status is not 200
   SseParser parser([&](const std::string& data) {
-    if (!done && r.error.empty()) done = !on_stream_event(data, now(), &r, &last_token_time);
+    if (done || !r.error.empty()) return;
+    const bool had_text = !r.text.empty();
+    done = !on_stream_event(data, now(), &r, &last_token_time);
+    if (!had_text && !r.text.empty() && options.on_first_token) options.on_first_token();
   });
   req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
     if (raw.size() < 4096) raw.append(data, std::min<size_t>(n, 4096 - raw.size()));
@@ -271,7 +275,9 @@ std::vector<RequestResult> run_load(const std::vector<BenchRequest>& requests, c
       for (size_t i; (i = next.fetch_add(1)) < requests.size();) {
         std::this_thread::sleep_until(start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(arrival[i])));
         try {
+          const double sent_at = std::chrono::duration<double>(Clock::now() - start).count();
           results[i] = send(requests[i]);
+          results[i].sent_at = sent_at;
         } catch (const std::exception& e) {
           results[i].success = false;
           results[i].error = e.what();
@@ -281,6 +287,26 @@ std::vector<RequestResult> run_load(const std::vector<BenchRequest>& requests, c
   for (auto& t : pool) t.join();
   *duration_s = std::chrono::duration<double>(Clock::now() - start).count();
   return results;
+}
+
+std::vector<double> itl_after(const std::vector<RequestResult>& results, double from) {
+  std::vector<double> out;
+  for (const RequestResult& r : results) {
+    if (!r.success) continue;
+    double t = r.sent_at + r.ttft;  // arrival of the token before the gap
+    for (double gap : r.itl) {
+      if (t >= from) out.push_back(gap);
+      t += gap;
+    }
+  }
+  return out;
+}
+
+double all_decoding_at(const std::vector<RequestResult>& results, size_t n) {
+  double at = 0;
+  for (size_t i = 0; i < std::min(n, results.size()); ++i)
+    if (results[i].success) at = std::max(at, results[i].sent_at + results[i].ttft);
+  return at;
 }
 
 double percentile(std::vector<double> v, double p) {
@@ -390,6 +416,148 @@ json summary_json(const Summary& s) {
             {"e2el_ms", stat(s.e2el_ms)}};
   if (!s.first_error.empty()) j["first_error"] = s.first_error;
   return j;
+}
+
+// ---- Server step timings ------------------------------------------------------------------------------
+
+MetricsSnapshot MetricsSnapshot::parse(const std::string& text) {
+  // Prometheus text format 0.0.4: `name{label="value",...} value [timestamp]`; # lines are comments.
+  MetricsSnapshot m;
+  size_t start = 0;
+  while (start < text.size()) {
+    size_t end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    const std::string line = text.substr(start, end - start);
+    start = end + 1;
+    if (line.empty() || line[0] == '#') continue;
+    Sample s;
+    size_t i = line.find_first_of("{ ");
+    if (i == std::string::npos) continue;
+    s.name = line.substr(0, i);
+    if (line[i] == '{') {
+      ++i;
+      while (i < line.size() && line[i] != '}') {
+        const size_t eq = line.find('=', i);
+        if (eq == std::string::npos || eq + 1 >= line.size() || line[eq + 1] != '"') return m;  // malformed: stop
+        std::string key = line.substr(i, eq - i), value;
+        size_t j = eq + 2;
+        for (; j < line.size() && line[j] != '"'; ++j) {
+          if (line[j] == '\\' && j + 1 < line.size()) ++j;
+          value += line[j];
+        }
+        s.labels.emplace_back(std::move(key), std::move(value));
+        i = j + 1;
+        if (i < line.size() && line[i] == ',') ++i;
+      }
+      ++i;
+    }
+    const char* begin = line.c_str() + std::min(i, line.size());
+    char* parsed_end = nullptr;
+    s.value = std::strtod(begin, &parsed_end);
+    if (parsed_end == begin) continue;
+    m.samples_.push_back(std::move(s));
+  }
+  return m;
+}
+
+double MetricsSnapshot::value(const std::string& name, const std::vector<std::pair<std::string, std::string>>& labels) const {
+  double total = 0;
+  for (const Sample& s : samples_) {
+    if (s.name != name) continue;
+    bool match = true;
+    for (const auto& want : labels)
+      match = match && std::find(s.labels.begin(), s.labels.end(), want) != s.labels.end();
+    if (match) total += s.value;
+  }
+  return total;
+}
+
+bool MetricsSnapshot::has(const std::string& name) const {
+  return std::any_of(samples_.begin(), samples_.end(), [&](const Sample& s) { return s.name == name; });
+}
+
+bool fetch_metrics(const ClientOptions& options, MetricsSnapshot* out) {
+  std::string base, path;
+  split_url(options.url, &base, &path);
+  httplib::Client client(base);
+  client.set_connection_timeout(std::chrono::seconds(10));
+  client.set_read_timeout(std::chrono::seconds(10));
+  httplib::Headers headers;
+  if (!options.api_key.empty()) headers.emplace("Authorization", "Bearer " + options.api_key);
+  const httplib::Result res = client.Get("/metrics", headers);
+  if (!res || res->status != 200) return false;
+  *out = MetricsSnapshot::parse(res->body);
+  return true;
+}
+
+StepBreakdown step_breakdown(const MetricsSnapshot& before, const MetricsSnapshot& after, double duration_s) {
+  StepBreakdown b;
+  b.duration_s = duration_s;
+  b.available = after.has("moex:engine_steps_total");
+  if (!b.available) return b;
+  const auto delta = [&](const char* name, const char* kind, const char* row = nullptr) {
+    std::vector<std::pair<std::string, std::string>> labels = {{"kind", kind}};
+    if (row) labels.emplace_back("row", row);
+    return after.value(name, labels) - before.value(name, labels);
+  };
+  b.prefill_steps = delta("moex:engine_steps_total", "prefill");
+  b.prefill_seconds = delta("moex:engine_step_seconds_total", "prefill");
+  b.prefill_forward_seconds = delta("moex:engine_forward_seconds_total", "prefill");
+  b.prefill_prompt_rows = delta("moex:engine_step_rows_total", "prefill", "prompt");
+  b.prefill_decode_rows = delta("moex:engine_step_rows_total", "prefill", "decode");
+  b.decode_steps = delta("moex:engine_steps_total", "decode");
+  b.decode_seconds = delta("moex:engine_step_seconds_total", "decode");
+  b.decode_forward_seconds = delta("moex:engine_forward_seconds_total", "decode");
+  b.decode_rows = delta("moex:engine_step_rows_total", "decode", "decode");
+  return b;
+}
+
+std::string format_breakdown(const StepBreakdown& b) {
+  if (!b.available) return "server step timings: not available (the server has no moex:engine_steps_total)\n";
+  std::string out;
+  char line[256];
+  const double d = std::max(b.duration_s, 1e-9);
+  const auto pct = [&](double s) { return 100.0 * s / d; };
+  out += "---------------Server steps (/metrics)------------\n";
+  std::snprintf(line, sizeof line, "%-40s %.0f steps, %.2f s (%.1f%%), %.1f ms/step\n", "Prefill steps:", b.prefill_steps,
+                b.prefill_seconds, pct(b.prefill_seconds), b.prefill_step_ms());
+  out += line;
+  std::snprintf(line, sizeof line, "%-40s %.0f prompt + %.0f decode rows\n", "  rows:", b.prefill_prompt_rows,
+                b.prefill_decode_rows);
+  out += line;
+  std::snprintf(line, sizeof line, "%-40s %.0f steps, %.2f s (%.1f%%), %.1f ms/step\n", "Decode steps:", b.decode_steps,
+                b.decode_seconds, pct(b.decode_seconds), b.decode_step_ms());
+  out += line;
+  std::snprintf(line, sizeof line, "%-40s %.0f decode rows, %.1f per step\n", "  rows:", b.decode_rows, b.decode_rows_per_step());
+  out += line;
+  std::snprintf(line, sizeof line, "%-40s %.2f s (%.1f%%)\n", "In steps, outside forward:", b.engine_other_seconds(),
+                pct(b.engine_other_seconds()));
+  out += line;
+  std::snprintf(line, sizeof line, "%-40s %.2f s (%.1f%%)\n", "Outside steps (engine waiting):", b.outside_steps_seconds(),
+                pct(b.outside_steps_seconds()));
+  out += line;
+  std::snprintf(line, sizeof line, "%-40s %.2f\n", "Decode-step throughput (tok/s):", b.decode_tokens_per_s());
+  out += line;
+  out += std::string(50, '=') + "\n";
+  return out;
+}
+
+nlohmann::json breakdown_json(const StepBreakdown& b) {
+  if (!b.available) return nullptr;
+  return json{{"prefill_steps", b.prefill_steps},
+              {"prefill_seconds", b.prefill_seconds},
+              {"prefill_forward_seconds", b.prefill_forward_seconds},
+              {"prefill_prompt_rows", b.prefill_prompt_rows},
+              {"prefill_decode_rows", b.prefill_decode_rows},
+              {"decode_steps", b.decode_steps},
+              {"decode_seconds", b.decode_seconds},
+              {"decode_forward_seconds", b.decode_forward_seconds},
+              {"decode_rows", b.decode_rows},
+              {"engine_other_seconds", b.engine_other_seconds()},
+              {"outside_steps_seconds", b.outside_steps_seconds()},
+              {"decode_tokens_per_s", b.decode_tokens_per_s()},
+              {"prefill_step_ms", b.prefill_step_ms()},
+              {"decode_step_ms", b.decode_step_ms()}};
 }
 
 }  // namespace moex::tools::serve_bench

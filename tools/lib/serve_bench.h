@@ -42,6 +42,7 @@ struct RequestResult {
   double latency = 0;     // s, send to [DONE]
   std::vector<double> itl;  // s, gaps between successive chunks with text
   std::string text;
+  double sent_at = 0;       // s, when run_load sent it (since the load started)
 };
 
 struct ClientOptions {
@@ -49,6 +50,7 @@ struct ClientOptions {
   std::string api_key;
   std::string model;
   double timeout_s = 600;
+  std::function<void()> on_first_token;  // called once per request at its first chunk with text (any thread)
 };
 
 // Splits a URL into "scheme://host:port" and a path (default /v1/completions); Error(kInvalidInput) if bad.
@@ -82,6 +84,12 @@ struct LoadOptions {
 std::vector<RequestResult> run_load(const std::vector<BenchRequest>& requests, const LoadOptions& options,
                                     const std::function<RequestResult(const BenchRequest&)>& send, double* duration_s);
 
+// The gaps (s) of every successful request that begin at or after `from` seconds of the load (token
+// arrival times: sent_at + ttft + the gaps so far): the ITL of steady decoding, after a start-up prefill.
+std::vector<double> itl_after(const std::vector<RequestResult>& results, double from);
+// When every successful one of the first `n` requests had its first token (seconds of the load).
+double all_decoding_at(const std::vector<RequestResult>& results, size_t n);
+
 struct Stat {
   double mean = 0, median = 0, p99 = 0, stddev = 0;
 };
@@ -102,5 +110,48 @@ struct Summary {
 Summary summarize(const std::vector<RequestResult>& results, double duration_s);
 std::string format_summary(const Summary& s);  // the table vllm prints
 nlohmann::json summary_json(const Summary& s);
+
+// ---- The server's own step timings (moex serve's /metrics; absent on other servers) ------------------
+
+// A Prometheus text exposition, parsed: value(name, labels) sums the samples of that name whose labels
+// include `labels` (0 when none).
+class MetricsSnapshot {
+ public:
+  static MetricsSnapshot parse(const std::string& text);
+  double value(const std::string& name, const std::vector<std::pair<std::string, std::string>>& labels = {}) const;
+  bool has(const std::string& name) const;
+
+ private:
+  struct Sample {
+    std::string name;
+    std::vector<std::pair<std::string, std::string>> labels;
+    double value = 0;
+  };
+  std::vector<Sample> samples_;
+};
+
+// GET base + /metrics; nullopt-like: ok false when the request fails or is not 200.
+bool fetch_metrics(const ClientOptions& options, MetricsSnapshot* out);
+
+// Where the server's time went between two snapshots, from moex serve's engine metrics
+// (moex:engine_*{kind=prefill|decode}).
+struct StepBreakdown {
+  bool available = false;  // the server exposes moex:engine_steps_total
+  double prefill_steps = 0, prefill_seconds = 0, prefill_forward_seconds = 0, prefill_prompt_rows = 0,
+         prefill_decode_rows = 0;
+  double decode_steps = 0, decode_seconds = 0, decode_forward_seconds = 0, decode_rows = 0;
+  double duration_s = 0;  // the client's wall time of the run
+  double engine_other_seconds() const {  // in steps, outside the forward: schedule, sampling, token push
+    return prefill_seconds - prefill_forward_seconds + decode_seconds - decode_forward_seconds;
+  }
+  double outside_steps_seconds() const { return duration_s - prefill_seconds - decode_seconds; }  // engine waiting
+  double decode_tokens_per_s() const { return decode_seconds > 0 ? decode_rows / decode_seconds : 0; }
+  double decode_rows_per_step() const { return decode_steps > 0 ? decode_rows / decode_steps : 0; }
+  double prefill_step_ms() const { return prefill_steps > 0 ? prefill_seconds / prefill_steps * 1e3 : 0; }
+  double decode_step_ms() const { return decode_steps > 0 ? decode_seconds / decode_steps * 1e3 : 0; }
+};
+StepBreakdown step_breakdown(const MetricsSnapshot& before, const MetricsSnapshot& after, double duration_s);
+std::string format_breakdown(const StepBreakdown& b);
+nlohmann::json breakdown_json(const StepBreakdown& b);
 
 }  // namespace moex::tools::serve_bench

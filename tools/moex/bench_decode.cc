@@ -83,17 +83,25 @@ void run_decode(DecodeFlags& f) {
   GenerationOptions options;
   options.max_new_tokens = f.steps;
   options.stop_at_eos = false;
-  std::vector<double> step_seconds;
+  std::vector<double> step_seconds, run_seconds;  // per repeat: mean decode step; prefill + decode
   f.profile.start();
   // Median over repeats of the mean decode step time (each repeat re-prefills: same positions, same work).
   measure_median({.repeats = f.repeats}, [&] {
     const GenerationResult r = generate(*model, prompts, options);
     step_seconds.push_back(r.decode_seconds / std::max<int64_t>(r.decode_steps, 1));
+    run_seconds.push_back(r.prefill_seconds + r.decode_seconds);
     if (step_seconds.size() == 1) f.profile.after_warmup();  // the profile covers the timed runs only
   });
-  std::vector<double> sorted(step_seconds.begin() + 1, step_seconds.end());  // drop the warm-up run
+  const size_t warm = step_seconds.size() > 1 ? 1 : 0;  // drop the warm-up run (unless it is the only one)
+  std::vector<double> sorted(step_seconds.begin() + warm, step_seconds.end());
   std::sort(sorted.begin(), sorted.end());
   const double step = sorted[sorted.size() / 2];
+  // With its prefill: the batch's new tokens over prefill + decode, what a server's output throughput
+  // counts (`bench serve` at concurrency B, --input-len prompt-len, --output-len steps). generate()
+  // prefills one sequence at a time; a server's steps hold several prompts' chunks.
+  std::vector<double> runs(run_seconds.begin() + warm, run_seconds.end());
+  std::sort(runs.begin(), runs.end());
+  const double with_prefill_tokens_per_s = static_cast<double>(f.batch) * f.steps / runs[runs.size() / 2];
   const double bandwidth = measure_read_bandwidth(f.roofline_mb << 20, 5);
   // Bytes one step reads: the batch's distinct experts could be more than k, but at batch 1 it is exactly k.
   const double bytes = static_cast<double>(model->weight_bytes_per_token());
@@ -101,7 +109,9 @@ void run_decode(DecodeFlags& f) {
   const double tokens_per_s = f.batch / step;
   if (f.json) {
     std::printf("%s\n", nlohmann::json{{"batch", f.batch}, {"threads", num_threads()}, {"step_ms", step * 1e3},
-                                       {"tokens_per_s", tokens_per_s}, {"weight_bytes_per_step", bytes},
+                                       {"tokens_per_s", tokens_per_s},
+                                       {"with_prefill_tokens_per_s", with_prefill_tokens_per_s},
+                                       {"weight_bytes_per_step", bytes},
                                        {"read_gb_per_s", bandwidth / 1e9},
                                        {"achieved_gb_per_s", bytes / step / 1e9},
                                        {"roofline_fraction", roofline_step / step}}.dump().c_str());
@@ -110,6 +120,8 @@ void run_decode(DecodeFlags& f) {
   }
   std::printf("decode batch %d: %.2f ms/step, %.1f tokens/s (median of %d runs of %d steps)\n", f.batch, step * 1e3,
               tokens_per_s, f.repeats, f.steps);
+  std::printf("with the prefill of its %d-token prompts: %.1f tokens/s (%d new tokens per sequence / prefill + decode)\n",
+              f.prompt_len, with_prefill_tokens_per_s, f.steps);
   std::printf("weights read per step: %.1f MB (attention, router, %d of %d experts, lm_head)\n", bytes / 1e6,
               c.num_experts_per_tok, c.num_local_experts);
   std::printf("achieved %.2f GB/s of a %.2f GB/s measured read roofline = %.0f%% of roofline\n", bytes / step / 1e9,

@@ -29,6 +29,7 @@ struct ServeFlags {
   std::string api_key;
   std::string served_model_name;
   bool no_prefix_caching = false;
+  bool log_steps = false;
   int http_threads = 0;
   std::string chat_template;  // a Jinja file; empty: the model's tokenizer_config.json chat_template
 };
@@ -85,6 +86,7 @@ void run_serve(ServeFlags flags) {
   eo.max_waiting = flags.max_waiting;
   eo.max_model_len = model->options().max_seq_len;
   eo.prefix_caching = !flags.no_prefix_caching;
+  eo.log_steps = flags.log_steps;
   if (!plan.single()) eo.comm = model->options().comm;
   serve::Engine engine(*model, eo);
   unpin_this_thread();  // the HTTP workers started below take the process's CPUs, not the engine's first one
@@ -140,6 +142,8 @@ void setup_serve(CLI::App& app) {
   cmd->add_option("--chat-template", flags->chat_template,
                   "Jinja chat template file (default: tokenizer_config.json's chat_template)");
   cmd->add_flag("--no-prefix-caching", flags->no_prefix_caching, "Do not reuse the KV blocks of shared prefixes");
+  cmd->add_flag("--log-steps", flags->log_steps,
+                "One stderr line per engine step: prefill or decode, its rows, forward and other milliseconds");
   cmd->add_option("--http-threads", flags->http_threads, "HTTP worker threads (0: max-num-seqs + max-waiting + 8, <= 512)")
       ->capture_default_str();
   cmd->callback([flags] { run_serve(*flags); });

@@ -51,7 +51,32 @@ EngineMetrics::EngineMetrics(const std::string& model_name)
                                     {{"model_name", model_name}})),
       kv_blocks_total(registry.gauge("moex:kv_cache_blocks_total", "KV-cache blocks in the pool.", {{"model_name", model_name}})),
       requests_rejected(registry.counter("moex:requests_rejected_total", "Requests refused with 429 (queue full).",
-                                         {{"model_name", model_name}})) {}
+                                         {{"model_name", model_name}})),
+      request_prompt_computed_tokens(registry.histogram(
+          "moex:request_prompt_computed_tokens",
+          "Per request: prompt tokens computed before the first token (the prompt minus the prefix-cache hits).",
+          {1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000, 200000},
+          {{"model_name", model_name}})),
+      prefill_steps(registry, model_name, "prefill"),
+      decode_steps(registry, model_name, "decode") {}
+
+EngineMetrics::StepKind::StepKind(metrics::Registry& r, const std::string& model_name, const std::string& kind)
+    : steps(r.counter("moex:engine_steps_total",
+                      "Engine steps by kind: prefill (a prompt chunk, decode rows riding along), decode (decode rows only).",
+                      {{"model_name", model_name}, {"kind", kind}})),
+      step_seconds(r.counter("moex:engine_step_seconds_total",
+                             "Engine-thread seconds in steps of this kind: schedule, input, forward, sampling, token push.",
+                             {{"model_name", model_name}, {"kind", kind}})),
+      forward_seconds(r.counter("moex:engine_forward_seconds_total", "Seconds in the model's forward, by step kind.",
+                                {{"model_name", model_name}, {"kind", kind}})),
+      prompt_rows(r.counter("moex:engine_step_rows_total", "Rows (tokens) computed, by step kind and row kind.",
+                            {{"model_name", model_name}, {"kind", kind}, {"row", "prompt"}})),
+      decode_rows(r.counter("moex:engine_step_rows_total", "Rows (tokens) computed, by step kind and row kind.",
+                            {{"model_name", model_name}, {"kind", kind}, {"row", "decode"}})),
+      step_duration(r.histogram("moex:engine_step_duration_seconds", "Seconds per engine step, by kind.",
+                                {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0,
+                                 2.5, 5.0, 10.0},
+                                {{"model_name", model_name}, {"kind", kind}})) {}
 
 // ---- Engine --------------------------------------------------------------------------------------------
 
@@ -183,6 +208,7 @@ void Engine::loop() {
 }
 
 void Engine::step() {
+  const auto step_start = RequestStream::Clock::now();
   // New requests join the scheduler's queue (FCFS by submission).
   std::deque<Pending> incoming;
   {
@@ -232,12 +258,18 @@ void Engine::step() {
   step_seqs_.clear();
   logit_rows_.clear();
   const auto now = RequestStream::Clock::now();
+  int64_t prompt_rows = 0, decode_rows = 0;
   for (const ScheduledSeq& s : plan.seqs) {
     const int64_t row = static_cast<int64_t>(step_tokens_.size()), len = s.end - s.begin;
     step_tokens_.insert(step_tokens_.end(), s.tokens + s.begin, s.tokens + s.end);
     step_seqs_.push_back(StepSeq{s.block_table, s.num_blocks, s.begin, len});
     if (s.sample) logit_rows_.push_back(static_cast<int32_t>(row + len - 1));
     Active& a = active_.at(s.id);
+    // A decode row: one token after the request's first sampled one. Anything else is prompt (or, after
+    // a preemption, recompute) work.
+    const bool decode = len == 1 && s.sample && a.first_token != RequestStream::Clock::time_point{};
+    (decode ? decode_rows : prompt_rows) += len;
+    if (!decode) a.prompt_computed += len;
     if (!a.seen) {  // first scheduled: its cached prefix is what the plan starts after
       a.seen = true;
       a.scheduled = now;
@@ -257,7 +289,9 @@ void Engine::step() {
   input.logit_rows = logit_rows_.data();
   input.num_logit_rows = static_cast<int64_t>(logit_rows_.size());
   if (options_.comm) send_step(*options_.comm, input);  // every rank runs the same step
+  const auto forward_start = RequestStream::Clock::now();
   model_.forward(input, logits_.data());
+  const auto forward_end = RequestStream::Clock::now();
 
   const int vocab = model_.config().vocab_size;
   sampled_.assign(plan.seqs.size(), -1);
@@ -285,6 +319,7 @@ void Engine::step() {
     if (a.first_token == RequestStream::Clock::time_point{}) {
       a.first_token = done;
       m.time_to_first_token_seconds.observe(seconds(done - a.arrival));
+      metrics_.request_prompt_computed_tokens.observe(static_cast<double>(a.prompt_computed));
     } else {
       m.inter_token_latency_seconds.observe(seconds(done - a.last_token));
     }
@@ -297,6 +332,25 @@ void Engine::step() {
     }
   }
   publish_gauges();
+
+  const auto step_end = RequestStream::Clock::now();
+  const bool prefill = prompt_rows > 0;
+  EngineMetrics::StepKind& k = prefill ? metrics_.prefill_steps : metrics_.decode_steps;
+  const double step_s = seconds(step_end - step_start), forward_s = seconds(forward_end - forward_start);
+  k.steps.inc();
+  k.step_seconds.inc(step_s);
+  k.forward_seconds.inc(forward_s);
+  k.prompt_rows.inc(static_cast<double>(prompt_rows));
+  k.decode_rows.inc(static_cast<double>(decode_rows));
+  k.step_duration.observe(step_s);
+  ++step_number_;
+  if (options_.log_steps)  // one line per step; stderr is unbuffered, so a line is written at once
+    std::fprintf(stderr,
+                 "moex serve: step %lld %s seqs %zu prompt rows %lld decode rows %lld: %.3f ms (forward %.3f ms, "
+                 "other %.3f ms)\n",
+                 static_cast<long long>(step_number_), prefill ? "prefill" : "decode", plan.seqs.size(),
+                 static_cast<long long>(prompt_rows), static_cast<long long>(decode_rows), step_s * 1e3,
+                 forward_s * 1e3, (step_s - forward_s) * 1e3);
 }
 
 }  // namespace moex::serve

@@ -29,6 +29,7 @@ struct EngineOptions {
   int64_t max_model_len = 2048;    // prompt + max_tokens
   bool prefix_caching = true;
   std::string model_name = "moex";  // the model_name label on every metric
+  bool log_steps = false;           // one stderr line per step: its kind, rows and where its time went
   // Multi-rank (this is rank 0): every step's input is broadcast to the other ranks (serve/step_sync.h).
   comm::Communicator* comm = nullptr;
 };
@@ -85,6 +86,23 @@ struct EngineMetrics {
   metrics::Gauge& kv_blocks_used;       // moex:kv_cache_blocks_used
   metrics::Gauge& kv_blocks_total;      // moex:kv_cache_blocks_total
   metrics::Counter& requests_rejected;  // moex:requests_rejected_total (HTTP 429)
+  // Per request: prompt tokens the engine computed before its first token (the prompt minus what the
+  // prefix cache supplied; a preempted request's recompute is not in it).
+  metrics::Histogram& request_prompt_computed_tokens;  // moex:request_prompt_computed_tokens
+  // The engine's steps, by kind: "prefill" (at least one prompt or recompute chunk, decode rows riding
+  // along) and "decode" (only decode rows). Where the engine thread's time goes, per kind: the whole step
+  // (schedule, building the input, forward, sampling, pushing tokens) and the forward alone. Wall time not
+  // in any step is the engine waiting for requests.
+  struct StepKind {
+    StepKind(metrics::Registry& r, const std::string& model_name, const std::string& kind);
+    metrics::Counter& steps;           // moex:engine_steps_total{kind}
+    metrics::Counter& step_seconds;    // moex:engine_step_seconds_total{kind}
+    metrics::Counter& forward_seconds; // moex:engine_forward_seconds_total{kind}
+    metrics::Counter& prompt_rows;     // moex:engine_step_rows_total{kind, row="prompt"}
+    metrics::Counter& decode_rows;     // moex:engine_step_rows_total{kind, row="decode"}
+    metrics::Histogram& step_duration; // moex:engine_step_duration_seconds{kind}
+  };
+  StepKind prefill_steps, decode_steps;
 };
 
 class Engine {
@@ -116,6 +134,7 @@ class Engine {
     bool ignore_eos = false;
     bool seen = false;      // has been in a plan (its cached prefix is known)
     bool finished = false;  // its stream has its final event
+    int64_t prompt_computed = 0;  // prompt (or recompute) rows computed so far
     RequestStream::Clock::time_point arrival, scheduled, first_token, last_token;
   };
   struct Pending {
@@ -148,6 +167,7 @@ class Engine {
   std::vector<int32_t> step_tokens_, logit_rows_, sampled_;
   std::vector<StepSeq> step_seqs_;
   std::vector<float> logits_;  // [max_num_seqs, vocab]
+  int64_t step_number_ = 0;
   std::thread thread_;
 };
 
