@@ -6,6 +6,8 @@
 // kernels switch (so the comparison can fail).
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -227,6 +229,30 @@ TEST(BatchInvariance, RefusesCapacityDrops) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("--batch-invariant needs dropless"), std::string::npos) << e.what();
   }
+}
+
+// `moex bench batch-variance` (the report without the flag) on the same model: served together, int8 moves
+// the logprobs of the tokens both runs chose (bitwise) and --batch-invariant moves none.
+nlohmann::json bench_batch_variance(const std::string& flags) {
+  const std::string cmd = std::string(MOEX_BINARY) + " bench batch-variance --model " + model_dir() +
+                          " --weights int8 --prompts 8 -n 4 --threads 1 --json " + flags;
+  FILE* pipe = popen(cmd.c_str(), "r");
+  EXPECT_NE(pipe, nullptr) << cmd;
+  std::string out;
+  char buf[4096];
+  for (size_t n; pipe && (n = fread(buf, 1, sizeof buf, pipe)) > 0;) out.append(buf, n);
+  EXPECT_EQ(pipe ? pclose(pipe) : -1, 0) << cmd;
+  return nlohmann::json::parse(out);
+}
+
+TEST(BatchInvariance, BenchBatchVarianceCountsWhatMoved) {
+  if (kernels::kernel_isa(WeightFormat::kInt8) == kernels::Isa::kScalar) GTEST_SKIP() << "scalar kernels only";
+  const nlohmann::json without = bench_batch_variance(""), with = bench_batch_variance("--batch-invariant");
+  EXPECT_EQ(without["prompts"], 8);
+  EXPECT_GT(without["logprob_differs_steps"].get<int>(), 0) << without.dump();
+  EXPECT_EQ(with["differ"], 0) << with.dump();
+  EXPECT_EQ(with["logprob_differs_steps"], 0) << with.dump();
+  EXPECT_EQ(with["same_token_steps"], 8 * 4) << with.dump();
 }
 
 }  // namespace

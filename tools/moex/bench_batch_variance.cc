@@ -3,10 +3,12 @@
 // served together by the serving engine (serve/engine.h: continuous batching, prefill chunks beside decode
 // rows, as `moex serve` runs them). Per prompt it reports whether the served tokens equal the ones alone,
 // and at the first difference the top-2 logit gap of the run alone (a flip needs the two best tokens within
-// the batch's rounding of each other) and the rank the served token had there. With --batch-invariant every
+// the batch's rounding of each other) and the rank the served token had there; before it, how many steps gave
+// the same token a logprob that differs in any bit (the numbers moved without flipping the choice). With --batch-invariant every
 // row must agree. The reference (alone) is measured in the same process on the same loaded model.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -34,31 +36,29 @@ struct VarianceFlags {
   bool json = false;
 };
 
-struct Alone {
-  std::vector<int32_t> tokens;
-  std::vector<float> gap;                // [tokens] top-1 minus top-2 logit at each step
-  std::vector<std::vector<float>> logits;  // [tokens][V] kept to rank a served token at a difference
-};
+// Both runs sample through a Sampler with logprobs (greedy), so a token's logprob is computed the same way on
+// both sides: equal logits give the same float, and any difference in the logits shows in it.
+SamplerOptions greedy_with_logprobs() {
+  SamplerOptions o;
+  o.logprobs = true;
+  o.top_logprobs = kMaxTopLogprobs;
+  return o;
+}
 
-Alone run_alone(MixtralModel& model, const std::vector<int>& prompt, int n) {
+std::vector<SampledToken> run_alone(MixtralModel& model, const std::vector<int>& prompt, int n) {
   const int V = model.config().vocab_size;
   KvBlockManager kv = make_block_manager(model);
-  Alone a;
+  Sampler sampler(greedy_with_logprobs());
+  std::vector<SampledToken> out(n);
   std::vector<float> logits(V);
   prefill(model, kv, 0, prompt, logits.data());
   for (int s = 0; s < n; ++s) {
-    const int32_t token = argmax(logits.data(), V);
-    float second = -INFINITY;
-    for (int v = 0; v < V; ++v)
-      if (v != token) second = std::max(second, logits[v]);
-    a.tokens.push_back(token);
-    a.gap.push_back(logits[token] - second);
-    a.logits.push_back(logits);
+    sampler.sample(logits.data(), V, nullptr, &out[s]);
     if (s + 1 == n) break;
-    const int32_t position = static_cast<int32_t>(prompt.size()) + s;
+    const int32_t token = out[s].token, position = static_cast<int32_t>(prompt.size()) + s;
     decode_step(model, kv, {0}, &token, &position, logits.data());
   }
-  return a;
+  return out;
 }
 
 void run_variance(const VarianceFlags& f) {
@@ -81,9 +81,10 @@ void run_variance(const VarianceFlags& f) {
                                                  std::max(1, f.prompts - 1));
     prompts[i].assign(ids[i].begin(), ids[i].begin() + len);
   }
-  std::vector<Alone> alone;
+  std::vector<std::vector<SampledToken>> alone;
   for (const auto& p : prompts) alone.push_back(run_alone(*model, p, f.tokens));
   std::vector<std::vector<int32_t>> served(f.prompts);
+  std::vector<std::vector<float>> served_logprob(f.prompts);
   {
     serve::EngineOptions eo;
     eo.max_num_seqs = f.max_num_seqs;
@@ -97,7 +98,8 @@ void run_variance(const VarianceFlags& f) {
       serve::GenerationRequest r;
       r.prompt.assign(p.begin(), p.end());
       r.max_tokens = f.tokens;
-      r.ignore_eos = true;  // temperature 0: greedy
+      r.ignore_eos = true;
+      r.sampler = greedy_with_logprobs();
       streams.push_back(engine.submit(r));
       MOEX_CHECK(streams.back() != nullptr, "the engine refused a request");
     }
@@ -105,6 +107,7 @@ void run_variance(const VarianceFlags& f) {
       for (;;) {
         serve::RequestStream::Read r = streams[i]->wait(std::chrono::milliseconds(100));
         served[i].insert(served[i].end(), r.tokens.begin(), r.tokens.end());
+        for (const SampledToken& t : r.logprobs) served_logprob[i].push_back(t.logprob);
         MOEX_CHECK(r.error.empty(), "request ", i, " failed: ", r.error);
         if (r.finished) break;
       }
@@ -113,26 +116,37 @@ void run_variance(const VarianceFlags& f) {
   struct Diff {
     int prompt, length, at;
     int32_t alone_token, served_token;
-    float gap;
-    int rank;  // of the served token in the logits alone (2: the runner-up)
+    float gap;  // top-1 minus top-2 logprob alone (= the logit gap)
+    int rank;   // of the served token among the top 20 alone (2: the runner-up), 0: below them
   };
   std::vector<Diff> diffs;
+  // Over the steps before each prompt's first difference (the same token on both sides): how many gave that
+  // token a logprob that differs in any bit, and the largest difference.
+  int64_t same_steps = 0, numeric_steps = 0;
+  double max_logprob_diff = 0;
   for (int i = 0; i < f.prompts; ++i) {
-    const auto& a = alone[i].tokens;
+    const auto& a = alone[i];
+    MOEX_CHECK(served[i].size() == static_cast<size_t>(f.tokens) && served_logprob[i].size() == served[i].size(),
+               "request ", i, " returned ", served[i].size(), " tokens");
     int at = 0;
-    while (at < f.tokens && at < static_cast<int>(served[i].size()) && served[i][at] == a[at]) ++at;
+    for (; at < f.tokens && served[i][at] == a[at].token; ++at) {
+      ++same_steps;
+      numeric_steps += served_logprob[i][at] != a[at].logprob;
+      max_logprob_diff = std::max(max_logprob_diff, std::fabs(double(served_logprob[i][at]) - a[at].logprob));
+    }
     if (at == f.tokens) continue;
-    MOEX_CHECK(at < static_cast<int>(served[i].size()), "request ", i, " ended early");
-    const std::vector<float>& l = alone[i].logits[at];
     const int32_t t = served[i][at];
-    int rank = 1;
-    for (int v = 0; v < V; ++v) rank += l[v] > l[t] || (l[v] == l[t] && v < t);
-    diffs.push_back({i, static_cast<int>(prompts[i].size()), at, a[at], t, alone[i].gap[at], rank});
+    int rank = 0;
+    for (size_t j = 0; j < a[at].top.size(); ++j)
+      if (a[at].top[j].token == t) rank = static_cast<int>(j) + 1;
+    diffs.push_back({i, static_cast<int>(prompts[i].size()), at, a[at].token, t,
+                     a[at].top[0].logprob - a[at].top[1].logprob, rank});
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   // For scale: the median top-2 gap over every step alone.
   std::vector<float> all_gaps;
-  for (const Alone& a : alone) all_gaps.insert(all_gaps.end(), a.gap.begin(), a.gap.end());
+  for (const auto& a : alone)
+    for (const SampledToken& t : a) all_gaps.push_back(t.top[0].logprob - t.top[1].logprob);
   std::sort(all_gaps.begin(), all_gaps.end());
   const float median_gap = all_gaps[all_gaps.size() / 2];
   const std::string weights = model->options().expert_weights.name() + ", dense " + model->options().dense_weights.name();
@@ -147,6 +161,8 @@ void run_variance(const VarianceFlags& f) {
                                        {"tokens", f.tokens}, {"max_num_seqs", f.max_num_seqs},
                                        {"max_batch_tokens", f.max_batch_tokens}, {"differ", diffs.size()},
                                        {"median_top2_gap_alone", median_gap}, {"differences", rows},
+                                       {"same_token_steps", same_steps}, {"logprob_differs_steps", numeric_steps},
+                                       {"max_logprob_diff", max_logprob_diff},
                                        {"seconds", seconds}}
                             .dump()
                             .c_str());
@@ -157,13 +173,16 @@ void run_variance(const VarianceFlags& f) {
               f.prompts, f.min_len, f.max_len, f.tokens, f.max_num_seqs, f.max_batch_tokens, weights.c_str(),
               f.model.batch_invariant ? ", --batch-invariant" : "");
   if (!diffs.empty()) {
-    std::printf("  %6s %6s %10s %8s %8s %12s %6s\n", "prompt", "len", "first diff", "alone", "served", "top-2 gap", "rank");
+    std::printf("  %6s %6s %10s %8s %8s %12s %6s\n", "prompt", "len", "first diff", "alone", "served", "top-2 gap", "rank");  // rank 0: not in the top 20
     for (const Diff& d : diffs)
       std::printf("  %6d %6d %10d %8d %8d %12.3g %6d\n", d.prompt, d.length, d.at, d.alone_token, d.served_token, d.gap,
                   d.rank);
   }
-  std::printf("  %zu of %d prompts (%.1f%%) differ; median top-2 gap over all %zu steps alone: %.3g   (%.1f s, %d threads)\n",
-              diffs.size(), f.prompts, 100.0 * diffs.size() / f.prompts, all_gaps.size(), median_gap, seconds,
+  std::printf("  %zu of %d prompts (%.1f%%) differ; median top-2 gap over all %zu steps alone: %.3g\n", diffs.size(),
+              f.prompts, 100.0 * diffs.size() / f.prompts, all_gaps.size(), median_gap);
+  std::printf("  before the first difference, %lld of %lld steps gave the same token another logprob (max |diff| %.3g)"
+              "   (%.1f s, %d threads)\n",
+              static_cast<long long>(numeric_steps), static_cast<long long>(same_steps), max_logprob_diff, seconds,
               num_threads());
 }
 
