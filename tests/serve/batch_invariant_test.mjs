@@ -18,7 +18,8 @@ const work = mkdtempSync(join(tmpdir(), 'moex-batch-invariant-'));
 const model = join(work, 'tiny2560');
 execFileSync(moex, ['gen-model', '--preset', 'tiny', '--intermediate', '2560', '--seed', '11', '--out', model],
              { stdio: 'ignore' });
-const modelFlags = ['--weights', 'int8', '--kv-cache-dtype', 'bf16', '--threads', '2', '--batch-invariant'];
+const modelFlags = ['--weights', 'int8', '--kv-cache-dtype', 'bf16', '--batch-invariant'];
+// The server splits each step over 2 threads, generate runs on 1: the numbers depend on neither.
 
 let server = null;
 process.on('exit', () => {
@@ -29,7 +30,7 @@ for (const sig of ['SIGINT', 'SIGTERM']) process.on(sig, () => process.exit(1));
 
 const url = await new Promise((resolve, reject) => {
   server = spawn(moex, ['serve', '--model', model, '--port', '0', '--max-num-seqs', '8', '--max-batch-tokens', '256',
-                        '--max-model-len', '512', ...modelFlags], { stdio: ['ignore', 'pipe', 'inherit'] });
+                        '--max-model-len', '512', '--threads', '2', ...modelFlags], { stdio: ['ignore', 'pipe', 'inherit'] });
   let out = '';
   server.stdout.on('data', (d) => {
     out += d.toString();
@@ -71,7 +72,7 @@ for (let i = 0; i < prompts.length; ++i) {
   // tokens (SentencePiece byte fallback) whose invalid UTF-8 the whole decode and the server's incremental
   // one render with different U+FFFD counts, so the texts are compared up to the first U+FFFD of either.
   const out = execFileSync(moex, ['generate', '--model', model, '--prompt', prompts[i], '-n', String(maxTokens),
-                                  '--ignore-eos', ...modelFlags]).toString();
+                                  '--ignore-eos', '--threads', '1', ...modelFlags]).toString();
   const gen = out.slice(0, out.indexOf('\nload:'));
   const got = prompts[i] + r.choices[0].text;
   const cutOf = (t) => (t.indexOf('\ufffd') < 0 ? t.length : t.indexOf('\ufffd'));
