@@ -165,6 +165,8 @@ def main():
         # Flags and environment: bounded or rejected, in every command that takes them.
         ("capacity_factor_nan", "--capacity-factor", ["logits", "--model", good, "--ids", "1", "--capacity-factor", "nan", "--out", "x.npy"]),
         ("capacity_factor_inf", "--capacity-factor", ["generate", "--model", good, "--prompt", "hi", "--capacity-factor", "inf"]),
+        ("batch_invariant_capacity", "--batch-invariant needs dropless", ["generate", "--model", good, "--prompt", "hi", "--batch-invariant", "--capacity-factor", "1"]),
+        ("batch_variance_min_len", "--min-len", ["bench", "batch-variance", "--model", good, "--min-len", "0"]),
         ("bench_capacity_factor_nan", "--capacity-factor", ["bench", "moe-layer", "--hidden", "64", "--intermediate", "64", "--layers", "1", "--tokens", "1", "--capacity-factor", "nan"]),
         ("threads_too_many", "--threads 10000", ["logits", "--model", good, "--ids", "1", "--threads", "10000", "--out", "x.npy"]),
         ("threads_negative", "--threads -1", ["generate", "--model", good, "--prompt", "hi", "--threads", "-1"]),

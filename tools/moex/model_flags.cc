@@ -87,6 +87,9 @@ void ModelFlags::add_to(CLI::App* cmd) {
                   "KV cache element type: f32 (exact) | bf16 (twice the positions in the same bytes)")
       ->capture_default_str()
       ->check(CLI::IsMember({"f32", "bf16"}));
+  cmd->add_flag("--batch-invariant", batch_invariant,
+                "Each sequence's numbers independent of the rest of the batch: one kernel loop for every row count "
+                "(needs dropless routing; docs/serve.md)");
   ThreadsFlags::add_to(cmd);
   ParallelFlags::add_to(cmd);
   CommFlags::add_to(cmd);
@@ -145,6 +148,7 @@ std::unique_ptr<MixtralModel> ModelFlags::load(int batch) const {
   options.kv_cache_dtype = parse_kv_cache_dtype(kv_cache_dtype);
   options.kv_cache_gb = kv_cache_gb;
   options.dense_weights = dense_weight_format();
+  options.batch_invariant = batch_invariant;
   check_run_memory(estimate_run_memory(config, options, num_threads()), config, options, available_memory());
   return std::make_unique<MixtralModel>(model_dir, options);
 }

@@ -26,6 +26,7 @@ struct ModelFlags : ThreadsFlags, ParallelFlags, CommFlags {
   std::string kv_cache_dtype = "f32";  // the paged KV pool: f32 (exact) | bf16 (`serve` sets bf16 before add_to)
   double kv_cache_gb = 0.0;            // > 0: the pool's size (`serve --kv-cache-gb`); else batch x --max-seq-len
   std::string dense_weights = "as-stored";  // attention projections and lm_head, same choices (packed at load)
+  bool batch_invariant = false;  // --batch-invariant: ModelOptions::batch_invariant
 
   // --weights / --group-size as the model option (one error line for a bad combination).
   ExpertWeightFormat expert_weight_format() const;

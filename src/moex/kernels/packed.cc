@@ -533,7 +533,7 @@ void run_panel_range(Isa isa, const PackedWeights& w, const x86::PanelJob& job, 
 // Per call, on the calling thread; the panel workers read them through the job.
 thread_local Activations g_act;
 
-void run(const float* x, int64_t tokens, const PackedWeights& w, const x86::Epilogue& e, Isa isa) {
+void run(const float* x, int64_t tokens, const PackedWeights& w, const x86::Epilogue& e, Isa isa, bool batch_invariant) {
   if (tokens <= 0 || w.rows == 0) return;
   if (isa == Isa::kScalar) {
     run_scalar(x, tokens, w, e);
@@ -548,6 +548,7 @@ void run(const float* x, int64_t tokens, const PackedWeights& w, const x86::Epil
   });
   x86::PanelJob job;
   job.tokens = tokens;
+  job.many_rows = expert_kernel_for_rows(tokens, batch_invariant) == RowKernel::kManyRows;
   job.w = &w;
   job.epilogue = e;
   act.bind(isa, w, x, 0, job);
@@ -556,16 +557,18 @@ void run(const float* x, int64_t tokens, const PackedWeights& w, const x86::Epil
 
 }  // namespace
 
-void packed_matmul(const float* x, int64_t tokens, const PackedWeights& w, float* y, bool accumulate) {
+void packed_matmul(const float* x, int64_t tokens, const PackedWeights& w, float* y, bool accumulate,
+                   bool batch_invariant) {
   MOEX_CHECK(!w.gate_up, "gate/up weights go to expert_gate_up");
   x86::Epilogue e;
   e.kind = accumulate ? x86::Epilogue::kAccumulate : x86::Epilogue::kStore;
   e.y = y;
   e.ld_y = w.rows;
-  run(x, tokens, w, e, kernel_isa(w.format));
+  run(x, tokens, w, e, kernel_isa(w.format), batch_invariant);
 }
 
-void packed_matmul_on(Isa isa, const float* x, int64_t tokens, const PackedWeights& w, float* y, bool accumulate) {
+void packed_matmul_on(Isa isa, const float* x, int64_t tokens, const PackedWeights& w, float* y, bool accumulate,
+                      bool batch_invariant) {
   const std::vector<Isa> usable = usable_isas(w.format, cpu_features());
   MOEX_CHECK(std::find(usable.begin(), usable.end(), isa) != usable.end(), isa_name(isa), " cannot run ",
              weight_format_name(w.format), " on this CPU");
@@ -574,20 +577,20 @@ void packed_matmul_on(Isa isa, const float* x, int64_t tokens, const PackedWeigh
   e.kind = accumulate ? x86::Epilogue::kAccumulate : x86::Epilogue::kStore;
   e.y = y;
   e.ld_y = w.rows;
-  run(x, tokens, w, e, isa);
+  run(x, tokens, w, e, isa, batch_invariant);
 }
 
-void expert_gate_up(const float* x, int64_t tokens, const PackedWeights& w13, float* h) {
+void expert_gate_up(const float* x, int64_t tokens, const PackedWeights& w13, float* h, bool batch_invariant) {
   MOEX_CHECK(w13.gate_up, "expert_gate_up needs weights from pack_gate_up");
   x86::Epilogue e;
   e.kind = x86::Epilogue::kSiluMul;
   e.y = h;
   e.ld_y = w13.rows;
-  run(x, tokens, w13, e, kernel_isa(w13.format));
+  run(x, tokens, w13, e, kernel_isa(w13.format), batch_invariant);
 }
 
 void expert_down_accumulate(const float* h, int64_t tokens, const PackedWeights& w2, const float* route_weights,
-                            const int32_t* out_rows, float* out, int64_t out_stride) {
+                            const int32_t* out_rows, float* out, int64_t out_stride, bool batch_invariant) {
   MOEX_CHECK(!w2.gate_up && out_stride >= w2.rows, "expert_down_accumulate: out_stride ", out_stride, " < ", w2.rows);
   x86::Epilogue e;
   e.kind = x86::Epilogue::kRoutedAccumulate;
@@ -595,7 +598,7 @@ void expert_down_accumulate(const float* h, int64_t tokens, const PackedWeights&
   e.ld_y = out_stride;
   e.route_weights = route_weights;
   e.out_rows = out_rows;
-  run(h, tokens, w2, e, kernel_isa(w2.format));
+  run(h, tokens, w2, e, kernel_isa(w2.format), batch_invariant);
 }
 
 namespace {
@@ -619,7 +622,7 @@ constexpr int64_t kStreamRows = 12;
 
 }  // namespace
 
-void fused_experts(const ExpertRows* experts, int count, float* out, int64_t out_stride) {
+void fused_experts(const ExpertRows* experts, int count, float* out, int64_t out_stride, bool batch_invariant) {
   const ExpertRows* first = nullptr;
   int64_t total_rows = 0;
   for (int e = 0; e < count; ++e) {
@@ -643,8 +646,8 @@ void fused_experts(const ExpertRows* experts, int count, float* out, int64_t out
     for (int e = 0; e < count; ++e) {
       const ExpertRows& x = experts[e];
       if (x.rows == 0) continue;
-      expert_gate_up(x.x, x.rows, *x.w13, x.h);
-      expert_down_accumulate(x.h, x.rows, *x.w2, x.route_weights, x.out_rows, out, out_stride);
+      expert_gate_up(x.x, x.rows, *x.w13, x.h, batch_invariant);
+      expert_down_accumulate(x.h, x.rows, *x.w2, x.route_weights, x.out_rows, out, out_stride, batch_invariant);
     }
     return;
   }
@@ -683,6 +686,7 @@ void fused_experts(const ExpertRows* experts, int count, float* out, int64_t out
   const auto job_for = [&](const PackedWeights& w, const Activations& act, const float* x, int e) {
     x86::PanelJob job;
     job.tokens = experts[e].rows;
+    job.many_rows = expert_kernel_for_rows(job.tokens, batch_invariant) == RowKernel::kManyRows;
     job.w = &w;
     act.bind(isa, w, x, plan.first_row[e], job);
     return job;

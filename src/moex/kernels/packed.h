@@ -98,14 +98,30 @@ PackedWeights pack(const QuantizedMatrix& w);
 // w1, w3 [intermediate, hidden] of one expert, same format: the fused gate/up layout described above.
 PackedWeights pack_gate_up(const QuantizedMatrix& w1, const QuantizedMatrix& w3);
 
+// Which register-tile loop a call with `rows` rows (tokens) runs. The few-row loop decodes the weights inside
+// its token tile (decode: each panel streamed once); the many-row loop decodes a K block of a panel once and
+// runs wider tiles over it (prefill), and sums K in other blocks, so a row's result differs in its last
+// bits between the two (int8, fp8, int4 when K exceeds one K block; bf16 and W8A8 have one loop).
+// batch_invariant (`--batch-invariant`) pins one loop whatever the row count, so a row's numbers do not
+// depend on how many other rows share its call (its neighbours in the batch, the rows of its expert).
+// Every packed call decides here; a new many-row kernel goes through this function.
+enum class RowKernel : uint8_t { kFewRows, kManyRows };
+inline constexpr int64_t kManyRowsFrom = 16;  // rows from which the many-row loop runs (not pinned)
+inline constexpr RowKernel kBatchInvariantRowKernel = RowKernel::kFewRows;  // the pin (docs/serve.md: its cost)
+constexpr RowKernel expert_kernel_for_rows(int64_t rows, bool batch_invariant) {
+  if (batch_invariant) return kBatchInvariantRowKernel;
+  return rows >= kManyRowsFrom ? RowKernel::kManyRows : RowKernel::kFewRows;
+}
+
 // y [T, rows] (=, or += with accumulate) x [T, cols] @ W^T. Threads split the panels.
-void packed_matmul(const float* x, int64_t tokens, const PackedWeights& w, float* y, bool accumulate = false);
+void packed_matmul(const float* x, int64_t tokens, const PackedWeights& w, float* y, bool accumulate = false,
+                   bool batch_invariant = false);
 // h [T, I] = silu(x [T, hidden] @ w1^T) * (x @ w3^T), w13 from pack_gate_up.
-void expert_gate_up(const float* x, int64_t tokens, const PackedWeights& w13, float* h);
+void expert_gate_up(const float* x, int64_t tokens, const PackedWeights& w13, float* h, bool batch_invariant = false);
 // out[out_rows[t], 0:hidden] += route_weights[t] * (h [T, I] @ w2^T)[t]: the down projection of one expert's
 // tokens, combined straight into their rows of the layer output (out_stride floats apart).
 void expert_down_accumulate(const float* h, int64_t tokens, const PackedWeights& w2, const float* route_weights,
-                            const int32_t* out_rows, float* out, int64_t out_stride);
+                            const int32_t* out_rows, float* out, int64_t out_stride, bool batch_invariant = false);
 
 // One expert's rows in a fused MoE pass (fused_experts). Every pointer is the caller's; h is scratch.
 struct ExpertRows {
@@ -127,7 +143,8 @@ struct ExpertRows {
 //      and the sum over experts is in expert order (bitwise what expert_down_accumulate expert by expert gives).
 // A barrier between the phases, no fork/join per expert. All experts share one format and shape. Without an
 // x86 kernel (MOEX_ISA=ref) the scalar path runs expert_gate_up + expert_down_accumulate expert by expert.
-void fused_experts(const ExpertRows* experts, int count, float* out, int64_t out_stride);
+// batch_invariant: every expert's rows run expert_kernel_for_rows(rows, true)'s loop.
+void fused_experts(const ExpertRows* experts, int count, float* out, int64_t out_stride, bool batch_invariant = false);
 
 // Which code runs a format. Decided from the CPU (and MOEX_ISA=ref) only; never an ISA the CPU lacks.
 enum class Isa : uint8_t { kScalar, kAvx512, kAvx512Bf16, kAvx512Vnni, kAmx };
@@ -137,7 +154,8 @@ Isa kernel_isa(WeightFormat format);  // for this CPU and use_x86_kernels()
 // Every ISA this CPU can run a format on: kernel_isa's choice and the ones below it (kScalar always).
 std::vector<Isa> usable_isas(WeightFormat format, const CpuFeatures& cpu);
 // packed_matmul on a given ISA from usable_isas (tests and benchmarks compare the paths with it).
-void packed_matmul_on(Isa isa, const float* x, int64_t tokens, const PackedWeights& w, float* y, bool accumulate = false);
+void packed_matmul_on(Isa isa, const float* x, int64_t tokens, const PackedWeights& w, float* y, bool accumulate = false,
+                      bool batch_invariant = false);
 
 // W8A8 activations: scale = absmax / 127 (0 for an all-zero row), q = round-to-nearest-even(x * (127 / absmax)).
 // Returns the scale. The fast path quantizes to exactly these values.

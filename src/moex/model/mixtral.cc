@@ -23,6 +23,9 @@ static const ModelOptions& validated(const ModelOptions& options) {
   // does not take a column range yet.
   MOEX_CHECK_INPUT(!(options.expert_weights.packed && options.plan.overlap), "--weights ",
                    options.expert_weights.name(), " is not supported with --overlap yet (use --weights as-stored)");
+  MOEX_CHECK_INPUT(!(options.batch_invariant && options.capacity_factor > 0), "--batch-invariant needs dropless ",
+                   "routing (--capacity-factor <= 0, got ", options.capacity_factor,
+                   "): which assignments a capacity drops depends on the whole step");
   return options;
 }
 
@@ -39,6 +42,7 @@ MixtralModel::MixtralModel(const std::string& model_dir, const ModelOptions& opt
                                     config_.topk_group, config_.routed_scaling_factor}},
            options.plan, options.comm, options.router_fusion, options.capacity_factor, options.max_step_tokens),
       moe_stats_(config_.num_hidden_layers) {
+  moe_.set_batch_invariant(options.batch_invariant);
   const ModelConfig& c = config_;
   const size_t T = options.max_step_tokens, d = c.hidden_size;
   const size_t q_local = static_cast<size_t>(weights_.heads_local) * c.head_dim,
@@ -176,7 +180,7 @@ void MixtralModel::forward(const StepInput& step, float* logits) {
     kernels::rmsnorm(hidden_.data() + t * d, 1, d, weights_.final_norm.data,
                      weights_.final_norm.dtype == DType::kBF16, c.rms_norm_eps, final_rows_.data() + r * d);
   }
-  dense_matmul(final_rows_.data(), rows, weights_.lm_head, logits);
+  dense_matmul(final_rows_.data(), rows, weights_.lm_head, logits, false, options_.batch_invariant);
 }
 
 // One row per token, widened to F32.
@@ -199,9 +203,9 @@ void MixtralModel::attention_block(int layer, const StepInput& step) {
   const LayerWeights& lw = weights_.layers[layer];
   const int64_t T = step.num_tokens, hd = c.head_dim, H = weights_.heads_local, KV = weights_.kv_heads_local;
   MOEX_ZONE_LAYER(kAttention, layer);
-  dense_matmul(normed_.data(), T, lw.wq, q_.data());  // [T, H*hd]
-  dense_matmul(normed_.data(), T, lw.wk, k_.data());  // [T, KV*hd]
-  dense_matmul(normed_.data(), T, lw.wv, v_.data());  // [T, KV*hd]
+  dense_matmul(normed_.data(), T, lw.wq, q_.data(), false, options_.batch_invariant);  // [T, H*hd]
+  dense_matmul(normed_.data(), T, lw.wk, k_.data(), false, options_.batch_invariant);  // [T, KV*hd]
+  dense_matmul(normed_.data(), T, lw.wv, v_.data(), false, options_.batch_invariant);  // [T, KV*hd]
   // Family options, in HF's order: biases (qwen2_moe), then q/k RMSNorm per head (qwen3_moe, dots1) or over
   // the whole projection (olmoe), then RoPE.
   if (lw.bq.data) {
@@ -246,12 +250,12 @@ void MixtralModel::attention_block(int layer, const StepInput& step) {
     kernels::paged_attention(kv, kv_cache_.bf16(), layer, attn_seqs_.data(), step.num_seqs, q_.data(), H,
                              attn_out_.data(), attn_scratch_.data());
   if (!tensor_parallel_attention()) {
-    dense_matmul(attn_out_.data(), T, lw.wo, hidden_.data(), /*accumulate=*/true);  // residual add
+    dense_matmul(attn_out_.data(), T, lw.wo, hidden_.data(), /*accumulate=*/true, options_.batch_invariant);  // residual add
     return;
   }
   // Attention TP: each rank's heads give a share of o_proj's output; one all-reduce sums them.
   const int64_t d = c.hidden_size;
-  dense_matmul(attn_out_.data(), T, lw.wo, attn_partial_);
+  dense_matmul(attn_out_.data(), T, lw.wo, attn_partial_, false, options_.batch_invariant);
   {
     MOEX_ZONE_LAYER(kAllReduce, layer);
     comm::allreduce_f32(*options_.comm, attn_partial_, static_cast<size_t>(T * d), options_.plan.comm_dtype,

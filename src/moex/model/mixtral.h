@@ -30,6 +30,10 @@ struct ModelOptions {
   comm::Communicator* comm = nullptr;  // required when plan.world > 1
   ExpertWeightFormat expert_weights;   // as stored, or quantized + packed at load (`--weights`)
   ExpertWeightFormat dense_weights;    // attention projections and lm_head, the same (`--dense-weights`)
+  // `--batch-invariant`: each row's numbers do not depend on the rest of the step (its neighbours, how many
+  // rows its experts got): every packed matmul runs kernels::expert_kernel_for_rows(rows, true)'s loop.
+  // Needs dropless routing (capacity drops depend on the whole step). docs/serve.md, "Batch invariance".
+  bool batch_invariant = false;
 };
 
 // One sequence's share of a step: its next `len` rows of the step (sequences in order, rows consecutive)

@@ -229,8 +229,8 @@ int64_t DenseWeight::bytes() const {
   return packed ? static_cast<int64_t>(packed->weight_bytes()) : static_cast<int64_t>(view.bytes());
 }
 
-void dense_matmul(const float* x, int64_t tokens, const DenseWeight& w, float* y, bool accumulate) {
-  if (w.packed) kernels::packed_matmul(x, tokens, *w.packed, y, accumulate);
+void dense_matmul(const float* x, int64_t tokens, const DenseWeight& w, float* y, bool accumulate, bool batch_invariant) {
+  if (w.packed) kernels::packed_matmul(x, tokens, *w.packed, y, accumulate, batch_invariant);
   else kernels::matmul(x, tokens, w.view, y, accumulate);
 }
 

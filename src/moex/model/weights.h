@@ -22,7 +22,8 @@ struct DenseWeight {
   int64_t bytes() const;                                 // what one pass over W reads (codes + scales)
 };
 // y [T, out] (=, or += with accumulate) x [T, in] @ W^T.
-void dense_matmul(const float* x, int64_t tokens, const DenseWeight& w, float* y, bool accumulate = false);
+void dense_matmul(const float* x, int64_t tokens, const DenseWeight& w, float* y, bool accumulate = false,
+                  bool batch_invariant = false);  // batch_invariant: see kernels::expert_kernel_for_rows
 
 struct LayerWeights {
   TensorView input_norm;  // [d]

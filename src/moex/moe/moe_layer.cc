@@ -106,7 +106,7 @@ void MoELayer::experts(int layer, const MoELayerWeights& w, const float* x_rows,
       e.route_weights = row_weights + begin[le];
       e.out_rows = out_rows + begin[le];
     }
-    kernels::fused_experts(expert_rows_.data(), count, out, d);
+    kernels::fused_experts(expert_rows_.data(), count, out, d, batch_invariant_);
     return;
   }
   // As stored: each matmul is its own parallel region over the expert's weights, f32 activations (exact).

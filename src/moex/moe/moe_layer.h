@@ -56,6 +56,9 @@ class MoELayer {
   // the collectives). Adds the layer's output onto residual [T, d].
   void forward(int layer, const MoELayerWeights& w, const float* x, int64_t tokens, float* residual);
 
+  // `--batch-invariant`: the packed experts run one kernel loop whatever their row counts (ModelOptions).
+  void set_batch_invariant(bool on) { batch_invariant_ = on; }
+
   // The last call's load (this rank's tokens; identical on every rank under tp attention).
   const MoELoadStats& stats() const { return batcher_.stats(); }
   // Bytes this rank put on the wire in the last call (for the parallel sweep).
@@ -83,6 +86,7 @@ class MoELayer {
   GatingTopK router_;
   MoEDynamicBatch batcher_;
   uint64_t last_bytes_sent_ = 0;
+  bool batch_invariant_ = false;
 
   std::vector<int32_t> expert_ids_;    // [T, k]
   std::vector<float> expert_weights_;  // [T, k]

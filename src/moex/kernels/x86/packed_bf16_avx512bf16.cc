@@ -139,13 +139,12 @@ void int4_decoded_tile(const uint16_t* x, int64_t ldx, const uint16_t* w, const 
 
 void run_panels_int4_avx512bf16(const PanelJob& job, int64_t panel_begin, int64_t panel_end) {
   constexpr int kInt4TokenTile = 3;  // 2 x 12 accumulators (running and per-group) of the 32 registers
-  // From this many tokens a K block is decoded once into bf16 (256 KB, L2) and 6-token tiles load it: the
-  // decoding, not the dot products, bounds the tiles otherwise.
-  constexpr int64_t kPrefillTokens = 16;
+  // Many rows (job.many_rows: kernels::expert_kernel_for_rows decides): a K block is decoded once into bf16
+  // (256 KB, L2) and 6-token tiles load it: the decoding, not the dot products, bounds the tiles otherwise.
   const PackedWeights& w = *job.w;
   const auto* x = static_cast<const uint16_t*>(job.activations);  // [T][k_padded] bf16
   const int64_t tokens = job.tokens, kp = w.k_padded, groups = (w.cols + w.group - 1) / w.group;
-  const bool prefill = tokens >= kPrefillTokens;
+  const bool prefill = job.many_rows;
   thread_local std::vector<float> c;  // [T][64]
   if (c.size() < static_cast<size_t>(tokens * kPanel)) c.resize(tokens * kPanel);
   if (w.cols == 0) std::fill_n(c.begin(), tokens * kPanel, 0);  // an empty sum: no K block runs to write c

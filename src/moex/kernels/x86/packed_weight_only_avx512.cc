@@ -121,10 +121,9 @@ void panel_sums(const float* x, int64_t tokens, int64_t cols, const D& d, float*
 }
 
 // Prefill: with many token tiles per panel, decoding every weight once per tile costs more than the FMAs
-// (fp8 ran at ~56% of the FMA peak). From kPrefillTokens tokens on, a K block of the panel is decoded once
-// into f32 [k][64] (kept in L2) and a plain MT = 6 FMA tile runs over it: the same products, only the
-// decoding is shared.
-constexpr int64_t kPrefillTokens = 16;
+// (fp8 ran at ~56% of the FMA peak). From kernels::kManyRowsFrom tokens on (job.many_rows:
+// expert_kernel_for_rows decides), a K block of the panel is decoded once into f32 [k][64] (kept in L2) and a
+// plain MT = 6 FMA tile runs over it: the same products, only the decoding is shared.
 constexpr int kPrefillTile = 6;
 constexpr int64_t kPrefillKBlock = 1024;  // 256 KB of decoded f32 weights; a multiple of every group size
 
@@ -194,8 +193,8 @@ void panel_sums_prefill(const float* x, int64_t tokens, int64_t cols, const D& d
 }
 
 template <class D>
-void panel_results(const float* x, int64_t tokens, int64_t cols, const D& d, float* c) {
-  if (tokens >= kPrefillTokens)
+void panel_results(const float* x, int64_t tokens, int64_t cols, const D& d, float* c, bool many_rows) {
+  if (many_rows)
     panel_sums_prefill(x, tokens, cols, d, c);
   else
     panel_sums(x, tokens, cols, d, c);
@@ -214,7 +213,8 @@ void run_panels_weight_only_avx512(const PanelJob& job, int64_t panel_begin, int
   for (int64_t panel = panel_begin; panel < panel_end; ++panel) {
     switch (w.format) {
       case WeightFormat::kInt8: {
-        panel_results(x, tokens, cols, Int8Decode{w.data.as<const int8_t>() + panel * cols * kPanel}, c.data());
+        panel_results(x, tokens, cols, Int8Decode{w.data.as<const int8_t>() + panel * cols * kPanel}, c.data(),
+                      job.many_rows);
         const float* scale = w.scales.as<const float>() + panel * kPanel;
         for (int64_t t = 0; t < tokens; ++t)
           for (int v = 0; v < 4; ++v)
@@ -227,13 +227,13 @@ void run_panels_weight_only_avx512(const PanelJob& job, int64_t panel_begin, int
                       Int4Decode{w.data.as<const uint8_t>() + panel * (w.k_padded / 2) * kPanel, w.group,
                               w.scales.as<const float>() + panel * groups * kPanel,
                               w.offsets.as<const float>() + panel * groups * kPanel},
-                   c.data());
+                   c.data(), job.many_rows);
         break;
       case WeightFormat::kFP8E4M3:
         panel_results(x, tokens, cols,
                       Fp8Decode{w.data.as<const uint8_t>() + panel * cols * kPanel, w.group,
                              w.scales.as<const float>() + panel * groups * kPanel},
-                   c.data());
+                   c.data(), job.many_rows);
         break;
       default: return;  // the dispatcher sends only the three formats above here
     }

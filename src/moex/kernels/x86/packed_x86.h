@@ -22,6 +22,7 @@ struct PanelJob {
   const float* token_scales = nullptr;  // W8A8: [T] activation scales
   const float* group_sums = nullptr;    // int4 on BF16: [T][groups] sums of the bf16 activations per K group
   int64_t tokens = 0;
+  bool many_rows = false;  // the many-row loop (kernels::expert_kernel_for_rows decides), else the few-row one
   const PackedWeights* w = nullptr;
   Epilogue epilogue;
 };
