@@ -23,6 +23,7 @@ struct GenerateFlags {
   float top_p = 1.0f;
   uint64_t seed = 0;
   bool ignore_eos = false;
+  bool print_ids = false;  // also print the new tokens' ids (text hides which ids invalid UTF-8 came from)
   ProfileFlags profile;
 };
 
@@ -74,6 +75,11 @@ void run_generate(const GenerateFlags& flags) {
     std::vector<int> all = prompts[s];
     all.insert(all.end(), result.new_tokens[s].begin(), result.new_tokens[s].end());
     std::printf("%s\n", tokenizer.decode(all).c_str());
+    if (flags.print_ids) {
+      std::printf("ids:");
+      for (int id : result.new_tokens[s]) std::printf(" %d", id);
+      std::printf("\n");
+    }
   }
   // A full KV cache ends a sequence short of -n: say so, or the output looks like the model chose to stop.
   for (size_t s = 0; s < prompts.size(); ++s) {
@@ -109,6 +115,7 @@ void setup_generate(CLI::App& app) {
   cmd->add_option("--top-p", flags->top_p, "Nucleus sampling mass")->capture_default_str();
   add_seed_flag(cmd, flags->seed, "Sampling seed");
   cmd->add_flag("--ignore-eos", flags->ignore_eos, "Keep generating after the end-of-sequence token");
+  cmd->add_flag("--print-ids", flags->print_ids, "After each sequence's text, a line 'ids: ...' of its new token ids");
   flags->profile.add_to(cmd);
   cmd->callback([flags] { run_generate(*flags); });
 }

@@ -107,9 +107,12 @@ struct Completion {
 
   void add_logprobs(const SampledToken& t) {
     logprobs.push_back(t);
-    token_texts.push_back(token_text(tokenizer, recent, t.token));
+    const auto name = [&](int token) {
+      return request.tokens_as_ids ? "token_id:" + std::to_string(token) : token_text(tokenizer, recent, token);
+    };
+    token_texts.push_back(name(t.token));
     std::vector<std::string> alternatives;
-    for (const TokenLogprob& e : t.top) alternatives.push_back(token_text(tokenizer, recent, e.token));
+    for (const TokenLogprob& e : t.top) alternatives.push_back(name(e.token));
     top_texts.push_back(std::move(alternatives));
     offsets.push_back(offset);
     offset += static_cast<int64_t>(token_texts.back().size());

@@ -158,7 +158,8 @@ ApiRequest parse_request(const std::string& body, bool chat, const Tokenizer& to
   if (!j.is_object()) bad("", "the request body must be a JSON object");
   static const std::set<std::string> common = {
       "model", "max_tokens", "temperature", "top_p", "top_k", "seed", "n", "stream", "stream_options", "stop",
-      "ignore_eos", "user", "logprobs", "presence_penalty", "frequency_penalty", "logit_bias"};
+      "ignore_eos", "user", "logprobs", "presence_penalty", "frequency_penalty", "logit_bias",
+      "return_tokens_as_token_ids"};
   static const std::set<std::string> completion_only = {"prompt", "echo", "best_of", "suffix"};
   static const std::set<std::string> chat_only = {"messages", "max_completion_tokens", "top_logprobs"};
   for (const auto& [key, value] : j.items()) {
@@ -262,6 +263,7 @@ ApiRequest parse_request(const std::string& body, bool chat, const Tokenizer& to
   s.presence_penalty = static_cast<float>(get_number(j, "presence_penalty", 0.0, -2.0, 2.0));
   s.frequency_penalty = static_cast<float>(get_number(j, "frequency_penalty", 0.0, -2.0, 2.0));
   r.generation.ignore_eos = get_bool(j, "ignore_eos", false);
+  r.tokens_as_ids = get_bool(j, "return_tokens_as_token_ids", false);
   r.stream = get_bool(j, "stream", false);
   if (j.contains("stream_options") && !j["stream_options"].is_null()) {
     const json& o = j["stream_options"];

@@ -31,6 +31,9 @@ struct ApiRequest {
   bool include_usage = false;       // stream_options.include_usage
   std::vector<std::string> stop;    // stop strings: the text ends before the first one
   std::string model;
+  // vLLM's extension: logprobs name each token "token_id:N" instead of its text, so a client can tell the
+  // ids apart (byte tokens of invalid UTF-8 all render as U+FFFD).
+  bool tokens_as_ids = false;
 };
 
 // Rejects JSON nested deeper than `max_depth` (before parsing, so a hostile body cannot exhaust the stack).
