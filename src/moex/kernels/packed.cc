@@ -744,7 +744,7 @@ void fused_experts(const ExpertRows* experts, int count, float* out, int64_t out
         plan.down.convert(isa, w2, experts[e].h + (r - plan.first_row[e]) * inter, r);
       }
     }
-#pragma omp for schedule(dynamic, 1)
+#pragma omp for schedule(dynamic, 1) nowait  // the region's end is the barrier
     for (int64_t i = 0; i < down_items; ++i) {
       const int64_t begin = i * down_chunk, end = std::min(w2.panels, begin + down_chunk);
       for (int e = 0; e < count; ++e) {  // expert order: the same sum as expert_down_accumulate one by one
