@@ -233,11 +233,19 @@ TEST_P(PackedMatmulTest, FusedGateUpAndRoutedDownMatchTheReference) {
 // The fused MoE pass (one parallel region for every expert) against the same kernels run expert by expert,
 // which it must equal bit for bit (same panels, same sums, experts added in order), on 1 and 2 threads; and
 // against the scalar reference. Experts with 0, 1, a few and prefill-many rows, tokens shared between
-// experts (their outputs add into the same rows), a ragged I.
+// experts (their outputs add into the same rows), a ragged I. Decode-shaped passes too (one token on 2 of 4
+// experts, on 8 of 12): up to kSerialConvertRows rows the x rows are converted before the parallel region.
+void check_fused_experts(const FormatCase& f, const std::vector<int64_t>& rows_per_expert);
 TEST_P(PackedMatmulTest, FusedExpertsEqualTheExpertByExpertKernels) {
-  const FormatCase f = GetParam();
+  for (const std::vector<int64_t>& rows : {std::vector<int64_t>{3, 0, 1, 19, 2}, std::vector<int64_t>{1, 0, 0, 1},
+                                           std::vector<int64_t>{1, 1, 0, 1, 1, 0, 1, 1, 0, 1, 0, 1}}) {
+    SCOPED_TRACE(::testing::Message() << rows.size() << " experts");
+    check_fused_experts(GetParam(), rows);
+  }
+}
+
+void check_fused_experts(const FormatCase& f, const std::vector<int64_t>& rows_per_expert) {
   const int64_t hidden = 70, inter = 45, out_total = 20;
-  const std::vector<int64_t> rows_per_expert = {3, 0, 1, 19, 2};
   const int experts = static_cast<int>(rows_per_expert.size());
   std::vector<QuantizedMatrix> q1, q3, q2;
   std::vector<kernels::PackedWeights> p13, p2;

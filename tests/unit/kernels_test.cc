@@ -76,6 +76,44 @@ TEST(Matmul, ColumnSliceEqualsACopiedSlice) {
   EXPECT_EQ(full.rows(3, 5).as<float>(), w.data() + 3 * k);
 }
 
+// matmul_group (q, k, v in one parallel region): each output equals its own matmul() bit for bit, whatever
+// the thread count, for ragged row counts whose thread split falls inside and between the weights.
+TEST(Matmul, GroupEqualsSeparateMatmuls) {
+  const int64_t k = 70;
+  const std::vector<int64_t> rows = {37, 5, 100};
+  std::vector<std::vector<uint16_t>> w16;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const std::vector<float> w = random_floats(rows[i] * k, 20 + i);
+    w16.emplace_back(w.size());
+    for (size_t j = 0; j < w.size(); ++j) w16.back()[j] = f32_to_bf16(w[j]);
+  }
+  const int threads_before = num_threads();
+  for (bool x86 : {false, true}) {
+    set_use_x86_kernels(x86);
+    for (int threads : {1, 2, 3}) {
+      set_num_threads(threads);
+      for (int64_t tokens : {1, 2, 5}) {
+        const std::vector<float> x = random_floats(tokens * k, 30 + tokens);
+        std::vector<kernels::MatmulOutput> outputs;
+        std::vector<std::vector<float>> got(rows.size()), expected(rows.size());
+        for (size_t i = 0; i < rows.size(); ++i) {
+          const TensorView w{w16[i].data(), DType::kBF16, Shape{rows[i], k}};
+          got[i].assign(tokens * rows[i], 0.25f);
+          expected[i] = got[i];
+          kernels::matmul(x.data(), tokens, w, expected[i].data(), /*accumulate=*/i == 1);
+          outputs.push_back({w, got[i].data(), /*accumulate=*/i == 1});
+        }
+        kernels::matmul_group(x.data(), tokens, outputs.data(), static_cast<int>(outputs.size()));
+        for (size_t i = 0; i < rows.size(); ++i)
+          EXPECT_EQ(got[i], expected[i]) << (x86 ? "x86" : "ref") << " threads " << threads << " tokens " << tokens
+                                         << " output " << i;
+      }
+    }
+  }
+  set_num_threads(threads_before);
+  set_use_x86_kernels(true);
+}
+
 TEST(Matmul, ZeroTokensWritesNothing) {
   float w[4] = {1, 2, 3, 4}, y = 42.0f;
   kernels::matmul(nullptr, 0, TensorView{w, DType::kF32, Shape{2, 2}}, &y);

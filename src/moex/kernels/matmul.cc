@@ -1,5 +1,7 @@
 #include "moex/kernels/matmul.h"
 
+#include <algorithm>
+
 #include "moex/base/cpu.h"
 #include "moex/base/error.h"
 #include "moex/base/threads.h"
@@ -17,6 +19,29 @@ void matmul(const float* x, int64_t tokens, const TensorView& w, float* y, bool 
   // Rows of W are split over threads in blocks of 16 so each thread streams its own part of the weights.
   parallel_for(w.shape[0], 16, [&](int64_t begin, int64_t end) {
     x86::matmul_rows_avx512(x, tokens, w, y, accumulate, begin, end);
+  });
+}
+
+void matmul_group(const float* x, int64_t tokens, const MatmulOutput* outputs, int count) {
+  int64_t total = 0;  // rows of all outputs, in order
+  for (int i = 0; i < count; ++i) {
+    const TensorView& w = outputs[i].w;
+    MOEX_CHECK(w.shape.rank == 2 && (w.dtype == DType::kBF16 || w.dtype == DType::kF32) &&
+                   w.shape[1] == outputs[0].w.shape[1],
+               "matmul_group weight ", w.shape.str());
+    total += w.shape[0];
+  }
+  if (tokens == 0) return;
+  if (!use_x86_kernels()) {
+    for (int i = 0; i < count; ++i) ref::matmul(x, tokens, outputs[i].w, outputs[i].y, outputs[i].accumulate);
+    return;
+  }
+  parallel_for(total, 16, [&](int64_t begin, int64_t end) {
+    int64_t first = 0;  // the first row of output i in the concatenation
+    for (int i = 0; i < count && first < end; first += outputs[i].w.shape[0], ++i) {
+      const int64_t n = outputs[i].w.shape[0], b = std::max<int64_t>(begin - first, 0), e = std::min(end - first, n);
+      if (b < e) x86::matmul_rows_avx512(x, tokens, outputs[i].w, outputs[i].y, outputs[i].accumulate, b, e);
+    }
   });
 }
 

@@ -10,6 +10,17 @@ namespace moex::kernels {
 // y [T, N] = x [T, K] @ w [N, K]^T. `accumulate`: y += instead of y =. Threads split N.
 void matmul(const float* x, int64_t tokens, const TensorView& w, float* y, bool accumulate = false);
 
+// One of the matmuls of matmul_group: y [T, N] (=, or += with accumulate) x @ w [N, K]^T.
+struct MatmulOutput {
+  TensorView w;
+  float* y = nullptr;
+  bool accumulate = false;
+};
+// Several matmuls of the same x [T, K] in ONE parallel region (attention's q, k and v projections: one
+// fork/join per layer instead of three, which at decode costs as much as streaming k or v): the outputs'
+// rows, taken together, are split over the threads in blocks of 16. Each output equals matmul()'s bit for bit.
+void matmul_group(const float* x, int64_t tokens, const MatmulOutput* outputs, int count);
+
 // The same on the calling thread only (for callers that already split work across threads).
 void matmul_single_thread(const float* x, int64_t tokens, const TensorView& w, float* y, bool accumulate = false);
 

@@ -497,6 +497,18 @@ struct Activations {
       case Isa::kScalar: break;
     }
   }
+  // Whether a row's conversion is elementwise (or none at all), so it may be done a column range at a time.
+  static bool elementwise(Isa isa, const PackedWeights& w) {
+    if (isa == Isa::kAvx512) return w.format != WeightFormat::kInt4;  // int8 / fp8 read f32 x as it is
+    return (isa == Isa::kAvx512Bf16 || isa == Isa::kAmx) && w.format == WeightFormat::kBF16;
+  }
+  // Columns [c0, c1) of row x [K] into row t (elementwise(isa, w) only; c0 a multiple of 16); the range that
+  // ends at K also writes the zero padding up to k_padded.
+  void convert_columns(Isa isa, const PackedWeights& w, const float* x, int64_t t, int64_t c0, int64_t c1) {
+    if (isa == Isa::kAvx512) return;
+    const int64_t K = w.cols, kp = w.k_padded;
+    x86::round_row_bf16_avx512bf16(x + c0, c1 - c0, (c1 == K ? kp : c1) - c0, bf16.data() + t * kp + c0);
+  }
   // The job reads `tokens` converted rows from row t0 (x: the unconverted rows, for kAvx512 int8/fp8).
   void bind(Isa isa, const PackedWeights& w, const float* x, int64_t t0, x86::PanelJob& job) const {
     const int64_t kp = w.k_padded, groups = w.group ? (w.cols + w.group - 1) / w.group : 1;
@@ -619,6 +631,9 @@ thread_local FusedPlan g_fused;
 // A panel's streaming from DRAM costs about as much as this many rows' dot products on it (mini's bf16
 // w13 panel, 128 KB: ~8 us to stream at one core's share of the bandwidth, ~0.6 us per row on vdpbf16ps).
 constexpr int64_t kStreamRows = 12;
+// Up to this many rows (decode: k per token, a few tokens) the x rows are converted on the calling thread
+// before the parallel region: a few microseconds, against one barrier that waits for every thread.
+constexpr int64_t kSerialConvertRows = 16;
 
 }  // namespace
 
@@ -691,12 +706,25 @@ void fused_experts(const ExpertRows* experts, int count, float* out, int64_t out
     act.bind(isa, w, x, plan.first_row[e], job);
     return job;
   };
-#pragma omp parallel num_threads(threads)
-  {
-#pragma omp for schedule(static)
+  // Barriers: decode (few rows) converts x here, before the region; when h's conversion for w2 is
+  // elementwise (bf16 rounding; none for int8 / fp8) each gate/up item converts the h columns it wrote. Then
+  // the region has one barrier between gate/up and down (two more for int4 and W8A8 prefill).
+  const bool x_before = total_rows <= kSerialConvertRows;
+  const bool h_in_items = Activations::elementwise(isa, w2);
+  if (x_before) {
     for (int64_t r = 0; r < total_rows; ++r) {
       const int e = plan.row_expert[r];
       plan.up.convert(isa, w13, experts[e].x + (r - plan.first_row[e]) * hidden, r);
+    }
+  }
+#pragma omp parallel num_threads(threads)
+  {
+    if (!x_before) {
+#pragma omp for schedule(static)
+      for (int64_t r = 0; r < total_rows; ++r) {
+        const int e = plan.row_expert[r];
+        plan.up.convert(isa, w13, experts[e].x + (r - plan.first_row[e]) * hidden, r);
+      }
     }
 #pragma omp for schedule(dynamic, 1)
     for (int64_t i = 0; i < up_items; ++i) {
@@ -707,13 +735,20 @@ void fused_experts(const ExpertRows* experts, int count, float* out, int64_t out
       job.epilogue.y = x.h;
       job.epilogue.ld_y = inter;
       run_panel_range(isa, *x.w13, job, item.begin, item.end);
+      if (h_in_items) {  // h [rows, I] columns of panels [begin, end)
+        const int64_t c0 = item.begin * w13.rows_per_panel(), c1 = std::min(inter, item.end * w13.rows_per_panel());
+        for (int64_t r = 0; r < x.rows; ++r)
+          plan.down.convert_columns(isa, w2, x.h + r * inter, plan.first_row[item.expert] + r, c0, c1);
+      }
     }
+    if (!h_in_items) {
 #pragma omp for schedule(static)
-    for (int64_t r = 0; r < total_rows; ++r) {
-      const int e = plan.row_expert[r];
-      plan.down.convert(isa, w2, experts[e].h + (r - plan.first_row[e]) * inter, r);
+      for (int64_t r = 0; r < total_rows; ++r) {
+        const int e = plan.row_expert[r];
+        plan.down.convert(isa, w2, experts[e].h + (r - plan.first_row[e]) * inter, r);
+      }
     }
-#pragma omp for schedule(dynamic, 1)
+#pragma omp for schedule(dynamic, 1) nowait  // the region's end is the barrier
     for (int64_t i = 0; i < down_items; ++i) {
       const int64_t begin = i * down_chunk, end = std::min(w2.panels, begin + down_chunk);
       for (int e = 0; e < count; ++e) {  // expert order: the same sum as expert_down_accumulate one by one

@@ -203,9 +203,14 @@ void MixtralModel::attention_block(int layer, const StepInput& step) {
   const LayerWeights& lw = weights_.layers[layer];
   const int64_t T = step.num_tokens, hd = c.head_dim, H = weights_.heads_local, KV = weights_.kv_heads_local;
   MOEX_ZONE_LAYER(kAttention, layer);
-  dense_matmul(normed_.data(), T, lw.wq, q_.data(), false, options_.batch_invariant);  // [T, H*hd]
-  dense_matmul(normed_.data(), T, lw.wk, k_.data(), false, options_.batch_invariant);  // [T, KV*hd]
-  dense_matmul(normed_.data(), T, lw.wv, v_.data(), false, options_.batch_invariant);  // [T, KV*hd]
+  if (!lw.wq.packed && !lw.wk.packed && !lw.wv.packed) {  // as stored: the three in one parallel region
+    const kernels::MatmulOutput qkv[3] = {{lw.wq.view, q_.data()}, {lw.wk.view, k_.data()}, {lw.wv.view, v_.data()}};
+    kernels::matmul_group(normed_.data(), T, qkv, 3);  // [T, H*hd], [T, KV*hd], [T, KV*hd]
+  } else {
+    dense_matmul(normed_.data(), T, lw.wq, q_.data(), false, options_.batch_invariant);  // [T, H*hd]
+    dense_matmul(normed_.data(), T, lw.wk, k_.data(), false, options_.batch_invariant);  // [T, KV*hd]
+    dense_matmul(normed_.data(), T, lw.wv, v_.data(), false, options_.batch_invariant);  // [T, KV*hd]
+  }
   // Family options, in HF's order: biases (qwen2_moe), then q/k RMSNorm per head (qwen3_moe, dots1) or over
   // the whole projection (olmoe), then RoPE.
   if (lw.bq.data) {

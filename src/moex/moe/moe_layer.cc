@@ -95,9 +95,13 @@ void MoELayer::experts(int layer, const MoELayerWeights& w, const float* x_rows,
   const int count = w.experts.count;
   MOEX_ZONE_LAYER(kExperts, layer);
   if (!w.packed.empty()) {
+    // Only the experts that got rows, in expert order (the sum's order): with 128 experts top-8 the pass's
+    // bookkeeping is O(active experts), not O(E).
     expert_rows_.resize(count);
+    int active = 0;
     for (int le = 0; le < count; ++le) {
-      kernels::ExpertRows& e = expert_rows_[le];
+      if (begin[le + 1] == begin[le]) continue;
+      kernels::ExpertRows& e = expert_rows_[active++];
       e.w13 = &w.packed[le].w13;
       e.w2 = &w.packed[le].w2;
       e.x = x_rows + begin[le] * d;
@@ -106,7 +110,7 @@ void MoELayer::experts(int layer, const MoELayerWeights& w, const float* x_rows,
       e.route_weights = row_weights + begin[le];
       e.out_rows = out_rows + begin[le];
     }
-    kernels::fused_experts(expert_rows_.data(), count, out, d, batch_invariant_);
+    kernels::fused_experts(expert_rows_.data(), active, out, d, batch_invariant_);
     return;
   }
   // As stored: each matmul is its own parallel region over the expert's weights, f32 activations (exact).
