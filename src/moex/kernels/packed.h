@@ -98,6 +98,13 @@ PackedWeights pack(const QuantizedMatrix& w);
 // w1, w3 [intermediate, hidden] of one expert, same format: the fused gate/up layout described above.
 PackedWeights pack_gate_up(const QuantizedMatrix& w1, const QuantizedMatrix& w3);
 
+// Which register-tile loop a call with `rows` rows (tokens) of one matrix runs: the few-row loop (decode: each
+// panel streamed once) or the many-row GEMM (prefill: kernels/x86/expert_gemm_*, balanced tiles, the next K
+// block prefetched). Every packed call decides here. bf16 and W8A8 give the same bits on both.
+enum class RowKernel : uint8_t { kFewRows, kManyRows };
+inline constexpr int64_t kManyRowsFrom = 12;  // the measured crossover (docs/kernels.md)
+constexpr RowKernel expert_kernel_for_rows(int64_t rows) { return rows >= kManyRowsFrom ? RowKernel::kManyRows : RowKernel::kFewRows; }
+
 // y [T, rows] (=, or += with accumulate) x [T, cols] @ W^T. Threads split the panels.
 void packed_matmul(const float* x, int64_t tokens, const PackedWeights& w, float* y, bool accumulate = false);
 // h [T, I] = silu(x [T, hidden] @ w1^T) * (x @ w3^T), w13 from pack_gate_up.
