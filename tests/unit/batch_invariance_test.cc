@@ -30,11 +30,17 @@ using kernels::RowKernel;
 using kernels::WeightFormat;
 
 TEST(BatchInvariance, OneFunctionPinsTheRowKernel) {
-  for (int64_t rows : {1, 2, 15, 16, 17, 64, 512}) {
-    EXPECT_EQ(kernels::expert_kernel_for_rows(rows, true), kernels::kBatchInvariantRowKernel) << rows;
-    EXPECT_EQ(kernels::expert_kernel_for_rows(rows, false),
-              rows >= kernels::kManyRowsFrom ? RowKernel::kManyRows : RowKernel::kFewRows)
-        << rows;
+  for (WeightFormat format : {WeightFormat::kInt8, WeightFormat::kFP8E4M3, WeightFormat::kInt4, WeightFormat::kBF16,
+                              WeightFormat::kInt8W8A8}) {
+    // bf16 and W8A8 sum alike on both loops (PackedMatmulTest.ManyRowGemmGivesTheFewRowLoopsBits): no pin.
+    const bool agree = format == WeightFormat::kBF16 || format == WeightFormat::kInt8W8A8;
+    const int64_t from = agree ? kernels::kManyRowsFrom : kernels::kWeightOnlyManyRowsFrom;
+    for (int64_t rows : {1, 2, 11, 12, 15, 16, 17, 64, 512}) {
+      const RowKernel by_rows = rows >= from ? RowKernel::kManyRows : RowKernel::kFewRows;
+      EXPECT_EQ(kernels::expert_kernel_for_rows(format, rows, false), by_rows) << rows;
+      EXPECT_EQ(kernels::expert_kernel_for_rows(format, rows, true), agree ? by_rows : kernels::kBatchInvariantRowKernel)
+          << rows;
+    }
   }
 }
 

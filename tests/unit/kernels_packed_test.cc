@@ -184,7 +184,8 @@ TEST_P(PackedMatmulTest, ReferenceIsWithinTheFormatsErrorOfTheFloatMatmul) {
 TEST_P(PackedMatmulTest, FusedGateUpAndRoutedDownMatchTheReference) {
   const FormatCase f = GetParam();
   const int64_t hidden = 70, inter = 45;  // odd I: the last gate/up panel is ragged
-  for (int64_t tokens : {0, 1, 2, 5, 7, 9}) {
+  // From kernels::kManyRowsFrom (12) rows the many-row GEMM runs: 12, 13, 19, 31 are its tiles' tails.
+  for (int64_t tokens : {0, 1, 2, 5, 7, 9, 12, 13, 19, 31}) {
     const std::vector<float> x = random_floats(std::max<int64_t>(tokens, 1) * hidden, 21), w1 = random_floats(inter * hidden, 22),
                              w3 = random_floats(inter * hidden, 23), w2 = random_floats(hidden * inter, 24);
     const QuantizedMatrix q1 = quantize(f, w1, inter, hidden), q3 = quantize(f, w3, inter, hidden),
@@ -228,6 +229,50 @@ TEST_P(PackedMatmulTest, FusedGateUpAndRoutedDownMatchTheReference) {
     }
   }
   set_use_x86_kernels(true);
+}
+
+// The many-row GEMM (kernels/x86/expert_gemm_*, from kManyRowsFrom rows) sums each lane's k in the few-row
+// loop's order (bf16) or exactly (W8A8): T rows in one call equal, bit for bit, the same rows one call each
+// (one row: the few-row loop), for the matmul, the fused gate/up and the routed down projection. Row counts on
+// every tile tail, N ragged, K over the K block (2048 bf16, 4096 W8A8) and not a multiple of a k pair/quad.
+TEST_P(PackedMatmulTest, ManyRowGemmGivesTheFewRowLoopsBits) {
+  const FormatCase f = GetParam();
+  if (f.format != WeightFormat::kBF16 && f.format != WeightFormat::kInt8W8A8) GTEST_SKIP() << "one row loop only";
+  if (kernels::kernel_isa(f.format, cpu_features(), true) == Isa::kScalar) GTEST_SKIP() << "no x86 kernel here";
+  ASSERT_EQ(kernels::expert_kernel_for_rows(f.format, kernels::kManyRowsFrom, false), kernels::RowKernel::kManyRows);
+  ASSERT_EQ(kernels::expert_kernel_for_rows(f.format, kernels::kManyRowsFrom - 1, false), kernels::RowKernel::kFewRows);
+  const int threads_before = num_threads();
+  for (const auto& [tokens, n, k] : {Shape3{12, 67, 95}, Shape3{13, 130, 2051}, Shape3{17, 7, 4101}, Shape3{23, 64, 33},
+                                     Shape3{31, 65, 257}}) {
+    const std::vector<float> x = random_floats(tokens * k, 41 + n), w = random_floats(n * k, 43 + k),
+                             w3 = random_floats(n * k, 44 + k), route = random_floats(tokens, 45);
+    const QuantizedMatrix q = quantize(f, w, n, k), q3 = quantize(f, w3, n, k);
+    const kernels::PackedWeights packed = kernels::pack(q), p13 = kernels::pack_gate_up(q, q3);
+    std::vector<int32_t> rows(tokens);
+    for (int64_t t = 0; t < tokens; ++t) rows[t] = static_cast<int32_t>(tokens - 1 - t);
+    const std::string what = f.name() + " T" + std::to_string(tokens) + " N" + std::to_string(n) + " K" + std::to_string(k);
+    std::vector<float> y_one(tokens * n), h_one(tokens * n), out_one(tokens * k, 0.5f);
+    set_num_threads(1);
+    for (int64_t t = 0; t < tokens; ++t) {
+      kernels::packed_matmul(x.data() + t * k, 1, packed, y_one.data() + t * n);
+      kernels::expert_gate_up(x.data() + t * k, 1, p13, h_one.data() + t * n);
+    }
+    // The down projection: W^T of q is [k, n], from h rows of n.
+    const kernels::PackedWeights p2 = kernels::pack(quantize(f, random_floats(k * n, 46 + n), k, n));
+    for (int64_t t = 0; t < tokens; ++t)
+      kernels::expert_down_accumulate(h_one.data() + t * n, 1, p2, route.data() + t, rows.data() + t, out_one.data(), k);
+    for (int threads : {1, 2}) {
+      set_num_threads(threads);
+      std::vector<float> y(tokens * n), h(tokens * n), out(tokens * k, 0.5f);
+      kernels::packed_matmul(x.data(), tokens, packed, y.data());
+      kernels::expert_gate_up(x.data(), tokens, p13, h.data());
+      kernels::expert_down_accumulate(h_one.data(), tokens, p2, route.data(), rows.data(), out.data(), k);
+      for (size_t i = 0; i < y.size(); ++i) ASSERT_EQ(y[i], y_one[i]) << what << " matmul " << i << " threads " << threads;
+      for (size_t i = 0; i < h.size(); ++i) ASSERT_EQ(h[i], h_one[i]) << what << " gate_up " << i << " threads " << threads;
+      for (size_t i = 0; i < out.size(); ++i) ASSERT_EQ(out[i], out_one[i]) << what << " down " << i << " threads " << threads;
+    }
+  }
+  set_num_threads(threads_before);
 }
 
 // The fused MoE pass (one parallel region for every expert) against the same kernels run expert by expert,

@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <functional>
+#include <string_view>
 
 #include "moex/base/dtype.h"
 #include "moex/base/error.h"
@@ -528,15 +530,35 @@ struct Activations {
   }
 };
 
+// expert_kernel_for_rows, unless MOEX_ROW_KERNEL=few|many pins one loop for every call (read once; a
+// benchmark's A/B switch). --batch-invariant's pin wins over it for the formats whose loops differ.
+RowKernel row_kernel(WeightFormat format, int64_t rows, bool batch_invariant) {
+  static const int pinned = [] {
+    const char* v = std::getenv("MOEX_ROW_KERNEL");
+    const std::string_view s = v ? v : "";
+    MOEX_CHECK_INPUT(s.empty() || s == "auto" || s == "few" || s == "many", "MOEX_ROW_KERNEL='", s,
+                     "' (choose auto, few or many)");
+    return s == "few" ? 0 : s == "many" ? 1 : -1;
+  }();
+  if (batch_invariant && !row_kernels_agree(format)) return expert_kernel_for_rows(format, rows, true);
+  if (pinned >= 0) return pinned ? RowKernel::kManyRows : RowKernel::kFewRows;
+  return expert_kernel_for_rows(format, rows, batch_invariant);
+}
+
 // Panels [begin, end) of one job on an x86 ISA.
 void run_panel_range(Isa isa, const PackedWeights& w, const x86::PanelJob& job, int64_t begin, int64_t end) {
   switch (isa) {
     case Isa::kAmx: x86::run_panels_bf16_amx(job, begin, end); break;
     case Isa::kAvx512Bf16:
-      if (w.format == WeightFormat::kBF16) x86::run_panels_bf16_avx512bf16(job, begin, end);
+      if (w.format == WeightFormat::kBF16 && job.many_rows)
+        x86::run_panels_bf16_many_avx512bf16(job, begin, end);
+      else if (w.format == WeightFormat::kBF16) x86::run_panels_bf16_avx512bf16(job, begin, end);
       else x86::run_panels_int4_avx512bf16(job, begin, end);
       break;
-    case Isa::kAvx512Vnni: x86::run_panels_w8a8_avx512vnni(job, begin, end); break;
+    case Isa::kAvx512Vnni:
+      if (job.many_rows) x86::run_panels_w8a8_many_avx512vnni(job, begin, end);
+      else x86::run_panels_w8a8_avx512vnni(job, begin, end);
+      break;
     case Isa::kAvx512: x86::run_panels_weight_only_avx512(job, begin, end); break;
     case Isa::kScalar: MOEX_CHECK(false, "the scalar path has no panel jobs");
   }
@@ -553,6 +575,7 @@ void run(const float* x, int64_t tokens, const PackedWeights& w, const x86::Epil
   }
   if (isa == Isa::kAmx) MOEX_CHECK(request_amx_permission(), "Linux refused this process the AMX tile state");
   const int64_t K = w.cols;
+  row_kernel(w.format, 0, false);  // reads MOEX_ROW_KERNEL here, where a bad value can throw, not inside a parallel region
   Activations& act = g_act;  // a name, not the thread_local, reaches the workers
   act.size_for(isa, w, tokens);
   parallel_for(tokens, 1, [&](int64_t begin, int64_t end) {
@@ -560,7 +583,7 @@ void run(const float* x, int64_t tokens, const PackedWeights& w, const x86::Epil
   });
   x86::PanelJob job;
   job.tokens = tokens;
-  job.many_rows = expert_kernel_for_rows(tokens, batch_invariant) == RowKernel::kManyRows;
+  job.many_rows = row_kernel(w.format, tokens, batch_invariant) == RowKernel::kManyRows;
   job.w = &w;
   job.epilogue = e;
   act.bind(isa, w, x, 0, job);
@@ -667,6 +690,7 @@ void fused_experts(const ExpertRows* experts, int count, float* out, int64_t out
     return;
   }
   if (isa == Isa::kAmx) MOEX_CHECK(request_amx_permission(), "Linux refused this process the AMX tile state");
+  row_kernel(w13.format, 0, false);  // reads MOEX_ROW_KERNEL outside the parallel region
   FusedPlan& plan = g_fused;  // names, not the thread_local, reach the threads
   plan.up.size_for(isa, w13, total_rows);
   plan.down.size_for(isa, w2, total_rows);
@@ -701,7 +725,7 @@ void fused_experts(const ExpertRows* experts, int count, float* out, int64_t out
   const auto job_for = [&](const PackedWeights& w, const Activations& act, const float* x, int e) {
     x86::PanelJob job;
     job.tokens = experts[e].rows;
-    job.many_rows = expert_kernel_for_rows(job.tokens, batch_invariant) == RowKernel::kManyRows;
+    job.many_rows = row_kernel(w.format, job.tokens, batch_invariant) == RowKernel::kManyRows;
     job.w = &w;
     act.bind(isa, w, x, plan.first_row[e], job);
     return job;

@@ -98,19 +98,25 @@ PackedWeights pack(const QuantizedMatrix& w);
 // w1, w3 [intermediate, hidden] of one expert, same format: the fused gate/up layout described above.
 PackedWeights pack_gate_up(const QuantizedMatrix& w1, const QuantizedMatrix& w3);
 
-// Which register-tile loop a call with `rows` rows (tokens) runs. The few-row loop decodes the weights inside
-// its token tile (decode: each panel streamed once); the many-row loop decodes a K block of a panel once and
-// runs wider tiles over it (prefill), and sums K in other blocks, so a row's result differs in its last
-// bits between the two (int8, fp8, int4 when K exceeds one K block; bf16 and W8A8 have one loop).
-// batch_invariant (`--batch-invariant`) pins one loop whatever the row count, so a row's numbers do not
-// depend on how many other rows share its call (its neighbours in the batch, the rows of its expert).
-// Every packed call decides here; a new many-row kernel goes through this function.
+// Which register-tile loop a call with `rows` rows (tokens) of one matrix in `format` runs. The few-row loop
+// streams each panel once with the weights decoded inside its token tile (decode). The many-row loops are
+// GEMMs for prefill: bf16 and W8A8 run kernels/x86/expert_gemm_* (balanced 5-6 row tiles, the next K block
+// prefetched), whose sums are those of the few-row loop bit for bit; int8, fp8 and int4 (weight-only) decode a
+// K block of a panel once and run wider tiles over it, and sum K in other blocks, so a row's last bits differ
+// between their two loops once K exceeds one K block. batch_invariant (`--batch-invariant`) pins the few-row
+// loop for those formats, so a row's numbers do not depend on how many other rows share its call (its
+// neighbours in the batch, the rows of its expert); bf16 and W8A8 need no pin. Every packed call decides here.
 enum class RowKernel : uint8_t { kFewRows, kManyRows };
-inline constexpr int64_t kManyRowsFrom = 16;  // rows from which the many-row loop runs (not pinned)
+inline constexpr int64_t kManyRowsFrom = 12;            // bf16 / W8A8: the measured crossover (docs/kernels.md)
+inline constexpr int64_t kWeightOnlyManyRowsFrom = 16;  // int8 / fp8 / int4
 inline constexpr RowKernel kBatchInvariantRowKernel = RowKernel::kFewRows;  // the pin (docs/serve.md: its cost)
-constexpr RowKernel expert_kernel_for_rows(int64_t rows, bool batch_invariant) {
-  if (batch_invariant) return kBatchInvariantRowKernel;
-  return rows >= kManyRowsFrom ? RowKernel::kManyRows : RowKernel::kFewRows;
+constexpr bool row_kernels_agree(WeightFormat format) {
+  return format == WeightFormat::kBF16 || format == WeightFormat::kInt8W8A8;
+}
+constexpr RowKernel expert_kernel_for_rows(WeightFormat format, int64_t rows, bool batch_invariant) {
+  if (batch_invariant && !row_kernels_agree(format)) return kBatchInvariantRowKernel;
+  const int64_t from = row_kernels_agree(format) ? kManyRowsFrom : kWeightOnlyManyRowsFrom;
+  return rows >= from ? RowKernel::kManyRows : RowKernel::kFewRows;
 }
 
 // y [T, rows] (=, or += with accumulate) x [T, cols] @ W^T. Threads split the panels.

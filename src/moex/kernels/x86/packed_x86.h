@@ -28,6 +28,9 @@ struct PanelJob {
 };
 
 void run_panels_bf16_avx512bf16(const PanelJob& job, int64_t panel_begin, int64_t panel_end);
+// The many-row GEMMs (expert_kernel_for_rows: kManyRows), in x86/expert_gemm_*.cc.
+void run_panels_bf16_many_avx512bf16(const PanelJob& job, int64_t panel_begin, int64_t panel_end);
+void run_panels_w8a8_many_avx512vnni(const PanelJob& job, int64_t panel_begin, int64_t panel_end);
 void run_panels_int4_avx512bf16(const PanelJob& job, int64_t panel_begin, int64_t panel_end);
 // AMX: the caller has checked has_amx_kernels() and request_amx_permission().
 void run_panels_bf16_amx(const PanelJob& job, int64_t panel_begin, int64_t panel_end);
