@@ -2,6 +2,7 @@
 
 #include <httplib.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -185,6 +186,34 @@ int connection_socket(const httplib::Request& req) {
   return -1;
 }
 
+// Debian's cpp-httplib 0.11 is a compiled library whose listen() asks for a backlog of 5 connections
+// (CPPHTTPLIB_LISTEN_BACKLOG, fixed when the library was built): 200 clients connecting at once overflowed it
+// (231 TcpExtListenOverflows in one run of serve.openai_client), the kernel dropped their SYNs, and clients
+// that did not get in within their connect timeout failed on a loaded machine. listen() again on the bound
+// socket (found, as above, in /proc/self/fd: the one listening on `port`) raises the backlog in place.
+void widen_listen_backlog(int port) {
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
+    int fd = -1;
+    try {
+      fd = std::stoi(entry.path().filename().string());
+    } catch (...) {
+      continue;
+    }
+    int listening = 0;
+    socklen_t len = sizeof(listening);
+    sockaddr_storage local{};
+    socklen_t ll = sizeof(local);
+    if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 || !listening ||
+        getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0)
+      continue;
+    const int bound = local.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&local)->sin6_port)
+                      : local.ss_family == AF_INET ? ntohs(reinterpret_cast<sockaddr_in*>(&local)->sin_port)
+                                                   : -1;
+    if (bound == port) ::listen(fd, SOMAXCONN);
+  }
+}
+
 // True when the peer of `fd` has closed (or reset) its connection.
 bool peer_closed(int fd) {
   if (fd < 0) return false;
@@ -251,6 +280,7 @@ void HttpServer::bind() {
                      options_.port, " (in use, or not an address of this machine)");
     port_ = options_.port;
   }
+  widen_listen_backlog(port_);
 }
 
 void HttpServer::run() { server_->listen_after_bind(); }
