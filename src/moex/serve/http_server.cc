@@ -156,10 +156,9 @@ struct Completion {
   }
 };
 
-// The socket of a request's connection, found by its address pair: cpp-httplib 0.11 (Debian 12's) does
-// not hand it to a handler, and a non-streamed handler has no write that could fail when the client goes.
-// -1 when not found (the request then runs to its end, as before).
-int connection_socket(const httplib::Request& req) {
+// The first of this process's open descriptors (/proc/self/fd) for which `match(fd)` holds, or -1.
+template <class Match>
+int find_descriptor(Match match) {
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
     int fd = -1;
@@ -168,50 +167,52 @@ int connection_socket(const httplib::Request& req) {
     } catch (...) {
       continue;
     }
+    if (match(fd)) return fd;
+  }
+  return -1;
+}
+
+// The socket of a request's connection, found by its address pair: cpp-httplib 0.11 (Debian 12's) does
+// not hand it to a handler, and a non-streamed handler has no write that could fail when the client goes.
+// -1 when not found (the request then runs to its end, as before).
+int connection_socket(const httplib::Request& req) {
+  return find_descriptor([&](int fd) {
     sockaddr_storage local{}, peer{};
     socklen_t ll = sizeof(local), pl = sizeof(peer);
     if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0 ||
         getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0)
-      continue;
+      return false;
     char lhost[NI_MAXHOST], lport[NI_MAXSERV], phost[NI_MAXHOST], pport[NI_MAXSERV];
     if (getnameinfo(reinterpret_cast<sockaddr*>(&local), ll, lhost, sizeof(lhost), lport, sizeof(lport),
                     NI_NUMERICHOST | NI_NUMERICSERV) != 0 ||
         getnameinfo(reinterpret_cast<sockaddr*>(&peer), pl, phost, sizeof(phost), pport, sizeof(pport),
                     NI_NUMERICHOST | NI_NUMERICSERV) != 0)
-      continue;
-    if (req.remote_addr == phost && std::to_string(req.remote_port) == pport &&
-        std::to_string(req.local_port) == lport)
-      return fd;
-  }
-  return -1;
+      return false;
+    return req.remote_addr == phost && std::to_string(req.remote_port) == pport &&
+           std::to_string(req.local_port) == lport;
+  });
 }
 
 // Debian's cpp-httplib 0.11 is a compiled library whose listen() asks for a backlog of 5 connections
 // (CPPHTTPLIB_LISTEN_BACKLOG, fixed when the library was built): 200 clients connecting at once overflowed it
 // (231 TcpExtListenOverflows in one run of serve.openai_client), the kernel dropped their SYNs, and clients
 // that did not get in within their connect timeout failed on a loaded machine. listen() again on the bound
-// socket (found, as above, in /proc/self/fd: the one listening on `port`) raises the backlog in place.
+// socket (the one of this process listening on `port`) raises the backlog in place.
 void widen_listen_backlog(int port) {
-  std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
-    int fd = -1;
-    try {
-      fd = std::stoi(entry.path().filename().string());
-    } catch (...) {
-      continue;
-    }
+  const int fd = find_descriptor([&](int fd) {
     int listening = 0;
     socklen_t len = sizeof(listening);
     sockaddr_storage local{};
     socklen_t ll = sizeof(local);
     if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 || !listening ||
         getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0)
-      continue;
+      return false;
     const int bound = local.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&local)->sin6_port)
                       : local.ss_family == AF_INET ? ntohs(reinterpret_cast<sockaddr_in*>(&local)->sin_port)
                                                    : -1;
-    if (bound == port) ::listen(fd, SOMAXCONN);
-  }
+    return bound == port;
+  });
+  if (fd >= 0) ::listen(fd, SOMAXCONN);
 }
 
 // True when the peer of `fd` has closed (or reset) its connection.
