@@ -544,6 +544,79 @@ if (mpirun) {
     for (const u of used) assert.ok(u < 30, `an idle rank used ${u}% of a core (ticks of 1 s: ${used})`);
     ep.child.kill('SIGTERM');
   });
+
+  // Attention DP: rank 0 keeps a scheduler and block manager per rank and sends each rank its own sequences;
+  // every rank joins each step's MoE all-to-all (0 rows included); logit rows come back to rank 0.
+  await check('mpirun -np 2 moex serve --attn-parallel dp --moe-parallel ep: the tokens of one rank, blocks freed per rank, a dead rank ends the job', async () => {
+    const dp = await startServer(['--attn-parallel', 'dp', '--moe-parallel', 'ep', '--comm-tuning', 'none',
+                                  '--max-num-seqs', '4', '--max-batch-tokens', '64'], 2);
+    const dpClient = new OpenAI({ baseURL: `${dp.url}/v1`, apiKey: 'unused', maxRetries: 0 });
+    const perRank = (m, name) => [0, 1].map((r) => m.value(`moex:dp_rank_${name}{dp_rank="${r}"}`));
+    // 6 concurrent streamed requests (one prompt of 3 chunks): both ranks hold sequences; every text is
+    // one rank's (greedy).
+    const prompts = ['A', 'Two words', 'Three short words', 'And a fourth prompt here', 'Five',
+                     'A long one: ' + 'lorem ipsum dolor sit amet '.repeat(20)];
+    const one = await Promise.all(prompts.map((p) =>
+      client.completions.create({ model: modelName, prompt: p, max_tokens: 10, temperature: 0, ignore_eos: true })));
+    const two = await Promise.all(prompts.map(async (p) => {
+      let text = '';
+      const stream = await dpClient.completions.create({ model: modelName, prompt: p, max_tokens: 10, temperature: 0,
+                                                         ignore_eos: true, stream: true });
+      for await (const chunk of stream) text += chunk.choices[0]?.text ?? '';
+      return text;
+    }));
+    assert.deepEqual(two, one.map((x) => x.choices[0].text));
+    let m = await metrics(dp.url);
+    const assigned = perRank(m, 'requests_total');
+    assert.ok(assigned[0] >= 1 && assigned[1] >= 1 && assigned[0] + assigned[1] === 6, `requests per rank: ${assigned}`);
+    assert.equal(m.value('moex:kv_cache_usage_perc'), 0);
+    assert.equal(m.value('moex:num_requests_running'), 0);
+    // Global metrics: the blocks of both pools; the 6 prompts' tokens.
+    assert.equal(m.value('moex:generation_tokens_total'), 60);
+    // Two long streams, one per rank, whose clients disconnect: each rank's blocks are freed.
+    const controllers = [new AbortController(), new AbortController()];
+    const started = [0, 0];
+    const streams = controllers.map(async (controller, i) => {
+      const stream = await dpClient.completions.create({ model: modelName, prompt: `Disconnect ${i}`, max_tokens: 1900,
+        temperature: 0, ignore_eos: true, stream: true }, { signal: controller.signal });
+      try {
+        for await (const chunk of stream) ++started[i];  // until the abort below
+      } catch { /* aborted */ }
+    });
+    for (let t = 0; t < 500 && Math.min(...started) < 3; t++) await new Promise((r) => setTimeout(r, 2));
+    const held = perRank(await metrics(dp.url), 'kv_cache_blocks_used');
+    for (const c of controllers) c.abort();
+    await Promise.all(streams);
+    assert.ok(held[0] > 0 && held[1] > 0, `blocks in use per rank while both stream: ${held}`);
+    let used = [1, 1];
+    for (let t = 0; t < 100 && (used[0] !== 0 || used[1] !== 0); t++) {
+      await new Promise((r) => setTimeout(r, 50));
+      m = await metrics(dp.url);
+      used = perRank(m, 'kv_cache_blocks_used');
+    }
+    assert.deepEqual(used, [0, 0], 'blocks per rank after the disconnects');
+    assert.equal(m.value('moex:kv_cache_usage_perc'), 0);
+    assert.equal(m.value('moex:request_success_total{finished_reason="abort"}'), 2);
+    const r = await dpClient.completions.create({ model: modelName, prompt, max_tokens: 12, temperature: 0, ignore_eos: true });
+    assert.equal(r.choices[0].text, greedyText);
+    // A rank that dies ends the job (with mpirun's message), not a server that hangs on its next step.
+    const rank1 = readdirSync('/proc').filter((d) => /^\d+$/.test(d)).find((d) => {
+      try {
+        return readFileSync(`/proc/${d}/stat`, 'utf8').replace(/^.*\) /, '').split(' ')[1] === String(dp.child.pid) &&
+               readFileSync(`/proc/${d}/environ`, 'utf8').split('\0').includes('OMPI_COMM_WORLD_RANK=1');
+      } catch { return false; }
+    });
+    assert.ok(rank1, 'rank 1 of the DP server');
+    const exited = new Promise((resolve) => dp.child.on('exit', (code, signal) => resolve({ code, signal })));
+    const pending = dpClient.completions.create({ model: modelName, prompt, max_tokens: 1900, temperature: 0, ignore_eos: true });
+    pending.catch(() => {});
+    process.kill(Number(rank1), 'SIGKILL');
+    const timeout = new Promise((resolve) => setTimeout(() => resolve('timeout'), 30000));
+    const end = await Promise.race([exited, timeout]);
+    assert.notEqual(end, 'timeout', 'the job still runs 30 s after rank 1 died');
+    assert.ok(end.code !== 0, `exit ${JSON.stringify(end)}`);
+    await assert.rejects(pending);
+  });
 }
 
 stopAll();

@@ -198,3 +198,30 @@ TEST(ServeEngine, CancelledRequestFreesItsBlocksAndOthersGoOn) {
 
 }  // namespace
 }  // namespace moex::serve
+
+namespace moex::serve {
+namespace {
+
+// Attention DP's request placement (serve/engine.h least_loaded_rank): fewest sequences, then the longest
+// cached prefix, then the most free blocks, then the lowest rank.
+TEST(ServeEngine, DataParallelAssignsTheLeastLoadedRank) {
+  EXPECT_EQ(least_loaded_rank({{0, 0, 10}}), 0);
+  EXPECT_EQ(least_loaded_rank({{3, 0, 10}, {2, 0, 1}, {4, 0, 99}}), 1);     // sequences decide first
+  EXPECT_EQ(least_loaded_rank({{2, 0, 10}, {2, 3, 1}}), 1);                 // a tie: the cached prefix
+  EXPECT_EQ(least_loaded_rank({{2, 1, 10}, {2, 1, 11}}), 1);                // then the free blocks
+  EXPECT_EQ(least_loaded_rank({{2, 1, 10}, {2, 1, 10}, {2, 1, 10}}), 0);    // then the lowest rank
+  EXPECT_EQ(least_loaded_rank({{1, 0, 10}, {2, 9, 99}}), 0);                // a prefix does not outweigh load
+  // A burst of requests on 2 empty ranks alternates between them.
+  std::vector<RankLoad> load(2, RankLoad{0, 0, 100});
+  std::vector<int> picked;
+  for (int i = 0; i < 6; ++i) {
+    const int r = least_loaded_rank(load);
+    picked.push_back(r);
+    ++load[r].sequences;
+    load[r].free_blocks -= 2;
+  }
+  EXPECT_EQ(picked, (std::vector<int>{0, 1, 0, 1, 0, 1}));
+}
+
+}  // namespace
+}  // namespace moex::serve

@@ -64,10 +64,9 @@ void run_serve(ServeFlags flags) {
 
   auto model = flags.model.load(static_cast<int>(flags.max_num_seqs));
   const ParallelPlan& plan = model->options().plan;
-  // Every rank runs rank 0's plan, so the attention must be split by heads (TP), not by sequences (DP).
-  MOEX_CHECK_INPUT(plan.single() || plan.attn == AttnParallel::kTP,
-                   "moex serve under mpirun takes --attn-parallel tp (every rank runs rank 0's schedule)");
-  if (plan.rank != 0) {  // rank 0 owns HTTP and the scheduler; this rank runs each step it sends
+  // Rank 0 owns HTTP and the scheduler(s). Attention TP: every rank runs rank 0's step. Attention DP: rank 0
+  // keeps a scheduler per rank and sends each rank its own sub-step (serve/step_sync.h).
+  if (plan.rank != 0) {  // this rank runs each step rank 0 sends
     serve::run_step_worker(*model->options().comm, *model, flags.max_num_seqs);
     return;
   }
@@ -106,12 +105,13 @@ void run_serve(ServeFlags flags) {
   });
   const auto& kv = model->kv_cache();
   std::printf("moex serve: listening on http://%s:%d (model '%s'; chat template %s; KV cache %s, %lld blocks = %lld positions; "
-              "--max-num-seqs %lld, --max-batch-tokens %lld, --max-model-len %lld, prefix caching %s%s)\n",
+              "--max-num-seqs %lld, --max-batch-tokens %lld, --max-model-len %lld, prefix caching %s%s%s)\n",
               so.host.c_str(), server.port(), so.model_name.c_str(),
               chat_template ? chat_template->family().c_str() : "none", kv_cache_dtype_name(kv.dtype()),
               static_cast<long long>(kv.num_blocks()), static_cast<long long>(kv.capacity_positions()),
               static_cast<long long>(eo.max_num_seqs), static_cast<long long>(eo.max_batch_tokens), static_cast<long long>(eo.max_model_len),
-              eo.prefix_caching ? "on" : "off", plan.single() ? "" : ("; " + plan.describe()).c_str());
+              eo.prefix_caching ? "on" : "off", plan.single() ? "" : ("; " + plan.describe()).c_str(),
+              engine.num_pools() > 1 ? "; KV cache, --max-num-seqs and --max-batch-tokens per rank" : "");
   std::fflush(stdout);
   server.run();
   pthread_kill(watcher.native_handle(), SIGTERM);  // run() also ends on a failed listen: release the watcher

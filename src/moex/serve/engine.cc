@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 
 #include "moex/base/error.h"
@@ -84,24 +85,52 @@ namespace {
 double seconds(RequestStream::Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 }  // namespace
 
+int least_loaded_rank(const std::vector<RankLoad>& ranks) {
+  int best = 0;
+  for (int r = 1; r < static_cast<int>(ranks.size()); ++r) {
+    const RankLoad &a = ranks[r], &b = ranks[best];
+    if (a.sequences != b.sequences ? a.sequences < b.sequences
+        : a.cached_blocks != b.cached_blocks ? a.cached_blocks > b.cached_blocks
+                                             : a.free_blocks > b.free_blocks)
+      best = r;
+  }
+  return best;
+}
+
+Engine::Pool::Pool(int32_t num_blocks, const EngineOptions& o, EngineMetrics& m, int rank, bool per_rank_metrics)
+    : blocks(num_blocks, static_cast<int32_t>(kernels::kKvBlockSize), o.prefix_caching),
+      scheduler(SchedulerOptions{o.max_num_seqs, o.max_batch_tokens}, blocks) {
+  tokens.reserve(o.max_batch_tokens);
+  seqs.reserve(o.max_num_seqs);
+  logit_rows.reserve(o.max_num_seqs);  // data() is never null: 0 rows is a real (empty) list, not "every row"
+  sampled.reserve(o.max_num_seqs);
+  if (!per_rank_metrics) return;
+  const metrics::Labels labels{{"model_name", o.model_name}, {"dp_rank", std::to_string(rank)}};
+  requests = &m.registry.counter("moex:dp_rank_requests_total", "Attention DP: requests assigned to this rank.", labels);
+  running = &m.registry.gauge("moex:dp_rank_num_requests_running", "Attention DP: requests running on this rank.", labels);
+  blocks_used = &m.registry.gauge("moex:dp_rank_kv_cache_blocks_used",
+                                  "Attention DP: KV-cache blocks referenced by a request in this rank's pool.", labels);
+}
+
 Engine::Engine(MixtralModel& model, const EngineOptions& options)
     : model_(model),
       options_(options),
+      data_parallel_(options.comm && model.options().plan.attn == AttnParallel::kDP && !model.options().plan.single()),
       num_blocks_(model.kv_cache().num_blocks()),
-      blocks_(static_cast<int32_t>(num_blocks_), static_cast<int32_t>(kernels::kKvBlockSize), options.prefix_caching),
-      scheduler_(SchedulerOptions{options.max_num_seqs, options.max_batch_tokens}, blocks_),
       metrics_(options.model_name) {
   MOEX_CHECK_INPUT(options.max_batch_tokens <= model.options().max_step_tokens, "--max-batch-tokens ",
                    options.max_batch_tokens, " is more than the model's step size ", model.options().max_step_tokens);
   MOEX_CHECK_INPUT(options.max_model_len >= 2 && options.max_model_len <= model.options().max_seq_len,
                    "--max-model-len ", options.max_model_len, " must be 2..", model.options().max_seq_len);
   MOEX_CHECK_INPUT(options.max_waiting >= 0, "--max-waiting must be >= 0");
-  step_tokens_.reserve(options.max_batch_tokens);
-  step_seqs_.reserve(options.max_num_seqs);
-  logit_rows_.reserve(options.max_num_seqs);
-  sampled_.reserve(options.max_num_seqs);
-  logits_.resize(static_cast<size_t>(options.max_num_seqs) * model.config().vocab_size);
-  metrics_.kv_blocks_total.set(static_cast<double>(num_blocks_));
+  MOEX_CHECK(!data_parallel_ || options.comm->size() == model.options().plan.world, "one pool per rank");
+  // Under attention DP every rank's pool has rank 0's shape (same flags, all KV heads): num_blocks_ each.
+  const int pools = data_parallel_ ? options.comm->size() : 1;
+  for (int r = 0; r < pools; ++r)
+    pools_.push_back(std::make_unique<Pool>(static_cast<int32_t>(num_blocks_), options, metrics_, r, data_parallel_));
+  inputs_.resize(pools);
+  logits_.resize(static_cast<size_t>(pools) * options.max_num_seqs * model.config().vocab_size);
+  metrics_.kv_blocks_total.set(static_cast<double>(num_blocks_ * pools));
   thread_ = std::thread([this] {
     become_compute_thread();  // this thread and its OpenMP team on the CPUs, not all on the main thread's one
     loop();
@@ -140,7 +169,7 @@ std::shared_ptr<RequestStream> Engine::submit(GenerationRequest request) {
   auto stream = std::make_shared<RequestStream>(prompt);
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (in_flight_ >= options_.max_num_seqs + options_.max_waiting) {
+    if (in_flight_ >= options_.max_num_seqs * num_pools() + options_.max_waiting) {
       metrics_.requests_rejected.inc();
       return nullptr;
     }
@@ -170,18 +199,44 @@ void Engine::finish(SeqId, Active& a, const std::string& reason, const std::stri
   --in_flight_;
 }
 
+// Global over the pools: sums of every rank's requests and blocks (and, under attention DP, each rank's own).
 void Engine::publish_gauges() {
   metrics::ServingMetrics& m = metrics_.serving;
-  m.num_requests_running.set(static_cast<double>(scheduler_.num_running()));
-  int64_t pending = 0;
+  int64_t pending = 0, running = 0, waiting = 0, used = 0;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     pending = static_cast<int64_t>(pending_.size());
   }
-  m.num_requests_waiting.set(static_cast<double>(scheduler_.num_waiting() + pending));
-  const int64_t used = blocks_.num_used_blocks();
+  for (const auto& p : pools_) {
+    running += p->scheduler.num_running();
+    waiting += p->scheduler.num_waiting();
+    used += p->blocks.num_used_blocks();
+    if (p->running) p->running->set(static_cast<double>(p->scheduler.num_running()));
+    if (p->blocks_used) p->blocks_used->set(static_cast<double>(p->blocks.num_used_blocks()));
+  }
+  m.num_requests_running.set(static_cast<double>(running));
+  m.num_requests_waiting.set(static_cast<double>(waiting + pending));
   metrics_.kv_blocks_used.set(static_cast<double>(used));
-  m.kv_cache_usage_perc.set(static_cast<double>(used) / static_cast<double>(std::max<int64_t>(num_blocks_, 1)));
+  const int64_t total = num_blocks_ * num_pools();
+  m.kv_cache_usage_perc.set(static_cast<double>(used) / static_cast<double>(std::max<int64_t>(total, 1)));
+}
+
+bool Engine::idle() const {
+  for (const auto& p : pools_)
+    if (!p->scheduler.idle()) return false;
+  return true;
+}
+
+int Engine::assign_pool(const std::vector<int32_t>& prompt) const {
+  if (pools_.size() == 1) return 0;
+  std::vector<RankLoad> load(pools_.size());
+  for (size_t r = 0; r < pools_.size(); ++r) {
+    const Pool& p = *pools_[r];
+    load[r].sequences = p.scheduler.num_running() + p.scheduler.num_waiting();
+    load[r].cached_blocks = p.blocks.probe_prefix(prompt.data(), static_cast<int64_t>(prompt.size())).blocks;
+    load[r].free_blocks = p.blocks.num_free_blocks();
+  }
+  return least_loaded_rank(load);
 }
 
 void Engine::loop() {
@@ -189,18 +244,26 @@ void Engine::loop() {
     {
       std::unique_lock<std::mutex> lock(mutex_);
       if (stop_) return;
-      if (pending_.empty() && scheduler_.idle())
+      if (pending_.empty() && idle())
         cv_.wait_for(lock, std::chrono::milliseconds(100), [&] { return stop_ || !pending_.empty(); });
       if (stop_) return;
     }
     try {
       step();
     } catch (const std::exception& e) {
+      // A rank that stopped answering (or died) leaves the ranks out of step: the job ends here (mpirun
+      // then stops the other ranks), with the message.
+      const auto* error = dynamic_cast<const Error*>(&e);
+      if (options_.comm && error && error->kind() == ErrorKind::kComm) {
+        std::fprintf(stderr, "moex serve: rank 0: %s; ending the job\n", e.what());
+        std::fflush(stdout);
+        std::_Exit(3);
+      }
       // Never reached on valid input (requests are checked in submit); if it is, every request in flight
       // fails with the message and the engine goes on with an empty batch.
       std::fprintf(stderr, "moex serve: error in a step: %s\n", e.what());
       for (auto& [id, a] : active_) {
-        scheduler_.cancel(id);
+        pools_[a.pool]->scheduler.cancel(id);
         finish(id, a, "abort", std::string("internal error: ") + e.what());
       }
     }
@@ -209,7 +272,7 @@ void Engine::loop() {
 
 void Engine::step() {
   const auto step_start = RequestStream::Clock::now();
-  // New requests join the scheduler's queue (FCFS by submission).
+  // New requests join a pool's queue (FCFS by submission; under attention DP the least loaded rank's).
   std::deque<Pending> incoming;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -217,8 +280,9 @@ void Engine::step() {
   }
   for (Pending& p : incoming) {
     const int64_t max_tokens = p.request.max_tokens;
+    const int pool = assign_pool(p.request.prompt);
     try {
-      scheduler_.add(p.id, std::move(p.request.prompt), max_tokens);  // checked in submit: should not throw
+      pools_[pool]->scheduler.add(p.id, std::move(p.request.prompt), max_tokens);  // checked in submit: should not throw
     } catch (const std::exception& e) {
       p.stream->finish("abort", e.what());
       metrics_.serving.request_success_abort.inc();
@@ -226,7 +290,9 @@ void Engine::step() {
       --in_flight_;
       continue;
     }
+    if (pools_[pool]->requests) pools_[pool]->requests->inc();
     Active a(p.stream, p.request.sampler);
+    a.pool = pool;
     a.max_tokens = max_tokens;
     a.ignore_eos = p.request.ignore_eos;
     a.arrival = p.arrival;
@@ -235,100 +301,122 @@ void Engine::step() {
   // Clients that went away (or stopped on a stop string): cancelled now, their blocks freed by schedule().
   for (auto& [id, a] : active_) {
     if (a.finished || !a.stream->cancelled()) continue;
-    scheduler_.cancel(id);
+    pools_[a.pool]->scheduler.cancel(id);
     finish(id, a, "cancelled");
   }
-  if (scheduler_.idle()) {
+  if (idle()) {
     publish_gauges();
     if (options_.comm) send_command(*options_.comm, StepCommand::kIdle);  // keeps the other ranks' wait short
     return;
   }
 
-  const StepPlan& plan = scheduler_.schedule();
-  for (SeqId id : plan.released) active_.erase(id);
+  // Each pool's scheduler plans its part of the step (under attention DP: rank r's sub-step).
   metrics::ServingMetrics& m = metrics_.serving;
-  m.num_preemptions.inc(static_cast<double>(plan.preempted.size()));
-  if (plan.seqs.empty()) {
+  size_t num_seqs = 0;
+  for (auto& p : pools_) {
+    p->plan = &p->scheduler.schedule();
+    for (SeqId id : p->plan->released) active_.erase(id);
+    m.num_preemptions.inc(static_cast<double>(p->plan->preempted.size()));
+    num_seqs += p->plan->seqs.size();
+  }
+  if (num_seqs == 0) {
     publish_gauges();
     return;
   }
 
-  // StepInput: each sequence's tokens [begin, end) through its block table; logits of the rows that sample.
-  step_tokens_.clear();
-  step_seqs_.clear();
-  logit_rows_.clear();
+  // StepInput per pool: each sequence's tokens [begin, end) through its block table; logits of the rows that
+  // sample.
   const auto now = RequestStream::Clock::now();
   int64_t prompt_rows = 0, decode_rows = 0;
-  for (const ScheduledSeq& s : plan.seqs) {
-    const int64_t row = static_cast<int64_t>(step_tokens_.size()), len = s.end - s.begin;
-    step_tokens_.insert(step_tokens_.end(), s.tokens + s.begin, s.tokens + s.end);
-    step_seqs_.push_back(StepSeq{s.block_table, s.num_blocks, s.begin, len});
-    if (s.sample) logit_rows_.push_back(static_cast<int32_t>(row + len - 1));
-    Active& a = active_.at(s.id);
-    // A decode row: one token after the request's first sampled one. Anything else is prompt (or, after
-    // a preemption, recompute) work.
-    const bool decode = len == 1 && s.sample && a.first_token != RequestStream::Clock::time_point{};
-    (decode ? decode_rows : prompt_rows) += len;
-    if (!decode) a.prompt_computed += len;
-    if (!a.seen) {  // first scheduled: its cached prefix is what the plan starts after
-      a.seen = true;
-      a.scheduled = now;
-      const double prompt = static_cast<double>(a.stream->prompt_tokens());
-      a.stream->set_cached_tokens(s.begin);
-      m.prompt_tokens.inc(prompt);
-      m.prefix_cache_queries.inc(prompt);
-      m.prefix_cache_hits.inc(static_cast<double>(s.begin));
-      m.request_queue_time_seconds.observe(seconds(now - a.arrival));
+  for (size_t r = 0; r < pools_.size(); ++r) {
+    Pool& p = *pools_[r];
+    p.tokens.clear();
+    p.seqs.clear();
+    p.logit_rows.clear();
+    for (const ScheduledSeq& s : p.plan->seqs) {
+      const int64_t row = static_cast<int64_t>(p.tokens.size()), len = s.end - s.begin;
+      p.tokens.insert(p.tokens.end(), s.tokens + s.begin, s.tokens + s.end);
+      p.seqs.push_back(StepSeq{s.block_table, s.num_blocks, s.begin, len});
+      if (s.sample) p.logit_rows.push_back(static_cast<int32_t>(row + len - 1));
+      Active& a = active_.at(s.id);
+      // A decode row: one token after the request's first sampled one. Anything else is prompt (or, after
+      // a preemption, recompute) work.
+      const bool decode = len == 1 && s.sample && a.first_token != RequestStream::Clock::time_point{};
+      (decode ? decode_rows : prompt_rows) += len;
+      if (!decode) a.prompt_computed += len;
+      if (!a.seen) {  // first scheduled: its cached prefix is what the plan starts after
+        a.seen = true;
+        a.scheduled = now;
+        const double prompt = static_cast<double>(a.stream->prompt_tokens());
+        a.stream->set_cached_tokens(s.begin);
+        m.prompt_tokens.inc(prompt);
+        m.prefix_cache_queries.inc(prompt);
+        m.prefix_cache_hits.inc(static_cast<double>(s.begin));
+        m.request_queue_time_seconds.observe(seconds(now - a.arrival));
+      }
     }
+    StepInput& input = inputs_[r];
+    input.tokens = p.tokens.data();
+    input.num_tokens = static_cast<int64_t>(p.tokens.size());
+    input.seqs = p.seqs.data();
+    input.num_seqs = static_cast<int64_t>(p.seqs.size());
+    input.logit_rows = p.logit_rows.data();  // reserved: never null, so 0 rows means none
+    input.num_logit_rows = static_cast<int64_t>(p.logit_rows.size());
   }
-  StepInput input;
-  input.tokens = step_tokens_.data();
-  input.num_tokens = static_cast<int64_t>(step_tokens_.size());
-  input.seqs = step_seqs_.data();
-  input.num_seqs = static_cast<int64_t>(step_seqs_.size());
-  input.logit_rows = logit_rows_.data();
-  input.num_logit_rows = static_cast<int64_t>(logit_rows_.size());
-  if (options_.comm) send_step(*options_.comm, input);  // every rank runs the same step
+  std::vector<comm::P2PRequest> logit_receives;
+  const int vocab = model_.config().vocab_size;
+  if (data_parallel_) {  // every rank its own sub-step (rank 0 possibly none: it still joins the collectives)
+    send_substeps(*options_.comm, inputs_);
+    logit_receives = receive_logits(*options_.comm, inputs_, vocab, logits_.data());
+  } else if (options_.comm) {
+    send_step(*options_.comm, inputs_[0]);  // every rank runs the same step
+  }
   const auto forward_start = RequestStream::Clock::now();
-  model_.forward(input, logits_.data());
+  model_.forward(inputs_[0], logits_.data());  // pool 0's rows first in logits_, then rank 1's, ...
+  if (data_parallel_) options_.comm->wait_all(logit_receives);
   const auto forward_end = RequestStream::Clock::now();
 
-  const int vocab = model_.config().vocab_size;
-  sampled_.assign(plan.seqs.size(), -1);
-  size_t r = 0;
-  for (size_t i = 0; i < plan.seqs.size(); ++i) {
-    if (!plan.seqs[i].sample) continue;
-    Active& a = active_.at(plan.seqs[i].id);
-    a.sampler.sample(logits_.data() + r * vocab, vocab, &a.generated, &a.last);  // logprobs when asked for
-    sampled_[i] = a.last.token;
-    a.generated.add(sampled_[i]);
-    ++r;
+  size_t row = 0;
+  for (auto& p : pools_) {
+    const StepPlan& plan = *p->plan;
+    p->sampled.assign(plan.seqs.size(), -1);
+    for (size_t i = 0; i < plan.seqs.size(); ++i) {
+      if (!plan.seqs[i].sample) continue;
+      Active& a = active_.at(plan.seqs[i].id);
+      a.sampler.sample(logits_.data() + row * vocab, vocab, &a.generated, &a.last);  // logprobs when asked for
+      p->sampled[i] = a.last.token;
+      a.generated.add(p->sampled[i]);
+      ++row;
+    }
+    p->scheduler.complete(plan, p->sampled.data());
   }
-  scheduler_.complete(plan, sampled_.data());
 
   const auto done = RequestStream::Clock::now();
   const int eos = model_.config().eos_token_id;
-  for (size_t i = 0; i < plan.seqs.size(); ++i) {
-    if (!plan.seqs[i].sample) continue;
-    const SeqId id = plan.seqs[i].id;
-    Active& a = active_.at(id);
-    const int32_t token = sampled_[i];
-    a.stream->push(token, a.sampler.options().logprobs ? &a.last : nullptr);
-    m.generation_tokens.inc();
-    ++a.num_tokens;
-    if (a.first_token == RequestStream::Clock::time_point{}) {
-      a.first_token = done;
-      m.time_to_first_token_seconds.observe(seconds(done - a.arrival));
-      metrics_.request_prompt_computed_tokens.observe(static_cast<double>(a.prompt_computed));
-    } else {
-      m.inter_token_latency_seconds.observe(seconds(done - a.last_token));
-    }
-    a.last_token = done;
-    if (!a.ignore_eos && token == eos) {
-      scheduler_.finish(id);
-      finish(id, a, "stop");
-    } else if (scheduler_.num_generated(id) >= a.max_tokens) {
-      finish(id, a, "length");  // the scheduler finished it in complete()
+  for (auto& p : pools_) {
+    const StepPlan& plan = *p->plan;
+    for (size_t i = 0; i < plan.seqs.size(); ++i) {
+      if (!plan.seqs[i].sample) continue;
+      const SeqId id = plan.seqs[i].id;
+      Active& a = active_.at(id);
+      const int32_t token = p->sampled[i];
+      a.stream->push(token, a.sampler.options().logprobs ? &a.last : nullptr);
+      m.generation_tokens.inc();
+      ++a.num_tokens;
+      if (a.first_token == RequestStream::Clock::time_point{}) {
+        a.first_token = done;
+        m.time_to_first_token_seconds.observe(seconds(done - a.arrival));
+        metrics_.request_prompt_computed_tokens.observe(static_cast<double>(a.prompt_computed));
+      } else {
+        m.inter_token_latency_seconds.observe(seconds(done - a.last_token));
+      }
+      a.last_token = done;
+      if (!a.ignore_eos && token == eos) {
+        p->scheduler.finish(id);
+        finish(id, a, "stop");
+      } else if (p->scheduler.num_generated(id) >= a.max_tokens) {
+        finish(id, a, "length");  // the scheduler finished it in complete()
+      }
     }
   }
   publish_gauges();
@@ -348,7 +436,7 @@ void Engine::step() {
     std::fprintf(stderr,
                  "moex serve: step %lld %s seqs %zu prompt rows %lld decode rows %lld: %.3f ms (forward %.3f ms, "
                  "other %.3f ms)\n",
-                 static_cast<long long>(step_number_), prefill ? "prefill" : "decode", plan.seqs.size(),
+                 static_cast<long long>(step_number_), prefill ? "prefill" : "decode", num_seqs,
                  static_cast<long long>(prompt_rows), static_cast<long long>(decode_rows), step_s * 1e3,
                  forward_s * 1e3, (step_s - forward_s) * 1e3);
 }

@@ -30,7 +30,10 @@ struct EngineOptions {
   bool prefix_caching = true;
   std::string model_name = "moex";  // the model_name label on every metric
   bool log_steps = false;           // one stderr line per step: its kind, rows and where its time went
-  // Multi-rank (this is rank 0): every step's input is broadcast to the other ranks (serve/step_sync.h).
+  // Multi-rank (this is rank 0): every step's input goes to the other ranks (serve/step_sync.h). Under
+  // attention TP all ranks run rank 0's step; under attention DP (the model's plan) the engine keeps one
+  // scheduler and block manager per rank (each rank's pool), assigns each request to a rank
+  // (least_loaded_rank) and sends each rank its own sub-step; max_num_seqs and max_batch_tokens are per rank.
   comm::Communicator* comm = nullptr;
 };
 
@@ -105,6 +108,15 @@ struct EngineMetrics {
   StepKind prefill_steps, decode_steps;
 };
 
+// Attention DP: which rank a new request goes to. The fewest sequences (running + waiting) first; on a tie
+// the longest cached prefix of the prompt in the rank's pool, then the most free blocks, then the lowest rank.
+struct RankLoad {
+  int64_t sequences = 0;      // running + waiting on the rank
+  int64_t cached_blocks = 0;  // full blocks of the prompt already in the rank's prefix cache
+  int64_t free_blocks = 0;
+};
+int least_loaded_rank(const std::vector<RankLoad>& ranks);
+
 class Engine {
  public:
   // The model's pool and step size bound the options (max_batch_tokens <= the model's step tokens).
@@ -119,7 +131,9 @@ class Engine {
 
   const EngineOptions& options() const { return options_; }
   const MixtralModel& model() const { return model_; }
+  // One pool's positions (a request lives on one rank, so this bounds a request under attention DP too).
   int64_t capacity_positions() const { return num_blocks_ * kernels::kKvBlockSize; }
+  int num_pools() const { return static_cast<int>(pools_.size()); }  // ranks under attention DP, else 1
   EngineMetrics& metrics() { return metrics_; }
 
  private:
@@ -129,6 +143,7 @@ class Engine {
     Sampler sampler;
     TokenCounts generated;  // what the presence / frequency penalties look at
     SampledToken last;      // the latest sampled token and its logprobs (reused: no allocation per token)
+    int pool = 0;            // the rank whose pool holds its KV (attention DP), else 0
     int64_t max_tokens = 0;
     int64_t num_tokens = 0;  // generated so far
     bool ignore_eos = false;
@@ -147,13 +162,32 @@ class Engine {
   void step();
   void finish(SeqId id, Active& a, const std::string& reason, const std::string& error = "");
   void publish_gauges();
+  bool idle() const;
+  int assign_pool(const std::vector<int32_t>& prompt) const;
+
+  // One scheduler over one block manager per pool (rank r's pool under attention DP; one otherwise), and
+  // that pool's part of the current step.
+  struct Pool {
+    Pool(int32_t num_blocks, const EngineOptions& o, EngineMetrics& m, int rank, bool per_rank_metrics);
+    KvBlockManager blocks;
+    Scheduler scheduler;
+    const StepPlan* plan = nullptr;
+    std::vector<int32_t> tokens;      // [max_batch_tokens] this step's rows
+    std::vector<StepSeq> seqs;        // [max_num_seqs]
+    std::vector<int32_t> logit_rows;  // [max_num_seqs] rows that sample
+    std::vector<int32_t> sampled;     // [max_num_seqs] per plan sequence
+    // Attention DP only (null otherwise): requests assigned, requests running, blocks referenced on this rank.
+    metrics::Counter* requests = nullptr;
+    metrics::Gauge* running = nullptr;
+    metrics::Gauge* blocks_used = nullptr;
+  };
 
   MixtralModel& model_;
   EngineOptions options_;
-  int64_t num_blocks_;
-  KvBlockManager blocks_;
-  Scheduler scheduler_;
+  bool data_parallel_;
+  int64_t num_blocks_;  // per pool
   EngineMetrics metrics_;
+  std::vector<std::unique_ptr<Pool>> pools_;
 
   std::mutex mutex_;  // guards pending_, stop_, in_flight_
   std::condition_variable cv_;
@@ -164,9 +198,8 @@ class Engine {
 
   // Engine-thread state.
   std::unordered_map<SeqId, Active> active_;
-  std::vector<int32_t> step_tokens_, logit_rows_, sampled_;
-  std::vector<StepSeq> step_seqs_;
-  std::vector<float> logits_;  // [max_num_seqs, vocab]
+  std::vector<StepInput> inputs_;  // [pools] each pool's StepInput (rank r's sub-step under attention DP)
+  std::vector<float> logits_;      // [pools * max_num_seqs, vocab], pool 0's rows first
   int64_t step_number_ = 0;
   std::thread thread_;
 };
