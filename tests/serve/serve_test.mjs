@@ -548,6 +548,13 @@ if (mpirun) {
   // Attention DP: rank 0 keeps a scheduler and block manager per rank and sends each rank its own sequences;
   // every rank joins each step's MoE all-to-all (0 rows included); logit rows come back to rank 0.
   await check('mpirun -np 2 moex serve --attn-parallel dp --moe-parallel ep: the tokens of one rank, blocks freed per rank, a dead rank ends the job', async () => {
+    // One rank: --attn-parallel dp is a plain single-rank server (as before DP serving existed).
+    const single = await startServer(['--attn-parallel', 'dp', '--max-num-seqs', '4', '--max-batch-tokens', '64']);
+    const singleClient = new OpenAI({ baseURL: `${single.url}/v1`, apiKey: 'unused', maxRetries: 0 });
+    const alone = await singleClient.completions.create({ model: modelName, prompt, max_tokens: 12, temperature: 0,
+                                                          ignore_eos: true });
+    assert.equal(alone.choices[0].text, greedyText);
+    single.child.kill('SIGTERM');
     const dp = await startServer(['--attn-parallel', 'dp', '--moe-parallel', 'ep', '--comm-tuning', 'none',
                                   '--max-num-seqs', '4', '--max-batch-tokens', '64'], 2);
     const dpClient = new OpenAI({ baseURL: `${dp.url}/v1`, apiKey: 'unused', maxRetries: 0 });
