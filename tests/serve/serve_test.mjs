@@ -624,6 +624,23 @@ if (mpirun) {
     assert.ok(end.code !== 0, `exit ${JSON.stringify(end)}`);
     await assert.rejects(pending);
   });
+
+  await check('mpirun -np 2 moex serve --attn-parallel dp: a full pool preempts on its own rank, the tokens stay one rank\'s', async () => {
+    // 8 blocks (128 positions) per rank: 4 requests of ~48 positions on each rank do not fit at once.
+    const dp = await startServer(['--attn-parallel', 'dp', '--moe-parallel', 'ep', '--comm-tuning', 'none',
+                                  '--max-num-seqs', '4', '--max-batch-tokens', '64', '--kv-cache-gb', '0.000033'], 2);
+    const dpClient = new OpenAI({ baseURL: `${dp.url}/v1`, apiKey: 'unused', maxRetries: 0 });
+    const prompts = Array.from({ length: 8 }, (_, i) => `Prompt number ${i}`);
+    const ask = (c) => Promise.all(prompts.map((p) =>
+      c.completions.create({ model: modelName, prompt: p, max_tokens: 40, temperature: 0, ignore_eos: true })));
+    const [one, two] = [await ask(client), await ask(dpClient)];
+    assert.deepEqual(two.map((x) => x.choices[0].text), one.map((x) => x.choices[0].text));
+    const m = await metrics(dp.url);
+    assert.ok(m.value('moex:num_preemptions_total') > 0, 'no preemption: the test does not test it');
+    assert.equal(m.value('moex:kv_cache_blocks_total'), 16);
+    assert.equal(m.value('moex:kv_cache_usage_perc'), 0);
+    dp.child.kill('SIGTERM');
+  });
 }
 
 stopAll();
