@@ -21,10 +21,11 @@ const model = join(work, 'tiny');
 execFileSync(moex, ['gen-model', '--preset', 'tiny', '--seed', '7', '--out', model], { stdio: 'ignore' });
 
 const servers = [];
-function startServer(args, ranks = 1, modelDir = model) {
+function startServer(args, ranks = 1, modelDir = model, extraEnv = {}) {
   return new Promise((resolve, reject) => {
     const serve = ['serve', '--model', modelDir, '--port', '0', '--threads', '1', ...args];
-    const env = { ...process.env, OMPI_MCA_mpi_yield_when_idle: '1', OMPI_MCA_btl_vader_single_copy_mechanism: 'none' };
+    const env = { ...process.env, OMPI_MCA_mpi_yield_when_idle: '1', OMPI_MCA_btl_vader_single_copy_mechanism: 'none',
+                  ...extraEnv };
     const child = ranks === 1
       ? spawn(moex, serve, { stdio: ['ignore', 'pipe', 'inherit'] })
       : spawn(mpirun, ['--allow-run-as-root', '--oversubscribe', '-np', String(ranks), moex, ...serve],
@@ -545,6 +546,18 @@ if (mpirun) {
     ep.child.kill('SIGTERM');
   });
 
+  // The pid of rank `rank` of an mpirun child.
+  const rankPid = (child, rank) => {
+    const pid = readdirSync('/proc').filter((d) => /^\d+$/.test(d)).find((d) => {
+      try {
+        return readFileSync(`/proc/${d}/stat`, 'utf8').replace(/^.*\) /, '').split(' ')[1] === String(child.pid) &&
+               readFileSync(`/proc/${d}/environ`, 'utf8').split('\0').includes(`OMPI_COMM_WORLD_RANK=${rank}`);
+      } catch { return false; }
+    });
+    assert.ok(pid, `rank ${rank} under mpirun`);
+    return Number(pid);
+  };
+
   // Attention DP: rank 0 keeps a scheduler and block manager per rank and sends each rank its own sequences;
   // every rank joins each step's MoE all-to-all (0 rows included); logit rows come back to rank 0.
   await check('mpirun -np 2 moex serve --attn-parallel dp --moe-parallel ep: the tokens of one rank, blocks freed per rank, a dead rank ends the job', async () => {
@@ -607,13 +620,7 @@ if (mpirun) {
     const r = await dpClient.completions.create({ model: modelName, prompt, max_tokens: 12, temperature: 0, ignore_eos: true });
     assert.equal(r.choices[0].text, greedyText);
     // A rank that dies ends the job (with mpirun's message), not a server that hangs on its next step.
-    const rank1 = readdirSync('/proc').filter((d) => /^\d+$/.test(d)).find((d) => {
-      try {
-        return readFileSync(`/proc/${d}/stat`, 'utf8').replace(/^.*\) /, '').split(' ')[1] === String(dp.child.pid) &&
-               readFileSync(`/proc/${d}/environ`, 'utf8').split('\0').includes('OMPI_COMM_WORLD_RANK=1');
-      } catch { return false; }
-    });
-    assert.ok(rank1, 'rank 1 of the DP server');
+    const rank1 = rankPid(dp.child, 1);
     const exited = new Promise((resolve) => dp.child.on('exit', (code, signal) => resolve({ code, signal })));
     const pending = dpClient.completions.create({ model: modelName, prompt, max_tokens: 1900, temperature: 0, ignore_eos: true });
     pending.catch(() => {});
@@ -625,10 +632,11 @@ if (mpirun) {
     await assert.rejects(pending);
   });
 
-  await check('mpirun -np 2 moex serve --attn-parallel dp: a full pool preempts on its own rank, the tokens stay one rank\'s', async () => {
+  await check('mpirun -np 2 moex serve --attn-parallel dp: a full pool preempts on its own rank, the tokens stay one rank\'s; a stopped rank 0 times out rank 1', async () => {
     // 8 blocks (128 positions) per rank: 4 requests of ~48 positions on each rank do not fit at once.
     const dp = await startServer(['--attn-parallel', 'dp', '--moe-parallel', 'ep', '--comm-tuning', 'none',
-                                  '--max-num-seqs', '4', '--max-batch-tokens', '64', '--kv-cache-gb', '0.000033'], 2);
+                                  '--max-num-seqs', '4', '--max-batch-tokens', '64', '--kv-cache-gb', '0.000033'], 2,
+                                 model, { MOEX_COMM_TIMEOUT: '3' });
     const dpClient = new OpenAI({ baseURL: `${dp.url}/v1`, apiKey: 'unused', maxRetries: 0 });
     const prompts = Array.from({ length: 8 }, (_, i) => `Prompt number ${i}`);
     const ask = (c) => Promise.all(prompts.map((p) =>
@@ -639,7 +647,13 @@ if (mpirun) {
     assert.ok(m.value('moex:num_preemptions_total') > 0, 'no preemption: the test does not test it');
     assert.equal(m.value('moex:kv_cache_blocks_total'), 16);
     assert.equal(m.value('moex:kv_cache_usage_perc'), 0);
-    dp.child.kill('SIGTERM');
+    // Rank 0 stops (alive, silent): rank 1 hears no heartbeat for MOEX_COMM_TIMEOUT (3 s) and ends the job.
+    const exited = new Promise((resolve) => dp.child.on('exit', (code, signal) => resolve({ code, signal })));
+    const started = Date.now();
+    process.kill(rankPid(dp.child, 0), 'SIGSTOP');
+    const end = await Promise.race([exited, new Promise((resolve) => setTimeout(() => resolve('timeout'), 30000))]);
+    assert.notEqual(end, 'timeout', 'the job still runs 30 s after rank 0 stopped');
+    assert.ok(end.code !== 0 && Date.now() - started >= 2500, `exit ${JSON.stringify(end)} after ${Date.now() - started} ms`);
   });
 }
 
