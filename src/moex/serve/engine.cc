@@ -2,11 +2,11 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 #include <exception>
 
 #include "moex/base/error.h"
 #include "moex/base/threads.h"
+#include "moex/comm/job.h"
 #include "moex/serve/step_sync.h"
 
 namespace moex::serve {
@@ -254,10 +254,9 @@ void Engine::loop() {
       // A rank that stopped answering (or died) leaves the ranks out of step: the job ends here (mpirun
       // then stops the other ranks), with the message.
       const auto* error = dynamic_cast<const Error*>(&e);
-      if (options_.comm && error && error->kind() == ErrorKind::kComm) {
-        std::fprintf(stderr, "moex serve: rank 0: %s; ending the job\n", e.what());
+      if (options_.comm && error && error->kind() == ErrorKind::kComm && comm::in_multi_rank_job()) {
         std::fflush(stdout);
-        std::_Exit(3);
+        comm::abort_job(error->exit_code(), e.what(), "moex serve: error: ");  // tells the peers, then MPI_Abort
       }
       // Never reached on valid input (requests are checked in submit); if it is, every request in flight
       // fails with the message and the engine goes on with an empty batch.

@@ -41,8 +41,9 @@ void receive_header(comm::Communicator& comm, Header& h) {
   auto sleep = std::chrono::microseconds(50);
   for (uint64_t tests = 0; !comm.test_all({&request, 1}); ++tests) {
     const auto waited = Clock::now() - start;
-    MOEX_CHECK(waited < limit, "moex serve: rank ", comm.rank(), " heard nothing from rank 0 for ",
-               comm::comm_timeout_seconds(), " s (MOEX_COMM_TIMEOUT)");
+    if (waited >= limit)  // rank 0 is gone or stuck: a comm failure (exit 3), as a collective's timeout
+      throw_error(ErrorKind::kComm, detail::concat("moex serve: rank ", comm.rank(), " heard nothing from rank 0 for ",
+                                                   comm::comm_timeout_seconds(), " s (MOEX_COMM_TIMEOUT)"));
     if (waited < std::chrono::milliseconds(1)) {
       std::this_thread::yield();
     } else {
