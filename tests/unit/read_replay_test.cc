@@ -78,6 +78,13 @@ double config_step_bytes(const ModelConfig& c, bool int8_experts) {
   return d * 2 + c.num_hidden_layers * (dense_per_layer * 2 + k * expert) + d * 2 + V * d * 2;
 }
 
+// The same without the experts and the embedding row: what every step reads again.
+double config_step_bytes_without_experts(const ModelConfig& c) {
+  ModelConfig none = c;
+  none.num_experts_per_tok = 0;
+  return config_step_bytes(none, false) - c.hidden_size * 2.0;
+}
+
 void check_recorded_steps(const std::string& preset, bool int8_experts) {
   ModelOptions o;
   o.max_batch = 1;
@@ -111,6 +118,15 @@ void check_recorded_steps(const std::string& preset, bool int8_experts) {
     std::set<const void*> seen;
     for (const kernels::ByteRange& r : step) EXPECT_TRUE(seen.insert(r.data).second) << preset << " step " << s;
   }
+  // Everything but the experts and the embedding row repeats from step to step; the run's distinct bytes
+  // are at least one step's and at most all of them.
+  const tools::RepeatStats r = tools::repeat_stats(recorder.steps());
+  EXPECT_EQ(r.step_bytes, expected);
+  const double experts_and_row = expected - config_step_bytes_without_experts(c);
+  EXPECT_GE(r.repeated_bytes, expected - experts_and_row) << preset;
+  EXPECT_LE(r.repeated_bytes, expected) << preset;
+  EXPECT_GE(r.distinct_bytes, expected);
+  EXPECT_LE(r.distinct_bytes, 5 * expected);
   // The probe streams exactly the recorded bytes.
   EXPECT_EQ(static_cast<double>(kernels::stream_read_steps(recorder.steps()).bytes), 5 * expected);
 }

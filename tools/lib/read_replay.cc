@@ -71,6 +71,26 @@ size_t bytes_of(const kernels::StepReads& step) {
   return total;
 }
 
+RepeatStats repeat_stats(const std::vector<kernels::StepReads>& steps) {
+  RepeatStats r;
+  if (steps.empty()) return r;
+  using Key = std::pair<const void*, size_t>;
+  std::set<Key> all, before;
+  for (size_t s = 0; s < steps.size(); ++s) {
+    std::set<Key> now;
+    for (const kernels::ByteRange& b : steps[s]) {
+      r.step_bytes += static_cast<double>(b.bytes);
+      if (s > 0 && before.count({b.data, b.bytes})) r.repeated_bytes += static_cast<double>(b.bytes);
+      now.insert({b.data, b.bytes});
+      if (all.insert({b.data, b.bytes}).second) r.distinct_bytes += static_cast<double>(b.bytes);
+    }
+    before = std::move(now);
+  }
+  r.step_bytes /= static_cast<double>(steps.size());
+  if (steps.size() > 1) r.repeated_bytes /= static_cast<double>(steps.size() - 1);
+  return r;
+}
+
 StepReadRecorder::StepReadRecorder(const MixtralModel& model, const std::vector<std::vector<int>>& prompts,
                                    bool skip_prefill)
     : model_(model), batch_(static_cast<int>(prompts.size())), skip_prefill_(skip_prefill) {

@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <set>
 #include <vector>
 
 #include "moex/kernels/probe.h"
@@ -19,6 +20,13 @@ namespace moex::tools {
 // (contiguous) views. KV-cache reads are not weights and not included.
 kernels::StepReads step_weight_reads(const MixtralModel& model, const std::vector<int32_t>& tokens);
 size_t bytes_of(const kernels::StepReads& step);
+
+// What a run's reads repeat (ranges compared by start and length): the mean bytes per step, the mean of
+// each step's bytes that the step before read too (steps 1..n-1), and the distinct bytes of the whole run.
+struct RepeatStats {
+  double step_bytes = 0, repeated_bytes = 0, distinct_bytes = 0;
+};
+RepeatStats repeat_stats(const std::vector<kernels::StepReads>& steps);
 
 // Records the steps of generate() runs: pass on_token() as its callback. generate() calls it once per live
 // sequence after each round (the prompts' prefill, then every decode step), sequences in order; the recorder

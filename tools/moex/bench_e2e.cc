@@ -75,6 +75,7 @@ struct Row {
   double peak = 0;             // FLOP/s of the instruction the roofline uses
   Probes probes;
   double replay_seconds = 0;   // per unit: the replay probe over the run's own reads (tg rows; 0: none)
+  RepeatStats repeats;         // tg rows: what the run's reads repeat from step to step
   double tokens_per_s() const { return tokens / seconds; }
   // The read term: the replay probe's time where it ran, else bytes over the DRAM probe.
   double read_seconds() const { return replay_seconds > 0 ? replay_seconds : bytes / probes.read_bytes_per_s; }
@@ -174,6 +175,7 @@ std::vector<Row> bench_format(const E2EFlags& f, const std::string& weights) {
     const double replay = measure_median(timing, [&] { sink = sink + kernels::stream_read_steps(recorder.steps()).checksum; }).seconds / n;
     add("tg" + std::to_string(n), 1, 1, seconds, recorder.mean_step_bytes(), flops_per_token(c, (n - 1) / 2.0, true));
     rows.back().replay_seconds = replay;
+    rows.back().repeats = repeat_stats(recorder.steps());
   }
   for (int batch : f.batches) {
     // B one-token prompts (one call each), then n decode steps of B tokens: the steps' time is the run with n
@@ -218,6 +220,13 @@ void run_e2e(E2EFlags& f) {
       const Probes& p = r.front().probes;
       std::fprintf(stderr, "%s: probes read %.1f GB/s, vdpbf16ps %.0f GFLOPS, vpdpbusd %.0f GOPS\n",
                    r.front().weights.c_str(), p.read_bytes_per_s / 1e9, p.bf16_flops / 1e9, p.vnni_ops / 1e9);
+      for (const Row& row : r)
+        if (row.replay_seconds > 0)
+          std::fprintf(stderr, "%s %s: %.1f MB/step, %.1f MB of it (%.0f%%) read by the step before too; %.1f MB "
+                       "distinct over the run; replay %.1f GB/s\n", row.weights.c_str(), row.test.c_str(),
+                       row.bytes / 1e6, row.repeats.repeated_bytes / 1e6,
+                       100.0 * row.repeats.repeated_bytes / row.repeats.step_bytes, row.repeats.distinct_bytes / 1e6,
+                       row.bytes / row.replay_seconds / 1e9);
     }
   }
   if (f.json) {
@@ -232,6 +241,8 @@ void run_e2e(E2EFlags& f) {
       if (r.replay_seconds > 0) {
         row["replay_ms"] = r.replay_seconds * 1e3;
         row["replay_gb_per_s"] = r.bytes / r.replay_seconds / 1e9;
+        row["repeated_bytes_per_step"] = r.repeats.repeated_bytes;  // also read by the step before
+        row["distinct_bytes"] = r.repeats.distinct_bytes;           // over the whole run
       }
       out.push_back(row);
     }
