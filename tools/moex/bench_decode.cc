@@ -24,14 +24,16 @@
 namespace moex::tools {
 namespace {
 
-// Read bandwidth (bytes/s) over a buffer of `bytes`, median of `repeats` passes.
-double measure_read_bandwidth(size_t bytes, int repeats) {
+// Read bandwidth (bytes/s) over a buffer of `bytes`, median of `repeats` passes (after a warm-up pass: every
+// pass re-reads the same buffer, so one that fits a cache level measures that level).
+double measure_read_bandwidth(size_t bytes, int repeats, bool cpu_clock = false) {
   void* buffer = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   MOEX_CHECK(buffer != MAP_FAILED, "cannot map ", bytes, " bytes for the roofline probe");
   std::memset(buffer, 1, bytes);  // touch every page so the probe measures DRAM, not page faults
   volatile float sink = 0.0f;
   const double seconds =
-      measure_median({.repeats = repeats}, [&] { sink = sink + kernels::stream_read(buffer, bytes); }).seconds;
+      measure_median({.repeats = repeats, .cpu_clock = cpu_clock}, [&] { sink = sink + kernels::stream_read(buffer, bytes); })
+          .seconds;
   ::munmap(buffer, bytes);
   return static_cast<double>(bytes) / seconds;
 }
@@ -40,6 +42,7 @@ struct RooflineFlags {
   size_t megabytes = 2048;
   int repeats = 5;
   ThreadsFlags threads;
+  bool cpu_clock = false;
   bool json = false;
 };
 
@@ -56,9 +59,10 @@ void run_roofline(const RooflineFlags& f) {
   MOEX_CHECK_INPUT(f.repeats >= 1, "--repeats must be >= 1");
   f.threads.apply();
   check_roofline_buffer(f.megabytes, "--buffer-mb");
-  const double bandwidth = measure_read_bandwidth(f.megabytes << 20, f.repeats);
+  MOEX_CHECK_INPUT(!f.cpu_clock || num_threads() == 1, "--cpu-clock times one thread: add --threads 1");
+  const double bandwidth = measure_read_bandwidth(f.megabytes << 20, f.repeats, f.cpu_clock);
   if (f.json) {
-    std::printf("%s\n", nlohmann::json{{"buffer_mb", f.megabytes}, {"threads", num_threads()},
+    std::printf("%s\n", nlohmann::json{{"buffer_mb", f.megabytes}, {"threads", num_threads()}, {"cpu_clock", f.cpu_clock},
                                        {"read_gb_per_s", bandwidth / 1e9}}.dump().c_str());
   } else {
     std::printf("memory read roofline: %.2f GB/s (buffer %zu MB, %d threads, median of %d)\n", bandwidth / 1e9,
@@ -160,9 +164,12 @@ void run_decode(DecodeFlags& f) {
 void setup_decode_benches(CLI::App& bench) {
   auto roofline = std::make_shared<RooflineFlags>();
   auto* r = bench.add_subcommand("roofline", "Measure the memory read bandwidth (the decode roofline)");
-  r->add_option("--buffer-mb", roofline->megabytes, "Buffer size; keep it far above the L3 cache")->capture_default_str();
+  r->add_option("--buffer-mb", roofline->megabytes,
+                "Buffer size, re-read every pass: far above the L3 for DRAM, below it for the cache's bandwidth")
+      ->capture_default_str();
   r->add_option("--repeats", roofline->repeats, "Passes (median reported)")->capture_default_str();
   roofline->threads.add_to(r);
+  r->add_flag("--cpu-clock", roofline->cpu_clock, "Time on the thread's CPU clock (with --threads 1), for a loaded machine");
   r->add_flag("--json", roofline->json, "Machine-readable output");
   r->callback([roofline] { run_roofline(*roofline); });
 
