@@ -54,11 +54,20 @@ TEST(BenchE2E, OneRowPerFormatAndTestWithConsistentFigures) {
     EXPECT_GT(r.at("roofline_tokens_per_s").get<double>(), 0) << r;
     EXPECT_GT(r.at("read_gb_per_s").get<double>(), 0) << r;
     EXPECT_GT(r.at("peak_gflops").get<double>(), 0) << r;
-    // %roof is the roofline time over the time taken, the roofline the slower of bytes and FLOPs.
-    const double roof_s = std::max(r.at("bytes").get<double>() / (r.at("read_gb_per_s").get<double>() * 1e9),
-                                   r.at("flops").get<double>() / (r.at("peak_gflops").get<double>() * 1e9));
+    // %roof is the roofline time over the time taken, the roofline the slower of the read time and FLOPs:
+    // the read time the replay probe's on tg rows (and only there), else bytes over the DRAM probe (%dram).
+    const double flops_s = r.at("flops").get<double>() / (r.at("peak_gflops").get<double>() * 1e9);
+    const double dram_s = std::max(r.at("bytes").get<double>() / (r.at("read_gb_per_s").get<double>() * 1e9), flops_s);
+    const bool tg = r.at("test").get<std::string>().rfind("tg", 0) == 0;
+    ASSERT_EQ(r.contains("replay_ms"), tg) << r;
+    const double roof_s = tg ? std::max(r.at("replay_ms").get<double>() * 1e-3, flops_s) : dram_s;
     EXPECT_NEAR(r.at("pct_roofline").get<double>(), 100 * roof_s / (r.at("ms").get<double>() * 1e-3),
                 1e-6 * r.at("pct_roofline").get<double>()) << r;
+    EXPECT_NEAR(r.at("pct_dram_roofline").get<double>(), 100 * dram_s / (r.at("ms").get<double>() * 1e-3),
+                1e-6 * r.at("pct_dram_roofline").get<double>()) << r;
+    if (tg)
+      EXPECT_NEAR(r.at("replay_gb_per_s").get<double>() * r.at("replay_ms").get<double>() * 1e6, r.at("bytes").get<double>(),
+                  1e-6 * r.at("bytes").get<double>()) << r;
   }
   ASSERT_EQ(by.size(), 4u);
   for (const char* w : {"as-stored", "bf16", "int8-w8a8", "int4-g128"})

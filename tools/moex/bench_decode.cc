@@ -1,5 +1,7 @@
 // `moex bench roofline` and `moex bench decode`: batch-B decode throughput as a fraction of the memory
-// read roofline measured in the same run (bytes of weights one step touches / measured read bandwidth).
+// read roofline measured in the same run (bytes of weights one step touches / measured read bandwidth), and
+// against the replay probe: the weight ranges each decode step of a run read, streamed again in the same order
+// over the same steps, the least time any kernel could take for them in that cache state (docs/kernels.md).
 #include <sys/mman.h>
 
 #include <cstdio>
@@ -14,6 +16,7 @@
 #include "moex/base/threads.h"
 #include "moex/kernels/probe.h"
 #include "moex/runtime/generation.h"
+#include "tools/lib/read_replay.h"
 #include "tools/moex/bench.h"
 #include "tools/moex/model_flags.h"
 #include "tools/moex/profile_flags.h"
@@ -21,14 +24,16 @@
 namespace moex::tools {
 namespace {
 
-// Read bandwidth (bytes/s) over a buffer of `bytes`, median of `repeats` passes.
-double measure_read_bandwidth(size_t bytes, int repeats) {
+// Read bandwidth (bytes/s) over a buffer of `bytes`, median of `repeats` passes (after a warm-up pass: every
+// pass re-reads the same buffer, so one that fits a cache level measures that level).
+double measure_read_bandwidth(size_t bytes, int repeats, bool cpu_clock = false) {
   void* buffer = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   MOEX_CHECK(buffer != MAP_FAILED, "cannot map ", bytes, " bytes for the roofline probe");
   std::memset(buffer, 1, bytes);  // touch every page so the probe measures DRAM, not page faults
   volatile float sink = 0.0f;
   const double seconds =
-      measure_median({.repeats = repeats}, [&] { sink = sink + kernels::stream_read(buffer, bytes); }).seconds;
+      measure_median({.repeats = repeats, .cpu_clock = cpu_clock}, [&] { sink = sink + kernels::stream_read(buffer, bytes); })
+          .seconds;
   ::munmap(buffer, bytes);
   return static_cast<double>(bytes) / seconds;
 }
@@ -37,6 +42,7 @@ struct RooflineFlags {
   size_t megabytes = 2048;
   int repeats = 5;
   ThreadsFlags threads;
+  bool cpu_clock = false;
   bool json = false;
 };
 
@@ -53,9 +59,10 @@ void run_roofline(const RooflineFlags& f) {
   MOEX_CHECK_INPUT(f.repeats >= 1, "--repeats must be >= 1");
   f.threads.apply();
   check_roofline_buffer(f.megabytes, "--buffer-mb");
-  const double bandwidth = measure_read_bandwidth(f.megabytes << 20, f.repeats);
+  MOEX_CHECK_INPUT(!f.cpu_clock || num_threads() == 1, "--cpu-clock times one thread: add --threads 1");
+  const double bandwidth = measure_read_bandwidth(f.megabytes << 20, f.repeats, f.cpu_clock);
   if (f.json) {
-    std::printf("%s\n", nlohmann::json{{"buffer_mb", f.megabytes}, {"threads", num_threads()},
+    std::printf("%s\n", nlohmann::json{{"buffer_mb", f.megabytes}, {"threads", num_threads()}, {"cpu_clock", f.cpu_clock},
                                        {"read_gb_per_s", bandwidth / 1e9}}.dump().c_str());
   } else {
     std::printf("memory read roofline: %.2f GB/s (buffer %zu MB, %d threads, median of %d)\n", bandwidth / 1e9,
@@ -84,6 +91,10 @@ void run_decode(DecodeFlags& f) {
   options.max_new_tokens = f.steps;
   options.stop_at_eos = false;
   std::vector<double> step_seconds, run_seconds;  // per repeat: mean decode step; prefill + decode
+  // The replay probe's recording: one untimed run, outside the profile, records each decode step's reads
+  // (greedy: the timed runs route the same way).
+  StepReadRecorder recorder(*model, prompts, /*skip_prefill=*/true);
+  generate(*model, prompts, options, recorder.on_token());
   f.profile.start();
   // Median over repeats of the mean decode step time (each repeat re-prefills: same positions, same work).
   measure_median({.repeats = f.repeats}, [&] {
@@ -106,15 +117,30 @@ void run_decode(DecodeFlags& f) {
   // Bytes one step reads: the batch's distinct experts could be more than k, but at batch 1 it is exactly k.
   const double bytes = static_cast<double>(model->weight_bytes_per_token());
   const double roofline_step = bytes / bandwidth;
+  volatile float sink = 0.0f;
+  const bool replayed = !recorder.steps().empty();  // --steps 1: the prompt's call only, no decode step
+  const double replay_step =
+      replayed ? measure_median({.repeats = f.repeats},
+                                [&] { sink = sink + kernels::stream_read_steps(recorder.steps()).checksum; })
+                         .seconds / static_cast<double>(recorder.steps().size())
+               : 0.0;
+  const double replay_bytes = recorder.mean_step_bytes();
   const double tokens_per_s = f.batch / step;
   if (f.json) {
-    std::printf("%s\n", nlohmann::json{{"batch", f.batch}, {"threads", num_threads()}, {"step_ms", step * 1e3},
+    nlohmann::json out{{"batch", f.batch}, {"threads", num_threads()}, {"step_ms", step * 1e3},
                                        {"tokens_per_s", tokens_per_s},
                                        {"with_prefill_tokens_per_s", with_prefill_tokens_per_s},
                                        {"weight_bytes_per_step", bytes},
                                        {"read_gb_per_s", bandwidth / 1e9},
                                        {"achieved_gb_per_s", bytes / step / 1e9},
-                                       {"roofline_fraction", roofline_step / step}}.dump().c_str());
+                                       {"roofline_fraction", roofline_step / step}};
+    if (replayed) {
+      out["replay_bytes_per_step"] = replay_bytes;
+      out["replay_ms_per_step"] = replay_step * 1e3;
+      out["replay_gb_per_s"] = replay_bytes / replay_step / 1e9;
+      out["replay_roofline_fraction"] = replay_step / step;
+    }
+    std::printf("%s\n", out.dump().c_str());
     f.profile.finish(stderr);  // stdout stays one JSON line
     return;
   }
@@ -127,15 +153,23 @@ void run_decode(DecodeFlags& f) {
   std::printf("achieved %.2f GB/s of a %.2f GB/s measured read roofline = %.0f%% of roofline\n", bytes / step / 1e9,
               bandwidth / 1e9, 100.0 * roofline_step / step);
   if (f.batch > 1) std::printf("(batch > 1 may touch more than k experts per layer: the percentage is a lower bound)\n");
+  if (replayed)
+    std::printf("replay probe: the %zu decode steps' own reads (%.1f MB/step, experts as routed) streamed again in "
+              "%.3f ms/step, %.2f GB/s = %.0f%% of the replay roofline\n",
+              recorder.steps().size(), replay_bytes / 1e6, replay_step * 1e3, replay_bytes / replay_step / 1e9,
+              100.0 * replay_step / step);
   f.profile.finish();
 }
 
 void setup_decode_benches(CLI::App& bench) {
   auto roofline = std::make_shared<RooflineFlags>();
   auto* r = bench.add_subcommand("roofline", "Measure the memory read bandwidth (the decode roofline)");
-  r->add_option("--buffer-mb", roofline->megabytes, "Buffer size; keep it far above the L3 cache")->capture_default_str();
+  r->add_option("--buffer-mb", roofline->megabytes,
+                "Buffer size, re-read every pass: far above the L3 for DRAM, below it for the cache's bandwidth")
+      ->capture_default_str();
   r->add_option("--repeats", roofline->repeats, "Passes (median reported)")->capture_default_str();
   roofline->threads.add_to(r);
+  r->add_flag("--cpu-clock", roofline->cpu_clock, "Time on the thread's CPU clock (with --threads 1), for a loaded machine");
   r->add_flag("--json", roofline->json, "Machine-readable output");
   r->callback([roofline] { run_roofline(*roofline); });
 

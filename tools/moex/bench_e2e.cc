@@ -3,7 +3,10 @@
 // one token each per step), each against its roofline from probes run in the same process just before the
 // format's rows: read bandwidth for the bytes a step reads (each format's own bytes, scales included), the
 // peak of the best dot-product instruction for the FLOPs (vpdpbusd for int8-w8a8, vdpbf16ps otherwise), and
-// for a step the slower of the two: roofline time = max(bytes / read, FLOPs / peak).
+// for a step the slower of the two: roofline time = max(bytes / read, FLOPs / peak). The tg rows' read
+// term is the replay probe's time instead (docs/kernels.md): the weight ranges each step of the measured run
+// read, streamed again in the same order over the same steps, so a cache that holds part of them serves the
+// probe as it served the model. The plain DRAM probe stays as a second column (%dram).
 #include <algorithm>
 #include <cstdio>
 #include <memory>
@@ -18,6 +21,7 @@
 #include "moex/kernels/probe.h"
 #include "moex/model/mixtral.h"
 #include "moex/runtime/generation.h"
+#include "tools/lib/read_replay.h"
 #include "tools/lib/synthetic.h"
 #include "tools/moex/bench.h"
 #include "tools/moex/model_flags.h"
@@ -70,9 +74,17 @@ struct Row {
   double bytes = 0, flops = 0; // per unit
   double peak = 0;             // FLOP/s of the instruction the roofline uses
   Probes probes;
+  double replay_seconds = 0;   // per unit: the replay probe over the run's own reads (tg rows; 0: none)
+  RepeatStats repeats;         // tg rows: what the run's reads repeat from step to step
   double tokens_per_s() const { return tokens / seconds; }
-  double roof_seconds() const { return std::max(bytes / probes.read_bytes_per_s, flops / peak); }
-  const char* bound() const { return bytes / probes.read_bytes_per_s >= flops / peak ? "read" : "compute"; }
+  // The read term: the replay probe's time where it ran, else bytes over the DRAM probe.
+  double read_seconds() const { return replay_seconds > 0 ? replay_seconds : bytes / probes.read_bytes_per_s; }
+  double roof_seconds() const { return std::max(read_seconds(), flops / peak); }
+  double dram_roof_seconds() const { return std::max(bytes / probes.read_bytes_per_s, flops / peak); }
+  const char* bound() const {
+    if (read_seconds() < flops / peak) return "compute";
+    return replay_seconds > 0 ? "replay" : "read";
+  }
 };
 
 // The experts' bytes one step reads: per layer, every expert with a token in the last call.
@@ -150,9 +162,20 @@ std::vector<Row> bench_format(const E2EFlags& f, const std::string& weights) {
   }
   if (f.generate_tokens > 0) {  // a 1-token prompt, then n - 1 decode steps: n calls of one token
     const int n = f.generate_tokens;
+    // One untimed run records what each of its n steps read (greedy: every run routes the same way).
+    const std::vector<std::vector<int>> prompts = synthetic_prompts(1, 1, c.vocab_size);
+    StepReadRecorder recorder(*model, prompts, false);
+    GenerationOptions options;
+    options.max_new_tokens = n;
+    options.stop_at_eos = false;
+    generate(*model, prompts, options, recorder.on_token());
+    MOEX_CHECK(static_cast<int>(recorder.steps().size()) == n, "recorded ", recorder.steps().size(), " of ", n, " steps");
     const double seconds = measure_median(timing, [&] { run(1, 1, n); }).seconds / n;
-    add("tg" + std::to_string(n), 1, 1, seconds, static_cast<double>(model->weight_bytes_per_token()),
-        flops_per_token(c, (n - 1) / 2.0, true));
+    volatile float sink = 0.0f;
+    const double replay = measure_median(timing, [&] { sink = sink + kernels::stream_read_steps(recorder.steps()).checksum; }).seconds / n;
+    add("tg" + std::to_string(n), 1, 1, seconds, recorder.mean_step_bytes(), flops_per_token(c, (n - 1) / 2.0, true));
+    rows.back().replay_seconds = replay;
+    rows.back().repeats = repeat_stats(recorder.steps());
   }
   for (int batch : f.batches) {
     // B one-token prompts (one call each), then n decode steps of B tokens: the steps' time is the run with n
@@ -197,29 +220,50 @@ void run_e2e(E2EFlags& f) {
       const Probes& p = r.front().probes;
       std::fprintf(stderr, "%s: probes read %.1f GB/s, vdpbf16ps %.0f GFLOPS, vpdpbusd %.0f GOPS\n",
                    r.front().weights.c_str(), p.read_bytes_per_s / 1e9, p.bf16_flops / 1e9, p.vnni_ops / 1e9);
+      for (const Row& row : r)
+        if (row.replay_seconds > 0)
+          std::fprintf(stderr, "%s %s: %.1f MB/step, %.1f MB of it (%.0f%%) read by the step before too; %.1f MB "
+                       "distinct over the run; replay %.1f GB/s\n", row.weights.c_str(), row.test.c_str(),
+                       row.bytes / 1e6, row.repeats.repeated_bytes / 1e6,
+                       100.0 * row.repeats.repeated_bytes / row.repeats.step_bytes, row.repeats.distinct_bytes / 1e6,
+                       row.bytes / row.replay_seconds / 1e9);
     }
   }
   if (f.json) {
     nlohmann::json out = nlohmann::json::array();
-    for (const Row& r : rows)
-      out.push_back({{"weights", r.weights}, {"test", r.test}, {"batch", r.batch}, {"ms", r.seconds * 1e3},
-                     {"tokens_per_s", r.tokens_per_s()}, {"roofline_tokens_per_s", r.tokens / r.roof_seconds()},
-                     {"pct_roofline", 100.0 * r.roof_seconds() / r.seconds}, {"bound", r.bound()},
-                     {"bytes", r.bytes}, {"flops", r.flops}, {"read_gb_per_s", r.probes.read_bytes_per_s / 1e9},
-                     {"peak_gflops", r.peak / 1e9}});
+    for (const Row& r : rows) {
+      nlohmann::json row = {{"weights", r.weights}, {"test", r.test}, {"batch", r.batch}, {"ms", r.seconds * 1e3},
+                            {"tokens_per_s", r.tokens_per_s()}, {"roofline_tokens_per_s", r.tokens / r.roof_seconds()},
+                            {"pct_roofline", 100.0 * r.roof_seconds() / r.seconds}, {"bound", r.bound()},
+                            {"pct_dram_roofline", 100.0 * r.dram_roof_seconds() / r.seconds},
+                            {"bytes", r.bytes}, {"flops", r.flops}, {"read_gb_per_s", r.probes.read_bytes_per_s / 1e9},
+                            {"peak_gflops", r.peak / 1e9}};
+      if (r.replay_seconds > 0) {
+        row["replay_ms"] = r.replay_seconds * 1e3;
+        row["replay_gb_per_s"] = r.bytes / r.replay_seconds / 1e9;
+        row["repeated_bytes_per_step"] = r.repeats.repeated_bytes;  // also read by the step before
+        row["distinct_bytes"] = r.repeats.distinct_bytes;           // over the whole run
+      }
+      out.push_back(row);
+    }
     std::printf("%s\n", nlohmann::json{{"model", f.model.model_dir}, {"threads", num_threads()},
                                        {"cpu_clock", f.cpu_clock}, {"results", out}}.dump().c_str());
     return;
   }
-  std::printf("%-10s %-12s %10s %11s %12s %7s %-8s %9s %9s\n", "weights", "test", "ms", "tok/s", "roof tok/s",
-              "%roof", "bound", "MB/step", "GFLOP");
-  for (const Row& r : rows)
-    std::printf("%-10s %-12s %10.2f %11.1f %12.1f %7.1f %-8s %9.1f %9.2f\n", r.weights.c_str(), r.test.c_str(),
-                r.seconds * 1e3, r.tokens_per_s(), r.tokens / r.roof_seconds(), 100.0 * r.roof_seconds() / r.seconds,
-                r.bound(), r.bytes / 1e6, r.flops / 1e9);
-  std::printf("%d threads%s, median of %d runs after a warm-up. ms: per prompt (pp) or per step. roof: max(bytes / read "
-              "probe, FLOPs / peak), the peak vpdpbusd's for int8-w8a8 and vdpbf16ps's otherwise; %%roof = roof time / "
-              "time.\n",
+  std::printf("%-10s %-12s %10s %11s %12s %7s %7s %-8s %9s %9s %9s\n", "weights", "test", "ms", "tok/s", "roof tok/s",
+              "%roof", "%dram", "bound", "MB/step", "replayGB/s", "GFLOP");
+  for (const Row& r : rows) {
+    char replay[16] = "-";
+    if (r.replay_seconds > 0) std::snprintf(replay, sizeof replay, "%.1f", r.bytes / r.replay_seconds / 1e9);
+    std::printf("%-10s %-12s %10.2f %11.1f %12.1f %7.1f %7.1f %-8s %9.1f %9s %9.2f\n", r.weights.c_str(),
+                r.test.c_str(), r.seconds * 1e3, r.tokens_per_s(), r.tokens / r.roof_seconds(),
+                100.0 * r.roof_seconds() / r.seconds, 100.0 * r.dram_roof_seconds() / r.seconds, r.bound(),
+                r.bytes / 1e6, replay, r.flops / 1e9);
+  }
+  std::printf("%d threads%s, median of %d runs after a warm-up. ms: per prompt (pp) or per step. roof: max(read time, "
+              "FLOPs / peak), the peak vpdpbusd's for int8-w8a8 and vdpbf16ps's otherwise; the read time is the replay "
+              "probe's (tg: the run's own weight reads streamed again, same order, same steps) or bytes / DRAM probe; "
+              "%%roof = roof time / time; %%dram: the same with bytes / DRAM probe.\n",
               num_threads(), f.cpu_clock ? " (CPU clock)" : "", f.repeats);
 }
 

@@ -2,6 +2,7 @@
 
 #include <time.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -33,6 +34,53 @@ float stream_read(const void* data, size_t bytes) {
   float total = 0.0f;
   for (float p : partial) total += p;
   return total;
+}
+
+ReplayResult stream_read_steps(const std::vector<StepReads>& steps) {
+  const int threads = num_threads();
+  float sums[256] = {};
+  size_t read[256] = {};
+  // One parallel region for all steps and no barrier between ranges: a kernel must also wait for its inputs,
+  // so this is a lower bound on the time of any split of the same bytes.
+#pragma omp parallel num_threads(threads)
+  {
+    const int t = omp_get_thread_num();
+    float sum = 0.0f;
+    size_t n = 0;
+    for (const StepReads& step : steps)
+      for (const ByteRange& r : step) {
+        const size_t lines = (r.bytes + 63) / 64, per = (lines + threads - 1) / threads;
+        const size_t begin = std::min(r.bytes, t * per * 64), end = std::min(r.bytes, begin + per * 64);
+        if (begin == end) continue;
+        const auto* p = static_cast<const uint8_t*>(r.data) + begin;
+        if (use_x86_kernels()) {
+          sum += x86::stream_read_exact_avx512(p, end - begin, &n);
+        } else {  // one float per 4 bytes, then the tail's bytes, as the masked load would see them
+          size_t i = 0;
+          for (; i + 4 <= end - begin; i += 4) {
+            float v;
+            std::memcpy(&v, p + i, sizeof v);
+            sum += v;
+          }
+          if (i < end - begin) {
+            uint8_t tail[4] = {};
+            std::memcpy(tail, p + i, end - begin - i);
+            float v;
+            std::memcpy(&v, tail, sizeof v);
+            sum += v;
+          }
+          n += end - begin;
+        }
+      }
+    sums[t % 256] = sum;
+    read[t % 256] = n;
+  }
+  ReplayResult result;
+  for (int t = 0; t < 256; ++t) {
+    result.checksum += sums[t];
+    result.bytes += read[t];
+  }
+  return result;
 }
 
 namespace {

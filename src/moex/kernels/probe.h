@@ -3,11 +3,28 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 namespace moex::kernels {
 
 // Reads every byte of data[0, bytes) once (all threads) and returns a checksum so the reads stay.
 float stream_read(const void* data, size_t bytes);
+
+// The replay probe (docs/kernels.md, "Probes"): the byte ranges a sequence of forward steps reads, in the
+// order the step reads them, streamed with no arithmetic and no barrier. Its time is the least any kernel
+// could take for exactly those bytes in that cache state (a step that re-reads what the previous one read
+// finds it where the kernels would), which a plain DRAM stream over a large buffer is not.
+struct ByteRange {
+  const void* data = nullptr;
+  size_t bytes = 0;
+};
+using StepReads = std::vector<ByteRange>;  // one step's reads, in order
+struct ReplayResult {
+  float checksum = 0;  // the sum of the floats read (a partial float at a range's end: its bytes as loaded)
+  size_t bytes = 0;    // bytes the loops read, all threads
+};
+// Every thread reads its contiguous share (whole 64-byte lines) of every range of every step, in order.
+ReplayResult stream_read_steps(const std::vector<StepReads>& steps);
 
 // Compute roofline probes: the dot-product instructions the packed kernels use, back to back on registers
 // in every thread. `per_second` is 0 when the CPU lacks the instruction. `checksum` is what the
@@ -27,6 +44,8 @@ PeakResult fma_peak_f32(int64_t iterations_per_thread = 1 << 22, bool cpu_clock 
 namespace x86 {
 constexpr int kPeakChains = 12;  // independent accumulators per thread
 float stream_read_avx512(const void* data, size_t bytes);
+// Every byte of data[0, bytes) exactly (a masked load for the last partial line); adds the bytes read to *read.
+float stream_read_exact_avx512(const void* data, size_t bytes, size_t* read);
 double dpbf16_loop_avx512bf16(int64_t iterations, uint16_t one_bf16);  // kPeakChains x iterations instructions
 double dpbusd_loop_avx512vnni(int64_t iterations, uint8_t one);
 double fma_loop_avx512(int64_t iterations, float one);

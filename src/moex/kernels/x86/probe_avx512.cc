@@ -18,6 +18,25 @@ float stream_read_avx512(const void* data, size_t bytes) {
   return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
 }
 
+float stream_read_exact_avx512(const void* data, size_t bytes, size_t* read) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  size_t i = 0;
+  for (; i + 256 <= bytes; i += 256) {  // as stream_read_avx512
+    a0 = _mm512_add_ps(a0, _mm512_loadu_ps(p + i));
+    a1 = _mm512_add_ps(a1, _mm512_loadu_ps(p + i + 64));
+    a2 = _mm512_add_ps(a2, _mm512_loadu_ps(p + i + 128));
+    a3 = _mm512_add_ps(a3, _mm512_loadu_ps(p + i + 192));
+  }
+  for (; i + 64 <= bytes; i += 64) a0 = _mm512_add_ps(a0, _mm512_loadu_ps(p + i));
+  if (i < bytes) {  // the last partial line: the masked load touches only its bytes
+    const __mmask64 m = (~__mmask64{0}) >> (64 - (bytes - i));
+    a1 = _mm512_add_ps(a1, _mm512_castsi512_ps(_mm512_maskz_loadu_epi8(m, p + i)));
+  }
+  *read += bytes;
+  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+}
+
 }  // namespace moex::kernels::x86
 
 namespace moex::kernels::x86 {

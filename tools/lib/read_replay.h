@@ -1,0 +1,52 @@
+// The replay roofline of the benchmarks (docs/kernels.md, "Probes"): which weight bytes each forward step of
+// a measured run read, recorded through generate()'s token callback, for kernels::stream_read_steps to
+// stream again in the same order over the same sequence of steps.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <set>
+#include <vector>
+
+#include "moex/kernels/probe.h"
+#include "moex/model/mixtral.h"
+
+namespace moex::tools {
+
+// The weight bytes one forward step of `model` read, in the order the forward pass reads them: the embedding
+// rows of the step's input `tokens`; per layer its norms, q/k/v projections (and biases, q/k norms), o
+// projection, router (and its correction bias), the experts that got a token in the last forward call
+// (`moe_stats()`; codes, scales, offsets and column sums when packed: all gate/up then all down, as
+// fused_experts reads them), shared expert or dense MLP; the final norm and lm_head. One rank, whole
+// (contiguous) views. KV-cache reads are not weights and not included.
+kernels::StepReads step_weight_reads(const MixtralModel& model, const std::vector<int32_t>& tokens);
+size_t bytes_of(const kernels::StepReads& step);
+
+// What a run's reads repeat (ranges compared by start and length): the mean bytes per step, the mean of
+// each step's bytes that the step before read too (steps 1..n-1), and the distinct bytes of the whole run.
+struct RepeatStats {
+  double step_bytes = 0, repeated_bytes = 0, distinct_bytes = 0;
+};
+RepeatStats repeat_stats(const std::vector<kernels::StepReads>& steps);
+
+// Records the steps of generate() runs: pass on_token() as its callback. generate() calls it once per live
+// sequence after each round (the prompts' prefill, then every decode step), sequences in order; the recorder
+// closes a step at the last sequence's call, with the round's inputs (the prompts' last tokens, then the
+// tokens sampled in the round before). skip_prefill drops the first round (a prefill of several calls or of
+// long prompts: its reads are not one step's).
+class StepReadRecorder {
+ public:
+  StepReadRecorder(const MixtralModel& model, const std::vector<std::vector<int>>& prompts, bool skip_prefill);
+  std::function<void(int, int)> on_token();
+  const std::vector<kernels::StepReads>& steps() const { return steps_; }
+  double mean_step_bytes() const;
+
+ private:
+  const MixtralModel& model_;
+  int batch_;
+  bool skip_prefill_;
+  bool prefill_done_ = false;
+  std::vector<int32_t> inputs_, sampled_;
+  std::vector<kernels::StepReads> steps_;
+};
+
+}  // namespace moex::tools
