@@ -168,15 +168,19 @@ TEST(ServeEngine, PenaltiesSeeTheRequestsOwnOutput) {
 }
 
 TEST(ServeEngine, CancelledRequestFreesItsBlocksAndOthersGoOn) {
-  MixtralModel model(tiny_model_dir(), model_options());
+  // Room for 2000 tokens, so the request is still running when it is cancelled: 110 one-token steps of the
+  // tiny model took ~11 ms once prefill got faster, less than the test thread's wake-up on a loaded machine.
+  ModelOptions mo = model_options();
+  mo.max_seq_len = 2048;
+  MixtralModel model(tiny_model_dir(), mo);
   EngineOptions eo;
   eo.max_num_seqs = 4;
   eo.max_batch_tokens = 32;
-  eo.max_model_len = 128;
+  eo.max_model_len = 2048;
   Engine engine(model, eo);
   GenerationRequest r;
   r.prompt = {1, 2, 3, 4, 5, 6, 7};
-  r.max_tokens = 110;
+  r.max_tokens = 2000;
   r.ignore_eos = true;
   auto cancelled = engine.submit(r);
   ASSERT_TRUE(cancelled);
@@ -192,7 +196,7 @@ TEST(ServeEngine, CancelledRequestFreesItsBlocksAndOthersGoOn) {
   auto next = engine.submit(r);
   ASSERT_TRUE(next);
   EXPECT_EQ(collect(*next, &reason).size(), 5u);
-  r.max_tokens = 200;
+  r.max_tokens = 4000;
   EXPECT_THROW(engine.submit(r), Error);
 }
 

@@ -76,10 +76,10 @@ void ModelFlags::add_to(CLI::App* cmd) {
       ->capture_default_str()
       ->check(CLI::IsMember({"as-stored", "bf16", "int8", "int8-w8a8", "int4", "fp8"}));
   cmd->add_option("--dense-weights", dense_weights,
-                  "Attention projections and lm_head: as-stored | bf16 | int8 | int4 | fp8, as --weights (the router "
-                  "and the norms stay as stored)")
+                  "Attention projections and lm_head: as-stored | bf16 | int8 | int8-w8a8 | int4 | fp8, as --weights, "
+                  "or experts (the --weights format); the router and the norms stay as stored")
       ->capture_default_str()
-      ->check(CLI::IsMember({"as-stored", "bf16", "int8", "int4", "fp8"}));
+      ->check(CLI::IsMember({"as-stored", "experts", "bf16", "int8", "int8-w8a8", "int4", "fp8"}));
   group_size_option = cmd->add_option("--group-size", group_size, "int4: weights per scale along K (32 | 64 | 128)")
                           ->capture_default_str()
                           ->check(CLI::IsMember({32, 64, 128}));
@@ -110,13 +110,15 @@ static ExpertWeightFormat weight_format_from_flag(const std::string& weights, in
 
 ExpertWeightFormat ModelFlags::expert_weight_format() const {
   MOEX_CHECK_INPUT(group_size_option == nullptr || group_size_option->count() == 0 || weights == "int4" ||
-                       dense_weights == "int4",
+                       dense_weights == "int4" || (dense_weights == "experts" && weights == "int4"),
                    "--group-size applies to --weights int4 only (or --dense-weights int4; got --weights ", weights,
                    ", --dense-weights ", dense_weights, ")");
   return weight_format_from_flag(weights, group_size);
 }
 
-ExpertWeightFormat ModelFlags::dense_weight_format() const { return weight_format_from_flag(dense_weights, group_size); }
+ExpertWeightFormat ModelFlags::dense_weight_format() const {
+  return weight_format_from_flag(dense_weights == "experts" ? weights : dense_weights, group_size);
+}
 
 std::unique_ptr<MixtralModel> ModelFlags::load(int batch) const {
   ThreadsFlags::apply();

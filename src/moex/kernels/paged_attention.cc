@@ -47,8 +47,11 @@ int64_t paged_attention_scratch_floats(const PagedKvLayout& layout, int64_t head
   const int64_t rows = kPagedQueryTile * (heads / layout.kv_heads);
   // Portable tile: k [bs][hd], v [bs][hd], scores [bs], acc [rows][hd], running max and sum [rows].
   const int64_t portable = 2 * layout.block_size * layout.head_dim + layout.block_size + rows * layout.head_dim + 2 * rows;
-  // x86 tile: k, v [bs][hd], transposed queries [hd][16], acc [16][hd], probabilities [bs][16], lanes [16].
-  const int64_t x86 = 2 * layout.block_size * layout.head_dim + 32 * layout.head_dim + 16 * layout.block_size + 16;
+  // x86 tile: k, v [bs][hd], probabilities [bs][16], lanes [16], and per lane group of 16 query vectors
+  // transposed queries [hd][16], acc [16][hd], running max, sum and positions [3][16].
+  const int64_t lane_groups = (rows + 15) / 16;
+  const int64_t x86 = 2 * layout.block_size * layout.head_dim + 16 * layout.block_size + 16 +
+                      lane_groups * (32 * layout.head_dim + 48);
   return std::max(portable, x86);
 }
 

@@ -237,15 +237,18 @@ void MixtralModel::attention_block(int layer, const StepInput& step) {
   const kernels::PagedKvLayout& kv = kv_cache_.layout();
   for (int64_t s = 0; s < step.num_seqs; ++s) {
     const kernels::PagedAttentionSeq& seq = attn_seqs_[s];
-    for (int64_t t = seq.q_row; t < seq.q_row + seq.q_len; ++t) {
-      const int32_t pos = positions_[t];
-      kernels::rope_apply(q_.data() + t * H * hd, H, hd, pos, rope_cos_.data(), rope_sin_.data());
-      kernels::rope_apply(k_.data() + t * KV * hd, KV, hd, pos, rope_cos_.data(), rope_sin_.data());
-      const float* k_row = k_.data() + t * KV * hd;
-      const float* v_row = v_.data() + t * KV * hd;
-      if (kv_cache_.f32()) kernels::paged_kv_write(kv, kv_cache_.f32(), layer, seq.block_table, pos, k_row, v_row);
-      else kernels::paged_kv_write(kv, kv_cache_.bf16(), layer, seq.block_table, pos, k_row, v_row);
-    }
+    // A prefill chunk's rows over the threads (each row its own positions in the cache).
+    parallel_for(seq.q_len, 32, [&](int64_t begin, int64_t end) {
+      for (int64_t t = seq.q_row + begin; t < seq.q_row + end; ++t) {
+        const int32_t pos = positions_[t];
+        kernels::rope_apply(q_.data() + t * H * hd, H, hd, pos, rope_cos_.data(), rope_sin_.data());
+        kernels::rope_apply(k_.data() + t * KV * hd, KV, hd, pos, rope_cos_.data(), rope_sin_.data());
+        const float* k_row = k_.data() + t * KV * hd;
+        const float* v_row = v_.data() + t * KV * hd;
+        if (kv_cache_.f32()) kernels::paged_kv_write(kv, kv_cache_.f32(), layer, seq.block_table, pos, k_row, v_row);
+        else kernels::paged_kv_write(kv, kv_cache_.bf16(), layer, seq.block_table, pos, k_row, v_row);
+      }
+    });
   }
   // attn_out [T, H*hd]: every sequence's rows attend to its positions [0, pos] through its block table.
   if (kv_cache_.f32())
