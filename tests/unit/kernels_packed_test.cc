@@ -350,6 +350,56 @@ void check_fused_experts(const FormatCase& f, const std::vector<int64_t>& rows_p
   set_use_x86_kernels(true);
 }
 
+// A layer's experts moved into one WeightArena (model/weights.cc does this at load): the same fused pass, bit for
+// bit, over buffers that now lie back to back in adoption order inside one 2 MB-aligned allocation.
+TEST_P(PackedMatmulTest, ExpertsInAWeightArenaComputeWhatTheirOwnBuffersDid) {
+  const FormatCase& f = GetParam();
+  const int64_t hidden = 70, inter = 45, experts = 3;
+  std::vector<kernels::PackedWeights> p13, p2;
+  for (int e = 0; e < experts; ++e) {
+    p13.push_back(kernels::pack_gate_up(quantize(f, random_floats(inter * hidden, 100 + e), inter, hidden),
+                                        quantize(f, random_floats(inter * hidden, 200 + e), inter, hidden)));
+    p2.push_back(kernels::pack(quantize(f, random_floats(hidden * inter, 300 + e), hidden, inter)));
+  }
+  const std::vector<float> x = random_floats(experts * 2 * hidden, 31), route = random_floats(experts * 2, 32);
+  const std::vector<int32_t> out_rows = {0, 1, 1, 2, 0, 2};
+  const auto run = [&] {
+    std::vector<float> out(3 * hidden, 0.5f), h(experts * 2 * inter);
+    std::vector<kernels::ExpertRows> args(experts);
+    for (int e = 0; e < experts; ++e)
+      args[e] = {&p13[e], &p2[e], x.data() + 2 * e * hidden, 2, h.data() + 2 * e * inter, route.data() + 2 * e,
+                 out_rows.data() + 2 * e};
+    kernels::fused_experts(args.data(), experts, out.data(), hidden);
+    return out;
+  };
+  const std::vector<float> before = run();
+  kernels::WeightArena arena;
+  const size_t per_expert = kernels::WeightArena::bytes_for(p13[0]) + kernels::WeightArena::bytes_for(p2[0]);
+  arena.reserve(experts * per_expert);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(arena.base()) % (2 << 20), 0u);
+  EXPECT_EQ(arena.capacity() % (2 << 20), 0u);
+  const uint8_t* expected_at = arena.base();
+  for (int e = 0; e < experts; ++e) {
+    for (kernels::PackedWeights* w : {&p13[e], &p2[e]}) {
+      const std::vector<uint8_t> bytes(w->data.as<uint8_t>(), w->data.as<uint8_t>() + w->data.size);
+      ASSERT_TRUE(arena.adopt(*w));
+      EXPECT_EQ(w->data.as<const uint8_t>(), expected_at) << "expert " << e << ": adoption order is address order";
+      EXPECT_EQ(std::vector<uint8_t>(w->data.as<uint8_t>(), w->data.as<uint8_t>() + w->data.size), bytes);
+      expected_at += kernels::WeightArena::bytes_for(*w);
+    }
+  }
+  const std::vector<float> after = run();
+  for (size_t i = 0; i < before.size(); ++i) ASSERT_EQ(after[i], before[i]) << f.name() << " out " << i;
+  // Full: a matrix that does not fit keeps its own buffers.
+  kernels::PackedWeights extra = kernels::pack(quantize(f, random_floats(hidden * inter, 5), hidden, inter));
+  int adopted = 0;
+  while (adopted < 100000 && arena.adopt(extra)) ++adopted;
+  EXPECT_EQ(adopted, static_cast<int>((arena.capacity() - experts * per_expert) / kernels::WeightArena::bytes_for(extra)));
+  const uint8_t* own = extra.data.as<const uint8_t>();
+  EXPECT_FALSE(arena.adopt(extra));
+  EXPECT_EQ(extra.data.as<const uint8_t>(), own);
+}
+
 INSTANTIATE_TEST_SUITE_P(Formats, PackedMatmulTest, ::testing::ValuesIn(kFormats),
                          [](const ::testing::TestParamInfo<FormatCase>& info) { return info.param.name(); });
 

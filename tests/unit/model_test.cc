@@ -176,6 +176,27 @@ TEST(Model, GenerateStopsEachSequenceOnItsOwn) {
   EXPECT_EQ(r.decode_tokens, 8);  // the first new token comes from the prefill logits
 }
 
+// Packed experts (--weights bf16) lie in one arena per layer, back to back in expert order (model/weights.cc,
+// kernels::WeightArena): a decode step's experts are then read in address order out of 2 MB pages.
+TEST(Model, PackedExpertsOfALayerLieBackToBackInExpertOrder) {
+  ModelOptions o = options_for(1);
+  o.expert_weights.packed = true;
+  o.expert_weights.format = kernels::WeightFormat::kBF16;
+  MixtralModel model(tiny_model_dir(), o);
+  for (const LayerWeights& l : model.weights().layers) {
+    const std::vector<PackedExpert>& p = l.moe.packed;
+    ASSERT_EQ(p.size(), static_cast<size_t>(model.config().num_local_experts));
+    const uint8_t* at = p[0].w13.data.as<const uint8_t>();
+    for (const PackedExpert& e : p) {
+      EXPECT_EQ(e.w13.data.as<const uint8_t>(), at);
+      at += kernels::WeightArena::bytes_for(e.w13);
+      EXPECT_EQ(e.w2.data.as<const uint8_t>(), at);
+      at += kernels::WeightArena::bytes_for(e.w2);
+    }
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(p[0].w13.data.as<const uint8_t>()) % (2 << 20), 0u);
+  }
+}
+
 TEST(Model, PositionsBeyondTheCacheAreAnError) {
   MixtralModel model(tiny_model_dir(), options_for(1));
   std::vector<float> logits(model.config().vocab_size);

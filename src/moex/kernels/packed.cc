@@ -9,6 +9,8 @@
 #include <functional>
 #include <string_view>
 
+#include <sys/mman.h>
+
 #include "moex/base/dtype.h"
 #include "moex/base/error.h"
 #include "moex/base/threads.h"
@@ -173,12 +175,59 @@ QuantizedMatrix fp8_from_checkpoint(const TensorView& codes, const TensorView& s
   return q;
 }
 
+namespace {
+
+constexpr size_t kHugePage = size_t{2} << 20;
+
+// Advises the whole 2 MB pages inside [p, p + bytes) for transparent huge pages, before their first touch.
+// A hint: with THP off (or not built) madvise fails and the pages stay 4 KB.
+void advise_huge_pages(uint8_t* p, size_t bytes) {
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(p) + kHugePage - 1) & ~(kHugePage - 1);
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + bytes) & ~(kHugePage - 1);
+  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
+}
+
+std::shared_ptr<uint8_t> allocate_zeroed(size_t bytes, size_t alignment) {
+  std::shared_ptr<uint8_t> p(static_cast<uint8_t*>(std::aligned_alloc(alignment, bytes)), [](uint8_t* q) { std::free(q); });
+  MOEX_CHECK(p, "out of memory packing ", bytes, " bytes of weights");
+  if (bytes >= 2 * kHugePage) advise_huge_pages(p.get(), bytes);
+  std::fill_n(p.get(), bytes, uint8_t{0});
+  return p;
+}
+
+size_t round_up_64(size_t bytes) { return std::max<size_t>(64, (bytes + 63) / 64 * 64); }
+
+}  // namespace
+
 void AlignedBytes::allocate(size_t bytes) {
   size = bytes;
-  const size_t rounded = std::max<size_t>(64, (bytes + 63) / 64 * 64);
-  ptr.reset(static_cast<uint8_t*>(std::aligned_alloc(64, rounded)));
-  MOEX_CHECK(ptr, "out of memory packing ", bytes, " bytes of weights");
-  std::fill_n(ptr.get(), rounded, uint8_t{0});
+  ptr = allocate_zeroed(round_up_64(bytes), 64);
+}
+
+size_t WeightArena::bytes_for(const PackedWeights& w) {
+  size_t total = 0;
+  for (const AlignedBytes* b : {&w.data, &w.scales, &w.offsets, &w.col_sums})
+    if (b->ptr) total += round_up_64(b->size);
+  return total;
+}
+
+void WeightArena::reserve(size_t bytes) {
+  MOEX_CHECK(!base_, "WeightArena::reserve: reserved already");
+  capacity_ = (std::max<size_t>(bytes, 1) + kHugePage - 1) / kHugePage * kHugePage;
+  base_ = allocate_zeroed(capacity_, kHugePage);
+  used_ = 0;
+}
+
+bool WeightArena::adopt(PackedWeights& w) {
+  if (!base_ || used_ + bytes_for(w) > capacity_) return false;
+  for (AlignedBytes* b : {&w.data, &w.scales, &w.offsets, &w.col_sums}) {
+    if (!b->ptr) continue;
+    uint8_t* to = base_.get() + used_;
+    std::copy_n(b->ptr.get(), b->size, to);
+    b->ptr = std::shared_ptr<uint8_t>(base_, to);  // aliasing: the slice keeps the arena alive; the old buffer is freed
+    used_ += round_up_64(b->size);
+  }
+  return true;
 }
 
 size_t PackedWeights::weight_bytes() const { return data.size + scales.size + offsets.size + col_sums.size; }

@@ -59,14 +59,12 @@ QuantizedMatrix fp8_from_checkpoint(const TensorView& codes, const TensorView& s
 
 constexpr int64_t kPanel = 64;  // output channels per panel: four 16-lane vectors of f32 accumulators
 
-// 64-byte aligned owning bytes (the panels are read with full-width vector loads).
+// 64-byte aligned bytes (the panels are read with full-width vector loads): an allocation of their own, or a
+// slice of a WeightArena that the slice keeps alive.
 struct AlignedBytes {
-  struct Free {
-    void operator()(void* p) const { std::free(p); }
-  };
-  std::unique_ptr<uint8_t, Free> ptr;
+  std::shared_ptr<uint8_t> ptr;
   size_t size = 0;
-  void allocate(size_t bytes);  // zero-filled
+  void allocate(size_t bytes);  // zero-filled; from 4 MB the 2 MB-aligned interior is advised for huge pages
   template <typename T>
   T* as() const { return reinterpret_cast<T*>(ptr.get()); }
 };
@@ -97,6 +95,26 @@ struct PackedWeights {
 PackedWeights pack(const QuantizedMatrix& w);
 // w1, w3 [intermediate, hidden] of one expert, same format: the fused gate/up layout described above.
 PackedWeights pack_gate_up(const QuantizedMatrix& w1, const QuantizedMatrix& w3);
+
+// One allocation for many packed matrices (a MoE layer's experts), 2 MB aligned and advised for transparent
+// huge pages (madvise MADV_HUGEPAGE; a hint, nothing fails without it). Why: at batch 1 a step reads a few
+// experts chosen anew each step out of the whole model's, so on 4 KB pages nearly every page it reads misses
+// the TLB with its page-table lines evicted by the streamed weights; with 128 small experts (qwen3-moe-mini,
+// 2.3 GB) the fused pass streamed at 32-45% of the read probe on 4 KB pages and 82-105% on huge pages
+// (docs/moe.md). adopt() copies a matrix's buffers in, in call order, so experts adopted in expert order lie
+// in address order, and frees its old ones; the arena lives as long as any matrix in it.
+class WeightArena {
+ public:
+  static size_t bytes_for(const PackedWeights& w);  // what adopt(w) takes: each buffer rounded up to 64 bytes
+  void reserve(size_t bytes);                       // once, before the first adopt; zero-filled
+  bool adopt(PackedWeights& w);                     // false (w keeps its own buffers) when it does not fit
+  const uint8_t* base() const { return base_.get(); }
+  size_t capacity() const { return capacity_; }
+
+ private:
+  std::shared_ptr<uint8_t> base_;
+  size_t capacity_ = 0, used_ = 0;
+};
 
 // Which register-tile loop a call with `rows` rows (tokens) of one matrix in `format` runs. The few-row loop
 // streams each panel once with the weights decoded inside its token tile (decode). The many-row loops are

@@ -358,6 +358,16 @@ MixtralWeights load_mixtral_weights(const std::string& model_dir, const ModelCon
       lw.mlp = mlp_weights(moe + info.shared_prefix + ".", c.shared_expert_intermediate_size);
     if (c.shared_expert_gate) lw.shared_gate = resident(expect(s, moe + "shared_expert_gate.weight", {1, d}));
     lw.moe.experts = experts;
+    // This layer's packed experts in one huge-page arena, in expert order (kernels::WeightArena says why): each
+    // moves in as soon as it is packed, so the load holds at most one expert twice.
+    kernels::WeightArena arena;
+    const auto keep_packed = [&](PackedExpert packed) {
+      if (!arena.base())
+        arena.reserve(experts.count * (kernels::WeightArena::bytes_for(packed.w13) + kernels::WeightArena::bytes_for(packed.w2)));
+      arena.adopt(packed.w13);
+      arena.adopt(packed.w2);
+      lw.moe.packed.push_back(std::move(packed));
+    };
     int stored_quantized = 0;
     for (int e = 0; e < c.num_local_experts; ++e) {
       const std::string q = moe + "experts." + std::to_string(e) + ".";
@@ -381,7 +391,7 @@ MixtralWeights load_mixtral_weights(const std::string& model_dir, const ModelCon
           packed.w13 = kernels::pack_gate_up(read_quantized(s, qc.method, *s1, q + info.expert_gate, I, d, sources),
                                              read_quantized(s, qc.method, *s3, q + info.expert_up, I, d, sources));
           packed.w2 = kernels::pack(read_quantized(s, qc.method, *s2, q + info.expert_down, d, I, sources));
-          lw.moe.packed.push_back(std::move(packed));
+          keep_packed(std::move(packed));
         });
         release_mapped(sources);
         lw.moe.local.push_back({});  // nothing as stored: the packed experts run
@@ -400,7 +410,7 @@ MixtralWeights load_mixtral_weights(const std::string& model_dir, const ModelCon
                      " experts stored quantized; MoEX needs all of a layer's experts stored one way");
     if (expert_format.packed) {  // once per load; the quantizers and pack split rows over the threads
       timed([&] {
-        for (const ExpertWeights& e : lw.moe.local) lw.moe.packed.push_back(pack_expert(e, expert_format));
+        for (const ExpertWeights& e : lw.moe.local) keep_packed(pack_expert(e, expert_format));
       });
       for (const ExpertWeights& e : lw.moe.local) {
         release_mapped({e.w1, e.w3});
