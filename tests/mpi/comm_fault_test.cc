@@ -10,6 +10,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "moex/base/error.h"
@@ -22,8 +23,27 @@ int main(int argc, char** argv) {
   const char* mode = argc > 1 ? argv[1] : "exit";
   const char* algo_name_arg = argc > 2 ? argv[2] : "ring";
   Communicator& comm = init();
-  const AllreduceAlgo algo = *allreduce_algo_from_name(algo_name_arg);
+  // ALGO names an all-reduce algorithm, or one of the other collectives a stalled peer must not hang:
+  // alltoallv (its size agreement), broadcast, barrier.
+  const std::string which = algo_name_arg;
+  const bool other = which == "alltoallv" || which == "broadcast" || which == "barrier";
+  const AllreduceAlgo algo = other ? AllreduceAlgo::kRing : *allreduce_algo_from_name(algo_name_arg);
   std::vector<float> data(1 << 16, 1.0f);
+  std::vector<float> received(data.size());
+  const auto collective = [&] {
+    if (which == "alltoallv") {
+      const size_t n = comm.size();
+      std::vector<size_t> counts(n, 16), offsets(n);
+      for (size_t i = 0; i < n; ++i) offsets[i] = i * 16;
+      comm.alltoallv(data.data(), counts, offsets, received.data(), counts, offsets, sizeof(float));
+    } else if (which == "broadcast") {
+      comm.broadcast(data.data(), 64, 1);  // rooted at the rank that stalls, so the others wait on it
+    } else if (which == "barrier") {
+      comm.barrier();
+    } else {
+      comm.allreduce(data.data(), data.size(), CommDType::kF32, algo);
+    }
+  };
   if (std::strcmp(mode, "throw") == 0 || std::strcmp(mode, "throw_all") == 0) {
     float* shared = static_cast<float*>(comm.alloc_registered(data.size() * sizeof(float)));
     comm.allreduce(shared, data.size(), CommDType::kF32, algo);
@@ -36,18 +56,18 @@ int main(int argc, char** argv) {
     return 0;
   }
   try {
-    comm.allreduce(data.data(), data.size(), CommDType::kF32, algo);  // everyone healthy once
+    collective();  // everyone healthy once
     if (comm.rank() == 1) {
       if (std::strcmp(mode, "exit") == 0) {
         std::fprintf(stderr, "fault test: rank 1 exits in the middle of an all-reduce\n");
         std::fflush(stderr);
         _exit(7);
       }
-      std::fprintf(stderr, "fault test: rank 1 stalls instead of calling the all-reduce\n");
+      std::fprintf(stderr, "fault test: rank 1 stalls instead of calling the %s\n", algo_name_arg);
       sleep(120);
       return 0;
     }
-    for (int i = 0; i < 3; ++i) comm.allreduce(data.data(), data.size(), CommDType::kF32, algo);
+    for (int i = 0; i < 3; ++i) collective();
     std::fprintf(stderr, "fault test: rank %d finished, which should be impossible\n", comm.rank());
     return 0;
   } catch (const moex::Error& e) {

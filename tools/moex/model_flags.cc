@@ -11,6 +11,7 @@
 #include "moex/base/system_memory.h"
 #include "moex/base/threads.h"
 #include "moex/comm/job.h"
+#include "moex/comm/selector.h"
 #include "moex/model/gguf.h"
 #include "moex/model/safetensors.h"
 #include "moex/model/weights.h"
@@ -120,6 +121,31 @@ ExpertWeightFormat ModelFlags::dense_weight_format() const {
   return weight_format_from_flag(dense_weights == "experts" ? weights : dense_weights, group_size);
 }
 
+namespace {
+
+// With more than two ranks the order an all-reduce adds the ranks' values in can depend on where an element
+// sits in the message (ring, Rabenseifner, NHR and mesh sum each chunk starting from a different rank), and
+// the message is the whole step's rows: a sequence's numbers would depend on its neighbours. Recursive
+// doubling and shm add every element in one order whatever the size (shm in rank order; recursive doubling
+// pairs the same ranks for every element, and a + b == b + a exactly), so --batch-invariant pins `auto` to
+// recursive doubling and refuses the others. Two ranks need nothing: one addition, commutative.
+void pin_batch_invariant_allreduce() {
+  comm::CommOptions options = comm::comm_options();
+  switch (options.allreduce_algo) {
+    case comm::AllreduceAlgo::kAuto:
+      options.allreduce_algo = comm::AllreduceAlgo::kRecursiveDoubling;
+      comm::set_comm_options(options);
+      return;
+    case comm::AllreduceAlgo::kRecursiveDoubling:
+    case comm::AllreduceAlgo::kShm: return;
+    default:
+      MOEX_CHECK_INPUT(false, "--batch-invariant with more than 2 ranks needs an all-reduce that adds every element ",
+                       "in one order: --allreduce-algo auto, rd or shm, not ", comm::algo_name(options.allreduce_algo));
+  }
+}
+
+}  // namespace
+
 std::unique_ptr<MixtralModel> ModelFlags::load(int batch) const {
   ThreadsFlags::apply();
   comm::Communicator& comm = world();
@@ -151,6 +177,7 @@ std::unique_ptr<MixtralModel> ModelFlags::load(int batch) const {
   options.kv_cache_gb = kv_cache_gb;
   options.dense_weights = dense_weight_format();
   options.batch_invariant = batch_invariant;
+  if (batch_invariant && comm.size() > 2) pin_batch_invariant_allreduce();
   check_run_memory(estimate_run_memory(config, options, num_threads()), config, options, available_memory());
   return std::make_unique<MixtralModel>(model_dir, options);
 }

@@ -20,8 +20,12 @@ void MpiCommunicator::alltoallv(const void* send, std::span<const size_t> send_c
   }
   AlltoallAlgo algo = requested;
   if (algo == AlltoallAlgo::kAuto && comm_options().alltoall_algo == AlltoallAlgo::kAuto && size_ > 1) {
-    // Counts differ between ranks, so agree on the largest per-peer message before choosing.
-    check(MPI_Allreduce(MPI_IN_PLACE, &largest, 1, MPI_UINT64_T, MPI_MAX, comm_), "MPI_Allreduce");
+    // Counts differ between ranks, so agree on the largest per-peer message before choosing (non-blocking,
+    // so a peer that stalls here trips the watchdog instead of hanging the job).
+    stats_ = CollectiveStats{"alltoall(agree sizes)"};
+    MPI_Request request;
+    check(MPI_Iallreduce(MPI_IN_PLACE, &largest, 1, MPI_UINT64_T, MPI_MAX, comm_, &request), "MPI_Iallreduce");
+    wait_collective(request);
   }
   algo = select_alltoall(algo, size_, largest);
   static thread_local std::string operation;
@@ -99,7 +103,9 @@ void MpiCommunicator::reduce_scatter(const void* send, void* recv, size_t count,
 void MpiCommunicator::broadcast(void* data, size_t bytes, int root) {
   stats_ = CollectiveStats{"broadcast(mpi)"};
   MOEX_CHECK(bytes <= static_cast<size_t>(INT32_MAX), "broadcast above 2 GiB");
-  check(MPI_Bcast(data, static_cast<int>(bytes), MPI_BYTE, root, comm_), "MPI_Bcast");
+  MPI_Request request;
+  check(MPI_Ibcast(data, static_cast<int>(bytes), MPI_BYTE, root, comm_, &request), "MPI_Ibcast");
+  wait_collective(request);
 }
 
 }  // namespace moex::comm

@@ -227,7 +227,12 @@ std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key) {
   return std::make_unique<MpiCommunicator>(sub);
 }
 
-void MpiCommunicator::barrier() { check(MPI_Barrier(comm_), "MPI_Barrier"); }
+void MpiCommunicator::barrier() {
+  stats_ = CollectiveStats{"barrier"};
+  MPI_Request request;
+  check(MPI_Ibarrier(comm_, &request), "MPI_Ibarrier");
+  wait_collective(request);
+}
 
 static_assert(sizeof(MPI_Request) <= sizeof(uint64_t));
 static MPI_Request to_mpi(P2PRequest request) {
@@ -283,6 +288,11 @@ void MpiCommunicator::wait_all(std::span<P2PRequest> requests) {
   }
   stats_.wait_ns += steady_now_ns() - start;
   for (auto& request : requests) request = from_mpi(MPI_REQUEST_NULL);
+}
+
+void MpiCommunicator::wait_collective(MPI_Request request) {
+  P2PRequest handle = from_mpi(request);
+  wait_all({&handle, 1});
 }
 
 bool MpiCommunicator::test_all(std::span<P2PRequest> requests) {

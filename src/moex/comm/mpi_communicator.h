@@ -105,6 +105,9 @@ class MpiCommunicator final : public Communicator {
   void sendrecv(const void* send, size_t send_bytes, int dest, void* recv, size_t recv_bytes, int src);
   // Throws a comm error (exit 3) naming the MPI call when rc is not MPI_SUCCESS.
   void check(int rc, const char* call) const;
+  // Waits for a non-blocking MPI collective under the watchdog of wait_all (MOEX_COMM_TIMEOUT): the engine's
+  // small agreements (sizes, broadcasts, barriers) use MPI_I* so that a peer that stalls alive cannot hang them.
+  void wait_collective(MPI_Request request);
 
  private:
   MPI_Comm comm_;
