@@ -158,6 +158,7 @@ void run_moe_layer(const MoELayerFlags& f) {
     const auto& offsets_e = batcher.expert_offsets();
     for (int64_t e = 0; e < E; ++e) {
       const int64_t begin = offsets_e[e], rows = offsets_e[e + 1] - begin;
+      if (rows == 0) continue;  // as the engine: only experts with rows run (128 experts, T = 1: 120 are empty)
       expert_ffn(layer[e], gathered.data() + begin * d, rows, hidden_gate.data() + begin * I,
                  hidden_up.data() + begin * I, expert_out.data() + begin * d);
     }
