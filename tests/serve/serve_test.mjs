@@ -277,6 +277,21 @@ await check('logprobs: completions (legacy shape) and chat, streamed and not; gr
   for (const v of t.choices[0].logprobs.token_logprobs) assert.ok(v <= 0 && Number.isFinite(v));
 });
 
+// Greedy completions of `prompts`, all at once and streamed through `other` (a multi-rank server), give the
+// texts the single-rank server (`client`) gives for each.
+async function expectSameTextsStreamed(other, prompts) {
+  const one = await Promise.all(prompts.map((p) =>
+    client.completions.create({ model: modelName, prompt: p, max_tokens: 10, temperature: 0, ignore_eos: true })));
+  const two = await Promise.all(prompts.map(async (p) => {
+    let text = '';
+    const stream = await other.completions.create({ model: modelName, prompt: p, max_tokens: 10, temperature: 0,
+                                                    ignore_eos: true, stream: true });
+    for await (const chunk of stream) text += chunk.choices[0]?.text ?? '';
+    return text;
+  }));
+  assert.deepEqual(two, one.map((x) => x.choices[0].text));
+}
+
 async function expectStatus(status, promise, what) {
   try {
     await promise;
@@ -517,16 +532,7 @@ if (mpirun) {
     assert.equal(r.choices[0].text, greedyText);
     // A few concurrent ones, streamed: the same text as each alone on one rank.
     const prompts = ['A', 'Two words', 'Three short words', 'And a fourth prompt here'];
-    const one = await Promise.all(prompts.map((p) =>
-      client.completions.create({ model: modelName, prompt: p, max_tokens: 10, temperature: 0, ignore_eos: true })));
-    const two = await Promise.all(prompts.map(async (p) => {
-      let text = '';
-      const stream = await epClient.completions.create({ model: modelName, prompt: p, max_tokens: 10, temperature: 0,
-                                                         ignore_eos: true, stream: true });
-      for await (const chunk of stream) text += chunk.choices[0]?.text ?? '';
-      return text;
-    }));
-    assert.deepEqual(two, one.map((x) => x.choices[0].text));
+    await expectSameTextsStreamed(epClient, prompts);
     // Idle, the ranks sleep between tests for the next step (serve/step_sync) instead of spinning a core.
     const ranks = readdirSync('/proc').filter((d) => /^\d+$/.test(d)).filter((d) => {
       try {
@@ -576,16 +582,7 @@ if (mpirun) {
     // one rank's (greedy).
     const prompts = ['A', 'Two words', 'Three short words', 'And a fourth prompt here', 'Five',
                      'A long one: ' + 'lorem ipsum dolor sit amet '.repeat(20)];
-    const one = await Promise.all(prompts.map((p) =>
-      client.completions.create({ model: modelName, prompt: p, max_tokens: 10, temperature: 0, ignore_eos: true })));
-    const two = await Promise.all(prompts.map(async (p) => {
-      let text = '';
-      const stream = await dpClient.completions.create({ model: modelName, prompt: p, max_tokens: 10, temperature: 0,
-                                                         ignore_eos: true, stream: true });
-      for await (const chunk of stream) text += chunk.choices[0]?.text ?? '';
-      return text;
-    }));
-    assert.deepEqual(two, one.map((x) => x.choices[0].text));
+    await expectSameTextsStreamed(dpClient, prompts);
     let m = await metrics(dp.url);
     const assigned = perRank(m, 'requests_total');
     assert.ok(assigned[0] >= 1 && assigned[1] >= 1 && assigned[0] + assigned[1] === 6, `requests per rank: ${assigned}`);

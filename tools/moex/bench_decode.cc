@@ -14,6 +14,7 @@
 #include "moex/base/error.h"
 #include "moex/base/system_memory.h"
 #include "moex/base/threads.h"
+#include "moex/kernels/bench_kernels.h"
 #include "moex/kernels/probe.h"
 #include "moex/runtime/generation.h"
 #include "tools/lib/read_replay.h"
@@ -23,20 +24,6 @@
 
 namespace moex::tools {
 namespace {
-
-// Read bandwidth (bytes/s) over a buffer of `bytes`, median of `repeats` passes (after a warm-up pass: every
-// pass re-reads the same buffer, so one that fits a cache level measures that level).
-double measure_read_bandwidth(size_t bytes, int repeats, bool cpu_clock = false) {
-  void* buffer = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  MOEX_CHECK(buffer != MAP_FAILED, "cannot map ", bytes, " bytes for the roofline probe");
-  std::memset(buffer, 1, bytes);  // touch every page so the probe measures DRAM, not page faults
-  volatile float sink = 0.0f;
-  const double seconds =
-      measure_median({.repeats = repeats, .cpu_clock = cpu_clock}, [&] { sink = sink + kernels::stream_read(buffer, bytes); })
-          .seconds;
-  ::munmap(buffer, bytes);
-  return static_cast<double>(bytes) / seconds;
-}
 
 struct RooflineFlags {
   size_t megabytes = 2048;
@@ -60,7 +47,7 @@ void run_roofline(const RooflineFlags& f) {
   f.threads.apply();
   check_roofline_buffer(f.megabytes, "--buffer-mb");
   MOEX_CHECK_INPUT(!f.cpu_clock || num_threads() == 1, "--cpu-clock times one thread: add --threads 1");
-  const double bandwidth = measure_read_bandwidth(f.megabytes << 20, f.repeats, f.cpu_clock);
+  const double bandwidth = kernels::read_bandwidth(f.megabytes << 20, f.repeats, f.cpu_clock);
   if (f.json) {
     std::printf("%s\n", nlohmann::json{{"buffer_mb", f.megabytes}, {"threads", num_threads()}, {"cpu_clock", f.cpu_clock},
                                        {"read_gb_per_s", bandwidth / 1e9}}.dump().c_str());
@@ -113,7 +100,7 @@ void run_decode(DecodeFlags& f) {
   std::vector<double> runs(run_seconds.begin() + warm, run_seconds.end());
   std::sort(runs.begin(), runs.end());
   const double with_prefill_tokens_per_s = static_cast<double>(f.batch) * f.steps / runs[runs.size() / 2];
-  const double bandwidth = measure_read_bandwidth(f.roofline_mb << 20, 5);
+  const double bandwidth = kernels::read_bandwidth(f.roofline_mb << 20, 5, false);
   // Bytes one step reads: the batch's distinct experts could be more than k, but at batch 1 it is exactly k.
   const double bytes = static_cast<double>(model->weight_bytes_per_token());
   const double roofline_step = bytes / bandwidth;
