@@ -343,16 +343,18 @@ await check('200 concurrent streams, half disconnect mid-stream: KV usage back t
   for (let i = 0; i < 200; i++) {
     const disconnect = random() < 0.5;
     jobs.push((async () => {
-      const controller = new AbortController();
+      // Leaving the loop with `break` runs the stream's return(), which aborts its fetch and closes the
+      // connection. (An AbortController passed as `signal` and aborted inside the loop does not end the
+      // stream under Debian 12's Node 18.20 with this client: the 1000 tokens all arrive.)
       const stream = await client.completions.create(
         { model: modelName, prompt: `Request ${i} says`, max_tokens: disconnect ? 1000 : 24, temperature: 0.7, seed: i,
-          ignore_eos: true, stream: true }, { signal: controller.signal });
+          ignore_eos: true, stream: true });
       let chunks = 0, finish = null;
       try {
         for await (const chunk of stream) {
           chunks++;
           if (chunk.choices[0]?.finish_reason) finish = chunk.choices[0].finish_reason;
-          if (disconnect && chunks === 2) controller.abort();
+          if (disconnect && chunks === 2) break;
         }
       } catch (e) {
         if (!disconnect) throw e;
