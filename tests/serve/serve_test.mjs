@@ -8,6 +8,7 @@
 import assert from 'node:assert/strict';
 import { spawn, execFileSync } from 'node:child_process';
 import { cpSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { connect } from 'node:net';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -333,6 +334,35 @@ await check('API key: wrong or missing -> 401', async () => {
   assert.equal(missing.status, 401);
   assert.ok((await missing.json()).error.message);
   assert.equal((await fetch(`${main.url}/health`)).status, 200);  // health needs no key
+  // The refused request's body is never read; on a kept-alive connection its bytes would start the next
+  // request (under Node 18's fetch, which reuses the connection, the next request got 400 or 414). Raw
+  // socket: the refused POST (its body sent 100 ms after its headers), then a GET on the same connection once
+  // the body is sent: the GET is answered, or the server said `Connection: close` and closed it.
+  const port = Number(new URL(main.url).port);
+  const reply = await new Promise((resolve, reject) => {
+    const body = JSON.stringify({ model: modelName, prompt });
+    const sock = connect(port, '127.0.0.1');
+    let got = '', sentGet = false;
+    const timer = setTimeout(() => { sock.destroy(); resolve({ got, closed: false }); }, 3000);
+    sock.on('data', (d) => {
+      got += d.toString();
+      if (!sentGet && got.includes('\r\n\r\n')) {
+        sentGet = true;
+        setTimeout(() => sock.write('GET /health HTTP/1.1\r\nHost: x\r\n\r\n', () => {}), 300);  // after the body
+      }
+    });
+    sock.on('error', () => {});  // a write after the server's close
+    sock.on('close', () => { clearTimeout(timer); resolve({ got, closed: true }); });
+    sock.write(`POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer nope\r\n` +
+               `Content-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n`);
+    setTimeout(() => sock.write(body), 100);  // as Node 18's fetch sends it: the body in a write of its own
+  });
+  const statuses = [...reply.got.matchAll(/HTTP\/1\.1 \d{3} [A-Za-z ]*?(?=\r\n)/g)].map((m) => m[0]);
+  assert.equal(statuses[0], 'HTTP/1.1 401 Unauthorized', reply.got);
+  const answered = statuses[1] === 'HTTP/1.1 200 OK';
+  const closedAfter = reply.closed && statuses.length === 1 && /\r\nConnection: close\r\n/i.test(reply.got);
+  assert.ok(answered || closedAfter, `after a refused POST the connection neither answered the next request nor ` +
+            `was closed: ${JSON.stringify(statuses)}, closed ${reply.closed}`);
 });
 
 await check('200 concurrent streams, half disconnect mid-stream: KV usage back to 0, server still answers', async () => {

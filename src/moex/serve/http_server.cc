@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <ctime>
 #include <exception>
 #include <filesystem>
@@ -289,12 +290,22 @@ void HttpServer::stop() { server_->stop(); }
 
 void HttpServer::routes() {
   httplib::Server& s = *server_;
+  // --api-key guards every /v1/ path. A request without a body is refused before routing; one with a body
+  // only once its body is read (in its handler, or the 404 of an unknown path): cpp-httplib runs the
+  // pre-routing handler before reading the body, and a body left unread on a kept-alive connection would be
+  // parsed as the start of the next request (Node 18's fetch reuses the connection: its next request got
+  // 400 or 414, or no answer).
   const std::string key = options_.api_key;
-  s.set_pre_routing_handler([key](const httplib::Request& req, httplib::Response& res) {
-    if (key.empty() || req.path.rfind("/v1/", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
-    if (req.get_header_value("Authorization") == "Bearer " + key) return httplib::Server::HandlerResponse::Unhandled;
-    ApiError e = api_error(401, "Incorrect or missing API key: send 'Authorization: Bearer <key>'");
-    send_error(res, e);
+  const auto authorized = [key](const httplib::Request& req) {
+    return key.empty() || req.path.rfind("/v1/", 0) != 0 || req.get_header_value("Authorization") == "Bearer " + key;
+  };
+  const auto refuse = [](httplib::Response& res) {
+    send_error(res, api_error(401, "Incorrect or missing API key: send 'Authorization: Bearer <key>'"));
+  };
+  s.set_pre_routing_handler([authorized, refuse](const httplib::Request& req, httplib::Response& res) {
+    const bool has_body = req.has_header("Transfer-Encoding") || std::strtoull(req.get_header_value("Content-Length").c_str(), nullptr, 10) > 0;
+    if (authorized(req) || has_body) return httplib::Server::HandlerResponse::Unhandled;
+    refuse(res);
     return httplib::Server::HandlerResponse::Handled;
   });
   s.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
@@ -307,8 +318,9 @@ void HttpServer::routes() {
     }
     send_error(res, api_error(500, "internal error: " + what, "internal_server_error"));
   });
-  s.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+  s.set_error_handler([authorized, refuse](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
+    if (res.status == 404 && !authorized(req)) return refuse(res);
     const std::string message = res.status == 404   ? "no route " + req.method + " " + req.path
                                 : res.status == 413 ? "the request body is too large (8 MB at most)"
                                                     : "HTTP error " + std::to_string(res.status);
@@ -326,8 +338,9 @@ void HttpServer::routes() {
     res.set_content(json{{"object", "list"}, {"data", json::array({model})}}.dump(), "application/json");
   });
 
-  const auto completions = [this](bool chat) {
-    return [this, chat](const httplib::Request& req, httplib::Response& res) {
+  const auto completions = [this, authorized, refuse](bool chat) {
+    return [this, chat, authorized, refuse](const httplib::Request& req, httplib::Response& res) {
+      if (!authorized(req)) return refuse(res);
       ApiRequest request;
       std::shared_ptr<RequestStream> stream;
       try {
