@@ -190,7 +190,7 @@ def main():
         ("bench_router_skew_past_max", "--router-skew", ["bench", "moe-layer", "--hidden", "64", "--intermediate", "64", "--layers", "1", "--tokens", "1", "--router-skew", "17"]),
         # --weights: a known format, --group-size only for int4 and one of its sizes, no combination left half done.
         ("weights_unknown", "--weights: int5 not in", ["logits", "--model", good, "--ids", "1", "--out", "x.npy", "--weights", "int5"]),
-        ("group_size_without_int4", "--group-size applies to --weights int4 only", ["generate", "--model", good, "--prompt", "hi", "--weights", "int8", "--group-size", "64"]),
+        ("group_size_without_int4", "--group-size applies to --weights int4 or int4-w4a8 only", ["generate", "--model", good, "--prompt", "hi", "--weights", "int8", "--group-size", "64"]),
         ("group_size_bad", "--group-size: 48 not in", ["logits", "--model", good, "--ids", "1", "--out", "x.npy", "--weights", "int4", "--group-size", "48"]),
         ("weights_with_overlap", "--weights int8 is not supported with --overlap yet", ["logits", "--model", good, "--ids", "1", "--out", "x.npy", "--weights", "int8", "--overlap"]),
         # Lists are parsed one way in every command: each item checked, the error naming it.

@@ -9,7 +9,7 @@ Usage:
   /usr/bin/python3 tests/reference/mixtral_ref.py --model DIR --ids 1,2,3 [--decode N]
       [--capacity-factor C] [--dtype float64|float32] --out LOGITS.npy
       [--tokens-out TOKENS.txt] [--stats-out STATS.json]
-      [--expert-weights bf16|int8|int8-w8a8|int4|fp8 [--group-size G]]
+      [--expert-weights bf16|int8|int8-w8a8|int4|int4-w4a8|fp8 [--group-size G]]
 
 --expert-weights models `moex --weights`: the experts' weights quantized and dequantized as MoEX does,
 and their input activations rounded as its kernels round them (quantize_ref.py).
@@ -431,7 +431,7 @@ def parse_args(argv):
     parser.add_argument("--out", required=True, help="float32 .npy logits [len(ids) + N, V]")
     parser.add_argument("--tokens-out", help="greedy tokens, one per line")
     parser.add_argument("--stats-out", help="JSON MoE load and drop stats of the prompt call")
-    parser.add_argument("--expert-weights", choices=["bf16", "int8", "int8-w8a8", "int4", "fp8"],
+    parser.add_argument("--expert-weights", choices=["bf16", "int8", "int8-w8a8", "int4", "int4-w4a8", "fp8"],
                         help="model moex --weights: experts quantized as MoEX quantizes them")
     parser.add_argument("--group-size", type=int, default=128, choices=[32, 64, 128], help="int4 group size")
     args = parser.parse_args(argv)

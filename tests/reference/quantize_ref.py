@@ -12,13 +12,14 @@ dequantized weights are returned in float64 for the reference's float64 forward 
          -127, 127), x' = q * scale (vpdpbusd sums the codes exactly)
   int4   per output row and group of G input columns, symmetric: the range includes 0, scale = max(-lo, hi) / 7,
          q = clamp(rne(w / scale) + 8, 0, 15), w' = (q - 8) * scale; activations rounded to bf16
+  int4-w4a8  weights as int4; activations per token as int8-w8a8's
   fp8    per 128x128 block: scale = absmax / 448, w' = e4m3(w / scale) * scale (e4m3: round-half-even to
          3 mantissa bits, subnormals below 2^-6, saturating at 448); activations f32
 """
 import numpy as np
 import torch
 
-FORMATS = ("bf16", "int8", "int8-w8a8", "int4", "fp8")
+FORMATS = ("bf16", "int8", "int8-w8a8", "int4", "int4-w4a8", "fp8")
 
 
 def round_bf16(x):
@@ -98,7 +99,7 @@ def dequantize(w, fmt, group=128):
         return round_bf16(_f32(w)).double()
     if fmt in ("int8", "int8-w8a8"):
         return int8_rows(w)
-    if fmt == "int4":
+    if fmt in ("int4", "int4-w4a8"):
         return int4_groups(w, group)
     if fmt == "fp8":
         return fp8_blocks(w)
@@ -109,7 +110,7 @@ def activation_rounding(fmt):
     """What the format's kernels do to their input activations (gate/up's x and down's h)."""
     if fmt in ("bf16", "int4"):
         return round_bf16
-    if fmt == "int8-w8a8":
+    if fmt in ("int8-w8a8", "int4-w4a8"):
         return int8_tokens
     return lambda x: x
 

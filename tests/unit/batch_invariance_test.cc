@@ -31,9 +31,11 @@ using kernels::WeightFormat;
 
 TEST(BatchInvariance, OneFunctionPinsTheRowKernel) {
   for (WeightFormat format : {WeightFormat::kInt8, WeightFormat::kFP8E4M3, WeightFormat::kInt4, WeightFormat::kBF16,
-                              WeightFormat::kInt8W8A8}) {
-    // bf16 and W8A8 sum alike on both loops (PackedMatmulTest.ManyRowGemmGivesTheFewRowLoopsBits): no pin.
-    const bool agree = format == WeightFormat::kBF16 || format == WeightFormat::kInt8W8A8;
+                              WeightFormat::kInt8W8A8, WeightFormat::kInt4W4A8}) {
+    // bf16 and W8A8 sum alike on both loops (PackedMatmulTest.ManyRowGemmGivesTheFewRowLoopsBits), W4A8 has one
+    // loop: no pin.
+    const bool agree = format == WeightFormat::kBF16 || format == WeightFormat::kInt8W8A8 ||
+                       format == WeightFormat::kInt4W4A8;
     const int64_t from = agree ? kernels::kManyRowsFrom : kernels::kWeightOnlyManyRowsFrom;
     for (int64_t rows : {1, 2, 11, 12, 15, 16, 17, 64, 512}) {
       const RowKernel by_rows = rows >= from ? RowKernel::kManyRows : RowKernel::kFewRows;
@@ -58,7 +60,8 @@ kernels::QuantizedMatrix quantize(WeightFormat f, std::vector<float>& w, int64_t
     case WeightFormat::kBF16: return kernels::quantize_bf16(view);
     case WeightFormat::kInt8:
     case WeightFormat::kInt8W8A8: return kernels::quantize_int8(view, f);
-    case WeightFormat::kInt4: return kernels::quantize_int4(view, 128, true);
+    case WeightFormat::kInt4:
+    case WeightFormat::kInt4W4A8: return kernels::quantize_int4(view, 128, true, f);
     case WeightFormat::kFP8E4M3: return kernels::quantize_fp8(view);
   }
   return {};
@@ -79,7 +82,7 @@ bool first_row_equal_alone_and_in_24(WeightFormat f, bool batch_invariant) {
 
 TEST(BatchInvariance, PackedMatmulRowDoesNotDependOnTheRowCount) {
   for (WeightFormat f : {WeightFormat::kBF16, WeightFormat::kInt8, WeightFormat::kInt8W8A8, WeightFormat::kInt4,
-                         WeightFormat::kFP8E4M3}) {
+                         WeightFormat::kInt4W4A8, WeightFormat::kFP8E4M3}) {
     const std::string name(kernels::weight_format_name(f));
     EXPECT_TRUE(first_row_equal_alone_and_in_24(f, true)) << name;
     const bool has_two_loops = f == WeightFormat::kInt8 || f == WeightFormat::kInt4 || f == WeightFormat::kFP8E4M3;

@@ -48,7 +48,7 @@ struct FormatCase {
     std::string n(kernels::weight_format_name(format));
     for (char& c : n)
       if (c == '-') c = '_';
-    if (format == WeightFormat::kInt4) n += (symmetric ? "_sym_g" : "_asym_g") + std::to_string(group);
+    if (format == WeightFormat::kInt4 || format == WeightFormat::kInt4W4A8) n += (symmetric ? "_sym_g" : "_asym_g") + std::to_string(group);
     return n;
   }
 };
@@ -58,7 +58,8 @@ void PrintTo(const FormatCase& f, std::ostream* os) { *os << f.name(); }
 const FormatCase kFormats[] = {
     {WeightFormat::kBF16},          {WeightFormat::kInt8},           {WeightFormat::kInt8W8A8},
     {WeightFormat::kInt4, 32, true}, {WeightFormat::kInt4, 64, false}, {WeightFormat::kInt4, 128, true},
-    {WeightFormat::kInt4, 128, false}, {WeightFormat::kFP8E4M3},
+    {WeightFormat::kInt4, 128, false}, {WeightFormat::kInt4W4A8, 32, true}, {WeightFormat::kInt4W4A8, 64, false},
+    {WeightFormat::kInt4W4A8, 128, true}, {WeightFormat::kFP8E4M3},
 };
 
 QuantizedMatrix quantize(const FormatCase& f, const std::vector<float>& w, int64_t rows, int64_t cols) {
@@ -67,7 +68,8 @@ QuantizedMatrix quantize(const FormatCase& f, const std::vector<float>& w, int64
     case WeightFormat::kBF16: return kernels::quantize_bf16(view);
     case WeightFormat::kInt8:
     case WeightFormat::kInt8W8A8: return kernels::quantize_int8(view, f.format);
-    case WeightFormat::kInt4: return kernels::quantize_int4(view, f.group, f.symmetric);
+    case WeightFormat::kInt4:
+    case WeightFormat::kInt4W4A8: return kernels::quantize_int4(view, f.group, f.symmetric, f.format);
     case WeightFormat::kFP8E4M3: return kernels::quantize_fp8(view);
   }
   return {};
@@ -173,6 +175,11 @@ TEST_P(PackedMatmulTest, ReferenceIsWithinTheFormatsErrorOfTheFloatMatmul) {
           case WeightFormat::kInt4:  // and the activation's bf16 rounding
             bound += ax * q.scales[r * q.groups() + i / f.group] * (f.symmetric ? 0.5 : 1.0) + ax * std::ldexp(1.0, -8) * (aw + q.scales[r * q.groups() + i / f.group]);
             break;
+          case WeightFormat::kInt4W4A8: {  // and the activation's code: half a step of absmax / 127
+            const double scale = q.scales[r * q.groups() + i / f.group];
+            bound += ax * scale * (f.symmetric ? 0.5 : 1.0) + (xmax / 127 * 0.5) * (aw + scale);
+            break;
+          }
           case WeightFormat::kFP8E4M3: bound += ax * (aw * 0.0625 + q.scales[(r / 128) * q.groups() + i / 128] * std::ldexp(1.0, -9)); break;
         }
       }
@@ -237,7 +244,8 @@ TEST_P(PackedMatmulTest, FusedGateUpAndRoutedDownMatchTheReference) {
 // every tile tail, N ragged, K over the K block (2048 bf16, 4096 W8A8) and not a multiple of a k pair/quad.
 TEST_P(PackedMatmulTest, ManyRowGemmGivesTheFewRowLoopsBits) {
   const FormatCase f = GetParam();
-  if (f.format != WeightFormat::kBF16 && f.format != WeightFormat::kInt8W8A8) GTEST_SKIP() << "one row loop only";
+  if (f.format != WeightFormat::kBF16 && f.format != WeightFormat::kInt8W8A8 && f.format != WeightFormat::kInt4W4A8)
+    GTEST_SKIP() << "their two loops differ in the last bits (batch_invariant pins one)";
   if (kernels::kernel_isa(f.format, cpu_features(), true) == Isa::kScalar) GTEST_SKIP() << "no x86 kernel here";
   ASSERT_EQ(kernels::expert_kernel_for_rows(f.format, kernels::kManyRowsFrom, false), kernels::RowKernel::kManyRows);
   ASSERT_EQ(kernels::expert_kernel_for_rows(f.format, kernels::kManyRowsFrom - 1, false), kernels::RowKernel::kFewRows);
@@ -493,10 +501,11 @@ CpuFeatures full_avx512() {
 
 TEST(KernelIsa, NeverPicksAnIsaTheCpuOrOsLacks) {
   const WeightFormat all[] = {WeightFormat::kBF16, WeightFormat::kInt8, WeightFormat::kInt8W8A8, WeightFormat::kInt4,
-                              WeightFormat::kFP8E4M3};
+                              WeightFormat::kInt4W4A8, WeightFormat::kFP8E4M3};
   CpuFeatures plain = full_avx512();  // AVX-512 without BF16 / VNNI (Skylake-X)
   EXPECT_EQ(kernels::kernel_isa(WeightFormat::kBF16, plain, true), Isa::kScalar);
   EXPECT_EQ(kernels::kernel_isa(WeightFormat::kInt8W8A8, plain, true), Isa::kScalar);
+  EXPECT_EQ(kernels::kernel_isa(WeightFormat::kInt4W4A8, plain, true), Isa::kScalar);  // vpdpbusd or nothing
   EXPECT_EQ(kernels::kernel_isa(WeightFormat::kInt4, plain, true), Isa::kAvx512);
   EXPECT_EQ(kernels::usable_isas(WeightFormat::kBF16, plain), std::vector<Isa>{Isa::kScalar});
   CpuFeatures zen4 = plain;
@@ -506,6 +515,8 @@ TEST(KernelIsa, NeverPicksAnIsaTheCpuOrOsLacks) {
   EXPECT_EQ(kernels::usable_isas(WeightFormat::kInt4, zen4), (std::vector<Isa>{Isa::kScalar, Isa::kAvx512, Isa::kAvx512Bf16}));
   EXPECT_EQ(kernels::usable_isas(WeightFormat::kBF16, zen4), (std::vector<Isa>{Isa::kScalar, Isa::kAvx512Bf16}));
   EXPECT_EQ(kernels::kernel_isa(WeightFormat::kInt8W8A8, zen4, true), Isa::kAvx512Vnni);
+  EXPECT_EQ(kernels::kernel_isa(WeightFormat::kInt4W4A8, zen4, true), Isa::kAvx512Vnni);
+  EXPECT_EQ(kernels::usable_isas(WeightFormat::kInt4W4A8, zen4), (std::vector<Isa>{Isa::kScalar, Isa::kAvx512Vnni}));
   CpuFeatures os_off = zen4;  // the CPU has it, the OS does not save ZMM state
   os_off.os_avx512 = false;
   CpuFeatures amx = zen4;  // no AMX kernel exists yet: an AMX CPU runs the AVX-512 ones

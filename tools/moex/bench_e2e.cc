@@ -31,7 +31,7 @@ namespace {
 
 struct E2EFlags {
   ModelFlags model;
-  std::vector<std::string> weights = {"as-stored", "bf16", "int8", "int8-w8a8", "int4", "fp8"};
+  std::vector<std::string> weights = {"as-stored", "bf16", "int8", "int8-w8a8", "int4", "int4-w4a8", "fp8"};
   int prompt_tokens = 512;      // pp
   int generate_tokens = 128;    // tg (batch 1)
   std::vector<int> batches = {16, 64};
@@ -117,7 +117,7 @@ double expert_bytes_per_token(const MixtralModel& m) {
 std::vector<Row> bench_format(const E2EFlags& f, const std::string& weights) {
   ModelFlags mf = f.model;
   mf.weights = weights;
-  if (weights != "int4") mf.group_size_option = nullptr;  // --group-size is int4's
+  if (weights != "int4" && weights != "int4-w4a8") mf.group_size_option = nullptr;  // --group-size is int4's
   int max_batch = 1;
   for (int b : f.batches) max_batch = std::max(max_batch, b);
   mf.max_seq_len = std::max({f.prompt_tokens, f.generate_tokens, f.batch_steps}) + 2;
@@ -126,7 +126,7 @@ std::vector<Row> bench_format(const E2EFlags& f, const std::string& weights) {
   const ModelConfig& c = model->config();
   const std::string name = model->options().expert_weights.name();
   const Probes probes = measure_probes(f);
-  const double peak = weights == "int8-w8a8" ? probes.vnni_ops : probes.bf16_flops;
+  const double peak = weights == "int8-w8a8" || weights == "int4-w4a8" ? probes.vnni_ops : probes.bf16_flops;
   // Dense bytes per token: everything but the experts (attention, router, norms, lm_head, one embedding row).
   const double dense_bytes = static_cast<double>(model->weight_bytes_per_token()) - expert_bytes_per_token(*model);
   const TimingOptions timing{.repeats = f.repeats, .cpu_clock = f.cpu_clock};
@@ -200,11 +200,13 @@ void run_e2e(E2EFlags& f) {
   for (int b : f.batches) MOEX_CHECK_INPUT(b >= 1 && b <= 4096, "--batches: ", b, " must be in 1..4096");
   MOEX_CHECK_INPUT(!f.weights.empty(), "--weights needs at least one format");
   for (const std::string& w : f.weights)
-    MOEX_CHECK_INPUT(w == "as-stored" || w == "bf16" || w == "int8" || w == "int8-w8a8" || w == "int4" || w == "fp8",
-                     "--weights ", w, ": use as-stored, bf16, int8, int8-w8a8, int4 or fp8");
+    MOEX_CHECK_INPUT(w == "as-stored" || w == "bf16" || w == "int8" || w == "int8-w8a8" || w == "int4" ||
+                         w == "int4-w4a8" || w == "fp8",
+                     "--weights ", w, ": use as-stored, bf16, int8, int8-w8a8, int4, int4-w4a8 or fp8");
   MOEX_CHECK_INPUT(f.model.group_size_option == nullptr || f.model.group_size_option->count() == 0 ||
-                       std::find(f.weights.begin(), f.weights.end(), "int4") != f.weights.end(),
-                   "--group-size applies to --weights int4 only");
+                       std::find(f.weights.begin(), f.weights.end(), "int4") != f.weights.end() ||
+                       std::find(f.weights.begin(), f.weights.end(), "int4-w4a8") != f.weights.end(),
+                   "--group-size applies to --weights int4 or int4-w4a8 only");
   MOEX_CHECK_INPUT(f.roofline_mb >= 64 && f.roofline_mb <= 65536, "--roofline-mb must be in 64..65536");
   MOEX_CHECK_INPUT(f.model.world().size() == 1, "bench e2e runs on one rank");
   f.model.ThreadsFlags::apply();
@@ -278,7 +280,7 @@ void setup_e2e_bench(CLI::App& bench) {
   f->model.kv_cache_dtype = "bf16";
   f->model.add_to(cmd);
   cmd->remove_option(cmd->get_option("--weights"));  // a list here
-  add_list_flag(cmd, "--weights", f->weights, "Expert weight formats: as-stored, bf16, int8, int8-w8a8, int4, fp8");
+  add_list_flag(cmd, "--weights", f->weights, "Expert weight formats: as-stored, bf16, int8, int8-w8a8, int4, int4-w4a8, fp8");
   cmd->add_option("--pp", f->prompt_tokens, "Prompt tokens of the prefill test (0: skip)")->capture_default_str();
   cmd->add_option("--tg", f->generate_tokens, "Decode steps of the batch-1 test (0: skip)")->capture_default_str();
   add_list_flag(cmd, "--batches", f->batches, "Batch sizes of the batched decode tests");

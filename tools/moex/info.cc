@@ -1,8 +1,10 @@
 // `moex info`: what this machine offers MoEX (ISA, threads, which kernels run).
 #include <cstdio>
+#include <string>
 
 #include "moex/base/cpu.h"
 #include "moex/base/threads.h"
+#include "moex/kernels/packed.h"
 #include "tools/moex/command.h"
 
 namespace moex::tools {
@@ -15,6 +17,15 @@ void setup_info(CLI::App& app) {
     std::printf("cpu features: %s\n", cpu_features().str().c_str());
     std::printf("kernels:      %s\n", use_x86_kernels() ? "x86 (AVX-512)" : "ref (scalar)");
     std::printf("threads:      %d\n", num_threads());
+    // What each --weights format runs on here (kernels::kernel_isa: never an ISA the CPU lacks); --weights
+    // as-stored runs kernels/matmul.h's f32 loop (AVX-512 FMA, or scalar).
+    using kernels::WeightFormat;
+    std::printf("packed kernels (--weights):");
+    for (WeightFormat f : {WeightFormat::kBF16, WeightFormat::kInt8, WeightFormat::kInt8W8A8, WeightFormat::kInt4,
+                           WeightFormat::kInt4W4A8, WeightFormat::kFP8E4M3})
+      std::printf(" %s=%s", std::string(kernels::weight_format_name(f)).c_str(),
+                  std::string(kernels::isa_name(kernels::kernel_isa(f))).c_str());
+    std::printf("\n");
   });
 }
 MOEX_REGISTER_COMMAND(setup_info);

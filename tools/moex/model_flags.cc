@@ -73,15 +73,16 @@ void ModelFlags::add_to(CLI::App* cmd) {
   cmd->add_option("--weights", weights,
                   "Expert weights: as-stored (checkpoint dtype, f32 activations) | bf16 | int8 (weight-only) | int8-w8a8 "
                   "(int8 activations per token) | int4 "
-                  "(symmetric, per --group-size) | fp8 (e4m3, 128x128 blocks): quantized and packed once at load")
+                  "(symmetric, per --group-size) | int4-w4a8 (int4 with int8 activations per token) | fp8 (e4m3, "
+                  "128x128 blocks): quantized and packed once at load")
       ->capture_default_str()
-      ->check(CLI::IsMember({"as-stored", "bf16", "int8", "int8-w8a8", "int4", "fp8"}));
+      ->check(CLI::IsMember({"as-stored", "bf16", "int8", "int8-w8a8", "int4", "int4-w4a8", "fp8"}));
   cmd->add_option("--dense-weights", dense_weights,
-                  "Attention projections and lm_head: as-stored | bf16 | int8 | int8-w8a8 | int4 | fp8, as --weights, "
-                  "or experts (the --weights format); the router and the norms stay as stored")
+                  "Attention projections and lm_head: as-stored | bf16 | int8 | int8-w8a8 | int4 | int4-w4a8 | fp8, as "
+                  "--weights, or experts (the --weights format); the router and the norms stay as stored")
       ->capture_default_str()
-      ->check(CLI::IsMember({"as-stored", "experts", "bf16", "int8", "int8-w8a8", "int4", "fp8"}));
-  group_size_option = cmd->add_option("--group-size", group_size, "int4: weights per scale along K (32 | 64 | 128)")
+      ->check(CLI::IsMember({"as-stored", "experts", "bf16", "int8", "int8-w8a8", "int4", "int4-w4a8", "fp8"}));
+  group_size_option = cmd->add_option("--group-size", group_size, "int4, int4-w4a8: weights per scale along K (32 | 64 | 128)")
                           ->capture_default_str()
                           ->check(CLI::IsMember({32, 64, 128}));
   cmd->add_option("--kv-cache-dtype", kv_cache_dtype,
@@ -104,15 +105,17 @@ static ExpertWeightFormat weight_format_from_flag(const std::string& weights, in
   else if (weights == "int8") f.format = kernels::WeightFormat::kInt8;
   else if (weights == "int8-w8a8") f.format = kernels::WeightFormat::kInt8W8A8;
   else if (weights == "int4") f.format = kernels::WeightFormat::kInt4;
+  else if (weights == "int4-w4a8") f.format = kernels::WeightFormat::kInt4W4A8;
   else if (weights == "fp8") f.format = kernels::WeightFormat::kFP8E4M3;
-  else MOEX_CHECK_INPUT(weights == "as-stored", "--weights ", weights, ": use as-stored, bf16, int8, int8-w8a8, int4 or fp8");
+  else MOEX_CHECK_INPUT(weights == "as-stored", "--weights ", weights,
+                        ": use as-stored, bf16, int8, int8-w8a8, int4, int4-w4a8 or fp8");
   return f;
 }
 
 ExpertWeightFormat ModelFlags::expert_weight_format() const {
-  MOEX_CHECK_INPUT(group_size_option == nullptr || group_size_option->count() == 0 || weights == "int4" ||
-                       dense_weights == "int4" || (dense_weights == "experts" && weights == "int4"),
-                   "--group-size applies to --weights int4 only (or --dense-weights int4; got --weights ", weights,
+  const auto int4 = [](const std::string& w) { return w == "int4" || w == "int4-w4a8"; };
+  MOEX_CHECK_INPUT(group_size_option == nullptr || group_size_option->count() == 0 || int4(weights) || int4(dense_weights),
+                   "--group-size applies to --weights int4 or int4-w4a8 only (or --dense-weights int4; got --weights ", weights,
                    ", --dense-weights ", dense_weights, ")");
   return weight_format_from_flag(weights, group_size);
 }

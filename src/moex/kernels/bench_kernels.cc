@@ -68,7 +68,8 @@ QuantizedMatrix make_weights(const FormatSpec& spec, int64_t rows, int64_t cols,
     case WeightFormat::kBF16: return quantize_bf16(view);
     case WeightFormat::kInt8:
     case WeightFormat::kInt8W8A8: return quantize_int8(view, spec.format);
-    case WeightFormat::kInt4: return quantize_int4(view, spec.group, spec.symmetric);
+    case WeightFormat::kInt4:
+    case WeightFormat::kInt4W4A8: return quantize_int4(view, spec.group, spec.symmetric, spec.format);
     case WeightFormat::kFP8E4M3: return quantize_fp8(view);
   }
   return {};
@@ -99,9 +100,11 @@ FormatSpec parse_format_spec(const std::string& name) {
     const std::string base = "int4-g" + std::to_string(g);
     if (name == base) return {WeightFormat::kInt4, g, true};
     if (name == base + "-asym") return {WeightFormat::kInt4, g, false};
+    if (name == "int4-w4a8-g" + std::to_string(g)) return {WeightFormat::kInt4W4A8, g, true};
+    if (name == "int4-w4a8-g" + std::to_string(g) + "-asym") return {WeightFormat::kInt4W4A8, g, false};
   }
   throw_error(ErrorKind::kInvalidInput, "unknown weight format '" + name +
-                                            "' (choose bf16, int8, int8-w8a8, int4-g32|g64|g128[-asym], fp8-e4m3)");
+                                            "' (choose bf16, int8, int8-w8a8, int4-g32|g64|g128[-asym], int4-w4a8-g32|g64|g128[-asym], fp8-e4m3)");
 }
 
 namespace {

@@ -14,7 +14,7 @@ namespace moex::kernels {
 struct KernelBenchOptions {
   int64_t hidden = 1024, intermediate = 3584;  // one expert: w1, w3 [intermediate, hidden], w2 [hidden, intermediate]
   std::vector<int64_t> tokens = {1, 64, 512};  // tokens routed to the expert per call
-  std::vector<std::string> formats = {"bf16", "int8", "int8-w8a8", "int4-g128", "int4-g128-asym", "fp8-e4m3"};
+  std::vector<std::string> formats = {"bf16", "int8", "int8-w8a8", "int4-g128", "int4-g128-asym", "int4-w4a8-g128", "fp8-e4m3"};
   std::vector<std::string> kernels = {"w1", "gate_up", "down"};
   int repeats = 5;
   double sample_ms = 20;          // calls per sample: enough to last this long
@@ -48,7 +48,8 @@ struct FormatSpec {
   int64_t group = 0;  // int4 only
   bool symmetric = true;
 };
-// Parses "bf16", "int8", "int8-w8a8", "int4-g32|g64|g128[-asym]", "fp8-e4m3"; throws an input error otherwise.
+// Parses "bf16", "int8", "int8-w8a8", "int4-g32|g64|g128[-asym]", "int4-w4a8-g32|g64|g128[-asym]", "fp8-e4m3";
+// throws an input error otherwise.
 FormatSpec parse_format_spec(const std::string& name);
 KernelBenchReport bench_kernels(const KernelBenchOptions& options);
 // Read bandwidth (bytes/s): stream_read over a buffer of `bytes`, median of `repeats` passes after a warm-up.

@@ -56,6 +56,7 @@ std::string_view weight_format_name(WeightFormat format) {
     case WeightFormat::kInt8: return "int8";
     case WeightFormat::kInt8W8A8: return "int8-w8a8";
     case WeightFormat::kInt4: return "int4";
+    case WeightFormat::kInt4W4A8: return "int4-w4a8";
     case WeightFormat::kFP8E4M3: return "fp8-e4m3";
   }
   return "?";
@@ -67,7 +68,8 @@ float QuantizedMatrix::weight(int64_t r, int64_t c) const {
     case WeightFormat::kBF16: return bf16_to_f32(bf16[i]);
     case WeightFormat::kInt8:
     case WeightFormat::kInt8W8A8: return static_cast<float>(static_cast<int8_t>(codes[i])) * scales[r];
-    case WeightFormat::kInt4: {
+    case WeightFormat::kInt4:
+    case WeightFormat::kInt4W4A8: {
       const int64_t g = r * groups() + c / group;
       return static_cast<float>(static_cast<int>(codes[i]) - static_cast<int>(zeros[g])) * scales[g];
     }
@@ -103,10 +105,11 @@ QuantizedMatrix quantize_int8(const TensorView& w, WeightFormat format) {
   return q;
 }
 
-QuantizedMatrix quantize_int4(const TensorView& w, int64_t group, bool symmetric) {
+QuantizedMatrix quantize_int4(const TensorView& w, int64_t group, bool symmetric, WeightFormat format) {
   check_source(w, "quantize_int4");
+  MOEX_CHECK(format == WeightFormat::kInt4 || format == WeightFormat::kInt4W4A8);
   MOEX_CHECK_INPUT(group == 32 || group == 64 || group == 128, "int4 group size ", group, " (use 32, 64 or 128)");
-  QuantizedMatrix q = empty_matrix(WeightFormat::kInt4, w.shape[0], w.shape[1], group);
+  QuantizedMatrix q = empty_matrix(format, w.shape[0], w.shape[1], group);
   const int64_t groups = q.groups();
   q.codes.resize(q.rows * q.cols);  // [rows, cols] 0..15
   q.scales.resize(q.rows * groups);  // [rows, groups]
@@ -254,6 +257,7 @@ PackedWeights pack_lanes(const QuantizedMatrix& like, int64_t rows, bool gate_up
     case WeightFormat::kBF16: p.k_padded = round_up(K, 32); break;  // the AMX kernel's A tile is 32 k wide
     case WeightFormat::kInt4: p.k_padded = round_up(K, 2); break;
     case WeightFormat::kInt8W8A8: p.k_padded = round_up(K, 4); break;
+    case WeightFormat::kInt4W4A8: p.k_padded = round_up(K, 8); break;
     default: p.k_padded = K; break;
   }
   const int64_t kp = p.k_padded;
@@ -266,6 +270,7 @@ PackedWeights pack_lanes(const QuantizedMatrix& like, int64_t rows, bool gate_up
       p.col_sums.allocate(P * kPanel * 4);
       break;
     case WeightFormat::kInt4:
+    case WeightFormat::kInt4W4A8:
       p.data.allocate(P * kp / 2 * kPanel);
       p.scales.allocate(P * G * kPanel * 4);
       p.offsets.allocate(P * G * kPanel * 4);
@@ -298,9 +303,15 @@ PackedWeights pack_lanes(const QuantizedMatrix& like, int64_t rows, bool gate_up
           break;
         }
         case WeightFormat::kInt4:
-          for (int64_t k = 0; k < K; ++k)  // [P][kp/2][64]: q(k) low nibble, q(k+1) high
-            p.data.as<uint8_t>()[(panel * (kp / 2) + k / 2) * kPanel + lane] |=
-                static_cast<uint8_t>(m.codes[s.row * K + k] << (k % 2 ? 4 : 0));
+        case WeightFormat::kInt4W4A8:
+          for (int64_t k = 0; k < K; ++k) {
+            if (p.format == WeightFormat::kInt4)  // [P][kp/2][64]: q(k) low nibble, q(k+1) high
+              p.data.as<uint8_t>()[(panel * (kp / 2) + k / 2) * kPanel + lane] |=
+                  static_cast<uint8_t>(m.codes[s.row * K + k] << (k % 2 ? 4 : 0));
+            else  // [P][kp/8][64][4]: byte k % 4 of the lane's word, low nibble for k % 8 < 4, high for the rest
+              p.data.as<uint8_t>()[((panel * (kp / 8) + k / 8) * kPanel + lane) * 4 + k % 4] |=
+                  static_cast<uint8_t>(m.codes[s.row * K + k] << (k % 8 < 4 ? 0 : 4));
+          }
           for (int64_t g = 0; g < G; ++g) {
             const float scale = m.scales[s.row * G + g];
             p.scales.as<float>()[(panel * G + g) * kPanel + lane] = scale;
@@ -361,7 +372,8 @@ Isa kernel_isa(WeightFormat format, const CpuFeatures& cpu, bool x86_enabled) {
   if (!x86_enabled || !cpu.has_avx512_kernels()) return Isa::kScalar;
   switch (format) {
     case WeightFormat::kBF16: return cpu.has_avx512_bf16_kernels() ? Isa::kAvx512Bf16 : Isa::kScalar;
-    case WeightFormat::kInt8W8A8: return cpu.has_avx512_vnni_kernels() ? Isa::kAvx512Vnni : Isa::kScalar;
+    case WeightFormat::kInt8W8A8:
+    case WeightFormat::kInt4W4A8: return cpu.has_avx512_vnni_kernels() ? Isa::kAvx512Vnni : Isa::kScalar;
     case WeightFormat::kInt4: return cpu.has_avx512_bf16_kernels() ? Isa::kAvx512Bf16 : Isa::kAvx512;
     case WeightFormat::kInt8:
     case WeightFormat::kFP8E4M3: return Isa::kAvx512;
@@ -406,6 +418,11 @@ float packed_weight(const PackedWeights& w, int64_t panel, int lane, int64_t k) 
       const uint8_t byte = w.data.as<const uint8_t>()[(panel * (kp / 2) + k / 2) * kPanel + lane];
       const int64_t s = (panel * G + k / w.group) * kPanel + lane;
       return static_cast<float>(k % 2 ? byte >> 4 : byte & 15) * w.scales.as<const float>()[s] + w.offsets.as<const float>()[s];
+    }
+    case WeightFormat::kInt4W4A8: {
+      const uint8_t byte = w.data.as<const uint8_t>()[((panel * (kp / 8) + k / 8) * kPanel + lane) * 4 + k % 4];
+      const int64_t s = (panel * G + k / w.group) * kPanel + lane;
+      return static_cast<float>(k % 8 < 4 ? byte & 15 : byte >> 4) * w.scales.as<const float>()[s] + w.offsets.as<const float>()[s];
     }
     case WeightFormat::kFP8E4M3:
       return f8e4m3_to_f32(w.data.as<const uint8_t>()[(panel * K + k) * kPanel + lane]) *
@@ -465,7 +482,7 @@ void run_scalar(const float* x, int64_t tokens, const PackedWeights& w, const x8
   token_scales.assign(tokens, 1.0f);
   if (w.format == WeightFormat::kBF16 || w.format == WeightFormat::kInt4) {
     for (float& v : xr) v = bf16_to_f32(f32_to_bf16(v));
-  } else if (w.format == WeightFormat::kInt8W8A8) {
+  } else if (w.format == WeightFormat::kInt8W8A8 || w.format == WeightFormat::kInt4W4A8) {
     std::vector<int8_t> q(K);
     for (int64_t t = 0; t < tokens; ++t) {
       token_scales[t] = quantize_activations_s8(x + t * K, K, q.data());
@@ -487,6 +504,8 @@ void run_scalar(const float* x, int64_t tokens, const PackedWeights& w, const x8
           }
           if (w.format == WeightFormat::kInt8W8A8)
             sum = static_cast<float>(isum) * (token_scales[t] * w.scales.as<const float>()[panel * kPanel + lane]);
+          else if (w.format == WeightFormat::kInt4W4A8)
+            sum *= token_scales[t];
           c[t * kPanel + lane] = sum;
         }
       }
@@ -499,9 +518,10 @@ void run_scalar(const float* x, int64_t tokens, const PackedWeights& w, const x8
 // or convert the rows of several experts in one loop) and bound to a PanelJob from any first row.
 struct Activations {
   std::vector<uint16_t> bf16;  // kAvx512Bf16 / kAmx: [T][k_padded]
-  std::vector<uint8_t> u8;     // kAvx512Vnni: [T][k_padded] q + 128
+  std::vector<uint8_t> u8;     // kAvx512Vnni: [T][k_padded] q + 128 (W8A8), q as s8 bits (W4A8)
   std::vector<float> f32;      // kAvx512 int4: [T][K] rounded to bf16
   std::vector<float> extra;    // kAvx512Vnni: [T] token scales; int4 on kAvx512Bf16: [T][groups] group sums
+  std::vector<float> code_sums;  // W4A8 on kAvx512Vnni: [T][groups] sums of the activation codes per K group
 
   void size_for(Isa isa, const PackedWeights& w, int64_t tokens) {
     const size_t kp = w.k_padded, groups = w.group ? (w.cols + w.group - 1) / w.group : 1;
@@ -514,6 +534,7 @@ struct Activations {
       case Isa::kAvx512Vnni:
         if (u8.size() < tokens * kp) u8.resize(tokens * kp);
         if (extra.size() < static_cast<size_t>(tokens)) extra.resize(tokens);
+        if (w.format == WeightFormat::kInt4W4A8 && code_sums.size() < tokens * groups) code_sums.resize(tokens * groups);
         break;
       case Isa::kAvx512:
         if (w.format == WeightFormat::kInt4 && f32.size() < static_cast<size_t>(tokens * w.cols)) f32.resize(tokens * w.cols);
@@ -540,7 +561,21 @@ struct Activations {
         }
         break;
       }
-      case Isa::kAvx512Vnni: extra[t] = x86::quantize_row_u8_avx512(x, K, kp, u8.data() + t * kp); break;
+      case Isa::kAvx512Vnni: {
+        uint8_t* row = u8.data() + t * kp;
+        extra[t] = x86::quantize_row_u8_avx512(x, K, kp, row);
+        if (w.format != WeightFormat::kInt4W4A8) break;
+        // W4A8: the codes multiply the (unsigned) weight codes, so they are wanted signed: q + 128 with its top
+        // bit flipped is q's own byte (the zero tail becomes 0). Each group's sum of q takes the zeros back off.
+        for (int64_t k = 0; k < kp; ++k) row[k] ^= 0x80;
+        const int64_t groups = (K + w.group - 1) / w.group;
+        for (int64_t g = 0; g < groups; ++g) {
+          int32_t sum = 0;
+          for (int64_t k = g * w.group; k < std::min(K, (g + 1) * w.group); ++k) sum += static_cast<int8_t>(row[k]);
+          code_sums[t * groups + g] = static_cast<float>(sum);
+        }
+        break;
+      }
       case Isa::kAvx512:  // int4's activations are bf16 values on every path; int8 and fp8 read x as it is
         if (w.format == WeightFormat::kInt4)
           for (int64_t k = 0; k < K; ++k) f32[t * K + k] = bf16_to_f32(f32_to_bf16(x[k]));
@@ -572,6 +607,7 @@ struct Activations {
       case Isa::kAvx512Vnni:
         job.activations = u8.data() + t0 * kp;
         job.token_scales = extra.data() + t0;
+        if (w.format == WeightFormat::kInt4W4A8) job.group_sums = code_sums.data() + t0 * groups;
         break;
       case Isa::kAvx512: job.activations = w.format == WeightFormat::kInt4 ? f32.data() + t0 * w.cols : x; break;
       case Isa::kScalar: break;
@@ -605,7 +641,8 @@ void run_panel_range(Isa isa, const PackedWeights& w, const x86::PanelJob& job, 
       else x86::run_panels_int4_avx512bf16(job, begin, end);
       break;
     case Isa::kAvx512Vnni:
-      if (job.many_rows) x86::run_panels_w8a8_many_avx512vnni(job, begin, end);
+      if (w.format == WeightFormat::kInt4W4A8) x86::run_panels_int4_w4a8_avx512vnni(job, begin, end);
+      else if (job.many_rows) x86::run_panels_w8a8_many_avx512vnni(job, begin, end);
       else x86::run_panels_w8a8_avx512vnni(job, begin, end);
       break;
     case Isa::kAvx512: x86::run_panels_weight_only_avx512(job, begin, end); break;

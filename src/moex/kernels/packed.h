@@ -27,6 +27,8 @@ enum class WeightFormat : uint8_t {
   kInt8W8A8,  // s8 as kInt8; activations quantized per token to s8 (scale = absmax/127), vpdpbusd
   kInt4,      // q in 0..15, w = (q - zero) * scale per group of `group` along K; two codes per packed byte;
               // activations rounded to bf16 (far below int4's own error) so vdpbf16ps can read the codes
+  kInt4W4A8,  // int4 codes, scales and zeros as kInt4; activations quantized per token to s8 as kInt8W8A8, and
+              // vpdpbusd multiplies the codes (u8 0..15) by them: four products per instruction, not two
   kFP8E4M3,   // e4m3 codes, w = fp8 * scale per 128x128 block (DeepSeek-V3's weight_scale_inv layout)
 };
 std::string_view weight_format_name(WeightFormat format);
@@ -37,9 +39,9 @@ struct QuantizedMatrix {
   int64_t rows = 0, cols = 0;
   int64_t group = 0;            // int4: codes per scale along K (32, 64, 128); fp8: 128; else 0
   std::vector<uint16_t> bf16;   // kBF16: [rows, cols]
-  std::vector<uint8_t> codes;   // kInt8*: s8 bytes; kInt4: 0..15 one per byte; kFP8E4M3: e4m3 — all [rows, cols]
-  std::vector<float> scales;    // kInt8*: [rows]; kInt4: [rows, groups()]; kFP8E4M3: [ceil(rows/128), groups()]
-  std::vector<uint8_t> zeros;   // kInt4: [rows, groups()] (8 everywhere when symmetric)
+  std::vector<uint8_t> codes;   // kInt8*: s8 bytes; kInt4*: 0..15 one per byte; kFP8E4M3: e4m3 — all [rows, cols]
+  std::vector<float> scales;    // kInt8*: [rows]; kInt4*: [rows, groups()]; kFP8E4M3: [ceil(rows/128), groups()]
+  std::vector<uint8_t> zeros;   // kInt4*: [rows, groups()] (8 everywhere when symmetric)
 
   int64_t groups() const { return group ? (cols + group - 1) / group : 1; }
   float weight(int64_t r, int64_t c) const;  // the dequantized value, as the references use it
@@ -50,8 +52,9 @@ QuantizedMatrix quantize_bf16(const TensorView& w);
 // Symmetric per row: scale = absmax / 127, q = round(w / scale). format: kInt8 or kInt8W8A8.
 QuantizedMatrix quantize_int8(const TensorView& w, WeightFormat format = WeightFormat::kInt8);
 // Per row and group of `group` columns (32, 64 or 128). Symmetric: zero 8, scale = absmax / 7 (codes 1..15);
-// asymmetric: scale = (max - min) / 15, zero = round(-min / scale) clamped to 0..15.
-QuantizedMatrix quantize_int4(const TensorView& w, int64_t group, bool symmetric);
+// asymmetric: scale = (max - min) / 15, zero = round(-min / scale) clamped to 0..15. format: kInt4 or kInt4W4A8.
+QuantizedMatrix quantize_int4(const TensorView& w, int64_t group, bool symmetric,
+                              WeightFormat format = WeightFormat::kInt4);
 // Per 128x128 block: scale = absmax / 448, code = e4m3(w / scale).
 QuantizedMatrix quantize_fp8(const TensorView& w);
 // A checkpoint's FP8 tensor as is: codes F8_E4M3 [rows, cols], scale_inv F32 [ceil(rows/128), ceil(cols/128)].
@@ -76,6 +79,8 @@ struct AlignedBytes {
 //   kInt8W8A8  data s8  [P][k_padded/4][64][4]; scales [P][64]; col_sums i32 [P][64] (sum over k of q)
 //   kInt4      data u8  [P][k_padded/2][64] (a lane's byte: q(k) low nibble, q(k+1) high); scales, offsets
 //              [P][G][64] with w = q * scale + offset (offset = -zero * scale)
+//   kInt4W4A8  data u8  [P][k_padded/8][64][4] (a lane's 32 bits hold 8 k: byte b has q(8j+b) low, q(8j+4+b)
+//              high, so masking gives the k quad 8j.. and a shift the quad 8j+4..); scales, offsets as kInt4
 //   kFP8E4M3   data u8  [P][cols][64];          scales [P][G=ceil(cols/128)][64], times 2^8 (the kernels read
 //              an e4m3 code as fp16 bits, which are 2^-8 of its value)
 // gate_up: rows counts outputs of silu(x w1^T) * (x w3^T); panel p's lanes 0..31 hold rows 32p.. of w1 and
@@ -123,13 +128,15 @@ class WeightArena {
 // K block of a panel once and run wider tiles over it, and sum K in other blocks, so a row's last bits differ
 // between their two loops once K exceeds one K block. batch_invariant (`--batch-invariant`) pins the few-row
 // loop for those formats, so a row's numbers do not depend on how many other rows share its call (its
-// neighbours in the batch, the rows of its expert); bf16 and W8A8 need no pin. Every packed call decides here.
+// neighbours in the batch, the rows of its expert); bf16 and W8A8 need no pin, nor W4A8, which has one loop for
+// every row count (its integer group sums are exact and each row folds them in the same order). Every packed
+// call decides here.
 enum class RowKernel : uint8_t { kFewRows, kManyRows };
 inline constexpr int64_t kManyRowsFrom = 12;            // bf16 / W8A8: the measured crossover (docs/kernels.md)
 inline constexpr int64_t kWeightOnlyManyRowsFrom = 16;  // int8 / fp8 / int4
 inline constexpr RowKernel kBatchInvariantRowKernel = RowKernel::kFewRows;  // the pin (docs/serve.md: its cost)
 constexpr bool row_kernels_agree(WeightFormat format) {
-  return format == WeightFormat::kBF16 || format == WeightFormat::kInt8W8A8;
+  return format == WeightFormat::kBF16 || format == WeightFormat::kInt8W8A8 || format == WeightFormat::kInt4W4A8;
 }
 constexpr RowKernel expert_kernel_for_rows(WeightFormat format, int64_t rows, bool batch_invariant) {
   if (batch_invariant && !row_kernels_agree(format)) return kBatchInvariantRowKernel;
@@ -187,7 +194,7 @@ float quantize_activations_s8(const float* x, int64_t k, int8_t* q);
 
 namespace ref {
 // The oracles: plain loops over QuantizedMatrix::weight() (f32 sums). kBF16 and kInt4 round x to bf16 first and
-// kInt8W8A8 quantizes x with quantize_activations_s8, as the fast kernels do.
+// kInt8W8A8 and kInt4W4A8 quantize x with quantize_activations_s8, as the fast kernels do.
 void matmul(const float* x, int64_t tokens, const QuantizedMatrix& w, float* y, bool accumulate = false);
 void expert_gate_up(const float* x, int64_t tokens, const QuantizedMatrix& w1, const QuantizedMatrix& w3, float* h);
 void expert_down_accumulate(const float* h, int64_t tokens, const QuantizedMatrix& w2, const float* route_weights,

@@ -16,6 +16,7 @@ std::string ExpertWeightFormat::name() const {
   if (!packed) return "as-stored";
   switch (format) {
     case kernels::WeightFormat::kInt4: return "int4-g" + std::to_string(group);
+    case kernels::WeightFormat::kInt4W4A8: return "int4-w4a8-g" + std::to_string(group);
     case kernels::WeightFormat::kFP8E4M3: return "fp8";
     default: return std::string(kernels::weight_format_name(format));
   }
@@ -28,7 +29,8 @@ PackedExpert pack_expert(const ExpertWeights& w, const ExpertWeightFormat& f) {
       case kernels::WeightFormat::kBF16: return kernels::quantize_bf16(m);
       case kernels::WeightFormat::kInt8:
       case kernels::WeightFormat::kInt8W8A8: return kernels::quantize_int8(m, f.format);
-      case kernels::WeightFormat::kInt4: return kernels::quantize_int4(m, f.group, /*symmetric=*/true);
+      case kernels::WeightFormat::kInt4:
+      case kernels::WeightFormat::kInt4W4A8: return kernels::quantize_int4(m, f.group, /*symmetric=*/true, f.format);
       case kernels::WeightFormat::kFP8E4M3: return kernels::quantize_fp8(m);
     }
     MOEX_CHECK(false, "unknown weight format");

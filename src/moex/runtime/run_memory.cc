@@ -14,7 +14,8 @@ double packed_bytes_per_weight(kernels::WeightFormat format, double group, doubl
     case kernels::WeightFormat::kBF16: return 2;
     case kernels::WeightFormat::kInt8:
     case kernels::WeightFormat::kInt8W8A8: return 1 + 8 / cols;
-    case kernels::WeightFormat::kInt4: return 0.5 + 8 / group;  // f32 scale and offset per group
+    case kernels::WeightFormat::kInt4:
+    case kernels::WeightFormat::kInt4W4A8: return 0.5 + 8 / group;  // f32 scale and offset per group
     case kernels::WeightFormat::kFP8E4M3: return 1 + 4.0 / 128;
   }
   return 2;

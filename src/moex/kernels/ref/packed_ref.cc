@@ -10,10 +10,10 @@ namespace moex::kernels::ref {
 void matmul(const float* x, int64_t tokens, const QuantizedMatrix& w, float* y, bool accumulate) {
   const int64_t N = w.rows, K = w.cols;
   std::vector<float> xr(K);   // [K] this token's activations as the format's kernel sees them
-  std::vector<int8_t> q(K);   // [K] W8A8 activation codes
+  std::vector<int8_t> q(K);   // [K] W8A8 / W4A8 activation codes
   for (int64_t t = 0; t < tokens; ++t) {
     float token_scale = 1.0f;
-    if (w.format == WeightFormat::kInt8W8A8) {
+    if (w.format == WeightFormat::kInt8W8A8 || w.format == WeightFormat::kInt4W4A8) {
       token_scale = quantize_activations_s8(x + t * K, K, q.data());
       for (int64_t k = 0; k < K; ++k) xr[k] = q[k];
     } else {
@@ -27,8 +27,9 @@ void matmul(const float* x, int64_t tokens, const QuantizedMatrix& w, float* y, 
         int64_t dot = 0;
         for (int64_t k = 0; k < K; ++k) dot += int64_t{q[k]} * static_cast<int8_t>(w.codes[n * K + k]);
         sum = static_cast<float>(dot) * (token_scale * w.scales[n]);
-      } else {
+      } else {  // W4A8: the codes' values times the dequantized weights, then the token's scale
         for (int64_t k = 0; k < K; ++k) sum += xr[k] * w.weight(n, k);
+        if (w.format == WeightFormat::kInt4W4A8) sum *= token_scale;
       }
       y[t * N + n] = accumulate ? y[t * N + n] + sum : sum;
     }

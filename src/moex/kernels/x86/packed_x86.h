@@ -20,7 +20,8 @@ struct Epilogue {
 struct PanelJob {
   const void* activations = nullptr;  // bf16 u16 [T][k_padded] | f32 [T][cols] | W8A8 u8 (q + 128) [T][k_padded]
   const float* token_scales = nullptr;  // W8A8: [T] activation scales
-  const float* group_sums = nullptr;    // int4 on BF16: [T][groups] sums of the bf16 activations per K group
+  const float* group_sums = nullptr;    // int4 on BF16: [T][groups] sums of the bf16 activations per K group;
+                                        // W4A8: [T][groups] sums of the s8 activation codes per K group
   int64_t tokens = 0;
   bool many_rows = false;  // the many-row loop (kernels::expert_kernel_for_rows decides), else the few-row one
   const PackedWeights* w = nullptr;
@@ -36,6 +37,8 @@ void run_panels_int4_avx512bf16(const PanelJob& job, int64_t panel_begin, int64_
 void run_panels_bf16_amx(const PanelJob& job, int64_t panel_begin, int64_t panel_end);
 void run_panels_weight_only_avx512(const PanelJob& job, int64_t panel_begin, int64_t panel_end);  // int8/int4/fp8
 void run_panels_w8a8_avx512vnni(const PanelJob& job, int64_t panel_begin, int64_t panel_end);
+// int4 codes x s8 activations (kInt4W4A8): one loop for every row count, in x86/packed_w4a8_avx512vnni.cc.
+void run_panels_int4_w4a8_avx512vnni(const PanelJob& job, int64_t panel_begin, int64_t panel_end);
 
 // x [k] f32 -> out [k_padded] bf16 (round to nearest even, zero tail).
 void round_row_bf16_avx512bf16(const float* x, int64_t k, int64_t k_padded, uint16_t* out);
