@@ -64,7 +64,7 @@ def at_load_reference(model_dir, fmt, group):
     """The unquantized checkpoint with experts, attention projections and lm_head quantized by quantize_ref (as
     `--weights F --dense-weights F` does at load), each with its kernel's activation rounding."""
     model = mixtral_ref.load_model(model_dir, torch.float64)
-    act = quantize_ref.activation_rounding(fmt)
+    act = quantize_ref.activation_rounding(fmt, group)
     formats = {}
 
     def q(w):

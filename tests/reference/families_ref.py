@@ -165,7 +165,7 @@ def mlp(x, w, prefix, d, width, quant=None):
     if quant:
         import quantize_ref
         gate, up, down = (quantize_ref.dequantize(m, *quant).to(m.dtype) for m in (gate, up, down))
-        act = quantize_ref.activation_rounding(quant[0])
+        act = quantize_ref.activation_rounding(*quant)
     x = act(x)
     return act(torch.nn.functional.silu(x @ gate.t()) * (x @ up.t())) @ down.t()
 

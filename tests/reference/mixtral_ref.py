@@ -223,7 +223,7 @@ def quantize_experts(model, fmt, group=128):
     for layer in model.layers:
         for name in ("w1", "w3", "w2"):
             layer[name] = [quantize_ref.dequantize(w, fmt, group).to(model.dtype) for w in layer[name]]
-        layer["expert_act"] = quantize_ref.activation_rounding(fmt)
+        layer["expert_act"] = quantize_ref.activation_rounding(fmt, group)
 
 
 # ---------------------------------------------------------------------------------------------

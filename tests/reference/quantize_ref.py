@@ -12,7 +12,8 @@ dequantized weights are returned in float64 for the reference's float64 forward 
          -127, 127), x' = q * scale (vpdpbusd sums the codes exactly)
   int4   per output row and group of G input columns, symmetric: the range includes 0, scale = max(-lo, hi) / 7,
          q = clamp(rne(w / scale) + 8, 0, 15), w' = (q - 8) * scale; activations rounded to bf16
-  int4-w4a8  weights as int4; activations per token as int8-w8a8's
+  int4-w4a8  weights as int4; activations as int8-w8a8's but per token and group of G input columns (the
+         weights' groups), each group with its own absmax / 127 scale
   fp8    per 128x128 block: scale = absmax / 448, w' = e4m3(w / scale) * scale (e4m3: round-half-even to
          3 mantissa bits, subnormals below 2^-6, saturating at 448); activations f32
 """
@@ -50,6 +51,14 @@ def int8_tokens(x):
     q = torch.clamp(torch.round(x32 * inv), -127, 127)
     scale = absmax / torch.tensor(127.0, dtype=torch.float32)
     return (q.double() * scale.double()).to(x.dtype)
+
+
+def int8_token_groups(x, group):
+    """W4A8's activations: each token's columns c0..c0+group quantized as int8_tokens quantizes a row."""
+    out = torch.empty_like(x)
+    for c0 in range(0, x.shape[-1], group):
+        out[..., c0:c0 + group] = int8_tokens(x[..., c0:c0 + group])
+    return out
 
 
 def int4_groups(w, group):
@@ -106,12 +115,14 @@ def dequantize(w, fmt, group=128):
     raise ValueError(f"unknown expert weight format {fmt!r} (one of {', '.join(FORMATS)})")
 
 
-def activation_rounding(fmt):
+def activation_rounding(fmt, group=128):
     """What the format's kernels do to their input activations (gate/up's x and down's h)."""
     if fmt in ("bf16", "int4"):
         return round_bf16
-    if fmt in ("int8-w8a8", "int4-w4a8"):
+    if fmt == "int8-w8a8":
         return int8_tokens
+    if fmt == "int4-w4a8":
+        return lambda x: int8_token_groups(x, group)
     return lambda x: x
 
 

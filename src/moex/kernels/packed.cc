@@ -482,7 +482,16 @@ void run_scalar(const float* x, int64_t tokens, const PackedWeights& w, const x8
   token_scales.assign(tokens, 1.0f);
   if (w.format == WeightFormat::kBF16 || w.format == WeightFormat::kInt4) {
     for (float& v : xr) v = bf16_to_f32(f32_to_bf16(v));
-  } else if (w.format == WeightFormat::kInt8W8A8 || w.format == WeightFormat::kInt4W4A8) {
+  } else if (w.format == WeightFormat::kInt4W4A8) {  // codes times their group's scale
+    std::vector<int8_t> q(K);
+    for (int64_t t = 0; t < tokens; ++t) {
+      for (int64_t k0 = 0; k0 < K; k0 += w.group) {
+        const int64_t k1 = std::min(K, k0 + w.group);
+        const float scale = quantize_activations_s8(x + t * K + k0, k1 - k0, q.data() + k0);
+        for (int64_t k = k0; k < k1; ++k) xr[t * K + k] = static_cast<float>(q[k]) * scale;
+      }
+    }
+  } else if (w.format == WeightFormat::kInt8W8A8) {
     std::vector<int8_t> q(K);
     for (int64_t t = 0; t < tokens; ++t) {
       token_scales[t] = quantize_activations_s8(x + t * K, K, q.data());
@@ -504,8 +513,6 @@ void run_scalar(const float* x, int64_t tokens, const PackedWeights& w, const x8
           }
           if (w.format == WeightFormat::kInt8W8A8)
             sum = static_cast<float>(isum) * (token_scales[t] * w.scales.as<const float>()[panel * kPanel + lane]);
-          else if (w.format == WeightFormat::kInt4W4A8)
-            sum *= token_scales[t];
           c[t * kPanel + lane] = sum;
         }
       }
@@ -520,7 +527,8 @@ struct Activations {
   std::vector<uint16_t> bf16;  // kAvx512Bf16 / kAmx: [T][k_padded]
   std::vector<uint8_t> u8;     // kAvx512Vnni: [T][k_padded] q + 128 (W8A8), q as s8 bits (W4A8)
   std::vector<float> f32;      // kAvx512 int4: [T][K] rounded to bf16
-  std::vector<float> extra;    // kAvx512Vnni: [T] token scales; int4 on kAvx512Bf16: [T][groups] group sums
+  std::vector<float> extra;    // kAvx512Vnni: [T] token scales (W4A8: [T][groups] group scales); int4 on
+                               // kAvx512Bf16: [T][groups] group sums
   std::vector<float> code_sums;  // W4A8 on kAvx512Vnni: [T][groups] sums of the activation codes per K group
 
   void size_for(Isa isa, const PackedWeights& w, int64_t tokens) {
@@ -533,7 +541,7 @@ struct Activations {
         break;
       case Isa::kAvx512Vnni:
         if (u8.size() < tokens * kp) u8.resize(tokens * kp);
-        if (extra.size() < static_cast<size_t>(tokens)) extra.resize(tokens);
+        if (extra.size() < tokens * groups) extra.resize(tokens * groups);  // groups is 1 but for W4A8
         if (w.format == WeightFormat::kInt4W4A8 && code_sums.size() < tokens * groups) code_sums.resize(tokens * groups);
         break;
       case Isa::kAvx512:
@@ -563,15 +571,22 @@ struct Activations {
       }
       case Isa::kAvx512Vnni: {
         uint8_t* row = u8.data() + t * kp;
-        extra[t] = x86::quantize_row_u8_avx512(x, K, kp, row);
-        if (w.format != WeightFormat::kInt4W4A8) break;
-        // W4A8: the codes multiply the (unsigned) weight codes, so they are wanted signed: q + 128 with its top
-        // bit flipped is q's own byte (the zero tail becomes 0). Each group's sum of q takes the zeros back off.
-        for (int64_t k = 0; k < kp; ++k) row[k] ^= 0x80;
+        if (w.format != WeightFormat::kInt4W4A8) {
+          extra[t] = x86::quantize_row_u8_avx512(x, K, kp, row);
+          break;
+        }
+        // W4A8: each K group of the row has its own scale (the last group also writes the zero tail). The codes
+        // multiply the (unsigned) weight codes, so they are wanted signed: q + 128 with its top bit flipped is
+        // q's own byte (the tail becomes 0). Each group's sum of q takes the weights' zeros back off.
         const int64_t groups = (K + w.group - 1) / w.group;
         for (int64_t g = 0; g < groups; ++g) {
+          const int64_t k0 = g * w.group, k1 = std::min(K, k0 + w.group), end = g + 1 == groups ? kp : k1;
+          extra[t * groups + g] = x86::quantize_row_u8_avx512(x + k0, k1 - k0, end - k0, row + k0);
           int32_t sum = 0;
-          for (int64_t k = g * w.group; k < std::min(K, (g + 1) * w.group); ++k) sum += static_cast<int8_t>(row[k]);
+          for (int64_t k = k0; k < end; ++k) {
+            row[k] ^= 0x80;
+            sum += static_cast<int8_t>(row[k]);
+          }
           code_sums[t * groups + g] = static_cast<float>(sum);
         }
         break;
@@ -606,7 +621,7 @@ struct Activations {
         break;
       case Isa::kAvx512Vnni:
         job.activations = u8.data() + t0 * kp;
-        job.token_scales = extra.data() + t0;
+        job.token_scales = extra.data() + t0 * groups;
         if (w.format == WeightFormat::kInt4W4A8) job.group_sums = code_sums.data() + t0 * groups;
         break;
       case Isa::kAvx512: job.activations = w.format == WeightFormat::kInt4 ? f32.data() + t0 * w.cols : x; break;

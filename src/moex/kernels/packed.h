@@ -27,8 +27,9 @@ enum class WeightFormat : uint8_t {
   kInt8W8A8,  // s8 as kInt8; activations quantized per token to s8 (scale = absmax/127), vpdpbusd
   kInt4,      // q in 0..15, w = (q - zero) * scale per group of `group` along K; two codes per packed byte;
               // activations rounded to bf16 (far below int4's own error) so vdpbf16ps can read the codes
-  kInt4W4A8,  // int4 codes, scales and zeros as kInt4; activations quantized per token to s8 as kInt8W8A8, and
-              // vpdpbusd multiplies the codes (u8 0..15) by them: four products per instruction, not two
+  kInt4W4A8,  // int4 codes, scales and zeros as kInt4; activations quantized to s8 per token and K group (the
+              // weights' groups; each with its own absmax / 127 scale), and vpdpbusd multiplies the codes
+              // (u8 0..15) by them: four products per instruction, not two
   kFP8E4M3,   // e4m3 codes, w = fp8 * scale per 128x128 block (DeepSeek-V3's weight_scale_inv layout)
 };
 std::string_view weight_format_name(WeightFormat format);
@@ -194,7 +195,8 @@ float quantize_activations_s8(const float* x, int64_t k, int8_t* q);
 
 namespace ref {
 // The oracles: plain loops over QuantizedMatrix::weight() (f32 sums). kBF16 and kInt4 round x to bf16 first and
-// kInt8W8A8 and kInt4W4A8 quantize x with quantize_activations_s8, as the fast kernels do.
+// kInt8W8A8 quantizes each row of x with quantize_activations_s8, kInt4W4A8 each K group of a row, as the fast
+// kernels do.
 void matmul(const float* x, int64_t tokens, const QuantizedMatrix& w, float* y, bool accumulate = false);
 void expert_gate_up(const float* x, int64_t tokens, const QuantizedMatrix& w1, const QuantizedMatrix& w3, float* h);
 void expert_down_accumulate(const float* h, int64_t tokens, const QuantizedMatrix& w2, const float* route_weights,

@@ -1,4 +1,5 @@
 // Oracles for kernels/packed.h: plain loops over the natural-layout QuantizedMatrix, no packing involved.
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -13,7 +14,13 @@ void matmul(const float* x, int64_t tokens, const QuantizedMatrix& w, float* y, 
   std::vector<int8_t> q(K);   // [K] W8A8 / W4A8 activation codes
   for (int64_t t = 0; t < tokens; ++t) {
     float token_scale = 1.0f;
-    if (w.format == WeightFormat::kInt8W8A8 || w.format == WeightFormat::kInt4W4A8) {
+    if (w.format == WeightFormat::kInt4W4A8) {  // codes per K group, each times its group's scale
+      for (int64_t k0 = 0; k0 < K; k0 += w.group) {
+        const int64_t k1 = std::min(K, k0 + w.group);
+        const float scale = quantize_activations_s8(x + t * K + k0, k1 - k0, q.data() + k0);
+        for (int64_t k = k0; k < k1; ++k) xr[k] = static_cast<float>(q[k]) * scale;
+      }
+    } else if (w.format == WeightFormat::kInt8W8A8) {
       token_scale = quantize_activations_s8(x + t * K, K, q.data());
       for (int64_t k = 0; k < K; ++k) xr[k] = q[k];
     } else {
@@ -27,9 +34,8 @@ void matmul(const float* x, int64_t tokens, const QuantizedMatrix& w, float* y, 
         int64_t dot = 0;
         for (int64_t k = 0; k < K; ++k) dot += int64_t{q[k]} * static_cast<int8_t>(w.codes[n * K + k]);
         sum = static_cast<float>(dot) * (token_scale * w.scales[n]);
-      } else {  // W4A8: the codes' values times the dequantized weights, then the token's scale
+      } else {
         for (int64_t k = 0; k < K; ++k) sum += xr[k] * w.weight(n, k);
-        if (w.format == WeightFormat::kInt4W4A8) sum *= token_scale;
       }
       y[t * N + n] = accumulate ? y[t * N + n] + sum : sum;
     }

@@ -1,4 +1,5 @@
-// W4A8: int4 codes x activations quantized per token to s8, vpdpbusd (u8 x s8, four products per 32-bit lane).
+// W4A8: int4 codes x activations quantized to s8 per token and K group, vpdpbusd (u8 x s8, four products per
+// 32-bit lane).
 // Why not the bf16 route of packed_bf16_avx512bf16.cc: there each weight byte (two codes) costs a widening
 // load, two shifts, an OR and a vdpbf16ps per 16 lanes, ~24 instructions per 64 bytes, so batch-1 decode of
 // int4 ran at about half the read roofline. Here a lane's 32 bits hold 8 k (packed.h), so one 64-byte load is
@@ -6,10 +7,14 @@
 // vpdpbusd against the token's two broadcast activation quads do the products: ~5 instructions per 64 bytes.
 //
 // Per K group the integer sums are exact and fold in at the group's end, per token and lane:
-//   sum_k x w = xs * sum_g (scale_g * dot_g(q, xq) + offset_g * sum_g(xq)),   offset = -zero * scale,
-// where xq are the token's codes and xs its scale. The fold runs in the same order for every row count and
+//   sum_k x w = sum_g xs_g * (scale_g * dot_g(q, xq) + offset_g * sum_g(xq)),   offset = -zero * scale,
+// where xq are the token's codes and xs_g the scale of its group g (absmax / 127 of those K: a scale per
+// group rather than per token keeps one large activation from coarsening the codes of the whole row, as
+// llama.cpp's 8-bit activation blocks do). The fold runs in the same order for every row count and
 // token tile, so a row's result does not depend on the other rows of its call: one loop for decode and prefill
-// (a panel, at most ~0.5 MB for Mixtral's K, stays in L2 while the token tiles pass over it).
+// (a panel, at most ~0.5 MB for Mixtral's K, stays in L2 while the token tiles pass over it). A many-row loop
+// that decodes a K block once into u8 quads and runs 6-token tiles over them (as W8A8's) was measured slower:
+// 44-72% of the vpdpbusd peak at 16-512 rows against this loop's 57-80% (docs/kernels.md).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -31,9 +36,27 @@ inline __m512i broadcast_quad(const int8_t* p) {
 }
 
 // c [MT][64] += the dot products of x [MT][ldx] (s8 codes) with one panel [kp/8][64][4], group by group.
+// c [MT][64] += group g's integer sums, folded: xs_g * (scale_g * part + offset_g * sum_g(xq)).
+// code_sums, act_scales [MT][ld_sums]: per token and group, the sum of its codes and their scale.
+template <int MT>
+void fold(const __v16si (&part)[MT][4], const float* scales, const float* offsets, const float* code_sums,
+          const float* act_scales, int64_t ld_sums, int64_t g, float* c) {
+  for (int v = 0; v < 4; ++v) {
+    const __m512 scale = _mm512_loadu_ps(scales + g * kPanel + 16 * v);
+    const __m512 offset = _mm512_loadu_ps(offsets + g * kPanel + 16 * v);
+    for (int t = 0; t < MT; ++t) {
+      float* out = c + t * kPanel + 16 * v;
+      const __m512 group_sum = _mm512_fmadd_ps(_mm512_cvtepi32_ps(__m512i(part[t][v])), scale,
+                                               _mm512_mul_ps(offset, _mm512_set1_ps(code_sums[t * ld_sums + g])));
+      _mm512_storeu_ps(out, _mm512_fmadd_ps(group_sum, _mm512_set1_ps(act_scales[t * ld_sums + g]), _mm512_loadu_ps(out)));
+    }
+  }
+}
+
+// The few-row loop: c [MT][64] += x [MT][ldx] . the panel's nibbles [kp/8][64][4], decoded in registers.
 template <int MT>
 void tile(const int8_t* x, int64_t ldx, const uint8_t* w, const float* scales, const float* offsets,
-          const float* code_sums, int64_t ld_sums, int64_t group, int64_t kp, float* c) {
+          const float* code_sums, const float* act_scales, int64_t ld_sums, int64_t group, int64_t kp, float* c) {
   const __m512i low = _mm512_set1_epi8(0x0f);
   for (int64_t g0 = 0, g = 0; g0 < kp; g0 += group, ++g) {
     const int64_t g1 = std::min(kp, g0 + group);
@@ -55,15 +78,7 @@ void tile(const int8_t* x, int64_t ldx, const uint8_t* w, const float* scales, c
           part[t][v] = __v16si(_mm512_dpbusd_epi32(_mm512_dpbusd_epi32(__m512i(part[t][v]), lo[v], x0), hi[v], x1));
       }
     }
-    for (int v = 0; v < 4; ++v) {
-      const __m512 scale = _mm512_loadu_ps(scales + g * kPanel + 16 * v);
-      const __m512 offset = _mm512_loadu_ps(offsets + g * kPanel + 16 * v);
-      for (int t = 0; t < MT; ++t) {
-        float* out = c + t * kPanel + 16 * v;
-        const __m512 shifted = _mm512_fmadd_ps(offset, _mm512_set1_ps(code_sums[t * ld_sums + g]), _mm512_loadu_ps(out));
-        _mm512_storeu_ps(out, _mm512_fmadd_ps(_mm512_cvtepi32_ps(__m512i(part[t][v])), scale, shifted));
-      }
-    }
+    fold<MT>(part, scales, offsets, code_sums, act_scales, ld_sums, g, c);
   }
 }
 
@@ -81,8 +96,8 @@ void run_panels_int4_w4a8_avx512vnni(const PanelJob& job, int64_t panel_begin, i
     const float* offsets = w.offsets.as<const float>() + panel * groups * kPanel;  // [G][64]
     std::fill_n(c.begin(), tokens * kPanel, 0.0f);
     const auto run = [&]<int MT>(int64_t t) {
-      tile<MT>(x + t * kp, kp, w_panel, scales, offsets, job.group_sums + t * groups, groups, w.group, kp,
-               c.data() + t * kPanel);
+      tile<MT>(x + t * kp, kp, w_panel, scales, offsets, job.group_sums + t * groups, job.token_scales + t * groups,
+               groups, w.group, kp, c.data() + t * kPanel);
     };
     int64_t t = 0;
     for (; t + kTokenTile <= tokens; t += kTokenTile) run.template operator()<kTokenTile>(t);
@@ -91,13 +106,6 @@ void run_panels_int4_w4a8_avx512vnni(const PanelJob& job, int64_t panel_begin, i
       case 2: run.template operator()<2>(t); break;
       case 1: run.template operator()<1>(t); break;
       default: break;
-    }
-    for (int64_t r = 0; r < tokens; ++r) {
-      const __m512 token_scale = _mm512_set1_ps(job.token_scales[r]);
-      for (int v = 0; v < 4; ++v) {
-        float* out = c.data() + r * kPanel + 16 * v;
-        _mm512_storeu_ps(out, _mm512_mul_ps(_mm512_loadu_ps(out), token_scale));
-      }
     }
     apply_epilogue(job.epilogue, w, panel, tokens, c.data());
   }
