@@ -24,7 +24,11 @@ def run(moex, model, extra):
 
 def report(r):
     if r.returncode != 0:
-        sys.exit(f"batch-variance exited {r.returncode}: {r.stderr.strip()[-400:]}")
+        # mpirun's own banner fills the tail of stderr: show the ranks' lines (errors, terminate, sanitizer
+        # reports) first, so an intermittent abort says where it came from.
+        lines = [l for l in r.stderr.splitlines() if l.strip() and not l.startswith("--") and "mpirun" not in l
+                 and "Per user-direction" not in l and "non-zero exit code" not in l]
+        sys.exit(f"batch-variance exited {r.returncode}:\n" + "\n".join(lines[:30]) + "\nstdout: " + r.stdout[-400:])
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
