@@ -20,6 +20,7 @@
 #include "moex/runtime/generation.h"
 #include "moex/runtime/sampler.h"
 #include "moex/serve/engine.h"
+#include "moex/serve/step_sync.h"
 #include "tools/lib/synthetic.h"
 #include "tools/moex/bench.h"
 #include "tools/moex/model_flags.h"
@@ -85,8 +86,18 @@ void run_variance(const VarianceFlags& f) {
   for (const auto& p : prompts) alone.push_back(run_alone(*model, p, f.tokens));
   std::vector<std::vector<int32_t>> served(f.prompts);
   std::vector<std::vector<float>> served_logprob(f.prompts);
+  // Under mpirun, as in `moex serve`: rank 0's engine schedules and every other rank runs the steps it sends.
+  // (Each rank with an engine of its own scheduled on its own: requests submitted while a loop already ran
+  // let the ranks form different first steps, and their collectives met with different sizes:
+  // MPI_ERR_TRUNCATE, then a crash, in about one run in five on a loaded machine.)
+  const ParallelPlan& plan = model->options().plan;
+  if (plan.rank != 0) {
+    serve::run_step_worker(*model->options().comm, *model, f.max_num_seqs);
+    return;  // rank 0 prints the report
+  }
   {
     serve::EngineOptions eo;
+    if (!plan.single()) eo.comm = model->options().comm;
     eo.max_num_seqs = f.max_num_seqs;
     eo.max_batch_tokens = f.max_batch_tokens;
     eo.max_waiting = f.prompts;
