@@ -1,8 +1,10 @@
 """Disassembles every object of the moex_* libraries and checks its instructions against its ISA suffix.
 
   no suffix (baseline x86-64)  no ymm/zmm/k registers, no AVX-512 / BF16 / VNNI / AMX instructions
+  *_avx2.cc                    AVX2 + FMA + F16C (ymm); no zmm/k registers, BF16, VNNI or AMX
   *_avx512.cc                  AVX-512 F/BW/VL/DQ allowed; no BF16, VNNI or AMX instructions
   *_avx512bf16.cc              + BF16;  no VNNI, AMX
+  *_avx512bf16vbmi.cc          + BF16 and VBMI (vpermt2b);  no VNNI, AMX
   *_avx512vnni.cc              + VNNI;  no BF16, AMX
   *_amx.cc                     anything
 The families are recognised by mnemonic, so a flag added to the wrong file shows up as soon as the
@@ -22,6 +24,7 @@ BF16 = re.compile(r"\b(vdpbf16ps|vcvtne2ps2bf16|vcvtneps2bf16)\b")
 VNNI = re.compile(r"\b(vpdpbusds?|vpdpwssds?)\b")
 AMX = re.compile(r"\b(ldtilecfg|sttilecfg|tileloadd|tileloaddt1|tilestored|tilezero|tilerelease|tdpb[a-z]+)\b")
 WIDE = re.compile(r"%(ymm|zmm)\d+|%k[0-7]\b")
+AVX512 = re.compile(r"%zmm\d+|%k[0-7]\b|%[xy]mm(1[6-9]|2\d|3[01])\b")  # zmm, mask or EVEX-only registers
 FUNCTION = re.compile(r"^[0-9a-f]+ <(.*)>:$", re.M)
 CLONE = re.compile(r"\.(avx\w*|sse\w*|arch_\w+)(\.\d+)?$")
 
@@ -39,25 +42,29 @@ def checked_text(disassembly: str) -> str:
 
 ALLOWED = {  # suffix -> families that must not appear
     "": [("BF16", BF16), ("VNNI", VNNI), ("AMX", AMX), ("AVX/AVX-512 registers", WIDE)],
+    "avx2": [("AVX-512 registers", AVX512), ("BF16", BF16), ("VNNI", VNNI), ("AMX", AMX)],
     "avx512": [("BF16", BF16), ("VNNI", VNNI), ("AMX", AMX)],
     "avx512bf16": [("VNNI", VNNI), ("AMX", AMX)],
+    "avx512bf16vbmi": [("VNNI", VNNI), ("AMX", AMX)],
     "avx512vnni": [("BF16", BF16), ("AMX", AMX)],
     "amx": [],
 }
 
 
 def suffix_of(obj: pathlib.Path) -> str:
-    m = re.search(r"_(avx512|avx512bf16|avx512vnni|amx)\.cc\.o$", obj.name)
+    m = re.search(r"_(avx2|avx512|avx512bf16|avx512bf16vbmi|avx512vnni|amx)\.cc\.o$", obj.name)
     return m.group(1) if m else ""
 
 
-FLAGS = {  # suffix -> the ISA extensions beyond AVX-512 F/BW/VL/DQ its files are compiled with
+FLAGS = {  # suffix -> the ISA extensions beyond AVX-512 F/BW/VL/DQ its files are compiled with (avx2: none of them)
+    "avx2": set(),
     "avx512": set(),
     "avx512bf16": {"-mavx512bf16"},
+    "avx512bf16vbmi": {"-mavx512bf16", "-mavx512vbmi"},
     "avx512vnni": {"-mavx512vnni"},
     "amx": {"-mavx512bf16", "-mavx512vnni", "-mamx-tile", "-mamx-bf16", "-mamx-int8"},
 }
-EXTENSIONS = {"-mavx512bf16", "-mavx512vnni", "-mamx-tile", "-mamx-bf16", "-mamx-int8"}
+EXTENSIONS = {"-mavx512bf16", "-mavx512vbmi", "-mavx512vnni", "-mamx-tile", "-mamx-bf16", "-mamx-int8"}
 
 
 def check_flags(build: pathlib.Path) -> list:
@@ -67,10 +74,14 @@ def check_flags(build: pathlib.Path) -> list:
         if "/src/moex/" not in src:
             continue
         flags = set(a for a in entry.get("command", " ".join(entry.get("arguments", []))).split() if a.startswith("-m"))
-        m = re.search(r"_(avx512|avx512bf16|avx512vnni|amx)\.cc$", src)
+        m = re.search(r"_(avx2|avx512|avx512bf16|avx512bf16vbmi|avx512vnni|amx)\.cc$", src)
         if not m:
             if any(f.startswith("-mavx") or f.startswith("-mamx") for f in flags):
                 failures.append(f"{src}: baseline file compiled with {sorted(flags)}")
+            continue
+        if m.group(1) == "avx2":
+            if not {"-mavx2", "-mfma", "-mf16c"} <= flags or any(f.startswith("-mavx512") or f.startswith("-mamx") for f in flags):
+                failures.append(f"{src}: 'avx2' file compiled with {sorted(flags)} (expected -mavx2 -mfma -mf16c, no AVX-512)")
             continue
         if "-mavx512f" not in flags or flags & EXTENSIONS != FLAGS[m.group(1)]:
             failures.append(f"{src}: '{m.group(1)}' file compiled with {sorted(flags & EXTENSIONS) or 'no extensions'}"

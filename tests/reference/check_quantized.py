@@ -33,7 +33,7 @@ def run(cmd):
 
 
 class RoundedInput:
-    """Stands in for W [out, in] in mixtral_ref's `x @ W.t()`: rounds x first, as the int4 kernel does."""
+    """Stands in for W [out, in] in mixtral_ref's `x @ W.t()`: rounds x first, as the int4 and fp8 kernels do."""
 
     def __init__(self, w, act):
         self.w, self.act = w, act
@@ -46,16 +46,16 @@ class RoundedInput:
 
 
 def reference_model(model_dir):
-    """MixtralRef over the dequantized files, int4 modules with their activation rounding."""
+    """MixtralRef over the dequantized files, int4 and fp8 modules with their activation rounding (bf16)."""
     tensors, formats = quantize_ref.dequantize_checkpoint(model_dir)
     cfg = mixtral_ref.MixtralConfig.from_json(os.path.join(model_dir, "config.json"))
     model = mixtral_ref.MixtralRef(cfg, tensors, torch.float64)
     for i, layer in enumerate(model.layers):
         p = f"model.layers.{i}."
-        if formats.get(p + "block_sparse_moe.experts.0.w1") == "int4":
+        if formats.get(p + "block_sparse_moe.experts.0.w1") in ("int4", "fp8"):
             layer["expert_act"] = quantize_ref.round_bf16
         for key, proj in (("wq", "q_proj"), ("wk", "k_proj"), ("wv", "v_proj"), ("wo", "o_proj")):
-            if formats.get(p + "self_attn." + proj) == "int4":
+            if formats.get(p + "self_attn." + proj) in ("int4", "fp8"):
                 layer[key] = RoundedInput(layer[key], quantize_ref.round_bf16)
     return model, formats
 

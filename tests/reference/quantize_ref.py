@@ -117,7 +117,7 @@ def dequantize(w, fmt, group=128):
 
 def activation_rounding(fmt, group=128):
     """What the format's kernels do to their input activations (gate/up's x and down's h)."""
-    if fmt in ("bf16", "int4"):
+    if fmt in ("bf16", "int4", "fp8"):
         return round_bf16
     if fmt == "int8-w8a8":
         return int8_tokens

@@ -180,7 +180,11 @@ TEST_P(PackedMatmulTest, ReferenceIsWithinTheFormatsErrorOfTheFloatMatmul) {
             bound += ax * scale * (f.symmetric ? 0.5 : 1.0) + (xmax / 127 * 0.5) * (aw + scale);
             break;
           }
-          case WeightFormat::kFP8E4M3: bound += ax * (aw * 0.0625 + q.scales[(r / 128) * q.groups() + i / 128] * std::ldexp(1.0, -9)); break;
+          case WeightFormat::kFP8E4M3: {  // and the activation's bf16 rounding
+            const double werr = aw * 0.0625 + q.scales[(r / 128) * q.groups() + i / 128] * std::ldexp(1.0, -9);
+            bound += ax * werr + ax * std::ldexp(1.0, -8) * (aw + werr);
+            break;
+          }
         }
       }
       EXPECT_NEAR(y[t * n + r], exact, bound) << f.name() << " t " << t << " row " << r;
@@ -492,41 +496,76 @@ TEST(PackedMatmul, W8A8ActivationCodesAreRoundedAndClamped) {
 
 // ---- dispatch and CPU detection ----
 
-CpuFeatures full_avx512() {
+CpuFeatures avx2_only() {  // Zen 1-3, Haswell .. Alder Lake
   CpuFeatures f;
-  f.avx2 = f.fma = f.avx512f = f.avx512bw = f.avx512vl = f.avx512dq = true;
+  f.avx2 = f.fma = f.f16c = f.os_avx = true;
+  return f;
+}
+
+CpuFeatures full_avx512() {
+  CpuFeatures f = avx2_only();
+  f.avx512f = f.avx512bw = f.avx512vl = f.avx512dq = true;
   f.os_avx512 = true;
   return f;
 }
 
+bool weight_only(WeightFormat f) { return f != WeightFormat::kInt8W8A8 && f != WeightFormat::kInt4W4A8; }
+
 TEST(KernelIsa, NeverPicksAnIsaTheCpuOrOsLacks) {
   const WeightFormat all[] = {WeightFormat::kBF16, WeightFormat::kInt8, WeightFormat::kInt8W8A8, WeightFormat::kInt4,
                               WeightFormat::kInt4W4A8, WeightFormat::kFP8E4M3};
-  CpuFeatures plain = full_avx512();  // AVX-512 without BF16 / VNNI (Skylake-X)
-  EXPECT_EQ(kernels::kernel_isa(WeightFormat::kBF16, plain, true), Isa::kScalar);
+  // AVX2 + FMA + F16C: the weight-only formats on the AVX2 kernel, the integer dot products (VNNI) scalar.
+  const CpuFeatures zen3 = avx2_only();
+  CpuFeatures no_f16c = zen3, no_ymm_state = zen3;
+  no_f16c.f16c = false;
+  no_ymm_state.os_avx = false;
+  for (WeightFormat f : all) {
+    const std::string name(kernels::weight_format_name(f));
+    EXPECT_EQ(kernels::kernel_isa(f, zen3, true), weight_only(f) ? Isa::kAvx2 : Isa::kScalar) << name;
+    EXPECT_EQ(kernels::usable_isas(f, zen3), weight_only(f) ? (std::vector<Isa>{Isa::kScalar, Isa::kAvx2})
+                                                            : std::vector<Isa>{Isa::kScalar}) << name;
+    EXPECT_EQ(kernels::kernel_isa(f, no_f16c, true), Isa::kScalar) << name;
+    EXPECT_EQ(kernels::kernel_isa(f, no_ymm_state, true), Isa::kScalar) << name;
+    EXPECT_EQ(kernels::kernel_isa(f, zen3, false), Isa::kScalar) << "MOEX_ISA=ref";
+  }
+  CpuFeatures plain = full_avx512();  // AVX-512 without BF16 / VNNI (Skylake-X): bf16 on the AVX2 kernel
+  EXPECT_EQ(kernels::kernel_isa(WeightFormat::kBF16, plain, true), Isa::kAvx2);
   EXPECT_EQ(kernels::kernel_isa(WeightFormat::kInt8W8A8, plain, true), Isa::kScalar);
   EXPECT_EQ(kernels::kernel_isa(WeightFormat::kInt4W4A8, plain, true), Isa::kScalar);  // vpdpbusd or nothing
   EXPECT_EQ(kernels::kernel_isa(WeightFormat::kInt4, plain, true), Isa::kAvx512);
-  EXPECT_EQ(kernels::usable_isas(WeightFormat::kBF16, plain), std::vector<Isa>{Isa::kScalar});
+  EXPECT_EQ(kernels::usable_isas(WeightFormat::kBF16, plain), (std::vector<Isa>{Isa::kScalar, Isa::kAvx2}));
   CpuFeatures zen4 = plain;
   zen4.avx512_bf16 = zen4.avx512_vnni = true;
   EXPECT_EQ(kernels::kernel_isa(WeightFormat::kBF16, zen4, true), Isa::kAvx512Bf16);
   EXPECT_EQ(kernels::kernel_isa(WeightFormat::kInt4, zen4, true), Isa::kAvx512Bf16);
-  EXPECT_EQ(kernels::usable_isas(WeightFormat::kInt4, zen4), (std::vector<Isa>{Isa::kScalar, Isa::kAvx512, Isa::kAvx512Bf16}));
-  EXPECT_EQ(kernels::usable_isas(WeightFormat::kBF16, zen4), (std::vector<Isa>{Isa::kScalar, Isa::kAvx512Bf16}));
+  EXPECT_EQ(kernels::usable_isas(WeightFormat::kInt4, zen4),
+            (std::vector<Isa>{Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16}));
+  EXPECT_EQ(kernels::usable_isas(WeightFormat::kBF16, zen4), (std::vector<Isa>{Isa::kScalar, Isa::kAvx2, Isa::kAvx512Bf16}));
   EXPECT_EQ(kernels::kernel_isa(WeightFormat::kInt8W8A8, zen4, true), Isa::kAvx512Vnni);
   EXPECT_EQ(kernels::kernel_isa(WeightFormat::kInt4W4A8, zen4, true), Isa::kAvx512Vnni);
   EXPECT_EQ(kernels::usable_isas(WeightFormat::kInt4W4A8, zen4), (std::vector<Isa>{Isa::kScalar, Isa::kAvx512Vnni}));
-  CpuFeatures os_off = zen4;  // the CPU has it, the OS does not save ZMM state
+  // fp8's table decode needs VBMI beside BF16 (Cooper Lake has BF16 without it): the f32 AVX-512 path then.
+  EXPECT_EQ(kernels::kernel_isa(WeightFormat::kFP8E4M3, plain, true), Isa::kAvx512);
+  EXPECT_EQ(kernels::kernel_isa(WeightFormat::kFP8E4M3, zen4, true), Isa::kAvx512);
+  EXPECT_EQ(kernels::usable_isas(WeightFormat::kFP8E4M3, zen4), (std::vector<Isa>{Isa::kScalar, Isa::kAvx2, Isa::kAvx512}));
+  CpuFeatures zen4_vbmi = zen4;
+  zen4_vbmi.avx512_vbmi = true;
+  EXPECT_EQ(kernels::kernel_isa(WeightFormat::kFP8E4M3, zen4_vbmi, true), Isa::kAvx512Bf16);
+  EXPECT_EQ(kernels::usable_isas(WeightFormat::kFP8E4M3, zen4_vbmi),
+            (std::vector<Isa>{Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16}));
+  EXPECT_EQ(kernels::kernel_isa(WeightFormat::kInt8, zen4_vbmi, true), Isa::kAvx512);
+  CpuFeatures os_off = zen4;  // the CPU has it, the OS does not save ZMM state: the AVX2 kernels (YMM state) only
   os_off.os_avx512 = false;
   CpuFeatures amx = zen4;  // no AMX kernel exists yet: an AMX CPU runs the AVX-512 ones
   amx.amx_tile = amx.amx_bf16 = amx.amx_int8 = amx.os_amx = true;
   for (WeightFormat f : all) {
-    EXPECT_EQ(kernels::kernel_isa(f, os_off, true), Isa::kScalar) << kernels::weight_format_name(f);
+    const std::string name(kernels::weight_format_name(f));
+    EXPECT_EQ(kernels::kernel_isa(f, os_off, true), weight_only(f) ? Isa::kAvx2 : Isa::kScalar) << name;
     EXPECT_EQ(kernels::kernel_isa(f, zen4, false), Isa::kScalar) << "MOEX_ISA=ref";
     EXPECT_EQ(kernels::kernel_isa(f, CpuFeatures{}, true), Isa::kScalar);
     EXPECT_NE(kernels::kernel_isa(f, amx, true), Isa::kAmx);  // AMX is tested (usable_isas), not yet dispatched
-    EXPECT_EQ(kernels::usable_isas(f, os_off), std::vector<Isa>{Isa::kScalar});
+    EXPECT_EQ(kernels::usable_isas(f, os_off), weight_only(f) ? (std::vector<Isa>{Isa::kScalar, Isa::kAvx2})
+                                                              : std::vector<Isa>{Isa::kScalar}) << name;
   }
   EXPECT_FALSE(os_off.has_avx512_kernels());
   EXPECT_FALSE(zen4.has_amx_kernels());
@@ -534,8 +573,9 @@ TEST(KernelIsa, NeverPicksAnIsaTheCpuOrOsLacks) {
   amx_os_off.os_amx = false;
   EXPECT_FALSE(amx_os_off.has_amx_kernels());
   EXPECT_TRUE(amx.has_amx_kernels());
-  EXPECT_EQ(kernels::usable_isas(WeightFormat::kBF16, amx), (std::vector<Isa>{Isa::kScalar, Isa::kAvx512Bf16, Isa::kAmx}));
-  EXPECT_EQ(kernels::usable_isas(WeightFormat::kBF16, amx_os_off), (std::vector<Isa>{Isa::kScalar, Isa::kAvx512Bf16}));
+  EXPECT_EQ(kernels::usable_isas(WeightFormat::kBF16, amx),
+            (std::vector<Isa>{Isa::kScalar, Isa::kAvx2, Isa::kAvx512Bf16, Isa::kAmx}));
+  EXPECT_EQ(kernels::usable_isas(WeightFormat::kBF16, amx_os_off), (std::vector<Isa>{Isa::kScalar, Isa::kAvx2, Isa::kAvx512Bf16}));
 }
 
 TEST(CpuFeatures, DetectionAgreesWithProcCpuinfo) {
@@ -551,9 +591,12 @@ TEST(CpuFeatures, DetectionAgreesWithProcCpuinfo) {
   }
   const CpuFeatures& f = cpu_features();
   // Linux lists a flag only when the OS supports its state, which is what detection checks too.
+  EXPECT_EQ(f.avx2 && f.os_avx, flags.count("avx2") == 1);
+  EXPECT_EQ(f.f16c && f.os_avx, flags.count("f16c") == 1);
   EXPECT_EQ(f.avx512f && f.os_avx512, flags.count("avx512f") == 1);
   EXPECT_EQ(f.avx512_bf16 && f.os_avx512, flags.count("avx512_bf16") == 1);
   EXPECT_EQ(f.avx512_vnni && f.os_avx512, flags.count("avx512_vnni") == 1);
+  EXPECT_EQ(f.avx512_vbmi && f.os_avx512, flags.count("avx512vbmi") == 1);
   EXPECT_EQ(f.amx_int8 && f.os_amx, flags.count("amx_int8") == 1);
   EXPECT_EQ(f.amx_tile && f.os_amx, flags.count("amx_tile") == 1);
   EXPECT_EQ(request_amx_permission(), f.has_amx_kernels());  // Linux >= 5.16 grants it when the CPU has AMX
@@ -574,6 +617,11 @@ TEST(Probe, DotProductPeaksCountTheirInstructions) {
   if (use_x86_kernels()) {
     EXPECT_EQ(fma.checksum, 1.0 * 16 * static_cast<double>(fma.instructions));  // 1 * 1 per lane
     EXPECT_GT(fma.per_second, 0);
+  } else if (use_avx2_kernels()) {
+    EXPECT_EQ(fma.checksum, 1.0 * 8 * static_cast<double>(fma.instructions));  // 8 lanes
+    EXPECT_GT(fma.per_second, 0);
+  } else {
+    EXPECT_EQ(fma.per_second, 0);
   }
   if (kernels::kernel_isa(WeightFormat::kInt8W8A8) == Isa::kAvx512Vnni) {
     EXPECT_EQ(vnni.checksum, 4.0 * 16 * static_cast<double>(vnni.instructions));  // 4 products of 1*1 per lane

@@ -15,7 +15,9 @@ void setup_info(CLI::App& app) {
   cmd->callback([] {
     set_num_threads(0);  // reports a bad MOEX_THREADS or MOEX_ISA rather than printing what replaced it
     std::printf("cpu features: %s\n", cpu_features().str().c_str());
-    std::printf("kernels:      %s\n", use_x86_kernels() ? "x86 (AVX-512)" : "ref (scalar)");
+    std::printf("kernels:      %s\n", use_x86_kernels()    ? "x86 (AVX-512)"
+                                     : use_avx2_kernels() ? "x86 (AVX2 + FMA for the packed matmuls below; the rest scalar)"
+                                                          : "ref (scalar)");
     std::printf("threads:      %d\n", num_threads());
     // What each --weights format runs on here (kernels::kernel_isa: never an ISA the CPU lacks); --weights
     // as-stored runs kernels/matmul.h's f32 loop (AVX-512 FMA, or scalar).

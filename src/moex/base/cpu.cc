@@ -26,9 +26,11 @@ CpuFeatures detect() {
   uint64_t xcr0 = 0;
   if (__get_cpuid(1, &a, &b, &c, &d)) {
     f.fma = c & bit_FMA;
+    f.f16c = c & bit_F16C;
     if (c & bit_OSXSAVE) xcr0 = read_xcr0();
   }
   // XCR0 bits: 1 SSE, 2 AVX, 5 opmask, 6 ZMM0-15 upper halves, 7 ZMM16-31; 17 tile config, 18 tile data.
+  f.os_avx = (xcr0 & 0x6) == 0x6;
   f.os_avx512 = (xcr0 & 0xe6) == 0xe6;
   f.os_amx = f.os_avx512 && (xcr0 & 0x60000) == 0x60000;
   if (__get_cpuid_count(7, 0, &a, &b, &c, &d)) {
@@ -37,6 +39,7 @@ CpuFeatures detect() {
     f.avx512dq = b & bit_AVX512DQ;
     f.avx512bw = b & bit_AVX512BW;
     f.avx512vl = b & bit_AVX512VL;
+    f.avx512_vbmi = c & (1u << 1);
     f.avx512_vnni = c & (1u << 11);
     f.amx_bf16 = d & (1u << 22);
     f.amx_tile = d & (1u << 24);
@@ -62,6 +65,7 @@ IsaSetting isa_setting() {
 bool initial_use_x86() { return isa_setting() != IsaSetting::kRef && cpu_features().has_avx512_kernels(); }
 
 bool g_use_x86 = initial_use_x86();
+bool g_x86_allowed = isa_setting() != IsaSetting::kRef;  // MOEX_ISA is not ref (the AVX2 kernels ask this)
 
 }  // namespace
 
@@ -72,11 +76,13 @@ std::string CpuFeatures::str() const {
   };
   add(avx2, "avx2");
   add(fma, "fma");
+  add(f16c, "f16c");
   add(avx512f, "avx512f");
   add(avx512bw, "avx512bw");
   add(avx512vl, "avx512vl");
   add(avx512dq, "avx512dq");
   add(avx512_bf16, "avx512_bf16");
+  add(avx512_vbmi, "avx512_vbmi");
   add(amx_tile, "amx_tile");
   add(amx_bf16, "amx_bf16");
   add(avx512_vnni, "avx512_vnni");
@@ -109,6 +115,10 @@ bool request_amx_permission() {
 }
 
 bool use_x86_kernels() { return g_use_x86; }
-void set_use_x86_kernels(bool enabled) { g_use_x86 = enabled && cpu_features().has_avx512_kernels(); }
+bool use_avx2_kernels() { return g_x86_allowed && cpu_features().has_avx2_kernels(); }
+void set_use_x86_kernels(bool enabled) {
+  g_x86_allowed = enabled;
+  g_use_x86 = enabled && cpu_features().has_avx512_kernels();
+}
 
 }  // namespace moex

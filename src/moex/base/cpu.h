@@ -5,15 +5,18 @@
 namespace moex {
 
 struct CpuFeatures {
-  bool avx2 = false, fma = false, avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false;
-  bool avx512_bf16 = false, amx_tile = false, amx_bf16 = false;
+  bool avx2 = false, fma = false, f16c = false, avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false;
+  bool avx512_bf16 = false, avx512_vbmi = false, amx_tile = false, amx_bf16 = false;
   bool avx512_vnni = false, amx_int8 = false;
-  // The OS saves the state (XCR0): AVX-512 needs opmask + ZMM bits, AMX the tile config + data bits.
-  // A CPU flag without them means the instructions fault, so every has_* below requires them.
-  bool os_avx512 = false, os_amx = false;
-  // What each family of kernels in kernels/x86 needs; one per file suffix there (*_avx512.cc, ...).
+  // The OS saves the state (XCR0): AVX needs the YMM bits, AVX-512 opmask + ZMM bits, AMX the tile config +
+  // data bits. A CPU flag without them means the instructions fault, so every has_* below requires them.
+  bool os_avx = false, os_avx512 = false, os_amx = false;
+  // What each family of kernels in kernels/x86 needs; one per file suffix there (*_avx2.cc, *_avx512.cc, ...).
+  bool has_avx2_kernels() const { return avx2 && fma && f16c && os_avx; }
   bool has_avx512_kernels() const { return avx512f && avx512bw && avx512vl && avx512dq && fma && os_avx512; }
   bool has_avx512_bf16_kernels() const { return has_avx512_kernels() && avx512_bf16; }
+  // + AVX512-VBMI (vpermt2b: byte tables), for fp8's table decode. Not implied by BF16 (Cooper Lake lacks it).
+  bool has_avx512_bf16_vbmi_kernels() const { return has_avx512_bf16_kernels() && avx512_vbmi; }
   bool has_avx512_vnni_kernels() const { return has_avx512_kernels() && avx512_vnni; }
   // CPU and OS support only: a process must still ask Linux for the tile state (request_amx_permission).
   bool has_amx_kernels() const { return has_avx512_kernels() && amx_tile && amx_bf16 && amx_int8 && os_amx; }
@@ -30,6 +33,10 @@ bool use_x86_kernels();
 // Throws Error(kInvalidInput) for a MOEX_ISA that is none of those, or avx512 on a CPU without it.
 // set_num_threads() calls it: every command that computes sets its thread count first.
 void check_isa_env();
+// The weight-only packed matmuls also have AVX2 + FMA kernels (kernels/x86/*_avx2.cc) for CPUs without
+// AVX-512; everything else runs its scalar loop there. False under MOEX_ISA=ref or set_use_x86_kernels(false).
+bool use_avx2_kernels();
+// Tests switch between the paths in one process: false forces the scalar loops (AVX2 ones included).
 void set_use_x86_kernels(bool enabled);
 
 }  // namespace moex

@@ -171,7 +171,7 @@ void bench_moe(const KernelBenchOptions& o, const FormatSpec& spec, const std::s
     const Isa isa = kernel_isa(spec.format);
     const double peak = isa == Isa::kAvx512Bf16 ? report.bf16_peak.per_second
                         : isa == Isa::kAvx512Vnni ? report.vnni_peak.per_second
-                        : isa == Isa::kAvx512     ? report.fma_peak.per_second
+                        : isa == Isa::kAvx512 || isa == Isa::kAvx2 ? report.fma_peak.per_second
                                                   : 0.0;
     r.pct_compute_peak = peak > 0 ? 100.0 * r.flops / seconds / peak : 0.0;
     r.pct_roofline = 100.0 * std::max(bytes / report.read_bytes_per_s, peak > 0 ? r.flops / peak : 0.0) / seconds;
@@ -305,7 +305,7 @@ KernelBenchReport bench_kernels(const KernelBenchOptions& o) {
         const Isa isa = kernel_isa(spec.format);  // the peak of the instruction the kernel's sums use
         const double peak = isa == Isa::kAvx512Bf16 ? report.bf16_peak.per_second
                             : isa == Isa::kAvx512Vnni ? report.vnni_peak.per_second
-                            : isa == Isa::kAvx512     ? report.fma_peak.per_second
+                            : isa == Isa::kAvx512 || isa == Isa::kAvx2 ? report.fma_peak.per_second
                                                       : 0.0;
         r.pct_compute_peak = peak > 0 ? 100.0 * r.flops / seconds / peak : 0.0;
         const double roofline_seconds = std::max(r.weight_bytes / report.read_bytes_per_s, peak > 0 ? r.flops / peak : 0.0);

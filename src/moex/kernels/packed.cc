@@ -255,7 +255,8 @@ PackedWeights pack_lanes(const QuantizedMatrix& like, int64_t rows, bool gate_up
   const int64_t K = like.cols, P = p.panels, G = like.groups();
   switch (p.format) {
     case WeightFormat::kBF16: p.k_padded = round_up(K, 32); break;  // the AMX kernel's A tile is 32 k wide
-    case WeightFormat::kInt4: p.k_padded = round_up(K, 2); break;
+    case WeightFormat::kInt4:
+    case WeightFormat::kFP8E4M3: p.k_padded = round_up(K, 2); break;  // fp8: the bf16 activations' k pairs
     case WeightFormat::kInt8W8A8: p.k_padded = round_up(K, 4); break;
     case WeightFormat::kInt4W4A8: p.k_padded = round_up(K, 8); break;
     default: p.k_padded = K; break;
@@ -360,6 +361,7 @@ PackedWeights pack_gate_up(const QuantizedMatrix& w1, const QuantizedMatrix& w3)
 std::string_view isa_name(Isa isa) {
   switch (isa) {
     case Isa::kScalar: return "scalar";
+    case Isa::kAvx2: return "avx2";
     case Isa::kAvx512: return "avx512";
     case Isa::kAvx512Bf16: return "avx512bf16";
     case Isa::kAvx512Vnni: return "avx512vnni";
@@ -368,25 +370,45 @@ std::string_view isa_name(Isa isa) {
   return "?";
 }
 
+namespace {
+// The formats x86/packed_weight_only_avx2.cc runs: weights decoded to f32, f32 FMAs (no integer dot products).
+bool has_avx2_kernel(WeightFormat format, const CpuFeatures& cpu) {
+  return cpu.has_avx2_kernels() && (format == WeightFormat::kBF16 || format == WeightFormat::kInt8 ||
+                                    format == WeightFormat::kInt4 || format == WeightFormat::kFP8E4M3);
+}
+}  // namespace
+
 Isa kernel_isa(WeightFormat format, const CpuFeatures& cpu, bool x86_enabled) {
-  if (!x86_enabled || !cpu.has_avx512_kernels()) return Isa::kScalar;
+  if (!x86_enabled) return Isa::kScalar;
+  const Isa avx2_or_scalar = has_avx2_kernel(format, cpu) ? Isa::kAvx2 : Isa::kScalar;
+  if (!cpu.has_avx512_kernels()) return avx2_or_scalar;
   switch (format) {
-    case WeightFormat::kBF16: return cpu.has_avx512_bf16_kernels() ? Isa::kAvx512Bf16 : Isa::kScalar;
+    case WeightFormat::kBF16: return cpu.has_avx512_bf16_kernels() ? Isa::kAvx512Bf16 : avx2_or_scalar;
     case WeightFormat::kInt8W8A8:
     case WeightFormat::kInt4W4A8: return cpu.has_avx512_vnni_kernels() ? Isa::kAvx512Vnni : Isa::kScalar;
     case WeightFormat::kInt4: return cpu.has_avx512_bf16_kernels() ? Isa::kAvx512Bf16 : Isa::kAvx512;
-    case WeightFormat::kInt8:
-    case WeightFormat::kFP8E4M3: return Isa::kAvx512;
+    case WeightFormat::kFP8E4M3: return cpu.has_avx512_bf16_vbmi_kernels() ? Isa::kAvx512Bf16 : Isa::kAvx512;
+    case WeightFormat::kInt8: return Isa::kAvx512;
   }
   return Isa::kScalar;  // no AMX kernels yet: an AMX CPU runs the AVX-512 ones
 }
 
-Isa kernel_isa(WeightFormat format) { return kernel_isa(format, cpu_features(), use_x86_kernels()); }
+Isa kernel_isa(WeightFormat format) {
+  return kernel_isa(format, cpu_features(), use_x86_kernels() || use_avx2_kernels());
+}
+
+bool row_result_depends_on_row_count(WeightFormat format, Isa isa) {
+  if (isa == Isa::kAvx512)
+    return format == WeightFormat::kInt8 || format == WeightFormat::kInt4 || format == WeightFormat::kFP8E4M3;
+  return isa == Isa::kAvx512Bf16 && format == WeightFormat::kInt4;
+}
 
 std::vector<Isa> usable_isas(WeightFormat format, const CpuFeatures& cpu) {
   std::vector<Isa> isas = {Isa::kScalar};
   const Isa best = kernel_isa(format, cpu, true);
-  if (format == WeightFormat::kInt4 && best == Isa::kAvx512Bf16) isas.push_back(Isa::kAvx512);
+  if (best != Isa::kAvx2 && has_avx2_kernel(format, cpu)) isas.push_back(Isa::kAvx2);  // tested on AVX-512 CPUs too
+  if ((format == WeightFormat::kInt4 || format == WeightFormat::kFP8E4M3) && best == Isa::kAvx512Bf16)
+    isas.push_back(Isa::kAvx512);
   if (best != Isa::kScalar) isas.push_back(best);
   // Tested here, not yet dispatched: kernel_isa picks AMX once it has been measured on an AMX CPU.
   if (format == WeightFormat::kBF16 && best == Isa::kAvx512Bf16 && cpu.has_amx_kernels()) isas.push_back(Isa::kAmx);
@@ -431,7 +453,11 @@ float packed_weight(const PackedWeights& w, int64_t panel, int lane, int64_t k) 
   return 0.0f;
 }
 
-void scalar_epilogue(const x86::Epilogue& e, const PackedWeights& w, int64_t panel, int64_t tokens, const float* c) {
+}  // namespace
+
+// Shared by the scalar path and the AVX2 kernels (packed_x86.h).
+namespace x86 {
+void apply_epilogue_scalar(const Epilogue& e, const PackedWeights& w, int64_t panel, int64_t tokens, const float* c) {
   for (int64_t t = 0; t < tokens; ++t) {
     if (w.gate_up) {
       for (int64_t i = 0; i < kPanel / 2 && panel * 32 + i < w.rows; ++i) {
@@ -440,19 +466,22 @@ void scalar_epilogue(const x86::Epilogue& e, const PackedWeights& w, int64_t pan
       }
       continue;
     }
-    float* row = e.kind == x86::Epilogue::kRoutedAccumulate ? e.y + e.out_rows[t] * e.ld_y : e.y + t * e.ld_y;
+    float* row = e.kind == Epilogue::kRoutedAccumulate ? e.y + e.out_rows[t] * e.ld_y : e.y + t * e.ld_y;
     for (int64_t i = 0; i < kPanel && panel * kPanel + i < w.rows; ++i) {
       float& out = row[panel * kPanel + i];
       const float r = c[t * kPanel + i];
       switch (e.kind) {
-        case x86::Epilogue::kStore: out = r; break;
-        case x86::Epilogue::kAccumulate: out += r; break;
-        case x86::Epilogue::kRoutedAccumulate: out += e.route_weights[t] * r; break;
-        case x86::Epilogue::kSiluMul: break;
+        case Epilogue::kStore: out = r; break;
+        case Epilogue::kAccumulate: out += r; break;
+        case Epilogue::kRoutedAccumulate: out += e.route_weights[t] * r; break;
+        case Epilogue::kSiluMul: break;
       }
     }
   }
 }
+}  // namespace x86
+
+namespace {
 
 // Threads take chunks of panels as they free up (a few chunks per thread) rather than one fixed share each:
 // on a machine other processes load, a descheduled thread then delays its current chunk, not the whole
@@ -480,7 +509,7 @@ void run_scalar(const float* x, int64_t tokens, const PackedWeights& w, const x8
   xr.assign(x, x + tokens * K);  // [T][K]
   std::vector<float>& token_scales = g_token_scales;
   token_scales.assign(tokens, 1.0f);
-  if (w.format == WeightFormat::kBF16 || w.format == WeightFormat::kInt4) {
+  if (w.format == WeightFormat::kBF16 || w.format == WeightFormat::kInt4 || w.format == WeightFormat::kFP8E4M3) {
     for (float& v : xr) v = bf16_to_f32(f32_to_bf16(v));
   } else if (w.format == WeightFormat::kInt4W4A8) {  // codes times their group's scale
     std::vector<int8_t> q(K);
@@ -516,7 +545,7 @@ void run_scalar(const float* x, int64_t tokens, const PackedWeights& w, const x8
           c[t * kPanel + lane] = sum;
         }
       }
-      scalar_epilogue(e, w, panel, tokens, c.data());
+      x86::apply_epilogue_scalar(e, w, panel, tokens, c.data());
     }
   });
 }
@@ -526,7 +555,7 @@ void run_scalar(const float* x, int64_t tokens, const PackedWeights& w, const x8
 struct Activations {
   std::vector<uint16_t> bf16;  // kAvx512Bf16 / kAmx: [T][k_padded]
   std::vector<uint8_t> u8;     // kAvx512Vnni: [T][k_padded] q + 128 (W8A8), q as s8 bits (W4A8)
-  std::vector<float> f32;      // kAvx512 int4: [T][K] rounded to bf16
+  std::vector<float> f32;      // kAvx512 int4 / fp8: [T][K] rounded to bf16
   std::vector<float> extra;    // kAvx512Vnni: [T] token scales (W4A8: [T][groups] group scales); int4 on
                                // kAvx512Bf16: [T][groups] group sums
   std::vector<float> code_sums;  // W4A8 on kAvx512Vnni: [T][groups] sums of the activation codes per K group
@@ -544,8 +573,9 @@ struct Activations {
         if (extra.size() < tokens * groups) extra.resize(tokens * groups);  // groups is 1 but for W4A8
         if (w.format == WeightFormat::kInt4W4A8 && code_sums.size() < tokens * groups) code_sums.resize(tokens * groups);
         break;
+      case Isa::kAvx2:
       case Isa::kAvx512:
-        if (w.format == WeightFormat::kInt4 && f32.size() < static_cast<size_t>(tokens * w.cols)) f32.resize(tokens * w.cols);
+        if (w.format != WeightFormat::kInt8 && f32.size() < static_cast<size_t>(tokens * w.cols)) f32.resize(tokens * w.cols);
         break;
       case Isa::kScalar: break;
     }
@@ -591,8 +621,9 @@ struct Activations {
         }
         break;
       }
-      case Isa::kAvx512:  // int4's activations are bf16 values on every path; int8 and fp8 read x as it is
-        if (w.format == WeightFormat::kInt4)
+      case Isa::kAvx2:
+      case Isa::kAvx512:  // int4's and fp8's activations are bf16 values on every path; int8 reads x as it is
+        if (w.format != WeightFormat::kInt8)
           for (int64_t k = 0; k < K; ++k) f32[t * K + k] = bf16_to_f32(f32_to_bf16(x[k]));
         break;
       case Isa::kScalar: break;
@@ -600,17 +631,18 @@ struct Activations {
   }
   // Whether a row's conversion is elementwise (or none at all), so it may be done a column range at a time.
   static bool elementwise(Isa isa, const PackedWeights& w) {
-    if (isa == Isa::kAvx512) return w.format != WeightFormat::kInt4;  // int8 / fp8 read f32 x as it is
-    return (isa == Isa::kAvx512Bf16 || isa == Isa::kAmx) && w.format == WeightFormat::kBF16;
+    if (isa == Isa::kAvx512 || isa == Isa::kAvx2) return w.format == WeightFormat::kInt8;  // int8 reads f32 x as it is
+    return (isa == Isa::kAvx512Bf16 || isa == Isa::kAmx) &&
+           (w.format == WeightFormat::kBF16 || w.format == WeightFormat::kFP8E4M3);
   }
   // Columns [c0, c1) of row x [K] into row t (elementwise(isa, w) only; c0 a multiple of 16); the range that
   // ends at K also writes the zero padding up to k_padded.
   void convert_columns(Isa isa, const PackedWeights& w, const float* x, int64_t t, int64_t c0, int64_t c1) {
-    if (isa == Isa::kAvx512) return;
+    if (isa == Isa::kAvx512 || isa == Isa::kAvx2) return;
     const int64_t K = w.cols, kp = w.k_padded;
     x86::round_row_bf16_avx512bf16(x + c0, c1 - c0, (c1 == K ? kp : c1) - c0, bf16.data() + t * kp + c0);
   }
-  // The job reads `tokens` converted rows from row t0 (x: the unconverted rows, for kAvx512 int8/fp8).
+  // The job reads `tokens` converted rows from row t0 (x: the unconverted rows, for kAvx512 int8).
   void bind(Isa isa, const PackedWeights& w, const float* x, int64_t t0, x86::PanelJob& job) const {
     const int64_t kp = w.k_padded, groups = w.group ? (w.cols + w.group - 1) / w.group : 1;
     switch (isa) {
@@ -624,7 +656,8 @@ struct Activations {
         job.token_scales = extra.data() + t0 * groups;
         if (w.format == WeightFormat::kInt4W4A8) job.group_sums = code_sums.data() + t0 * groups;
         break;
-      case Isa::kAvx512: job.activations = w.format == WeightFormat::kInt4 ? f32.data() + t0 * w.cols : x; break;
+      case Isa::kAvx2:
+      case Isa::kAvx512: job.activations = w.format == WeightFormat::kInt8 ? x : f32.data() + t0 * w.cols; break;
       case Isa::kScalar: break;
     }
   }
@@ -653,6 +686,7 @@ void run_panel_range(Isa isa, const PackedWeights& w, const x86::PanelJob& job, 
       if (w.format == WeightFormat::kBF16 && job.many_rows)
         x86::run_panels_bf16_many_avx512bf16(job, begin, end);
       else if (w.format == WeightFormat::kBF16) x86::run_panels_bf16_avx512bf16(job, begin, end);
+      else if (w.format == WeightFormat::kFP8E4M3) x86::run_panels_fp8_avx512bf16vbmi(job, begin, end);
       else x86::run_panels_int4_avx512bf16(job, begin, end);
       break;
     case Isa::kAvx512Vnni:
@@ -661,6 +695,7 @@ void run_panel_range(Isa isa, const PackedWeights& w, const x86::PanelJob& job, 
       else x86::run_panels_w8a8_avx512vnni(job, begin, end);
       break;
     case Isa::kAvx512: x86::run_panels_weight_only_avx512(job, begin, end); break;
+    case Isa::kAvx2: x86::run_panels_weight_only_avx2(job, begin, end); break;
     case Isa::kScalar: MOEX_CHECK(false, "the scalar path has no panel jobs");
   }
 }
@@ -670,13 +705,13 @@ thread_local Activations g_act;
 
 void run(const float* x, int64_t tokens, const PackedWeights& w, const x86::Epilogue& e, Isa isa, bool batch_invariant) {
   if (tokens <= 0 || w.rows == 0) return;
-  if (isa == Isa::kScalar) {
+  row_kernel(w.format, 0, false);  // reads MOEX_ROW_KERNEL here, where a bad value can throw, not inside a parallel region
+  if (isa == Isa::kScalar) {  // (the scalar path has one loop, but a bad value is refused on every CPU)
     run_scalar(x, tokens, w, e);
     return;
   }
   if (isa == Isa::kAmx) MOEX_CHECK(request_amx_permission(), "Linux refused this process the AMX tile state");
   const int64_t K = w.cols;
-  row_kernel(w.format, 0, false);  // reads MOEX_ROW_KERNEL here, where a bad value can throw, not inside a parallel region
   Activations& act = g_act;  // a name, not the thread_local, reaches the workers
   act.size_for(isa, w, tokens);
   parallel_for(tokens, 1, [&](int64_t begin, int64_t end) {
@@ -832,7 +867,7 @@ void fused_experts(const ExpertRows* experts, int count, float* out, int64_t out
     return job;
   };
   // Barriers: decode (few rows) converts x here, before the region; when h's conversion for w2 is
-  // elementwise (bf16 rounding; none for int8 / fp8) each gate/up item converts the h columns it wrote. Then
+  // elementwise (bf16 rounding; none for int8) each gate/up item converts the h columns it wrote. Then
   // the region has one barrier between gate/up and down (two more for int4 and W8A8 prefill).
   const bool x_before = total_rows <= kSerialConvertRows;
   const bool h_in_items = Activations::elementwise(isa, w2);

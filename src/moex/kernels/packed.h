@@ -30,7 +30,8 @@ enum class WeightFormat : uint8_t {
   kInt4W4A8,  // int4 codes, scales and zeros as kInt4; activations quantized to s8 per token and K group (the
               // weights' groups; each with its own absmax / 127 scale), and vpdpbusd multiplies the codes
               // (u8 0..15) by them: four products per instruction, not two
-  kFP8E4M3,   // e4m3 codes, w = fp8 * scale per 128x128 block (DeepSeek-V3's weight_scale_inv layout)
+  kFP8E4M3,   // e4m3 codes, w = fp8 * scale per 128x128 block (DeepSeek-V3's weight_scale_inv layout);
+              // activations rounded to bf16 (as int4) so vdpbf16ps can read the codes through a byte table
 };
 std::string_view weight_format_name(WeightFormat format);
 
@@ -83,7 +84,8 @@ struct AlignedBytes {
 //   kInt4W4A8  data u8  [P][k_padded/8][64][4] (a lane's 32 bits hold 8 k: byte b has q(8j+b) low, q(8j+4+b)
 //              high, so masking gives the k quad 8j.. and a shift the quad 8j+4..); scales, offsets as kInt4
 //   kFP8E4M3   data u8  [P][cols][64];          scales [P][G=ceil(cols/128)][64], times 2^8 (the kernels read
-//              an e4m3 code as fp16 bits, which are 2^-8 of its value)
+//              an e4m3 code as fp16 bits, or as a bf16 table entry, both 2^-8 of its value); k_padded =
+//              round_up(cols, 2), the length of the bf16 activation rows (k pairs)
 // gate_up: rows counts outputs of silu(x w1^T) * (x w3^T); panel p's lanes 0..31 hold rows 32p.. of w1 and
 // lanes 32..63 the same rows of w3, so one pass over the panel yields both halves of 32 outputs.
 // Padding lanes and padded k have zero weight.
@@ -179,10 +181,15 @@ struct ExpertRows {
 void fused_experts(const ExpertRows* experts, int count, float* out, int64_t out_stride, bool batch_invariant = false);
 
 // Which code runs a format. Decided from the CPU (and MOEX_ISA=ref) only; never an ISA the CPU lacks.
-enum class Isa : uint8_t { kScalar, kAvx512, kAvx512Bf16, kAvx512Vnni, kAmx };
+enum class Isa : uint8_t { kScalar, kAvx2, kAvx512, kAvx512Bf16, kAvx512Vnni, kAmx };
 std::string_view isa_name(Isa isa);
 Isa kernel_isa(WeightFormat format, const CpuFeatures& cpu, bool x86_enabled);
 Isa kernel_isa(WeightFormat format);  // for this CPU and use_x86_kernels()
+// Whether format's kernel on isa has two row loops that sum in different orders, so that without the
+// --batch-invariant pin a row's result depends on how many rows its call has: the weight-only AVX-512
+// kernels (int8 / int4 / fp8 on kAvx512, int4 on kAvx512Bf16). The others have one order (bf16, W8A8 and
+// W4A8's exact sums, fp8's table kernel, the AVX2 and scalar loops).
+bool row_result_depends_on_row_count(WeightFormat format, Isa isa);
 // Every ISA this CPU can run a format on: kernel_isa's choice and the ones below it (kScalar always).
 std::vector<Isa> usable_isas(WeightFormat format, const CpuFeatures& cpu);
 // packed_matmul on a given ISA from usable_isas (tests and benchmarks compare the paths with it).
@@ -194,7 +201,7 @@ void packed_matmul_on(Isa isa, const float* x, int64_t tokens, const PackedWeigh
 float quantize_activations_s8(const float* x, int64_t k, int8_t* q);
 
 namespace ref {
-// The oracles: plain loops over QuantizedMatrix::weight() (f32 sums). kBF16 and kInt4 round x to bf16 first and
+// The oracles: plain loops over QuantizedMatrix::weight() (f32 sums). kBF16, kInt4 and kFP8E4M3 round x to bf16 first and
 // kInt8W8A8 quantizes each row of x with quantize_activations_s8, kInt4W4A8 each K group of a row, as the fast
 // kernels do.
 void matmul(const float* x, int64_t tokens, const QuantizedMatrix& w, float* y, bool accumulate = false);

@@ -22,6 +22,8 @@ float stream_read(const void* data, size_t bytes) {
     float sum = 0.0f;
     if (use_x86_kernels()) {
       sum = x86::stream_read_avx512(base + begin * kBlock, static_cast<size_t>(end - begin) * kBlock);
+    } else if (use_avx2_kernels()) {
+      sum = x86::stream_read_avx2(base + begin * kBlock, static_cast<size_t>(end - begin) * kBlock);
     } else {
       for (int64_t i = begin * kBlock; i < end * kBlock; i += 64) {
         float v;
@@ -55,6 +57,8 @@ ReplayResult stream_read_steps(const std::vector<StepReads>& steps) {
         const auto* p = static_cast<const uint8_t*>(r.data) + begin;
         if (use_x86_kernels()) {
           sum += x86::stream_read_exact_avx512(p, end - begin, &n);
+        } else if (use_avx2_kernels()) {
+          sum += x86::stream_read_exact_avx2(p, end - begin, &n);
         } else {  // one float per 4 bytes, then the tail's bytes, as the masked load would see them
           size_t i = 0;
           for (; i + 4 <= end - begin; i += 4) {
@@ -131,9 +135,12 @@ PeakResult dot_peak_vnni(int64_t iterations_per_thread, bool cpu_clock) {
 }
 
 PeakResult fma_peak_f32(int64_t iterations_per_thread, bool cpu_clock) {
-  if (!use_x86_kernels()) return {};
   volatile float one = 1.0f;
-  return run_peak(iterations_per_thread, 32.0, cpu_clock, [&](int64_t n) { return x86::fma_loop_avx512(n, one); });
+  if (use_x86_kernels())
+    return run_peak(iterations_per_thread, 32.0, cpu_clock, [&](int64_t n) { return x86::fma_loop_avx512(n, one); });
+  if (use_avx2_kernels())
+    return run_peak(iterations_per_thread, 16.0, cpu_clock, [&](int64_t n) { return x86::fma_loop_avx2(n, one); });
+  return {};
 }
 
 }  // namespace moex::kernels

@@ -39,7 +39,8 @@ struct PeakResult {
 // machine that other processes load); otherwise all instructions over the wall time.
 PeakResult dot_peak_bf16(int64_t iterations_per_thread = 1 << 22, bool cpu_clock = false);  // vdpbf16ps: 64 FLOP each
 PeakResult dot_peak_vnni(int64_t iterations_per_thread = 1 << 22, bool cpu_clock = false);  // vpdpbusd: 128 OP each
-PeakResult fma_peak_f32(int64_t iterations_per_thread = 1 << 22, bool cpu_clock = false);   // vfmadd231ps: 32 FLOP each
+// vfmadd231ps on zmm (32 FLOP each), or on ymm (16) on a CPU with AVX2 + FMA only
+PeakResult fma_peak_f32(int64_t iterations_per_thread = 1 << 22, bool cpu_clock = false);
 
 namespace x86 {
 constexpr int kPeakChains = 12;  // independent accumulators per thread
@@ -49,6 +50,10 @@ float stream_read_exact_avx512(const void* data, size_t bytes, size_t* read);
 double dpbf16_loop_avx512bf16(int64_t iterations, uint16_t one_bf16);  // kPeakChains x iterations instructions
 double dpbusd_loop_avx512vnni(int64_t iterations, uint8_t one);
 double fma_loop_avx512(int64_t iterations, float one);
+// x86/probe_avx2.cc: the same on CPUs with AVX2 + FMA but no AVX-512 (use_avx2_kernels()).
+float stream_read_avx2(const void* data, size_t bytes);
+float stream_read_exact_avx2(const void* data, size_t bytes, size_t* read);
+double fma_loop_avx2(int64_t iterations, float one);  // 16 FLOP per instruction
 }  // namespace x86
 
 }  // namespace moex::kernels

@@ -25,8 +25,7 @@ void matmul(const float* x, int64_t tokens, const QuantizedMatrix& w, float* y, 
       for (int64_t k = 0; k < K; ++k) xr[k] = q[k];
     } else {
       for (int64_t k = 0; k < K; ++k)
-        xr[k] = w.format == WeightFormat::kBF16 || w.format == WeightFormat::kInt4 ? bf16_to_f32(f32_to_bf16(x[t * K + k]))
-                                                                                   : x[t * K + k];
+        xr[k] = w.format == WeightFormat::kInt8 ? x[t * K + k] : bf16_to_f32(f32_to_bf16(x[t * K + k]));  // bf16 / int4 / fp8
     }
     for (int64_t n = 0; n < N; ++n) {
       float sum = 0.0f;

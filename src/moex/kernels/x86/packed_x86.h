@@ -28,11 +28,19 @@ struct PanelJob {
   Epilogue epilogue;
 };
 
+// The epilogue in plain C++ (defined in packed.cc): the scalar path's, and the AVX2 kernels' (its silu's
+// std::exp costs little next to a K-long dot product per output).
+void apply_epilogue_scalar(const Epilogue& e, const PackedWeights& w, int64_t panel, int64_t tokens, const float* c);
+// bf16 / int8 / int4 / fp8 on AVX2 + FMA (cpu_features().has_avx2_kernels()), x86/packed_weight_only_avx2.cc.
+void run_panels_weight_only_avx2(const PanelJob& job, int64_t panel_begin, int64_t panel_end);
 void run_panels_bf16_avx512bf16(const PanelJob& job, int64_t panel_begin, int64_t panel_end);
 // The many-row GEMMs (expert_kernel_for_rows: kManyRows), in x86/expert_gemm_*.cc.
 void run_panels_bf16_many_avx512bf16(const PanelJob& job, int64_t panel_begin, int64_t panel_end);
 void run_panels_w8a8_many_avx512vnni(const PanelJob& job, int64_t panel_begin, int64_t panel_end);
 void run_panels_int4_avx512bf16(const PanelJob& job, int64_t panel_begin, int64_t panel_end);
+// fp8 e4m3 x bf16 activations through byte tables and vdpbf16ps (both row loops), x86/packed_fp8_avx512bf16vbmi.cc;
+// the caller has checked has_avx512_bf16_vbmi_kernels().
+void run_panels_fp8_avx512bf16vbmi(const PanelJob& job, int64_t panel_begin, int64_t panel_end);
 // AMX: the caller has checked has_amx_kernels() and request_amx_permission().
 void run_panels_bf16_amx(const PanelJob& job, int64_t panel_begin, int64_t panel_end);
 void run_panels_weight_only_avx512(const PanelJob& job, int64_t panel_begin, int64_t panel_end);  // int8/int4/fp8

@@ -1,0 +1,221 @@
+// bf16 / int8 / int4 / fp8 weights on AVX2 + FMA (+ F16C): for CPUs without AVX-512 (Zen 1-3, Intel client
+// cores), where every packed matmul otherwise runs the scalar loop (~1 tok/s of mini). Hand-written: the
+// panels are MoEX's own layout, and no library streams them.
+//
+// The weights are decoded to f32 in registers and multiplied by the f32 activations with vfmadd (AVX2 has no
+// bf16 or int8 dot product that keeps f32 sums; vpmaddubsw saturates). The panels are the AVX-512 kernels'
+// (kernels/packed.h), read 16 lanes at a time: one 64-byte line of a k pair (bf16), 16 bytes of a k (int8,
+// fp8) or of a k pair (int4). A tile is MT (1..4) tokens x 16 lanes, 2 x MT accumulators; a panel's four
+// 16-lane columns are walked per K block so the block (<= 32 KB) is read from memory once and from L1 by the
+// other tiles. Every lane's sum is one chain of FMAs in k order (the accumulators go to c between K blocks
+// and come back), so a row's result does not depend on how many rows its call has: one loop for decode and
+// prefill. Decoding per weight is shared by the MT tokens of a tile; the activations arrive as kernels/
+// packed.h says (bf16 values for bf16 / int4 / fp8, as they are for int8), so this path computes the
+// reference's products.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "moex/kernels/x86/packed_x86.h"
+
+namespace moex::kernels::x86 {
+namespace {
+
+constexpr int kTokenTile = 4;     // 8 accumulators + 4 decoded weight vectors + a broadcast of 16 registers
+constexpr int64_t kKBlock = 256;  // 32 KB of bf16 panel; a multiple of every group size (32/64/128)
+
+// Each decoder gives lanes 16h .. 16h + 15 of a k pair (k even) as f32, dequantized: w0 for k, w1 for k + 1.
+struct Bf16Decode {  // u16 [k_padded/2][64][2]: a lane's dword is (bf16 of k, bf16 of k + 1)
+  const uint16_t* panel;
+  void pair(int64_t k, int h, __m256 w0[2], __m256 w1[2]) const {
+    const uint16_t* p = panel + ((k / 2) * kPanel + 16 * h) * 2;
+    const __m256i high = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
+    for (int v = 0; v < 2; ++v) {
+      const __m256i d = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16 * v));
+      w0[v] = _mm256_castsi256_ps(_mm256_slli_epi32(d, 16));  // a bf16 is the high half of its f32
+      w1[v] = _mm256_castsi256_ps(_mm256_and_si256(d, high));
+    }
+  }
+};
+
+struct Int8Decode {  // s8 [cols][64]; the per-row scale multiplies the sums afterwards
+  const int8_t* panel;
+  int64_t cols;
+  static __m256 lanes8(const int8_t* p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  }
+  void one(int64_t k, int h, __m256 w[2]) const {
+    const int8_t* p = panel + k * kPanel + 16 * h;
+    w[0] = lanes8(p);
+    w[1] = lanes8(p + 8);
+  }
+  void pair(int64_t k, int h, __m256 w0[2], __m256 w1[2]) const {
+    one(k, h, w0);
+    if (k + 1 < cols) one(k + 1, h, w1);
+    else w1[0] = w1[1] = _mm256_setzero_ps();  // odd K: the activations' k + 1 is not read either
+  }
+};
+
+struct Int4Decode {  // u8 [k_padded/2][64]: q(k) low nibble, q(k + 1) high; w = q * scale + offset per group
+  const uint8_t* panel;
+  int64_t group;
+  const float *scales, *offsets;  // [G][64]
+  void pair(int64_t k, int h, __m256 w0[2], __m256 w1[2]) const {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(panel + (k / 2) * kPanel + 16 * h));
+    const __m128i nib = _mm_set1_epi8(0x0f);
+    const __m128i lo = _mm_and_si128(b, nib), hi = _mm_and_si128(_mm_srli_epi16(b, 4), nib);
+    const int64_t s = (k / group) * kPanel + 16 * h;
+    for (int v = 0; v < 2; ++v) {
+      const __m256 scale = _mm256_loadu_ps(scales + s + 8 * v), offset = _mm256_loadu_ps(offsets + s + 8 * v);
+      const __m128i l = v ? _mm_srli_si128(lo, 8) : lo, u = v ? _mm_srli_si128(hi, 8) : hi;
+      w0[v] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(l)), scale, offset);
+      w1[v] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(u)), scale, offset);
+    }
+  }
+};
+
+struct Fp8Decode {  // e4m3 [cols][64]; w = (the code read as fp16 bits) * scale, the scales carrying the 2^8
+  const uint8_t* panel;
+  int64_t cols;
+  const float* scales;  // [G][64], G = ceil(cols / 128)
+  // e4m3 s.eeee.mmm -> fp16 s.0eeee.mmm0000000 (the same number times 2^-8, subnormals included): shift the
+  // byte left by 7, then move the sign from bit 14 to 15 by adding bit 14 to itself (as the AVX-512 kernel).
+  void one(int64_t k, int h, __m256 w[2]) const {
+    const __m256i a = _mm256_slli_epi16(
+        _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(panel + k * kPanel + 16 * h))), 7);
+    const __m256i f16 = _mm256_add_epi16(a, _mm256_and_si256(a, _mm256_set1_epi16(0x4000)));
+    const float* s = scales + (k / 128) * kPanel + 16 * h;
+    w[0] = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(f16)), _mm256_loadu_ps(s));
+    w[1] = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(f16, 1)), _mm256_loadu_ps(s + 8));
+  }
+  void pair(int64_t k, int h, __m256 w0[2], __m256 w1[2]) const {
+    one(k, h, w0);
+    if (k + 1 < cols) one(k + 1, h, w1);
+    else w1[0] = w1[1] = _mm256_setzero_ps();
+  }
+};
+
+// c [MT][64] lanes 16h.. (+)= x [MT][ldx] columns [k0, k1) . the panel's lanes 16h.., k0 even.
+template <class D, int MT>
+void tile(const float* x, int64_t ldx, int64_t cols, const D& d, int h, int64_t k0, int64_t k1, float* c,
+          bool load_c) {
+  __m256 acc[MT][2];
+  for (int t = 0; t < MT; ++t)
+    for (int v = 0; v < 2; ++v)
+      acc[t][v] = load_c ? _mm256_loadu_ps(c + t * kPanel + 16 * h + 8 * v) : _mm256_setzero_ps();
+  for (int64_t k = k0; k < k1; k += 2) {
+    __m256 w0[2], w1[2];
+    d.pair(k, h, w0, w1);
+    const bool second = k + 1 < cols;  // odd K: the last pair has one k (its weights are zero, x has no k + 1)
+    for (int t = 0; t < MT; ++t) {
+      const __m256 x0 = _mm256_broadcast_ss(x + t * ldx + k);
+      acc[t][0] = _mm256_fmadd_ps(x0, w0[0], acc[t][0]);
+      acc[t][1] = _mm256_fmadd_ps(x0, w0[1], acc[t][1]);
+      if (second) {
+        const __m256 x1 = _mm256_broadcast_ss(x + t * ldx + k + 1);
+        acc[t][0] = _mm256_fmadd_ps(x1, w1[0], acc[t][0]);
+        acc[t][1] = _mm256_fmadd_ps(x1, w1[1], acc[t][1]);
+      }
+    }
+  }
+  for (int t = 0; t < MT; ++t)
+    for (int v = 0; v < 2; ++v) _mm256_storeu_ps(c + t * kPanel + 16 * h + 8 * v, acc[t][v]);
+}
+
+// One token over all 64 lanes: 8 accumulators, so the FMA chains (2 per accumulator and k pair) overlap, and
+// the panel is read front to back (bf16's k pair is 4 lines; the 16-lane tiles would stride across them).
+// Each lane's FMAs are tile()'s, in the same order: the same bits.
+template <class D>
+void tile_one_token(const float* x, int64_t cols, const D& d, int64_t k0, int64_t k1, float* c, bool load_c) {
+  __m256 acc[4][2];
+  for (int h = 0; h < 4; ++h)
+    for (int v = 0; v < 2; ++v) acc[h][v] = load_c ? _mm256_loadu_ps(c + 16 * h + 8 * v) : _mm256_setzero_ps();
+  for (int64_t k = k0; k < k1; k += 2) {
+    const __m256 x0 = _mm256_broadcast_ss(x + k);
+    const bool second = k + 1 < cols;
+    const __m256 x1 = second ? _mm256_broadcast_ss(x + k + 1) : _mm256_setzero_ps();
+    for (int h = 0; h < 4; ++h) {
+      __m256 w0[2], w1[2];
+      d.pair(k, h, w0, w1);
+      acc[h][0] = _mm256_fmadd_ps(x0, w0[0], acc[h][0]);
+      acc[h][1] = _mm256_fmadd_ps(x0, w0[1], acc[h][1]);
+      if (second) {
+        acc[h][0] = _mm256_fmadd_ps(x1, w1[0], acc[h][0]);
+        acc[h][1] = _mm256_fmadd_ps(x1, w1[1], acc[h][1]);
+      }
+    }
+  }
+  for (int h = 0; h < 4; ++h)
+    for (int v = 0; v < 2; ++v) _mm256_storeu_ps(c + 16 * h + 8 * v, acc[h][v]);
+}
+
+// c [T][64] = x [T][cols] . panel (every lane, every token).
+template <class D>
+void panel_sums(const float* x, int64_t tokens, int64_t cols, const D& d, float* c) {
+  for (int64_t k0 = 0; k0 < cols; k0 += kKBlock) {
+    const int64_t k1 = std::min(cols, k0 + kKBlock);
+    const bool load_c = k0 > 0;
+    for (int64_t t = 0; t < tokens; t += kTokenTile) {
+      const float* xt = x + t * cols;
+      float* ct = c + t * kPanel;
+      if (tokens - t == 1) {
+        tile_one_token(xt, cols, d, k0, k1, ct, load_c);
+        break;
+      }
+      for (int h = 0; h < 4; ++h) {
+        switch (std::min<int64_t>(kTokenTile, tokens - t)) {
+          case 4: tile<D, 4>(xt, cols, cols, d, h, k0, k1, ct, load_c); break;
+          case 3: tile<D, 3>(xt, cols, cols, d, h, k0, k1, ct, load_c); break;
+          case 2: tile<D, 2>(xt, cols, cols, d, h, k0, k1, ct, load_c); break;
+          default: tile<D, 1>(xt, cols, cols, d, h, k0, k1, ct, load_c); break;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void run_panels_weight_only_avx2(const PanelJob& job, int64_t panel_begin, int64_t panel_end) {
+  const PackedWeights& w = *job.w;
+  const auto* x = static_cast<const float*>(job.activations);  // [T][cols]
+  const int64_t tokens = job.tokens, cols = w.cols;
+  thread_local std::vector<float> c;  // [T][64]
+  if (c.size() < static_cast<size_t>(tokens * kPanel)) c.resize(tokens * kPanel);
+  if (cols == 0) std::fill_n(c.begin(), tokens * kPanel, 0.0f);  // an empty sum: no K block writes c
+  const int64_t groups = w.group ? (cols + w.group - 1) / w.group : 1;
+  for (int64_t panel = panel_begin; panel < panel_end; ++panel) {
+    switch (w.format) {
+      case WeightFormat::kBF16:
+        panel_sums(x, tokens, cols, Bf16Decode{w.data.as<const uint16_t>() + panel * w.k_padded * kPanel}, c.data());
+        break;
+      case WeightFormat::kInt8: {
+        panel_sums(x, tokens, cols, Int8Decode{w.data.as<const int8_t>() + panel * cols * kPanel, cols}, c.data());
+        const float* scale = w.scales.as<const float>() + panel * kPanel;
+        for (int64_t t = 0; t < tokens; ++t)
+          for (int v = 0; v < kPanel / 8; ++v)
+            _mm256_storeu_ps(c.data() + t * kPanel + 8 * v,
+                             _mm256_mul_ps(_mm256_loadu_ps(c.data() + t * kPanel + 8 * v), _mm256_loadu_ps(scale + 8 * v)));
+        break;
+      }
+      case WeightFormat::kInt4:
+        panel_sums(x, tokens, cols,
+                   Int4Decode{w.data.as<const uint8_t>() + panel * (w.k_padded / 2) * kPanel, w.group,
+                              w.scales.as<const float>() + panel * groups * kPanel,
+                              w.offsets.as<const float>() + panel * groups * kPanel},
+                   c.data());
+        break;
+      case WeightFormat::kFP8E4M3:
+        panel_sums(x, tokens, cols,
+                   Fp8Decode{w.data.as<const uint8_t>() + panel * cols * kPanel, cols,
+                             w.scales.as<const float>() + panel * groups * kPanel},
+                   c.data());
+        break;
+      default: return;  // the dispatcher sends only the four formats above here
+    }
+    apply_epilogue_scalar(job.epilogue, w, panel, tokens, c.data());
+  }
+}
+
+}  // namespace moex::kernels::x86
