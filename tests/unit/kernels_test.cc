@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "moex/base/cpu.h"
@@ -31,7 +32,12 @@ struct MatmulCase {
 class MatmulTest : public ::testing::TestWithParam<MatmulCase> {};
 
 TEST_P(MatmulTest, X86MatchesScalarForBf16AndF32) {
-  if (!cpu_features().has_avx512_kernels()) GTEST_SKIP() << "no AVX-512 on this machine";
+  // Each x86 kernel this CPU can run (AVX-512 and AVX2 on an AVX-512 CPU), called directly, and the dispatch.
+  using Rows = void (*)(const float*, int64_t, const TensorView&, float*, bool, int64_t, int64_t);
+  std::vector<std::pair<const char*, Rows>> kernels_here;
+  if (cpu_features().has_avx512_kernels()) kernels_here.push_back({"avx512", kernels::x86::matmul_rows_avx512});
+  if (cpu_features().has_avx2_kernels()) kernels_here.push_back({"avx2", kernels::x86::matmul_rows_avx2});
+  if (kernels_here.empty()) GTEST_SKIP() << "no AVX2 or AVX-512 on this machine";
   const auto [tokens, n, k] = GetParam();
   const std::vector<float> x = random_floats(tokens * k, 1), w32 = random_floats(n * k, 2);
   std::vector<uint16_t> w16(n * k);
@@ -47,6 +53,13 @@ TEST_P(MatmulTest, X86MatchesScalarForBf16AndF32) {
       for (int64_t i = 0; i < tokens * n; ++i)
         ASSERT_NEAR(actual[i], expected[i], 1e-4f * std::sqrt(static_cast<float>(k)))
             << "dtype " << dtype_name(dtype) << " i " << i;
+      for (const auto& [name, rows] : kernels_here) {
+        std::vector<float> direct(tokens * n, 0.5f);
+        rows(x.data(), tokens, w, direct.data(), accumulate, 0, n);
+        for (int64_t i = 0; i < tokens * n; ++i)
+          ASSERT_NEAR(direct[i], expected[i], 1e-4f * std::sqrt(static_cast<float>(k)))
+              << name << " dtype " << dtype_name(dtype) << " i " << i;
+      }
     }
   }
 }

@@ -7,19 +7,27 @@
 #include "moex/base/threads.h"
 
 namespace moex::kernels {
+namespace {
+// The rows kernel this CPU runs (nullptr: the scalar reference).
+using RowsKernel = void (*)(const float*, int64_t, const TensorView&, float*, bool, int64_t, int64_t);
+RowsKernel rows_kernel() {
+  if (use_x86_kernels()) return x86::matmul_rows_avx512;
+  if (use_avx2_kernels()) return x86::matmul_rows_avx2;
+  return nullptr;
+}
+}  // namespace
 
 void matmul(const float* x, int64_t tokens, const TensorView& w, float* y, bool accumulate) {
   MOEX_CHECK(w.shape.rank == 2 && (w.dtype == DType::kBF16 || w.dtype == DType::kF32), "matmul weight ",
              w.shape.str());
   if (tokens == 0) return;
-  if (!use_x86_kernels()) {
+  const RowsKernel kernel = rows_kernel();
+  if (!kernel) {
     ref::matmul(x, tokens, w, y, accumulate);
     return;
   }
   // Rows of W are split over threads in blocks of 16 so each thread streams its own part of the weights.
-  parallel_for(w.shape[0], 16, [&](int64_t begin, int64_t end) {
-    x86::matmul_rows_avx512(x, tokens, w, y, accumulate, begin, end);
-  });
+  parallel_for(w.shape[0], 16, [&](int64_t begin, int64_t end) { kernel(x, tokens, w, y, accumulate, begin, end); });
 }
 
 void matmul_group(const float* x, int64_t tokens, const MatmulOutput* outputs, int count) {
@@ -32,7 +40,8 @@ void matmul_group(const float* x, int64_t tokens, const MatmulOutput* outputs, i
     total += w.shape[0];
   }
   if (tokens == 0) return;
-  if (!use_x86_kernels()) {
+  const RowsKernel kernel = rows_kernel();
+  if (!kernel) {
     for (int i = 0; i < count; ++i) ref::matmul(x, tokens, outputs[i].w, outputs[i].y, outputs[i].accumulate);
     return;
   }
@@ -40,7 +49,7 @@ void matmul_group(const float* x, int64_t tokens, const MatmulOutput* outputs, i
     int64_t first = 0;  // the first row of output i in the concatenation
     for (int i = 0; i < count && first < end; first += outputs[i].w.shape[0], ++i) {
       const int64_t n = outputs[i].w.shape[0], b = std::max<int64_t>(begin - first, 0), e = std::min(end - first, n);
-      if (b < e) x86::matmul_rows_avx512(x, tokens, outputs[i].w, outputs[i].y, outputs[i].accumulate, b, e);
+      if (b < e) kernel(x, tokens, outputs[i].w, outputs[i].y, outputs[i].accumulate, b, e);
     }
   });
 }
@@ -48,8 +57,8 @@ void matmul_group(const float* x, int64_t tokens, const MatmulOutput* outputs, i
 void matmul_single_thread(const float* x, int64_t tokens, const TensorView& w, float* y, bool accumulate) {
   MOEX_CHECK(w.shape.rank == 2 && (w.dtype == DType::kBF16 || w.dtype == DType::kF32), "matmul weight ",
              w.shape.str());
-  if (use_x86_kernels())
-    x86::matmul_rows_avx512(x, tokens, w, y, accumulate, 0, w.shape[0]);
+  if (const RowsKernel kernel = rows_kernel())
+    kernel(x, tokens, w, y, accumulate, 0, w.shape[0]);
   else
     ref::matmul(x, tokens, w, y, accumulate);
 }

@@ -33,6 +33,9 @@ namespace x86 {
 // AVX-512, BF16 or F32 weights; rows [n_begin, n_end) of W only (the caller splits N over threads).
 void matmul_rows_avx512(const float* x, int64_t tokens, const TensorView& w, float* y, bool accumulate,
                         int64_t n_begin, int64_t n_end);
+// The same on AVX2 + FMA (cpu_features().has_avx2_kernels(), a CPU without AVX-512).
+void matmul_rows_avx2(const float* x, int64_t tokens, const TensorView& w, float* y, bool accumulate,
+                      int64_t n_begin, int64_t n_end);
 }  // namespace x86
 
 }  // namespace moex::kernels

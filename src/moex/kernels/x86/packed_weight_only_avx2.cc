@@ -9,7 +9,8 @@
 // 16-lane columns are walked per K block so the block (<= 32 KB) is read from memory once and from L1 by the
 // other tiles. Every lane's sum is one chain of FMAs in k order (the accumulators go to c between K blocks
 // and come back), so a row's result does not depend on how many rows its call has: one loop for decode and
-// prefill. Decoding per weight is shared by the MT tokens of a tile; the activations arrive as kernels/
+// prefill. int4 and fp8 sum x * code per K group and fold the group's scale (and int4's offset times the
+// group's x sum) in at its end. Decoding per weight is shared by the MT tokens of a tile; the activations arrive as kernels/
 // packed.h says (bf16 values for bf16 / int4 / fp8, as they are for int8), so this path computes the
 // reference's products.
 #include <immintrin.h>
@@ -57,53 +58,82 @@ struct Int8Decode {  // s8 [cols][64]; the per-row scale multiplies the sums aft
   }
 };
 
+// The grouped formats (int4, fp8) decode the codes only (q; fp8: its fp16 reading) and sum x * code per K
+// group apart; each group folds in at its end as c += scale * sum + offset * (sum of the group's x): two
+// FMAs per lane and group instead of one per weight.
 struct Int4Decode {  // u8 [k_padded/2][64]: q(k) low nibble, q(k + 1) high; w = q * scale + offset per group
+  static constexpr bool kGrouped = true, kOffset = true;
   const uint8_t* panel;
   int64_t group;
   const float *scales, *offsets;  // [G][64]
+  const float* x_sums;            // [T][G]: the activations' sum per token and group
+  int64_t groups;
   void pair(int64_t k, int h, __m256 w0[2], __m256 w1[2]) const {
     const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(panel + (k / 2) * kPanel + 16 * h));
     const __m128i nib = _mm_set1_epi8(0x0f);
     const __m128i lo = _mm_and_si128(b, nib), hi = _mm_and_si128(_mm_srli_epi16(b, 4), nib);
-    const int64_t s = (k / group) * kPanel + 16 * h;
-    for (int v = 0; v < 2; ++v) {
-      const __m256 scale = _mm256_loadu_ps(scales + s + 8 * v), offset = _mm256_loadu_ps(offsets + s + 8 * v);
-      const __m128i l = v ? _mm_srli_si128(lo, 8) : lo, u = v ? _mm_srli_si128(hi, 8) : hi;
-      w0[v] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(l)), scale, offset);
-      w1[v] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(u)), scale, offset);
-    }
+    w0[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
+    w0[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
+    w1[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
+    w1[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
   }
+  __m256 scale(int64_t g, int h, int v) const { return _mm256_loadu_ps(scales + g * kPanel + 16 * h + 8 * v); }
+  __m256 offset(int64_t g, int h, int v) const { return _mm256_loadu_ps(offsets + g * kPanel + 16 * h + 8 * v); }
+  float x_sum(int64_t t, int64_t g) const { return x_sums[t * groups + g]; }
 };
 
 struct Fp8Decode {  // e4m3 [cols][64]; w = (the code read as fp16 bits) * scale, the scales carrying the 2^8
+  static constexpr bool kGrouped = true, kOffset = false;
   const uint8_t* panel;
   int64_t cols;
   const float* scales;  // [G][64], G = ceil(cols / 128)
+  int64_t group = 128;
   // e4m3 s.eeee.mmm -> fp16 s.0eeee.mmm0000000 (the same number times 2^-8, subnormals included): shift the
   // byte left by 7, then move the sign from bit 14 to 15 by adding bit 14 to itself (as the AVX-512 kernel).
   void one(int64_t k, int h, __m256 w[2]) const {
     const __m256i a = _mm256_slli_epi16(
         _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(panel + k * kPanel + 16 * h))), 7);
     const __m256i f16 = _mm256_add_epi16(a, _mm256_and_si256(a, _mm256_set1_epi16(0x4000)));
-    const float* s = scales + (k / 128) * kPanel + 16 * h;
-    w[0] = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(f16)), _mm256_loadu_ps(s));
-    w[1] = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(f16, 1)), _mm256_loadu_ps(s + 8));
+    w[0] = _mm256_cvtph_ps(_mm256_castsi256_si128(f16));
+    w[1] = _mm256_cvtph_ps(_mm256_extracti128_si256(f16, 1));
   }
   void pair(int64_t k, int h, __m256 w0[2], __m256 w1[2]) const {
     one(k, h, w0);
     if (k + 1 < cols) one(k + 1, h, w1);
     else w1[0] = w1[1] = _mm256_setzero_ps();
   }
+  __m256 scale(int64_t g, int h, int v) const { return _mm256_loadu_ps(scales + g * kPanel + 16 * h + 8 * v); }
+  __m256 offset(int64_t, int, int) const { return _mm256_setzero_ps(); }
+  float x_sum(int64_t, int64_t) const { return 0.0f; }
 };
 
+// The end of a tile's K range: c [.][64] lanes 16h + 8v (+)= acc. Grouped formats: [k0, k1) is one group g,
+// acc its sum of x * code, folded in with the group's scale (and offset times the token's x sum).
+template <class D>
+constexpr bool grouped() {
+  if constexpr (requires { D::kGrouped; }) return D::kGrouped;
+  return false;
+}
+template <class D>
+inline void finish(const D& d, int64_t t, int h, int v, int64_t k0, __m256 acc, float* out, bool load_c) {
+  if constexpr (grouped<D>()) {
+    const int64_t g = k0 / d.group;
+    __m256 r = _mm256_fmadd_ps(acc, d.scale(g, h, v), load_c ? _mm256_loadu_ps(out) : _mm256_setzero_ps());
+    if constexpr (D::kOffset) r = _mm256_fmadd_ps(d.offset(g, h, v), _mm256_set1_ps(d.x_sum(t, g)), r);
+    _mm256_storeu_ps(out, r);
+  } else {
+    _mm256_storeu_ps(out, acc);
+  }
+}
 // c [MT][64] lanes 16h.. (+)= x [MT][ldx] columns [k0, k1) . the panel's lanes 16h.., k0 even.
+// t0: the tile's first token (for its x sums).
 template <class D, int MT>
-void tile(const float* x, int64_t ldx, int64_t cols, const D& d, int h, int64_t k0, int64_t k1, float* c,
+void tile(const float* x, int64_t t0, int64_t ldx, int64_t cols, const D& d, int h, int64_t k0, int64_t k1, float* c,
           bool load_c) {
   __m256 acc[MT][2];
   for (int t = 0; t < MT; ++t)
     for (int v = 0; v < 2; ++v)
-      acc[t][v] = load_c ? _mm256_loadu_ps(c + t * kPanel + 16 * h + 8 * v) : _mm256_setzero_ps();
+      acc[t][v] = load_c && !grouped<D>() ? _mm256_loadu_ps(c + t * kPanel + 16 * h + 8 * v) : _mm256_setzero_ps();
   for (int64_t k = k0; k < k1; k += 2) {
     __m256 w0[2], w1[2];
     d.pair(k, h, w0, w1);
@@ -120,17 +150,19 @@ void tile(const float* x, int64_t ldx, int64_t cols, const D& d, int h, int64_t 
     }
   }
   for (int t = 0; t < MT; ++t)
-    for (int v = 0; v < 2; ++v) _mm256_storeu_ps(c + t * kPanel + 16 * h + 8 * v, acc[t][v]);
+    for (int v = 0; v < 2; ++v) finish(d, t0 + t, h, v, k0, acc[t][v], c + t * kPanel + 16 * h + 8 * v, load_c);
 }
 
 // One token over all 64 lanes: 8 accumulators, so the FMA chains (2 per accumulator and k pair) overlap, and
 // the panel is read front to back (bf16's k pair is 4 lines; the 16-lane tiles would stride across them).
-// Each lane's FMAs are tile()'s, in the same order: the same bits.
+// Each lane's FMAs are tile()'s, in the same order: the same bits. t: the token's index, for its x sums.
 template <class D>
-void tile_one_token(const float* x, int64_t cols, const D& d, int64_t k0, int64_t k1, float* c, bool load_c) {
+void tile_one_token(const float* x, int64_t t, int64_t cols, const D& d, int64_t k0, int64_t k1, float* c,
+                    bool load_c) {
   __m256 acc[4][2];
   for (int h = 0; h < 4; ++h)
-    for (int v = 0; v < 2; ++v) acc[h][v] = load_c ? _mm256_loadu_ps(c + 16 * h + 8 * v) : _mm256_setzero_ps();
+    for (int v = 0; v < 2; ++v)
+      acc[h][v] = load_c && !grouped<D>() ? _mm256_loadu_ps(c + 16 * h + 8 * v) : _mm256_setzero_ps();
   for (int64_t k = k0; k < k1; k += 2) {
     const __m256 x0 = _mm256_broadcast_ss(x + k);
     const bool second = k + 1 < cols;
@@ -147,28 +179,32 @@ void tile_one_token(const float* x, int64_t cols, const D& d, int64_t k0, int64_
     }
   }
   for (int h = 0; h < 4; ++h)
-    for (int v = 0; v < 2; ++v) _mm256_storeu_ps(c + 16 * h + 8 * v, acc[h][v]);
+    for (int v = 0; v < 2; ++v) finish(d, t, h, v, k0, acc[h][v], c + 16 * h + 8 * v, load_c);
 }
 
-// c [T][64] = x [T][cols] . panel (every lane, every token).
+// c [T][64] = x [T][cols] . panel (every lane, every token). Grouped formats run each tile once per K group
+// of the block.
 template <class D>
 void panel_sums(const float* x, int64_t tokens, int64_t cols, const D& d, float* c) {
+  int64_t step = kKBlock;
+  if constexpr (grouped<D>()) step = d.group;  // divides kKBlock
   for (int64_t k0 = 0; k0 < cols; k0 += kKBlock) {
     const int64_t k1 = std::min(cols, k0 + kKBlock);
-    const bool load_c = k0 > 0;
     for (int64_t t = 0; t < tokens; t += kTokenTile) {
       const float* xt = x + t * cols;
       float* ct = c + t * kPanel;
       if (tokens - t == 1) {
-        tile_one_token(xt, cols, d, k0, k1, ct, load_c);
+        for (int64_t s = k0; s < k1; s += step) tile_one_token(xt, t, cols, d, s, std::min(k1, s + step), ct, s > 0);
         break;
       }
       for (int h = 0; h < 4; ++h) {
-        switch (std::min<int64_t>(kTokenTile, tokens - t)) {
-          case 4: tile<D, 4>(xt, cols, cols, d, h, k0, k1, ct, load_c); break;
-          case 3: tile<D, 3>(xt, cols, cols, d, h, k0, k1, ct, load_c); break;
-          case 2: tile<D, 2>(xt, cols, cols, d, h, k0, k1, ct, load_c); break;
-          default: tile<D, 1>(xt, cols, cols, d, h, k0, k1, ct, load_c); break;
+        for (int64_t s = k0; s < k1; s += step) {
+          const int64_t e = std::min(k1, s + step);
+          switch (std::min<int64_t>(kTokenTile, tokens - t)) {
+            case 4: tile<D, 4>(xt, t, cols, cols, d, h, s, e, ct, s > 0); break;
+            case 3: tile<D, 3>(xt, t, cols, cols, d, h, s, e, ct, s > 0); break;
+            default: tile<D, 2>(xt, t, cols, cols, d, h, s, e, ct, s > 0); break;
+          }
         }
       }
     }
@@ -185,6 +221,12 @@ void run_panels_weight_only_avx2(const PanelJob& job, int64_t panel_begin, int64
   if (c.size() < static_cast<size_t>(tokens * kPanel)) c.resize(tokens * kPanel);
   if (cols == 0) std::fill_n(c.begin(), tokens * kPanel, 0.0f);  // an empty sum: no K block writes c
   const int64_t groups = w.group ? (cols + w.group - 1) / w.group : 1;
+  thread_local std::vector<float> x_sums;  // int4: [T][groups], the same for every panel of the job
+  if (w.format == WeightFormat::kInt4) {
+    x_sums.assign(tokens * groups, 0.0f);
+    for (int64_t t = 0; t < tokens; ++t)
+      for (int64_t k = 0; k < cols; ++k) x_sums[t * groups + k / w.group] += x[t * cols + k];
+  }
   for (int64_t panel = panel_begin; panel < panel_end; ++panel) {
     switch (w.format) {
       case WeightFormat::kBF16:
@@ -203,13 +245,13 @@ void run_panels_weight_only_avx2(const PanelJob& job, int64_t panel_begin, int64
         panel_sums(x, tokens, cols,
                    Int4Decode{w.data.as<const uint8_t>() + panel * (w.k_padded / 2) * kPanel, w.group,
                               w.scales.as<const float>() + panel * groups * kPanel,
-                              w.offsets.as<const float>() + panel * groups * kPanel},
+                              w.offsets.as<const float>() + panel * groups * kPanel, x_sums.data(), groups},
                    c.data());
         break;
       case WeightFormat::kFP8E4M3:
         panel_sums(x, tokens, cols,
                    Fp8Decode{w.data.as<const uint8_t>() + panel * cols * kPanel, cols,
-                             w.scales.as<const float>() + panel * groups * kPanel},
+                             w.scales.as<const float>() + panel * groups * kPanel, w.group},
                    c.data());
         break;
       default: return;  // the dispatcher sends only the four formats above here
