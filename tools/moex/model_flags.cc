@@ -74,7 +74,7 @@ void ModelFlags::add_to(CLI::App* cmd) {
                   "Expert weights: as-stored (checkpoint dtype, f32 activations) | bf16 | int8 (weight-only) | int8-w8a8 "
                   "(int8 activations per token) | int4 "
                   "(symmetric, per --group-size) | int4-w4a8 (int4 with int8 activations per token and group) | fp8 (e4m3, "
-                  "128x128 blocks): quantized and packed once at load")
+                  "128x128 blocks, bf16 activations): quantized and packed once at load")
       ->capture_default_str()
       ->check(CLI::IsMember({"as-stored", "bf16", "int8", "int8-w8a8", "int4", "int4-w4a8", "fp8"}));
   cmd->add_option("--dense-weights", dense_weights,
