@@ -662,8 +662,8 @@ TEST(BenchKernels, OneRowPerFormatKernelAndTokenCountWithConsistentRates) {
     EXPECT_NEAR(row.pct_read_roofline, 100 * row.weight_bytes / row.seconds / r.read_bytes_per_s, 1e-9 * row.pct_read_roofline);
     const double peak = row.isa == "avx512bf16"   ? r.bf16_peak.per_second
                         : row.isa == "avx512vnni" ? r.vnni_peak.per_second
-                        : row.isa == "avx512"     ? r.fma_peak.per_second
-                                                  : 0;
+                        : row.isa == "avx512" || row.isa == "avx2" ? r.fma_peak.per_second
+                                                                   : 0;
     const double roofline = std::max(row.weight_bytes / r.read_bytes_per_s, peak > 0 ? row.flops / peak : 0.0);
     EXPECT_NEAR(row.pct_roofline, 100 * roofline / row.seconds, 1e-9 * row.pct_roofline) << what;
     // Weight bytes at least the codes' (bf16 2, int8 1, int4 0.5 byte per weight).

@@ -75,7 +75,7 @@ void run_kernels(const KernelsFlags& f) {
                 row.gb_per_s, row.gflops, row.pct_read_roofline, peak, row.pct_roofline);
   }
   std::printf("%%read: weight bytes per second over the read probe (decode's roofline); %%peak: FLOP/s over the "
-              "probe of the kernel's dot-product instruction (isa avx512bf16: vdpbf16ps, avx512vnni: vpdpbusd, avx512: "
+              "probe of the kernel's dot-product instruction (isa avx512bf16: vdpbf16ps, avx512vnni: vpdpbusd, avx512 and avx2: "
               "vfmadd231ps);\n"
               "%%roof: the batched roofline max(bytes / read, FLOPs / peak) over the time taken.\n");
 }
