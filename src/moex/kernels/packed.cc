@@ -555,9 +555,9 @@ void run_scalar(const float* x, int64_t tokens, const PackedWeights& w, const x8
 struct Activations {
   std::vector<uint16_t> bf16;  // kAvx512Bf16 / kAmx: [T][k_padded]
   std::vector<uint8_t> u8;     // kAvx512Vnni: [T][k_padded] q + 128 (W8A8), q as s8 bits (W4A8)
-  std::vector<float> f32;      // kAvx512 int4 / fp8: [T][K] rounded to bf16
+  std::vector<float> f32;      // kAvx512 / kAvx2 bf16, int4, fp8: [T][K] rounded to bf16
   std::vector<float> extra;    // kAvx512Vnni: [T] token scales (W4A8: [T][groups] group scales); int4 on
-                               // kAvx512Bf16: [T][groups] group sums
+                               // kAvx512Bf16 and kAvx2: [T][groups] group sums
   std::vector<float> code_sums;  // W4A8 on kAvx512Vnni: [T][groups] sums of the activation codes per K group
 
   void size_for(Isa isa, const PackedWeights& w, int64_t tokens) {
@@ -576,6 +576,7 @@ struct Activations {
       case Isa::kAvx2:
       case Isa::kAvx512:
         if (w.format != WeightFormat::kInt8 && f32.size() < static_cast<size_t>(tokens * w.cols)) f32.resize(tokens * w.cols);
+        if (isa == Isa::kAvx2 && w.format == WeightFormat::kInt4 && extra.size() < tokens * groups) extra.resize(tokens * groups);
         break;
       case Isa::kScalar: break;
     }
@@ -625,6 +626,14 @@ struct Activations {
       case Isa::kAvx512:  // int4's and fp8's activations are bf16 values on every path; int8 reads x as it is
         if (w.format != WeightFormat::kInt8)
           for (int64_t k = 0; k < K; ++k) f32[t * K + k] = bf16_to_f32(f32_to_bf16(x[k]));
+        if (isa == Isa::kAvx2 && w.format == WeightFormat::kInt4) {  // its kernel folds offset * sum(x) per K group
+          const int64_t groups = (K + w.group - 1) / w.group;
+          for (int64_t g = 0; g < groups; ++g) {
+            float sum = 0.0f;
+            for (int64_t k = g * w.group; k < std::min(K, (g + 1) * w.group); ++k) sum += f32[t * K + k];
+            extra[t * groups + g] = sum;
+          }
+        }
         break;
       case Isa::kScalar: break;
     }
@@ -657,7 +666,10 @@ struct Activations {
         if (w.format == WeightFormat::kInt4W4A8) job.group_sums = code_sums.data() + t0 * groups;
         break;
       case Isa::kAvx2:
-      case Isa::kAvx512: job.activations = w.format == WeightFormat::kInt8 ? x : f32.data() + t0 * w.cols; break;
+      case Isa::kAvx512:
+        job.activations = w.format == WeightFormat::kInt8 ? x : f32.data() + t0 * w.cols;
+        if (isa == Isa::kAvx2 && w.format == WeightFormat::kInt4) job.group_sums = extra.data() + t0 * groups;
+        break;
       case Isa::kScalar: break;
     }
   }

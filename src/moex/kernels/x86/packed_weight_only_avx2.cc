@@ -66,7 +66,7 @@ struct Int4Decode {  // u8 [k_padded/2][64]: q(k) low nibble, q(k + 1) high; w =
   const uint8_t* panel;
   int64_t group;
   const float *scales, *offsets;  // [G][64]
-  const float* x_sums;            // [T][G]: the activations' sum per token and group
+  const float* x_sums;            // [T][G]: the activations' sum per token and group (PanelJob::group_sums)
   int64_t groups;
   void pair(int64_t k, int h, __m256 w0[2], __m256 w1[2]) const {
     const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(panel + (k / 2) * kPanel + 16 * h));
@@ -221,12 +221,6 @@ void run_panels_weight_only_avx2(const PanelJob& job, int64_t panel_begin, int64
   if (c.size() < static_cast<size_t>(tokens * kPanel)) c.resize(tokens * kPanel);
   if (cols == 0) std::fill_n(c.begin(), tokens * kPanel, 0.0f);  // an empty sum: no K block writes c
   const int64_t groups = w.group ? (cols + w.group - 1) / w.group : 1;
-  thread_local std::vector<float> x_sums;  // int4: [T][groups], the same for every panel of the job
-  if (w.format == WeightFormat::kInt4) {
-    x_sums.assign(tokens * groups, 0.0f);
-    for (int64_t t = 0; t < tokens; ++t)
-      for (int64_t k = 0; k < cols; ++k) x_sums[t * groups + k / w.group] += x[t * cols + k];
-  }
   for (int64_t panel = panel_begin; panel < panel_end; ++panel) {
     switch (w.format) {
       case WeightFormat::kBF16:
@@ -245,7 +239,7 @@ void run_panels_weight_only_avx2(const PanelJob& job, int64_t panel_begin, int64
         panel_sums(x, tokens, cols,
                    Int4Decode{w.data.as<const uint8_t>() + panel * (w.k_padded / 2) * kPanel, w.group,
                               w.scales.as<const float>() + panel * groups * kPanel,
-                              w.offsets.as<const float>() + panel * groups * kPanel, x_sums.data(), groups},
+                              w.offsets.as<const float>() + panel * groups * kPanel, job.group_sums, groups},
                    c.data());
         break;
       case WeightFormat::kFP8E4M3:

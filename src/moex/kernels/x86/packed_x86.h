@@ -20,7 +20,7 @@ struct Epilogue {
 struct PanelJob {
   const void* activations = nullptr;  // bf16 u16 [T][k_padded] | f32 [T][cols] | W8A8 u8 (q + 128) [T][k_padded]
   const float* token_scales = nullptr;  // W8A8: [T] activation scales; W4A8: [T][groups], one per token and K group
-  const float* group_sums = nullptr;    // int4 on BF16: [T][groups] sums of the bf16 activations per K group;
+  const float* group_sums = nullptr;    // int4 on BF16 and AVX2: [T][groups] sums of the bf16 activations per K group;
                                         // W4A8: [T][groups] sums of the s8 activation codes per K group
   int64_t tokens = 0;
   bool many_rows = false;  // the many-row loop (kernels::expert_kernel_for_rows decides), else the few-row one
