@@ -131,6 +131,36 @@ TEST_P(PackedMatmulTest, EveryPathThisCpuRunsMatchesTheReference) {
   if (isas.size() == 1) GTEST_SKIP() << "scalar path only: this CPU has no " << f.name() << " kernel";
 }
 
+// The integer kernels' partial sums at their bounds: every activation code +-127 and every weight code at its
+// extreme (int8 +-127, int4 0 / 15), K over several int16 runs and K blocks. AVX2's vpmaddubsw saturates a pair
+// sum above 32,767, so a kernel that let one grow past it (or summed too many k in int16) is off by thousands.
+TEST(PackedMatmul, IntegerKernelsAtTheirExtremeCodesMatchTheReference) {
+  const int64_t n = 70, k = 4100;
+  std::vector<float> x(2 * k), w(n * k);
+  for (int64_t i = 0; i < k; ++i) {
+    x[i] = 1.0f;                          // token 0: all codes 127
+    x[k + i] = i % 3 == 0 ? -2.0f : 2.0f;  // token 1: +-127
+  }
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t i = 0; i < k; ++i) w[r * k + i] = (r % 2 == 0) == (i % 5 != 0) ? 1.0f : -1.0f;
+  const TensorView view{w.data(), DType::kF32, Shape{n, k}};
+  for (const QuantizedMatrix& q : {kernels::quantize_int8(view, WeightFormat::kInt8W8A8),
+                                   kernels::quantize_int4(view, 32, false, WeightFormat::kInt4W4A8),
+                                   kernels::quantize_int4(view, 128, false, WeightFormat::kInt4W4A8)}) {
+    const kernels::PackedWeights packed = kernels::pack(q);
+    std::vector<float> expected(2 * n);
+    kernels::ref::matmul(x.data(), 2, q, expected.data());
+    const std::vector<double> mag = magnitudes(x, 2, q);  // ~k: the reference's own f32 sums round by ~1e-5 of it
+    for (Isa isa : kernels::usable_isas(q.format, cpu_features())) {
+      std::vector<float> actual(2 * n);
+      kernels::packed_matmul_on(isa, x.data(), 2, packed, actual.data());
+      for (int64_t i = 0; i < 2 * n; ++i)
+        ASSERT_NEAR(actual[i], expected[i], 2e-6 * std::sqrt(double(k)) * mag[i])
+            << kernels::weight_format_name(q.format) << " g" << q.group << " " << kernels::isa_name(isa) << " at " << i;
+    }
+  }
+}
+
 TEST(PackedMatmul, DispatchRunsKernelIsasChoice) {
   // packed_matmul (no ISA given) is packed_matmul_on(kernel_isa(...)), and MOEX_ISA=ref means kScalar.
   const std::vector<float> w = random_floats(70 * 33, 3), x = random_floats(5 * 33, 4);
@@ -509,29 +539,26 @@ CpuFeatures full_avx512() {
   return f;
 }
 
-bool weight_only(WeightFormat f) { return f != WeightFormat::kInt8W8A8 && f != WeightFormat::kInt4W4A8; }
-
 TEST(KernelIsa, NeverPicksAnIsaTheCpuOrOsLacks) {
   const WeightFormat all[] = {WeightFormat::kBF16, WeightFormat::kInt8, WeightFormat::kInt8W8A8, WeightFormat::kInt4,
                               WeightFormat::kInt4W4A8, WeightFormat::kFP8E4M3};
-  // AVX2 + FMA + F16C: the weight-only formats on the AVX2 kernel, the integer dot products (VNNI) scalar.
+  // AVX2 + FMA + F16C: every format on its AVX2 kernel (W8A8 / W4A8 on vpmaddubsw).
   const CpuFeatures zen3 = avx2_only();
   CpuFeatures no_f16c = zen3, no_ymm_state = zen3;
   no_f16c.f16c = false;
   no_ymm_state.os_avx = false;
   for (WeightFormat f : all) {
     const std::string name(kernels::weight_format_name(f));
-    EXPECT_EQ(kernels::kernel_isa(f, zen3, true), weight_only(f) ? Isa::kAvx2 : Isa::kScalar) << name;
-    EXPECT_EQ(kernels::usable_isas(f, zen3), weight_only(f) ? (std::vector<Isa>{Isa::kScalar, Isa::kAvx2})
-                                                            : std::vector<Isa>{Isa::kScalar}) << name;
+    EXPECT_EQ(kernels::kernel_isa(f, zen3, true), Isa::kAvx2) << name;
+    EXPECT_EQ(kernels::usable_isas(f, zen3), (std::vector<Isa>{Isa::kScalar, Isa::kAvx2})) << name;
     EXPECT_EQ(kernels::kernel_isa(f, no_f16c, true), Isa::kScalar) << name;
     EXPECT_EQ(kernels::kernel_isa(f, no_ymm_state, true), Isa::kScalar) << name;
     EXPECT_EQ(kernels::kernel_isa(f, zen3, false), Isa::kScalar) << "MOEX_ISA=ref";
   }
   CpuFeatures plain = full_avx512();  // AVX-512 without BF16 / VNNI (Skylake-X): bf16 on the AVX2 kernel
   EXPECT_EQ(kernels::kernel_isa(WeightFormat::kBF16, plain, true), Isa::kAvx2);
-  EXPECT_EQ(kernels::kernel_isa(WeightFormat::kInt8W8A8, plain, true), Isa::kScalar);
-  EXPECT_EQ(kernels::kernel_isa(WeightFormat::kInt4W4A8, plain, true), Isa::kScalar);  // vpdpbusd or nothing
+  EXPECT_EQ(kernels::kernel_isa(WeightFormat::kInt8W8A8, plain, true), Isa::kAvx2);  // no vpdpbusd: vpmaddubsw
+  EXPECT_EQ(kernels::kernel_isa(WeightFormat::kInt4W4A8, plain, true), Isa::kAvx2);
   EXPECT_EQ(kernels::kernel_isa(WeightFormat::kInt4, plain, true), Isa::kAvx512);
   EXPECT_EQ(kernels::usable_isas(WeightFormat::kBF16, plain), (std::vector<Isa>{Isa::kScalar, Isa::kAvx2}));
   CpuFeatures zen4 = plain;
@@ -543,7 +570,8 @@ TEST(KernelIsa, NeverPicksAnIsaTheCpuOrOsLacks) {
   EXPECT_EQ(kernels::usable_isas(WeightFormat::kBF16, zen4), (std::vector<Isa>{Isa::kScalar, Isa::kAvx2, Isa::kAvx512Bf16}));
   EXPECT_EQ(kernels::kernel_isa(WeightFormat::kInt8W8A8, zen4, true), Isa::kAvx512Vnni);
   EXPECT_EQ(kernels::kernel_isa(WeightFormat::kInt4W4A8, zen4, true), Isa::kAvx512Vnni);
-  EXPECT_EQ(kernels::usable_isas(WeightFormat::kInt4W4A8, zen4), (std::vector<Isa>{Isa::kScalar, Isa::kAvx512Vnni}));
+  EXPECT_EQ(kernels::usable_isas(WeightFormat::kInt4W4A8, zen4), (std::vector<Isa>{Isa::kScalar, Isa::kAvx2, Isa::kAvx512Vnni}));
+  EXPECT_EQ(kernels::usable_isas(WeightFormat::kInt8W8A8, zen4), (std::vector<Isa>{Isa::kScalar, Isa::kAvx2, Isa::kAvx512Vnni}));
   // fp8's table decode needs VBMI beside BF16 (Cooper Lake has BF16 without it): the f32 AVX-512 path then.
   EXPECT_EQ(kernels::kernel_isa(WeightFormat::kFP8E4M3, plain, true), Isa::kAvx512);
   EXPECT_EQ(kernels::kernel_isa(WeightFormat::kFP8E4M3, zen4, true), Isa::kAvx512);
@@ -560,12 +588,11 @@ TEST(KernelIsa, NeverPicksAnIsaTheCpuOrOsLacks) {
   amx.amx_tile = amx.amx_bf16 = amx.amx_int8 = amx.os_amx = true;
   for (WeightFormat f : all) {
     const std::string name(kernels::weight_format_name(f));
-    EXPECT_EQ(kernels::kernel_isa(f, os_off, true), weight_only(f) ? Isa::kAvx2 : Isa::kScalar) << name;
+    EXPECT_EQ(kernels::kernel_isa(f, os_off, true), Isa::kAvx2) << name;
     EXPECT_EQ(kernels::kernel_isa(f, zen4, false), Isa::kScalar) << "MOEX_ISA=ref";
     EXPECT_EQ(kernels::kernel_isa(f, CpuFeatures{}, true), Isa::kScalar);
     EXPECT_NE(kernels::kernel_isa(f, amx, true), Isa::kAmx);  // AMX is tested (usable_isas), not yet dispatched
-    EXPECT_EQ(kernels::usable_isas(f, os_off), weight_only(f) ? (std::vector<Isa>{Isa::kScalar, Isa::kAvx2})
-                                                              : std::vector<Isa>{Isa::kScalar}) << name;
+    EXPECT_EQ(kernels::usable_isas(f, os_off), (std::vector<Isa>{Isa::kScalar, Isa::kAvx2})) << name;
   }
   EXPECT_FALSE(os_off.has_avx512_kernels());
   EXPECT_FALSE(zen4.has_amx_kernels());
@@ -629,6 +656,14 @@ TEST(Probe, DotProductPeaksCountTheirInstructions) {
   } else {
     EXPECT_EQ(vnni.per_second, 0);
   }
+  const kernels::PeakResult maddubs = kernels::dot_peak_maddubs(iterations);
+  if (use_avx2_kernels()) {
+    EXPECT_EQ(maddubs.checksum, 32.0 * static_cast<double>(maddubs.instructions));  // 16 pairs of 1*1 + 1*1
+    EXPECT_EQ(maddubs.instructions, iterations * kernels::x86::kPeakChains * maddubs.threads);
+    EXPECT_GT(maddubs.per_second, 0);
+  } else {
+    EXPECT_EQ(maddubs.per_second, 0);
+  }
 }
 
 }  // namespace
@@ -660,8 +695,10 @@ TEST(BenchKernels, OneRowPerFormatKernelAndTokenCountWithConsistentRates) {
     EXPECT_GT(row.seconds, 0) << what;
     EXPECT_NEAR(row.gflops, row.flops / row.seconds / 1e9, 1e-9 * row.gflops) << what;
     EXPECT_NEAR(row.pct_read_roofline, 100 * row.weight_bytes / row.seconds / r.read_bytes_per_s, 1e-9 * row.pct_read_roofline);
-    const double peak = row.isa == "avx512bf16"   ? r.bf16_peak.per_second
-                        : row.isa == "avx512vnni" ? r.vnni_peak.per_second
+    const bool int8_activations = row.format.find("w8a8") != std::string::npos || row.format.find("w4a8") != std::string::npos;
+    const double peak = row.isa == "avx512bf16"                   ? r.bf16_peak.per_second
+                        : row.isa == "avx512vnni"                 ? r.vnni_peak.per_second
+                        : row.isa == "avx2" && int8_activations   ? r.maddubs_peak.per_second
                         : row.isa == "avx512" || row.isa == "avx2" ? r.fma_peak.per_second
                                                                    : 0;
     const double roofline = std::max(row.weight_bytes / r.read_bytes_per_s, peak > 0 ? row.flops / peak : 0.0);

@@ -43,7 +43,7 @@ struct E2EFlags {
 };
 
 struct Probes {
-  double read_bytes_per_s = 0, bf16_flops = 0, vnni_ops = 0, fma_flops = 0;
+  double read_bytes_per_s = 0, bf16_flops = 0, vnni_ops = 0, maddubs_ops = 0, fma_flops = 0;
 };
 
 Probes measure_probes(const E2EFlags& f) {
@@ -52,6 +52,7 @@ Probes measure_probes(const E2EFlags& f) {
   for (int i = 0; i < 3; ++i) {  // best of three: what the cores can do
     p.bf16_flops = std::max(p.bf16_flops, kernels::dot_peak_bf16(1 << 21, f.cpu_clock).per_second);
     p.vnni_ops = std::max(p.vnni_ops, kernels::dot_peak_vnni(1 << 21, f.cpu_clock).per_second);
+    p.maddubs_ops = std::max(p.maddubs_ops, kernels::dot_peak_maddubs(1 << 21, f.cpu_clock).per_second);
     p.fma_flops = std::max(p.fma_flops, kernels::fma_peak_f32(1 << 21, f.cpu_clock).per_second);
   }
   return p;
@@ -127,8 +128,11 @@ std::vector<Row> bench_format(const E2EFlags& f, const std::string& weights) {
   const ModelConfig& c = model->config();
   const std::string name = model->options().expert_weights.name();
   const Probes probes = measure_probes(f);
-  // A CPU without the dot-product instruction (AVX2 only, or AVX-512 without BF16) is bounded by f32 FMAs.
-  double peak = weights == "int8-w8a8" || weights == "int4-w4a8" ? probes.vnni_ops : probes.bf16_flops;
+  // A CPU without the dot-product instruction (AVX2 only, or AVX-512 without BF16) is bounded by f32 FMAs, or
+  // for the int8 activations by vpmaddubsw (AVX2 without VNNI).
+  const bool int8_activations = weights == "int8-w8a8" || weights == "int4-w4a8";
+  double peak = int8_activations ? probes.vnni_ops : probes.bf16_flops;
+  if (peak <= 0 && int8_activations) peak = probes.maddubs_ops;
   if (peak <= 0) peak = probes.fma_flops;
   // Dense bytes per token: everything but the experts (attention, router, norms, lm_head, one embedding row).
   const double dense_bytes = static_cast<double>(model->weight_bytes_per_token()) - expert_bytes_per_token(*model);
@@ -224,10 +228,10 @@ void run_e2e(E2EFlags& f) {
     if (!f.json) {
       const Probes& p = r.front().probes;
       std::fprintf(stderr, "%s (dense layers %s, KV cache %s): probes read %.1f GB/s, vdpbf16ps %.0f GFLOPS, vpdpbusd %.0f GOPS, "
-                   "vfmadd %.0f GFLOPS\n",
+                   "vpmaddubsw %.0f GOPS, vfmadd %.0f GFLOPS\n",
                    r.front().weights.c_str(), f.model.dense_weights == "experts" ? w.c_str() : f.model.dense_weights.c_str(),
                    f.model.kv_cache_dtype.c_str(), p.read_bytes_per_s / 1e9, p.bf16_flops / 1e9, p.vnni_ops / 1e9,
-                   p.fma_flops / 1e9);
+                   p.maddubs_ops / 1e9, p.fma_flops / 1e9);
       for (const Row& row : r)
         if (row.replay_seconds > 0)
           std::fprintf(stderr, "%s %s: %.1f MB/step, %.1f MB of it (%.0f%%) read by the step before too; %.1f MB "
@@ -269,7 +273,7 @@ void run_e2e(E2EFlags& f) {
                 r.bytes / 1e6, replay, r.flops / 1e9);
   }
   std::printf("%d threads%s, median of %d runs after a warm-up. ms: per prompt (pp) or per step. roof: max(read time, "
-              "FLOPs / peak), the peak vpdpbusd's for int8-w8a8 and vdpbf16ps's otherwise (vfmadd's on a CPU without them); the read time is the replay "
+              "FLOPs / peak), the peak vpdpbusd's for int8-w8a8 / int4-w4a8 (vpmaddubsw's without VNNI) and vdpbf16ps's otherwise (vfmadd's on a CPU without them); the read time is the replay "
               "probe's (tg: the run's own weight reads streamed again, same order, same steps) or bytes / DRAM probe; "
               "%%roof = roof time / time; %%dram: the same with bytes / DRAM probe.\n",
               num_threads(), f.cpu_clock ? " (CPU clock)" : "", f.repeats);

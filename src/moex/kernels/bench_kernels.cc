@@ -109,6 +109,18 @@ FormatSpec parse_format_spec(const std::string& name) {
 
 namespace {
 
+// The peak of the instruction a format's kernel on this CPU sums with (0: none measured).
+double compute_peak(const KernelBenchReport& report, WeightFormat format) {
+  const bool int8_activations = format == WeightFormat::kInt8W8A8 || format == WeightFormat::kInt4W4A8;
+  switch (kernel_isa(format)) {
+    case Isa::kAvx512Bf16: return report.bf16_peak.per_second;
+    case Isa::kAvx512Vnni: return report.vnni_peak.per_second;
+    case Isa::kAvx2: return int8_activations ? report.maddubs_peak.per_second : report.fma_peak.per_second;
+    case Isa::kAvx512: return report.fma_peak.per_second;
+    default: return 0.0;
+  }
+}
+
 // A whole MoE layer's expert stage: kMoEExperts experts, token t routed to experts t % E and (t + 3) % E (at
 // T = 1: two experts, one row each), through fused_experts (one parallel region) or expert by expert
 // (expert_gate_up + expert_down_accumulate per expert: two regions each). Bytes: the experts with rows.
@@ -168,11 +180,7 @@ void bench_moe(const KernelBenchOptions& o, const FormatSpec& spec, const std::s
     r.gb_per_s = bytes / seconds / 1e9;
     r.gflops = r.flops / seconds / 1e9;
     r.pct_read_roofline = 100.0 * bytes / seconds / report.read_bytes_per_s;
-    const Isa isa = kernel_isa(spec.format);
-    const double peak = isa == Isa::kAvx512Bf16 ? report.bf16_peak.per_second
-                        : isa == Isa::kAvx512Vnni ? report.vnni_peak.per_second
-                        : isa == Isa::kAvx512 || isa == Isa::kAvx2 ? report.fma_peak.per_second
-                                                  : 0.0;
+    const double peak = compute_peak(report, spec.format);
     r.pct_compute_peak = peak > 0 ? 100.0 * r.flops / seconds / peak : 0.0;
     r.pct_roofline = 100.0 * std::max(bytes / report.read_bytes_per_s, peak > 0 ? r.flops / peak : 0.0) / seconds;
     report.rows.push_back(r);
@@ -249,9 +257,10 @@ KernelBenchReport bench_kernels(const KernelBenchOptions& o) {
   report.read_bytes_per_s = read_bandwidth(o.roofline_mb << 20, o.repeats, o.cpu_clock);
   for (int i = 0; i < 3; ++i) {  // best of three: the peak is what the core can do, not what it did once
     const PeakResult b = dot_peak_bf16(1 << 22, o.cpu_clock), v = dot_peak_vnni(1 << 22, o.cpu_clock),
-                     f = fma_peak_f32(1 << 22, o.cpu_clock);
+                     m = dot_peak_maddubs(1 << 22, o.cpu_clock), f = fma_peak_f32(1 << 22, o.cpu_clock);
     if (b.per_second > report.bf16_peak.per_second) report.bf16_peak = b;
     if (v.per_second > report.vnni_peak.per_second) report.vnni_peak = v;
+    if (m.per_second > report.maddubs_peak.per_second) report.maddubs_peak = m;
     if (f.per_second > report.fma_peak.per_second) report.fma_peak = f;
   }
 
@@ -302,11 +311,7 @@ KernelBenchReport bench_kernels(const KernelBenchOptions& o) {
         r.gb_per_s = r.weight_bytes / seconds / 1e9;
         r.gflops = r.flops / seconds / 1e9;
         r.pct_read_roofline = 100.0 * r.weight_bytes / seconds / report.read_bytes_per_s;
-        const Isa isa = kernel_isa(spec.format);  // the peak of the instruction the kernel's sums use
-        const double peak = isa == Isa::kAvx512Bf16 ? report.bf16_peak.per_second
-                            : isa == Isa::kAvx512Vnni ? report.vnni_peak.per_second
-                            : isa == Isa::kAvx512 || isa == Isa::kAvx2 ? report.fma_peak.per_second
-                                                      : 0.0;
+        const double peak = compute_peak(report, spec.format);
         r.pct_compute_peak = peak > 0 ? 100.0 * r.flops / seconds / peak : 0.0;
         const double roofline_seconds = std::max(r.weight_bytes / report.read_bytes_per_s, peak > 0 ? r.flops / peak : 0.0);
         r.pct_roofline = 100.0 * roofline_seconds / seconds;

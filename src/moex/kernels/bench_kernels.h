@@ -38,7 +38,7 @@ struct KernelBenchRow {
 
 struct KernelBenchReport {
   double read_bytes_per_s = 0;
-  PeakResult bf16_peak, vnni_peak, fma_peak;
+  PeakResult bf16_peak, vnni_peak, maddubs_peak, fma_peak;
   int threads = 0;
   std::vector<KernelBenchRow> rows;
 };

@@ -371,11 +371,10 @@ std::string_view isa_name(Isa isa) {
 }
 
 namespace {
-// The formats x86/packed_weight_only_avx2.cc runs: weights decoded to f32, f32 FMAs (no integer dot products).
-bool has_avx2_kernel(WeightFormat format, const CpuFeatures& cpu) {
-  return cpu.has_avx2_kernels() && (format == WeightFormat::kBF16 || format == WeightFormat::kInt8 ||
-                                    format == WeightFormat::kInt4 || format == WeightFormat::kFP8E4M3);
-}
+// Every format has an AVX2 kernel: x86/packed_weight_only_avx2.cc (weights decoded to f32, f32 FMAs) for the
+// weight-only ones, x86/packed_w8a8_avx2.cc and packed_w4a8_avx2.cc (exact integer sums with vpmaddubsw) for
+// the quantized activations.
+bool has_avx2_kernel(WeightFormat, const CpuFeatures& cpu) { return cpu.has_avx2_kernels(); }
 }  // namespace
 
 Isa kernel_isa(WeightFormat format, const CpuFeatures& cpu, bool x86_enabled) {
@@ -385,7 +384,7 @@ Isa kernel_isa(WeightFormat format, const CpuFeatures& cpu, bool x86_enabled) {
   switch (format) {
     case WeightFormat::kBF16: return cpu.has_avx512_bf16_kernels() ? Isa::kAvx512Bf16 : avx2_or_scalar;
     case WeightFormat::kInt8W8A8:
-    case WeightFormat::kInt4W4A8: return cpu.has_avx512_vnni_kernels() ? Isa::kAvx512Vnni : Isa::kScalar;
+    case WeightFormat::kInt4W4A8: return cpu.has_avx512_vnni_kernels() ? Isa::kAvx512Vnni : avx2_or_scalar;
     case WeightFormat::kInt4: return cpu.has_avx512_bf16_kernels() ? Isa::kAvx512Bf16 : Isa::kAvx512;
     case WeightFormat::kFP8E4M3: return cpu.has_avx512_bf16_vbmi_kernels() ? Isa::kAvx512Bf16 : Isa::kAvx512;
     case WeightFormat::kInt8: return Isa::kAvx512;
@@ -499,6 +498,13 @@ void for_panel_chunks(int64_t panels, Fn&& fn) {
   for (int64_t i = 0; i < chunks; ++i) fn(i * chunk, std::min(panels, (i + 1) * chunk));
 }
 
+// W4A8's activations: row x [K] quantized one K group of `group` at a time (quantize_activations_s8 on each);
+// q [K] the codes, scales [G] each group's scale.
+void quantize_groups_s8(const float* x, int64_t K, int64_t group, int8_t* q, float* scales) {
+  for (int64_t k0 = 0, g = 0; k0 < K; k0 += group, ++g)
+    scales[g] = quantize_activations_s8(x + k0, std::min(K, k0 + group) - k0, q + k0);
+}
+
 thread_local std::vector<float> g_act_f32;  // run_scalar: [T][K] x as the kernels round it
 thread_local std::vector<float> g_token_scales;  // run_scalar: [T]
 
@@ -513,12 +519,10 @@ void run_scalar(const float* x, int64_t tokens, const PackedWeights& w, const x8
     for (float& v : xr) v = bf16_to_f32(f32_to_bf16(v));
   } else if (w.format == WeightFormat::kInt4W4A8) {  // codes times their group's scale
     std::vector<int8_t> q(K);
+    std::vector<float> scales((K + w.group - 1) / w.group);
     for (int64_t t = 0; t < tokens; ++t) {
-      for (int64_t k0 = 0; k0 < K; k0 += w.group) {
-        const int64_t k1 = std::min(K, k0 + w.group);
-        const float scale = quantize_activations_s8(x + t * K + k0, k1 - k0, q.data() + k0);
-        for (int64_t k = k0; k < k1; ++k) xr[t * K + k] = static_cast<float>(q[k]) * scale;
-      }
+      quantize_groups_s8(x + t * K, K, w.group, q.data(), scales.data());
+      for (int64_t k = 0; k < K; ++k) xr[t * K + k] = static_cast<float>(q[k]) * scales[k / w.group];
     }
   } else if (w.format == WeightFormat::kInt8W8A8) {
     std::vector<int8_t> q(K);
@@ -554,11 +558,15 @@ void run_scalar(const float* x, int64_t tokens, const PackedWeights& w, const x8
 // or convert the rows of several experts in one loop) and bound to a PanelJob from any first row.
 struct Activations {
   std::vector<uint16_t> bf16;  // kAvx512Bf16 / kAmx: [T][k_padded]
-  std::vector<uint8_t> u8;     // kAvx512Vnni: [T][k_padded] q + 128 (W8A8), q as s8 bits (W4A8)
+  std::vector<uint8_t> u8;     // kAvx512Vnni: [T][k_padded] q + 128 (W8A8), q as s8 bits (W4A8); kAvx2 W8A8 / W4A8: q
   std::vector<float> f32;      // kAvx512 / kAvx2 bf16, int4, fp8: [T][K] rounded to bf16
-  std::vector<float> extra;    // kAvx512Vnni: [T] token scales (W4A8: [T][groups] group scales); int4 on
-                               // kAvx512Bf16 and kAvx2: [T][groups] group sums
-  std::vector<float> code_sums;  // W4A8 on kAvx512Vnni: [T][groups] sums of the activation codes per K group
+  std::vector<float> extra;    // W8A8: [T] token scales; W4A8: [T][groups] group scales; int4 on kAvx512Bf16
+                               // and kAvx2: [T][groups] group sums
+  std::vector<float> code_sums;  // W4A8: [T][groups] sums of the activation codes per K group
+
+  static bool quantized(const PackedWeights& w) {
+    return w.format == WeightFormat::kInt8W8A8 || w.format == WeightFormat::kInt4W4A8;
+  }
 
   void size_for(Isa isa, const PackedWeights& w, int64_t tokens) {
     const size_t kp = w.k_padded, groups = w.group ? (w.cols + w.group - 1) / w.group : 1;
@@ -574,6 +582,13 @@ struct Activations {
         if (w.format == WeightFormat::kInt4W4A8 && code_sums.size() < tokens * groups) code_sums.resize(tokens * groups);
         break;
       case Isa::kAvx2:
+        if (quantized(w)) {
+          if (u8.size() < tokens * kp) u8.resize(tokens * kp);
+          if (extra.size() < tokens * groups) extra.resize(tokens * groups);
+          if (code_sums.size() < tokens * groups) code_sums.resize(tokens * groups);
+          break;
+        }
+        [[fallthrough]];
       case Isa::kAvx512:
         if (w.format != WeightFormat::kInt8 && f32.size() < static_cast<size_t>(tokens * w.cols)) f32.resize(tokens * w.cols);
         if (isa == Isa::kAvx2 && w.format == WeightFormat::kInt4 && extra.size() < tokens * groups) extra.resize(tokens * groups);
@@ -623,6 +638,23 @@ struct Activations {
         break;
       }
       case Isa::kAvx2:
+        if (quantized(w)) {  // s8 codes (the kernels move weight signs onto them), zero tail
+          auto* q = reinterpret_cast<int8_t*>(u8.data() + t * kp);
+          std::fill(q + K, q + kp, int8_t{0});
+          if (w.format == WeightFormat::kInt8W8A8) {
+            extra[t] = quantize_activations_s8(x, K, q);
+            break;
+          }
+          const int64_t groups = (K + w.group - 1) / w.group;
+          quantize_groups_s8(x, K, w.group, q, extra.data() + t * groups);
+          for (int64_t g = 0; g < groups; ++g) {
+            int32_t sum = 0;
+            for (int64_t k = g * w.group; k < std::min(K, (g + 1) * w.group); ++k) sum += q[k];
+            code_sums[t * groups + g] = static_cast<float>(sum);
+          }
+          break;
+        }
+        [[fallthrough]];
       case Isa::kAvx512:  // int4's and fp8's activations are bf16 values on every path; int8 reads x as it is
         if (w.format != WeightFormat::kInt8)
           for (int64_t k = 0; k < K; ++k) f32[t * K + k] = bf16_to_f32(f32_to_bf16(x[k]));
@@ -666,6 +698,13 @@ struct Activations {
         if (w.format == WeightFormat::kInt4W4A8) job.group_sums = code_sums.data() + t0 * groups;
         break;
       case Isa::kAvx2:
+        if (quantized(w)) {
+          job.activations = u8.data() + t0 * kp;
+          job.token_scales = extra.data() + t0 * groups;
+          if (w.format == WeightFormat::kInt4W4A8) job.group_sums = code_sums.data() + t0 * groups;
+          break;
+        }
+        [[fallthrough]];
       case Isa::kAvx512:
         job.activations = w.format == WeightFormat::kInt8 ? x : f32.data() + t0 * w.cols;
         if (isa == Isa::kAvx2 && w.format == WeightFormat::kInt4) job.group_sums = extra.data() + t0 * groups;
@@ -707,7 +746,11 @@ void run_panel_range(Isa isa, const PackedWeights& w, const x86::PanelJob& job, 
       else x86::run_panels_w8a8_avx512vnni(job, begin, end);
       break;
     case Isa::kAvx512: x86::run_panels_weight_only_avx512(job, begin, end); break;
-    case Isa::kAvx2: x86::run_panels_weight_only_avx2(job, begin, end); break;
+    case Isa::kAvx2:
+      if (w.format == WeightFormat::kInt8W8A8) x86::run_panels_w8a8_avx2(job, begin, end);
+      else if (w.format == WeightFormat::kInt4W4A8) x86::run_panels_int4_w4a8_avx2(job, begin, end);
+      else x86::run_panels_weight_only_avx2(job, begin, end);
+      break;
     case Isa::kScalar: MOEX_CHECK(false, "the scalar path has no panel jobs");
   }
 }

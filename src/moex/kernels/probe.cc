@@ -134,6 +134,12 @@ PeakResult dot_peak_vnni(int64_t iterations_per_thread, bool cpu_clock) {
   return run_peak(iterations_per_thread, 128.0, cpu_clock, [&](int64_t n) { return x86::dpbusd_loop_avx512vnni(n, one); });
 }
 
+PeakResult dot_peak_maddubs(int64_t iterations_per_thread, bool cpu_clock) {
+  if (!use_avx2_kernels()) return {};
+  volatile uint8_t one = 1;
+  return run_peak(iterations_per_thread, 64.0, cpu_clock, [&](int64_t n) { return x86::maddubs_loop_avx2(n, one); });
+}
+
 PeakResult fma_peak_f32(int64_t iterations_per_thread, bool cpu_clock) {
   volatile float one = 1.0f;
   if (use_x86_kernels())

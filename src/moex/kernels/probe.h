@@ -39,6 +39,9 @@ struct PeakResult {
 // machine that other processes load); otherwise all instructions over the wall time.
 PeakResult dot_peak_bf16(int64_t iterations_per_thread = 1 << 22, bool cpu_clock = false);  // vdpbf16ps: 64 FLOP each
 PeakResult dot_peak_vnni(int64_t iterations_per_thread = 1 << 22, bool cpu_clock = false);  // vpdpbusd: 128 OP each
+// vpmaddubsw on ymm (32 u8 x s8 products into int16 pairs: 64 OP each), summed in int16 as the AVX2 W4A8 kernel
+// sums: the int8 peak of a CPU with AVX2 but no VNNI (0 without AVX2 kernels)
+PeakResult dot_peak_maddubs(int64_t iterations_per_thread = 1 << 22, bool cpu_clock = false);
 // vfmadd231ps on zmm (32 FLOP each), or on ymm (16) on a CPU with AVX2 + FMA only
 PeakResult fma_peak_f32(int64_t iterations_per_thread = 1 << 22, bool cpu_clock = false);
 
@@ -54,6 +57,7 @@ double fma_loop_avx512(int64_t iterations, float one);
 float stream_read_avx2(const void* data, size_t bytes);
 float stream_read_exact_avx2(const void* data, size_t bytes, size_t* read);
 double fma_loop_avx2(int64_t iterations, float one);  // 16 FLOP per instruction
+double maddubs_loop_avx2(int64_t iterations, uint8_t one);  // kPeakChains x iterations vpmaddubsw
 }  // namespace x86
 
 }  // namespace moex::kernels

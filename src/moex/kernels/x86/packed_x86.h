@@ -19,6 +19,7 @@ struct Epilogue {
 // One call's work: activations as the format's kernel reads them, split by panels [panel_begin, panel_end).
 struct PanelJob {
   const void* activations = nullptr;  // bf16 u16 [T][k_padded] | f32 [T][cols] | W8A8 u8 (q + 128) [T][k_padded]
+                                      // | W8A8 / W4A8 on AVX2 and W4A8 on VNNI: s8 q [T][k_padded]
   const float* token_scales = nullptr;  // W8A8: [T] activation scales; W4A8: [T][groups], one per token and K group
   const float* group_sums = nullptr;    // int4 on BF16 and AVX2: [T][groups] sums of the bf16 activations per K group;
                                         // W4A8: [T][groups] sums of the s8 activation codes per K group
@@ -33,6 +34,9 @@ struct PanelJob {
 void apply_epilogue_scalar(const Epilogue& e, const PackedWeights& w, int64_t panel, int64_t tokens, const float* c);
 // bf16 / int8 / int4 / fp8 on AVX2 + FMA (cpu_features().has_avx2_kernels()), x86/packed_weight_only_avx2.cc.
 void run_panels_weight_only_avx2(const PanelJob& job, int64_t panel_begin, int64_t panel_end);
+// W8A8 / W4A8 on AVX2 with vpmaddubsw (s8 activation codes, exact sums), x86/packed_w8a8_avx2.cc, packed_w4a8_avx2.cc.
+void run_panels_w8a8_avx2(const PanelJob& job, int64_t panel_begin, int64_t panel_end);
+void run_panels_int4_w4a8_avx2(const PanelJob& job, int64_t panel_begin, int64_t panel_end);
 void run_panels_bf16_avx512bf16(const PanelJob& job, int64_t panel_begin, int64_t panel_end);
 // The many-row GEMMs (expert_kernel_for_rows: kManyRows), in x86/expert_gemm_*.cc.
 void run_panels_bf16_many_avx512bf16(const PanelJob& job, int64_t panel_begin, int64_t panel_end);

@@ -1,6 +1,7 @@
 // The probes of probe_avx512.cc for CPUs without AVX-512 (use_avx2_kernels()): the same loops on ymm.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -56,6 +57,42 @@ double fma_loop_avx2(int64_t iterations, float one) {
     for (auto& v : acc) v = _mm256_fmadd_ps(a, a, v);
   double sum = 0;
   for (auto& v : acc) sum += sum8(v);
+  return sum;
+}
+
+// vpmaddubsw, each summed into int16 as the W4A8 kernel sums (a vpaddw beside it). Six chains, each instruction
+// reading its chain's last result: v = maddubs(v, a) with a's bytes 1 is a fixed point at 2 per int16 lane
+// (bytes 2, 0), so nothing can be hoisted out of the loop or merged, and acc += v adds exactly 2 per lane per
+// instruction. Two rounds of the six per iteration: kPeakChains instructions. The int16 sums go into int32
+// (vpmaddwd by ones) every 4,096 iterations, before they could wrap (4,096 x 4 < 32,767), so the checksum
+// is exact: 32 per instruction. The widening is 1/4096 of the work.
+double maddubs_loop_avx2(int64_t iterations, uint8_t one) {
+  constexpr int kChains = kPeakChains / 2;
+  const __m256i a = _mm256_set1_epi8(static_cast<char>(one)), ones = _mm256_set1_epi16(1);
+  __m256i v[kChains], acc16[kChains], acc32[kChains];
+  for (int c = 0; c < kChains; ++c) {
+    v[c] = a;
+    acc16[c] = acc32[c] = _mm256_setzero_si256();
+  }
+  for (int64_t i0 = 0; i0 < iterations; i0 += 4096) {
+    const int64_t i1 = std::min(iterations, i0 + 4096);
+    for (int64_t i = i0; i < i1; ++i)
+      for (int round = 0; round < 2; ++round)
+        for (int c = 0; c < kChains; ++c) {
+          v[c] = _mm256_maddubs_epi16(v[c], a);
+          acc16[c] = _mm256_add_epi16(acc16[c], v[c]);
+        }
+    for (int c = 0; c < kChains; ++c) {
+      acc32[c] = _mm256_add_epi32(acc32[c], _mm256_madd_epi16(acc16[c], ones));
+      acc16[c] = _mm256_setzero_si256();
+    }
+  }
+  double sum = 0;
+  for (auto& x : acc32) {
+    alignas(32) int32_t lanes[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), x);
+    for (int32_t l : lanes) sum += l;
+  }
   return sum;
 }
 
