@@ -717,6 +717,35 @@ TEST(BenchKernels, OneRowPerFormatKernelAndTokenCountWithConsistentRates) {
   }
 }
 
+// The as-stored dense rows: one per token count whatever the formats, bf16 bytes of w1's shape, the FMA roof.
+TEST(BenchKernels, DenseRowsTimeTheAsStoredMatmul) {
+  kernels::KernelBenchOptions o;
+  o.hidden = 64;
+  o.intermediate = 96;
+  o.tokens = {1, 5};
+  o.formats = {"bf16", "int8"};
+  o.kernels = {"dense"};
+  o.repeats = 1;
+  o.sample_ms = 0;
+  o.roofline_mb = 4;
+  o.cycle_mb = 1;
+  const kernels::KernelBenchReport r = kernels::bench_kernels(o);
+  ASSERT_EQ(r.rows.size(), 2u);
+  for (const auto& row : r.rows) {
+    EXPECT_EQ(row.kernel, "dense");
+    EXPECT_EQ(row.format, "bf16-as-stored");
+    EXPECT_EQ(row.isa, use_x86_kernels() ? "avx512" : use_avx2_kernels() ? "avx2" : "none");
+    EXPECT_EQ(row.weight_bytes, 2.0 * 96 * 64);
+    EXPECT_EQ(row.flops, 2.0 * row.tokens * 96 * 64);
+    EXPECT_GT(row.seconds, 0);
+    if (row.isa != "none") {
+      EXPECT_NEAR(row.pct_compute_peak, 100 * row.flops / row.seconds / r.fma_peak.per_second, 1e-9 * row.pct_compute_peak);
+    }
+  }
+  o.kernels = {"dense", "gemv"};
+  EXPECT_THROW(kernels::bench_kernels(o), Error);
+}
+
 #ifdef MOEX_BINARY
 // The MoE-layer rows: the fused pass and the expert-by-expert calls on the same 8 experts, bytes of the
 // experts that got a token (T = 1: two; T = 3: six), FLOPs of 2 choices per token.

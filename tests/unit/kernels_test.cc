@@ -42,6 +42,15 @@ TEST_P(MatmulTest, X86MatchesScalarForBf16AndF32) {
   const std::vector<float> x = random_floats(tokens * k, 1), w32 = random_floats(n * k, 2);
   std::vector<uint16_t> w16(n * k);
   for (size_t i = 0; i < w16.size(); ++i) w16[i] = f32_to_bf16(w32[i]);
+  // A bf16 tensor and the same values stored as f32 (a GGUF f32 file of a bf16 checkpoint) give the same bits.
+  std::vector<float> w16_as_f32(n * k);
+  for (size_t i = 0; i < w16.size(); ++i) w16_as_f32[i] = bf16_to_f32(w16[i]);
+  for (const auto& [name, rows] : kernels_here) {
+    std::vector<float> from_bf16(tokens * n), from_f32(tokens * n);
+    rows(x.data(), tokens, TensorView{w16.data(), DType::kBF16, Shape{n, k}}, from_bf16.data(), false, 0, n);
+    rows(x.data(), tokens, TensorView{w16_as_f32.data(), DType::kF32, Shape{n, k}}, from_f32.data(), false, 0, n);
+    EXPECT_EQ(from_bf16, from_f32) << name;
+  }
   for (DType dtype : {DType::kBF16, DType::kF32}) {
     TensorView w{dtype == DType::kBF16 ? static_cast<void*>(w16.data()) : const_cast<float*>(w32.data()), dtype,
                  Shape{n, k}};
@@ -68,6 +77,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, MatmulTest,
                          ::testing::Values(MatmulCase{1, 1, 1}, MatmulCase{1, 7, 5}, MatmulCase{1, 64, 64},
                                            MatmulCase{1, 130, 1024}, MatmulCase{2, 33, 17}, MatmulCase{3, 9, 48},
                                            MatmulCase{4, 16, 16}, MatmulCase{5, 70, 100}, MatmulCase{9, 129, 33},
+                                           MatmulCase{6, 21, 40}, MatmulCase{2, 70, 1030}, MatmulCase{7, 11, 31},
                                            MatmulCase{64, 96, 256}));
 
 TEST(Matmul, ColumnSliceEqualsACopiedSlice) {
@@ -78,12 +88,22 @@ TEST(Matmul, ColumnSliceEqualsACopiedSlice) {
   for (int64_t r = 0; r < n; ++r) copy.insert(copy.end(), w.begin() + r * k + begin, w.begin() + r * k + end);
   const TensorView full{w.data(), DType::kF32, Shape{n, k}};
   const TensorView slice = full.columns(begin, end), copied{copy.data(), DType::kF32, Shape{n, end - begin}};
+  std::vector<uint16_t> w16(n * k), copy16(copy.size());  // the same in bf16, as checkpoints store w2
+  for (size_t i = 0; i < w16.size(); ++i) w16[i] = f32_to_bf16(w[i]);
+  for (size_t i = 0; i < copy16.size(); ++i) copy16[i] = f32_to_bf16(copy[i]);
+  const TensorView full16{w16.data(), DType::kBF16, Shape{n, k}};
+  const TensorView slice16 = full16.columns(begin, end), copied16{copy16.data(), DType::kBF16, Shape{n, end - begin}};
   for (bool x86 : {false, true}) {
     set_use_x86_kernels(x86);
-    std::vector<float> a(tokens * n), b(tokens * n);
-    kernels::matmul(x.data(), tokens, slice, a.data());
-    kernels::matmul(x.data(), tokens, copied, b.data());
-    EXPECT_EQ(a, b) << (x86 ? "x86" : "ref");
+    for (int64_t t : {tokens, int64_t{1}, int64_t{2}}) {
+      std::vector<float> a(t * n), b(t * n);
+      kernels::matmul(x.data(), t, slice, a.data());
+      kernels::matmul(x.data(), t, copied, b.data());
+      EXPECT_EQ(a, b) << (x86 ? "x86" : "ref") << " f32 T " << t;
+      kernels::matmul(x.data(), t, slice16, a.data());
+      kernels::matmul(x.data(), t, copied16, b.data());
+      EXPECT_EQ(a, b) << (x86 ? "x86" : "ref") << " bf16 T " << t;
+    }
   }
   set_use_x86_kernels(true);
   EXPECT_EQ(full.rows(3, 5).as<float>(), w.data() + 3 * k);

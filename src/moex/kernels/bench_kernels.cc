@@ -14,6 +14,7 @@
 #include "moex/base/dtype.h"
 #include "moex/base/error.h"
 #include "moex/base/threads.h"
+#include "moex/kernels/matmul.h"
 #include "moex/kernels/paged_attention.h"
 
 namespace moex::kernels {
@@ -218,7 +219,7 @@ void bench_attention(const KernelBenchOptions& o, bool vector_tile, KernelBenchR
     KernelBenchRow r;
     r.kernel = vector_tile ? "attention" : "attention_portable";
     r.format = "bf16-kv";
-    r.isa = vector_tile ? "avx512" : "none";
+    r.isa = vector_tile && use_x86_kernels() ? "avx512" : "none";  // paged_attention's tile is AVX-512 only
     r.tokens = T;
     r.rows = heads;
     r.cols = hd;
@@ -235,14 +236,54 @@ void bench_attention(const KernelBenchOptions& o, bool vector_tile, KernelBenchR
   }
 }
 
+// The as-stored matmul (kernels::matmul: f32 activations, bf16 weights read where the checkpoint's mapping has
+// them, the --dense-weights as-stored path of attention projections and lm_head) on w1's shape [I, H], cycled
+// over copies as the packed rows are. Judged against the vfmadd231ps probe (its instruction).
+void bench_dense(const KernelBenchOptions& o, const std::vector<float>& x, std::vector<float>& y,
+                 KernelBenchReport& report) {
+  const int64_t N = o.intermediate, K = o.hidden;
+  const double bytes = 2.0 * N * K;
+  const int64_t copies = std::max<int64_t>(1, static_cast<int64_t>(std::ceil(double(o.cycle_mb << 20) / bytes)));
+  std::vector<uint16_t> w(copies * N * K);  // copies x [N, K] bf16
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f / std::sqrt(static_cast<float>(K)));
+  for (int64_t i = 0; i < N * K; ++i) w[i] = f32_to_bf16(normal(rng));
+  for (int64_t c = 1; c < copies; ++c) std::memcpy(w.data() + c * N * K, w.data(), N * K * sizeof(uint16_t));
+  for (int64_t T : o.tokens) {
+    int64_t next = 0;
+    const double seconds = median_call_seconds(o.repeats, o.sample_ms, o.cpu_clock, [&] {
+      matmul(x.data(), T, TensorView{w.data() + next * N * K, DType::kBF16, Shape{N, K}}, y.data());
+      next = (next + 1) % copies;
+    });
+    KernelBenchRow r;
+    r.kernel = "dense";
+    r.format = "bf16-as-stored";
+    r.isa = use_x86_kernels() ? "avx512" : use_avx2_kernels() ? "avx2" : "none";
+    r.tokens = T;
+    r.rows = N;
+    r.cols = K;
+    r.seconds = seconds;
+    r.weight_bytes = bytes;
+    r.flops = 2.0 * T * N * K;
+    r.gb_per_s = bytes / seconds / 1e9;
+    r.gflops = r.flops / seconds / 1e9;
+    r.pct_read_roofline = 100.0 * bytes / seconds / report.read_bytes_per_s;
+    const double peak = report.fma_peak.per_second;
+    r.pct_compute_peak = r.isa != "none" && peak > 0 ? 100.0 * r.flops / seconds / peak : 0.0;
+    r.pct_roofline =
+        100.0 * std::max(bytes / report.read_bytes_per_s, r.pct_compute_peak > 0 ? r.flops / peak : 0.0) / seconds;
+    report.rows.push_back(r);
+  }
+}
+
 }  // namespace
 
 KernelBenchReport bench_kernels(const KernelBenchOptions& o) {
   MOEX_CHECK_INPUT(o.hidden > 0 && o.intermediate > 0, "hidden and intermediate sizes must be > 0");
   for (const std::string& k : o.kernels)
     MOEX_CHECK_INPUT(k == "w1" || k == "gate_up" || k == "down" || k == "moe" || k == "moe_unfused" ||
-                         k == "attention" || k == "attention_portable",
-                     "unknown kernel '", k, "' (choose w1, gate_up, down, moe, moe_unfused, attention, attention_portable)");
+                         k == "attention" || k == "attention_portable" || k == "dense",
+                     "unknown kernel '", k, "' (choose w1, gate_up, down, moe, moe_unfused, attention, attention_portable, dense)");
   std::vector<FormatSpec> specs;
   for (const std::string& f : o.formats) specs.push_back(parse_format_spec(f));
   int64_t max_tokens = 1;
@@ -273,13 +314,15 @@ KernelBenchReport bench_kernels(const KernelBenchOptions& o) {
   std::vector<int32_t> out_rows(max_tokens);
   for (int64_t t = 0; t < max_tokens; ++t) out_rows[t] = static_cast<int32_t>(t);
 
-  for (const std::string& kernel : o.kernels)  // not per format: the KV cache is bf16
+  for (const std::string& kernel : o.kernels) {  // not per format: the KV cache and the as-stored weights are bf16
     if (kernel == "attention" || kernel == "attention_portable") bench_attention(o, kernel == "attention", report);
+    if (kernel == "dense") bench_dense(o, x, h, report);
+  }
   for (size_t s = 0; s < specs.size(); ++s) {
     const FormatSpec& spec = specs[s];
     const QuantizedMatrix w1 = make_weights(spec, I, H, 1), w3 = make_weights(spec, I, H, 3), w2 = make_weights(spec, H, I, 2);
     for (const std::string& kernel : o.kernels) {
-      if (kernel == "attention" || kernel == "attention_portable") continue;
+      if (kernel == "attention" || kernel == "attention_portable" || kernel == "dense") continue;
       if (kernel == "moe" || kernel == "moe_unfused") {
         bench_moe(o, spec, o.formats[s], kernel == "moe", report, x);
         continue;
