@@ -110,6 +110,17 @@ FormatSpec parse_format_spec(const std::string& name) {
 
 namespace {
 
+// Fills a row's rates from its seconds, weight_bytes and flops: against the read probe and `peak`, the
+// FLOP/s of the instruction its kernel sums with (0: no probe, so compute and the roofline are memory alone).
+void finish_row(KernelBenchRow& r, const KernelBenchReport& report, double peak) {
+  r.gb_per_s = r.weight_bytes / r.seconds / 1e9;
+  r.gflops = r.flops / r.seconds / 1e9;
+  r.pct_read_roofline = 100.0 * r.weight_bytes / r.seconds / report.read_bytes_per_s;
+  r.pct_compute_peak = peak > 0 ? 100.0 * r.flops / r.seconds / peak : 0.0;
+  r.pct_roofline =
+      100.0 * std::max(r.weight_bytes / report.read_bytes_per_s, peak > 0 ? r.flops / peak : 0.0) / r.seconds;
+}
+
 // The peak of the instruction a format's kernel on this CPU sums with (0: none measured).
 double compute_peak(const KernelBenchReport& report, WeightFormat format) {
   const bool int8_activations = format == WeightFormat::kInt8W8A8 || format == WeightFormat::kInt4W4A8;
@@ -178,12 +189,7 @@ void bench_moe(const KernelBenchOptions& o, const FormatSpec& spec, const std::s
     r.seconds = seconds;
     r.weight_bytes = bytes;
     r.flops = 2.0 * rows * 3.0 * H * I;
-    r.gb_per_s = bytes / seconds / 1e9;
-    r.gflops = r.flops / seconds / 1e9;
-    r.pct_read_roofline = 100.0 * bytes / seconds / report.read_bytes_per_s;
-    const double peak = compute_peak(report, spec.format);
-    r.pct_compute_peak = peak > 0 ? 100.0 * r.flops / seconds / peak : 0.0;
-    r.pct_roofline = 100.0 * std::max(bytes / report.read_bytes_per_s, peak > 0 ? r.flops / peak : 0.0) / seconds;
+    finish_row(r, report, compute_peak(report, spec.format));
     report.rows.push_back(r);
   }
 }
@@ -226,12 +232,7 @@ void bench_attention(const KernelBenchOptions& o, bool vector_tile, KernelBenchR
     r.seconds = seconds;
     r.weight_bytes = 2.0 * T * kv_heads * hd * 2;
     r.flops = 4.0 * hd * heads * (static_cast<double>(T) * (T + 1) / 2);
-    r.gb_per_s = r.weight_bytes / seconds / 1e9;
-    r.gflops = r.flops / seconds / 1e9;
-    r.pct_read_roofline = 100.0 * r.weight_bytes / seconds / report.read_bytes_per_s;
-    const double peak = report.fma_peak.per_second;
-    r.pct_compute_peak = 100.0 * r.flops / seconds / peak;
-    r.pct_roofline = 100.0 * std::max(r.weight_bytes / report.read_bytes_per_s, r.flops / peak) / seconds;
+    finish_row(r, report, report.fma_peak.per_second);
     report.rows.push_back(r);
   }
 }
@@ -265,13 +266,7 @@ void bench_dense(const KernelBenchOptions& o, const std::vector<float>& x, std::
     r.seconds = seconds;
     r.weight_bytes = bytes;
     r.flops = 2.0 * T * N * K;
-    r.gb_per_s = bytes / seconds / 1e9;
-    r.gflops = r.flops / seconds / 1e9;
-    r.pct_read_roofline = 100.0 * bytes / seconds / report.read_bytes_per_s;
-    const double peak = report.fma_peak.per_second;
-    r.pct_compute_peak = r.isa != "none" && peak > 0 ? 100.0 * r.flops / seconds / peak : 0.0;
-    r.pct_roofline =
-        100.0 * std::max(bytes / report.read_bytes_per_s, r.pct_compute_peak > 0 ? r.flops / peak : 0.0) / seconds;
+    finish_row(r, report, r.isa != "none" ? report.fma_peak.per_second : 0.0);  // the portable loop: memory alone
     report.rows.push_back(r);
   }
 }
@@ -351,13 +346,7 @@ KernelBenchReport bench_kernels(const KernelBenchOptions& o) {
         r.seconds = seconds;
         r.weight_bytes = static_cast<double>(packed.weight_bytes());
         r.flops = 2.0 * T * r.rows * r.cols * (kernel == "gate_up" ? 2 : 1);
-        r.gb_per_s = r.weight_bytes / seconds / 1e9;
-        r.gflops = r.flops / seconds / 1e9;
-        r.pct_read_roofline = 100.0 * r.weight_bytes / seconds / report.read_bytes_per_s;
-        const double peak = compute_peak(report, spec.format);
-        r.pct_compute_peak = peak > 0 ? 100.0 * r.flops / seconds / peak : 0.0;
-        const double roofline_seconds = std::max(r.weight_bytes / report.read_bytes_per_s, peak > 0 ? r.flops / peak : 0.0);
-        r.pct_roofline = 100.0 * roofline_seconds / seconds;
+        finish_row(r, report, compute_peak(report, spec.format));
         report.rows.push_back(r);
       }
     }
