@@ -34,8 +34,11 @@ test: build
 	  [ $$ref -eq 0 ] && [ $$rest -eq 0 ] || { echo "make test: failures above (reference: $$ref, others: $$rest)"; exit 1; }
 
 # Unit and bad-input tests once more under AddressSanitizer + UndefinedBehaviorSanitizer (CI runs this too).
+# A unity build (files compiled 8 to a translation unit): CI builds this tree from scratch, and the shared
+# templates (json, GoogleTest) compile once per batch, not per file (docs/DESIGN.md section 6).
 asan: deps
-	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-O1 -g1" -DMOEX_SANITIZE=ON
+	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-O1 -g1" -DMOEX_SANITIZE=ON \
+	  -DCMAKE_UNITY_BUILD=ON
 	cmake --build build-asan -j$(JOBS) --target moex_unit_tests moex
 	cd build-asan && MOEX_COMM_TUNING=none ctest --output-on-failure -L 'unit|cli'
 

@@ -23,9 +23,12 @@
 #include "moex/model/mixtral.h"
 #include "moex/runtime/generation.h"
 #include "moex/runtime/sampler.h"
+#include "test_util.h"
 
 namespace moex {
 namespace {
+
+using test::random_floats;
 
 using kernels::RowKernel;
 using kernels::WeightFormat;
@@ -45,14 +48,6 @@ TEST(BatchInvariance, OneFunctionPinsTheRowKernel) {
           << rows;
     }
   }
-}
-
-std::vector<float> random_floats(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> z(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = z(rng);
-  return v;
 }
 
 kernels::QuantizedMatrix quantize(WeightFormat f, std::vector<float>& w, int64_t n, int64_t k) {

@@ -24,9 +24,13 @@
 #include "moex/model/safetensors_index.h"
 #include "moex/runtime/run_memory.h"
 #include "moex/runtime/tokenizer.h"
+#include "test_util.h"
 
 namespace moex {
 namespace {
+
+using test::expect_input_error;
+using test::replace;
 
 const char* kMixtral = R"({"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "vocab_size": 32000,
   "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
@@ -59,12 +63,6 @@ TEST(Config, RoundTripsThroughJson) {
   EXPECT_EQ(back.num_experts_per_tok, c.num_experts_per_tok);
 }
 
-std::string replace(std::string text, const std::string& from, const std::string& to) {
-  const size_t at = text.find(from);
-  EXPECT_NE(at, std::string::npos) << from;
-  return text.replace(at, from.size(), to);
-}
-
 TEST(Config, RejectsWhatItCannotRunWithOneLine) {
   const struct {
     std::string json, cause;
@@ -89,18 +87,6 @@ TEST(Config, RejectsWhatItCannotRunWithOneLine) {
       EXPECT_NE(std::string(e.what()).find(c.cause), std::string::npos) << e.what();
       EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos) << "one line: " << e.what();
     }
-  }
-}
-
-// The Error `fn` throws: input (exit 2), one line, naming `cause`.
-void expect_input_error(const std::function<void()>& fn, const std::string& cause) {
-  try {
-    fn();
-    ADD_FAILURE() << "accepted: " << cause;
-  } catch (const Error& e) {
-    EXPECT_EQ(e.exit_code(), 2) << e.what();
-    EXPECT_NE(std::string(e.what()).find(cause), std::string::npos) << e.what();
-    EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos) << "one line: " << e.what();
   }
 }
 

@@ -11,10 +11,14 @@
 #include "moex/base/error.h"
 #include "moex/model/config.h"
 #include "moex/moe/gating.h"
+#include "test_util.h"
 #include "tools/lib/synthetic.h"
 
 namespace moex {
 namespace {
+
+using test::expect_input_error;
+using test::replace;
 
 // The config.json fields of Qwen/Qwen3-30B-A3B (values as published).
 const char* kQwen3 = R"({"architectures": ["Qwen3MoeForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
@@ -58,23 +62,6 @@ const char* kDots1 = R"({"architectures": ["Dots1ForCausalLM"], "attention_bias"
   "routed_scaling_factor": 2.5, "sliding_window": null, "tie_word_embeddings": false, "topk_group": 1,
   "torch_dtype": "bfloat16", "use_cache": true, "vocab_size": 152064, "bos_token_id": 151643,
   "eos_token_id": 151649})";
-
-std::string replace(std::string text, const std::string& from, const std::string& to) {
-  const size_t at = text.find(from);
-  EXPECT_NE(at, std::string::npos) << from;
-  return at == std::string::npos ? text : text.replace(at, from.size(), to);
-}
-
-void expect_input_error(const std::function<void()>& f, const std::string& cause) {
-  try {
-    f();
-    ADD_FAILURE() << "no error; expected one naming " << cause;
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), ErrorKind::kInvalidInput) << e.what();
-    EXPECT_NE(std::string(e.what()).find(cause), std::string::npos) << e.what();
-    EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos) << "one line: " << e.what();
-  }
-}
 
 TEST(Families, Qwen3MoeConfig) {
   const ModelConfig c = parse_model_config(kQwen3, "config.json");

@@ -23,21 +23,16 @@
 #include "moex/kernels/bench_kernels.h"
 #include "moex/kernels/packed.h"
 #include "moex/kernels/probe.h"
+#include "test_util.h"
 
 namespace moex {
 namespace {
 
+using test::random_floats;
+
 using kernels::Isa;
 using kernels::QuantizedMatrix;
 using kernels::WeightFormat;
-
-std::vector<float> random_floats(size_t n, uint32_t seed, float stddev = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, stddev);
-  std::vector<float> v(n);
-  for (float& f : v) f = dist(rng);
-  return v;
-}
 
 // The formats the tests cover; int4 in both flavours and all group sizes.
 struct FormatCase {

@@ -13,17 +13,12 @@
 #include "moex/kernels/matmul.h"
 #include "moex/kernels/ops.h"
 #include "moex/kernels/probe.h"
+#include "test_util.h"
 
 namespace moex {
 namespace {
 
-std::vector<float> random_floats(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& f : v) f = dist(rng);
-  return v;
-}
+using test::random_floats;
 
 struct MatmulCase {
   int64_t tokens, n, k;

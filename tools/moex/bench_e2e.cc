@@ -69,7 +69,7 @@ double flops_per_token(const ModelConfig& c, double context, bool logits) {
          4.0 * c.num_hidden_layers * H * hd * context;
 }
 
-struct Row {
+struct E2eRow {
   std::string weights, test;
   int batch = 1, tokens = 0;   // tokens per timed unit (pp: the prompt; decode: per step)
   double seconds = 0;          // per unit (pp: the prompt; tg / decode: one step)
@@ -116,7 +116,7 @@ double expert_bytes_per_token(const MixtralModel& m) {
   return total;
 }
 
-std::vector<Row> bench_format(const E2EFlags& f, const std::string& weights) {
+std::vector<E2eRow> bench_format(const E2EFlags& f, const std::string& weights) {
   ModelFlags mf = f.model;
   mf.weights = weights;
   if (weights != "int4" && weights != "int4-w4a8") mf.group_size_option = nullptr;  // --group-size is int4's
@@ -145,10 +145,10 @@ std::vector<Row> bench_format(const E2EFlags& f, const std::string& weights) {
     options.stop_at_eos = false;
     generate(*model, synthetic_prompts(batch, prompt_len, c.vocab_size), options);
   };
-  std::vector<Row> rows;
+  std::vector<E2eRow> rows;
   const auto add = [&](const std::string& test, int batch, int units_tokens, double seconds, double bytes,
                        double flops) {
-    Row r;
+    E2eRow r;
     r.weights = name;
     r.test = test;
     r.batch = batch;
@@ -221,9 +221,9 @@ void run_e2e(E2EFlags& f) {
   // pinning has already narrowed to one CPU.
   f.model.threads = num_threads();
   MOEX_CHECK_INPUT(!f.cpu_clock || num_threads() == 1, "--cpu-clock times one thread: add --threads 1");
-  std::vector<Row> rows;
+  std::vector<E2eRow> rows;
   for (const std::string& w : f.weights) {
-    const std::vector<Row> r = bench_format(f, w);
+    const std::vector<E2eRow> r = bench_format(f, w);
     rows.insert(rows.end(), r.begin(), r.end());
     if (!f.json) {
       const Probes& p = r.front().probes;
@@ -232,7 +232,7 @@ void run_e2e(E2EFlags& f) {
                    r.front().weights.c_str(), f.model.dense_weights == "experts" ? w.c_str() : f.model.dense_weights.c_str(),
                    f.model.kv_cache_dtype.c_str(), p.read_bytes_per_s / 1e9, p.bf16_flops / 1e9, p.vnni_ops / 1e9,
                    p.maddubs_ops / 1e9, p.fma_flops / 1e9);
-      for (const Row& row : r)
+      for (const E2eRow& row : r)
         if (row.replay_seconds > 0)
           std::fprintf(stderr, "%s %s: %.1f MB/step, %.1f MB of it (%.0f%%) read by the step before too; %.1f MB "
                        "distinct over the run; replay %.1f GB/s\n", row.weights.c_str(), row.test.c_str(),
@@ -243,7 +243,7 @@ void run_e2e(E2EFlags& f) {
   }
   if (f.json) {
     nlohmann::json out = nlohmann::json::array();
-    for (const Row& r : rows) {
+    for (const E2eRow& r : rows) {
       nlohmann::json row = {{"weights", r.weights}, {"test", r.test}, {"batch", r.batch}, {"ms", r.seconds * 1e3},
                             {"tokens_per_s", r.tokens_per_s()}, {"roofline_tokens_per_s", r.tokens / r.roof_seconds()},
                             {"pct_roofline", 100.0 * r.roof_seconds() / r.seconds}, {"bound", r.bound()},
@@ -264,7 +264,7 @@ void run_e2e(E2EFlags& f) {
   }
   std::printf("%-10s %-12s %10s %11s %12s %7s %7s %-8s %9s %9s %9s\n", "weights", "test", "ms", "tok/s", "roof tok/s",
               "%roof", "%dram", "bound", "MB/step", "replayGB/s", "GFLOP");
-  for (const Row& r : rows) {
+  for (const E2eRow& r : rows) {
     char replay[16] = "-";
     if (r.replay_seconds > 0) std::snprintf(replay, sizeof replay, "%.1f", r.bytes / r.replay_seconds / 1e9);
     std::printf("%-10s %-12s %10.2f %11.1f %12.1f %7.1f %7.1f %-8s %9.1f %9s %9.2f\n", r.weights.c_str(),

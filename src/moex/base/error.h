@@ -21,6 +21,8 @@ class Error : public std::runtime_error {
 };
 
 [[noreturn]] void throw_error(ErrorKind kind, const std::string& message);
+// An input error about a file or other named source: "<origin>: <problem>" (exit code 2).
+[[noreturn]] void throw_input_error(const std::string& origin, const std::string& problem);
 
 namespace detail {
 // Builds the message only when a check fails, so a passing check costs one branch.

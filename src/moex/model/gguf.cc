@@ -17,10 +17,6 @@ constexpr uint64_t kMaxKeyBytes = 65535;  // the spec's bound on a key
 constexpr uint64_t kMaxNameBytes = 64;    // ggml's GGML_MAX_NAME, which llama.cpp enforces on tensor names
 constexpr uint32_t kMaxDims = 4;          // GGML_MAX_DIMS
 
-[[noreturn]] void fail(const std::string& origin, const std::string& problem) {
-  throw_error(ErrorKind::kInvalidInput, origin + ": " + problem);
-}
-
 size_t scalar_size(GgufType t) {
   switch (t) {
     case GgufType::kU8: case GgufType::kI8: case GgufType::kBool: return 1;
@@ -53,7 +49,7 @@ class Cursor {
   uint64_t left() const { return size_ - pos_; }
   const uint8_t* take(uint64_t n, const std::string& what) {
     if (n > left())
-      fail(origin_, what + " needs " + std::to_string(n) + " bytes at offset " + std::to_string(pos_) + " but the file has " +
+      throw_input_error(origin_, what + " needs " + std::to_string(n) + " bytes at offset " + std::to_string(pos_) + " but the file has " +
                         std::to_string(left()) + " left: truncated or not a GGUF file");
     const uint8_t* p = b_ + pos_;
     pos_ += n;
@@ -63,7 +59,7 @@ class Cursor {
   uint64_t u64(const std::string& what) { return load<uint64_t>(take(8, what)); }
   std::string_view string(const std::string& what, uint64_t max_bytes) {
     const uint64_t n = u64(what + " length");
-    if (n > max_bytes) fail(origin_, what + " is " + std::to_string(n) + " bytes long (at most " + std::to_string(max_bytes) + ")");
+    if (n > max_bytes) throw_input_error(origin_, what + " is " + std::to_string(n) + " bytes long (at most " + std::to_string(max_bytes) + ")");
     const uint8_t* p = take(n, what);
     return {reinterpret_cast<const char*>(p), static_cast<size_t>(n)};
   }
@@ -77,7 +73,7 @@ class Cursor {
 
 GgufType value_type(Cursor& c, const std::string& where) {
   const uint32_t t = c.u32(where + " type");
-  if (t > static_cast<uint32_t>(GgufType::kF64)) fail(c.origin(), where + " has unknown value type " + std::to_string(t));
+  if (t > static_cast<uint32_t>(GgufType::kF64)) throw_input_error(c.origin(), where + " has unknown value type " + std::to_string(t));
   return static_cast<GgufType>(t);
 }
 
@@ -95,7 +91,7 @@ void read_scalar(Cursor& c, GgufType t, const std::string& where, GgufValue* v) 
     case GgufType::kF32: v->f = load<float>(p); break;
     case GgufType::kF64: v->f = load<double>(p); break;
     case GgufType::kBool:
-      if (p[0] > 1) fail(c.origin(), where + " is a bool holding " + std::to_string(p[0]) + " (must be 0 or 1)");
+      if (p[0] > 1) throw_input_error(c.origin(), where + " is a bool holding " + std::to_string(p[0]) + " (must be 0 or 1)");
       v->u = p[0];
       break;
     default: MOEX_CHECK(false, "not a scalar type");
@@ -109,13 +105,13 @@ GgufValue read_value(Cursor& c, GgufType t, const std::string& where) {
     v.s = std::string(c.string(where, c.left()));
   } else if (t == GgufType::kArray) {
     v.element = value_type(c, where + " element");
-    if (v.element == GgufType::kArray) fail(c.origin(), where + " is an array of arrays, which MoEX does not read");
+    if (v.element == GgufType::kArray) throw_input_error(c.origin(), where + " is an array of arrays, which MoEX does not read");
     v.count = c.u64(where + " count");
     // Each element takes at least its size (a string at least its 8-byte length): the count is checked
     // against the bytes left before anything is read or reserved.
     const uint64_t least = v.element == GgufType::kString ? 8 : scalar_size(v.element);
     if (v.count > c.left() / least)
-      fail(c.origin(), where + " claims " + std::to_string(v.count) + " elements of " + type_name(v.element) +
+      throw_input_error(c.origin(), where + " claims " + std::to_string(v.count) + " elements of " + type_name(v.element) +
                            " but the file has " + std::to_string(c.left()) + " bytes left: truncated or corrupt");
     if (v.element == GgufType::kString) {
       v.strings.reserve(v.count);
@@ -124,7 +120,7 @@ GgufValue read_value(Cursor& c, GgufType t, const std::string& where) {
       v.raw = c.take(v.count * least, where);
       if (v.element == GgufType::kBool) {
         for (uint64_t k = 0; k < v.count; ++k)
-          if (v.raw[k] > 1) fail(c.origin(), where + " element " + std::to_string(k) + " is a bool holding " + std::to_string(v.raw[k]));
+          if (v.raw[k] > 1) throw_input_error(c.origin(), where + " element " + std::to_string(k) + " is a bool holding " + std::to_string(v.raw[k]));
       }
     }
   } else {
@@ -237,29 +233,29 @@ const GgufTensorInfo* GgufContents::tensor(const std::string& name) const {
 GgufContents parse_gguf(const uint8_t* bytes, size_t size, const std::string& origin) {
   Cursor c(bytes, size, origin);
   GgufContents g;
-  if (size < 4 || load<uint32_t>(bytes) != kMagic) fail(origin, "does not start with \"GGUF\": not a GGUF file");
+  if (size < 4 || load<uint32_t>(bytes) != kMagic) throw_input_error(origin, "does not start with \"GGUF\": not a GGUF file");
   c.take(4, "magic");
   g.version = c.u32("version");
   if (g.version != 3)
-    fail(origin, "is GGUF version " + std::to_string(g.version) + "; MoEX reads version 3 (re-convert with a current llama.cpp)");
+    throw_input_error(origin, "is GGUF version " + std::to_string(g.version) + "; MoEX reads version 3 (re-convert with a current llama.cpp)");
   const uint64_t n_tensors = c.u64("tensor count"), n_kv = c.u64("metadata count");
   // A metadata entry takes at least 8 + 4 + 1 bytes, a tensor info at least 8 + 4 + 4 + 8.
-  if (n_kv > c.left() / 13) fail(origin, "metadata count " + std::to_string(n_kv) + " cannot fit in the " + std::to_string(c.left()) +
+  if (n_kv > c.left() / 13) throw_input_error(origin, "metadata count " + std::to_string(n_kv) + " cannot fit in the " + std::to_string(c.left()) +
                      " bytes left: truncated or corrupt");
-  if (n_tensors > c.left() / 24) fail(origin, "tensor count " + std::to_string(n_tensors) + " cannot fit in the " + std::to_string(c.left()) +
+  if (n_tensors > c.left() / 24) throw_input_error(origin, "tensor count " + std::to_string(n_tensors) + " cannot fit in the " + std::to_string(c.left()) +
                      " bytes left: truncated or corrupt");
   for (uint64_t k = 0; k < n_kv; ++k) {
     const std::string key(c.string("metadata key " + std::to_string(k), kMaxKeyBytes));
-    if (key.empty()) fail(origin, "metadata key " + std::to_string(k) + " is empty");
+    if (key.empty()) throw_input_error(origin, "metadata key " + std::to_string(k) + " is empty");
     const std::string where = "metadata \"" + key + "\"";
     const GgufType t = value_type(c, where);
     GgufValue v = read_value(c, t, where);
-    if (!g.metadata.emplace(key, std::move(v)).second) fail(origin, "metadata key \"" + key + "\" appears twice");
+    if (!g.metadata.emplace(key, std::move(v)).second) throw_input_error(origin, "metadata key \"" + key + "\" appears twice");
   }
   if (const GgufValue* a = g.find("general.alignment")) {
     int64_t align = 0;
     if (a->type != GgufType::kU32 || !a->integer(&align) || align <= 0 || (align & (align - 1)) != 0)
-      fail(origin, "general.alignment must be a u32 power of two, got " + a->str());
+      throw_input_error(origin, "general.alignment must be a u32 power of two, got " + a->str());
     g.alignment = static_cast<uint64_t>(align);
   }
   std::set<std::string> names;
@@ -268,50 +264,50 @@ GgufContents parse_gguf(const uint8_t* bytes, size_t size, const std::string& or
     GgufTensorInfo t;
     t.name = std::string(c.string("tensor name " + std::to_string(k), kMaxNameBytes));
     const std::string where = "tensor \"" + t.name + "\"";
-    if (t.name.empty()) fail(origin, "tensor " + std::to_string(k) + " has an empty name");
-    if (!names.insert(t.name).second) fail(origin, where + " appears twice");
+    if (t.name.empty()) throw_input_error(origin, "tensor " + std::to_string(k) + " has an empty name");
+    if (!names.insert(t.name).second) throw_input_error(origin, where + " appears twice");
     const uint32_t n_dims = c.u32(where + " n_dims");
     if (n_dims == 0 || n_dims > kMaxDims)
-      fail(origin, where + " has " + std::to_string(n_dims) + " dimensions (1 to " + std::to_string(kMaxDims) + ")");
+      throw_input_error(origin, where + " has " + std::to_string(n_dims) + " dimensions (1 to " + std::to_string(kMaxDims) + ")");
     uint64_t numel = 1;
     for (uint32_t d = 0; d < n_dims; ++d) {
       const uint64_t n = c.u64(where + " dimension");
       if (n == 0 || n > (uint64_t{1} << 40) || numel > (uint64_t{1} << 50) / n)
-        fail(origin, where + " has an implausible dimension " + std::to_string(n));
+        throw_input_error(origin, where + " has an implausible dimension " + std::to_string(n));
       numel *= n;
       t.ne.push_back(n);
     }
     t.type = c.u32(where + " type");
     int64_t block = 0, block_bytes = 0;
     if (!ggml_block_size(t.type, &block, &block_bytes))
-      fail(origin, where + " has type " + ggml_type_name(t.type) +
+      throw_input_error(origin, where + " has type " + ggml_type_name(t.type) +
                        ", which MoEX does not read (it reads F32, F16, BF16, Q8_0, Q4_0 and Q4_K)");
     if (t.ne[0] % static_cast<uint64_t>(block) != 0)
-      fail(origin, where + " has " + std::to_string(t.ne[0]) + " weights per row, not a multiple of " +
+      throw_input_error(origin, where + " has " + std::to_string(t.ne[0]) + " weights per row, not a multiple of " +
                        ggml_type_name(t.type) + "'s block of " + std::to_string(block));
     t.bytes = numel / block * block_bytes;
     t.offset = c.u64(where + " offset");
     if (t.offset % g.alignment != 0)
-      fail(origin, where + " offset " + std::to_string(t.offset) + " is not a multiple of the alignment " +
+      throw_input_error(origin, where + " offset " + std::to_string(t.offset) + " is not a multiple of the alignment " +
                        std::to_string(g.alignment));
     g.tensors.push_back(std::move(t));
   }
   g.data_offset = align_up(c.pos(), g.alignment);
   if (g.data_offset > size && !g.tensors.empty())
-    fail(origin, "the data section (at " + std::to_string(g.data_offset) + ") starts past the end of the file (" +
+    throw_input_error(origin, "the data section (at " + std::to_string(g.data_offset) + ") starts past the end of the file (" +
                      std::to_string(size) + " bytes): truncated");
   const uint64_t data_size = g.data_offset <= size ? size - g.data_offset : 0;
   std::vector<std::pair<uint64_t, uint64_t>> ranges;
   for (GgufTensorInfo& t : g.tensors) {
     if (t.offset > data_size || t.bytes > data_size - t.offset)
-      fail(origin, "tensor \"" + t.name + "\" data [" + std::to_string(t.offset) + ", +" + std::to_string(t.bytes) +
+      throw_input_error(origin, "tensor \"" + t.name + "\" data [" + std::to_string(t.offset) + ", +" + std::to_string(t.bytes) +
                        ") lies outside the data section (" + std::to_string(data_size) + " bytes): truncated file?");
     t.data = bytes + g.data_offset + t.offset;
     ranges.emplace_back(t.offset, t.offset + t.bytes);
   }
   std::sort(ranges.begin(), ranges.end());
   for (size_t k = 1; k < ranges.size(); ++k)
-    if (ranges[k].first < ranges[k - 1].second) fail(origin, "two tensors' data overlap");
+    if (ranges[k].first < ranges[k - 1].second) throw_input_error(origin, "two tensors' data overlap");
   return g;
 }
 

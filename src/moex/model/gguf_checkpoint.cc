@@ -12,21 +12,17 @@
 namespace moex {
 namespace {
 
-[[noreturn]] void fail(const std::string& origin, const std::string& problem) {
-  throw_error(ErrorKind::kInvalidInput, origin + ": " + problem);
-}
-
 int64_t get_int(const GgufContents& g, const std::string& origin, const std::string& key, int64_t fallback, bool required,
                 int64_t lo = 1, int64_t hi = INT32_MAX) {
   const GgufValue* v = g.find(key);
   if (!v) {
-    if (required) fail(origin, "metadata has no \"" + key + "\"");
+    if (required) throw_input_error(origin, "metadata has no \"" + key + "\"");
     return fallback;
   }
   int64_t out = 0;
-  if (!v->integer(&out)) fail(origin, "metadata \"" + key + "\" must be an integer, got " + v->str());
+  if (!v->integer(&out)) throw_input_error(origin, "metadata \"" + key + "\" must be an integer, got " + v->str());
   if (out < lo || out > hi)
-    fail(origin, "metadata \"" + key + "\" is " + std::to_string(out) + ", outside [" + std::to_string(lo) + ", " +
+    throw_input_error(origin, "metadata \"" + key + "\" is " + std::to_string(out) + ", outside [" + std::to_string(lo) + ", " +
                      std::to_string(hi) + "]");
   return out;
 }
@@ -34,12 +30,12 @@ int64_t get_int(const GgufContents& g, const std::string& origin, const std::str
 double get_float(const GgufContents& g, const std::string& origin, const std::string& key, double fallback, bool required) {
   const GgufValue* v = g.find(key);
   if (!v) {
-    if (required) fail(origin, "metadata has no \"" + key + "\"");
+    if (required) throw_input_error(origin, "metadata has no \"" + key + "\"");
     return fallback;
   }
   if (v->type != GgufType::kF32 && v->type != GgufType::kF64)
-    fail(origin, "metadata \"" + key + "\" must be a float, got " + v->str());
-  if (!std::isfinite(v->f) || v->f <= 0) fail(origin, "metadata \"" + key + "\" must be finite and positive, got " + v->str());
+    throw_input_error(origin, "metadata \"" + key + "\" must be a float, got " + v->str());
+  if (!std::isfinite(v->f) || v->f <= 0) throw_input_error(origin, "metadata \"" + key + "\" must be finite and positive, got " + v->str());
   return v->f;
 }
 
@@ -47,7 +43,7 @@ const GgufValue* get_array(const GgufContents& g, const std::string& origin, con
   const GgufValue* v = g.find(key);
   if (!v) return nullptr;
   if (v->type != GgufType::kArray || v->element != element)
-    fail(origin, "metadata \"" + key + "\" must be an array of " + (element == GgufType::kString ? "strings" : "numbers") +
+    throw_input_error(origin, "metadata \"" + key + "\" must be an array of " + (element == GgufType::kString ? "strings" : "numbers") +
                      ", got " + v->str());
   return v;
 }
@@ -88,7 +84,7 @@ const std::set<std::string>& family_keys(ModelFamily f) {
 bool get_bool(const GgufContents& g, const std::string& origin, const std::string& key, bool fallback) {
   const GgufValue* v = g.find(key);
   if (!v) return fallback;
-  if (v->type != GgufType::kBool) fail(origin, "metadata \"" + key + "\" must be a bool, got " + v->str());
+  if (v->type != GgufType::kBool) throw_input_error(origin, "metadata \"" + key + "\" must be a bool, got " + v->str());
   return v->u != 0;
 }
 
@@ -102,13 +98,13 @@ const char* gguf_architecture(ModelFamily family) {
 
 ModelConfig gguf_model_config(const GgufContents& g, const std::string& origin) {
   const GgufValue* arch_value = g.find("general.architecture");
-  if (!arch_value || arch_value->type != GgufType::kString) fail(origin, "metadata has no string \"general.architecture\"");
+  if (!arch_value || arch_value->type != GgufType::kString) throw_input_error(origin, "metadata has no string \"general.architecture\"");
   const std::string arch = arch_value->s;
   const GgufArch* found = nullptr;
   for (const GgufArch& a : kArchs)
     if (arch == a.name) found = &a;
   if (!found)
-    fail(origin, "general.architecture is \"" + arch +
+    throw_input_error(origin, "general.architecture is \"" + arch +
                      "\": MoEX loads GGUF files of the architectures llama (with experts: Mixtral), qwen2moe, "
                      "qwen3moe, olmoe and dots1" +
                      (arch == "deepseek2" ? " (deepseek2 uses multi-head latent attention, which MoEX does not run)" : ""));
@@ -120,15 +116,15 @@ ModelConfig gguf_model_config(const GgufContents& g, const std::string& origin) 
     if (prefix == "split") {
       int64_t parts = 0;
       if (key == "split.count" && !(value.integer(&parts) && parts <= 1))
-        fail(origin, "is one part of a split GGUF (split.count " + value.str() +
+        throw_input_error(origin, "is one part of a split GGUF (split.count " + value.str() +
                          "): merge the parts first (llama-gguf-split --merge)");
       continue;
     }
-    if (prefix != arch) fail(origin, "metadata key \"" + key + "\" belongs to no architecture MoEX loads");
+    if (prefix != arch) throw_input_error(origin, "metadata key \"" + key + "\" belongs to no architecture MoEX loads");
     const std::string suffix = key.substr(arch.size() + 1);
     if (kCommonKeys.count(suffix) || family_keys(f).count(suffix)) continue;
     if (suffix == "rope.scaling.type" && value.type == GgufType::kString && value.s == "none") continue;
-    fail(origin, "metadata key \"" + key + "\" (" + value.str() + ") is not supported: MoEX would run the model wrongly");
+    throw_input_error(origin, "metadata key \"" + key + "\" (" + value.str() + ") is not supported: MoEX would run the model wrongly");
   }
   const std::string a = arch + ".";
   ModelConfig c;
@@ -142,12 +138,12 @@ ModelConfig gguf_model_config(const GgufContents& g, const std::string& origin) 
   c.num_key_value_heads = static_cast<int>(get_int(g, origin, a + "attention.head_count_kv", c.num_attention_heads, false));
   c.max_position_embeddings = static_cast<int>(get_int(g, origin, a + "context_length", 0, true));
   if (!g.find(a + "expert_count"))
-    fail(origin, "has no " + a + "expert_count: a dense " + arch + " model, and MoEX runs Mixture-of-Experts models only");
+    throw_input_error(origin, "has no " + a + "expert_count: a dense " + arch + " model, and MoEX runs Mixture-of-Experts models only");
   c.num_local_experts = static_cast<int>(get_int(g, origin, a + "expert_count", 0, true));
   c.num_experts_per_tok = static_cast<int>(get_int(g, origin, a + "expert_used_count", 0, true));
   const bool has_key_length = g.find(a + "attention.key_length") != nullptr;
   if (c.hidden_size % c.num_attention_heads != 0 && !g.find(a + "rope.dimension_count") && !has_key_length)
-    fail(origin, a + "embedding_length is not a multiple of " + a + "attention.head_count");
+    throw_input_error(origin, a + "embedding_length is not a multiple of " + a + "attention.head_count");
   const int64_t default_head = c.hidden_size / c.num_attention_heads;
   if (llama) {  // llama.cpp's llama: the head is the rotary dimension; key/value lengths must agree with it
     c.head_dim = static_cast<int>(get_int(g, origin, a + "rope.dimension_count", default_head, false));
@@ -156,7 +152,7 @@ ModelConfig gguf_model_config(const GgufContents& g, const std::string& origin) 
   }
   for (const std::string& key : {a + "attention.key_length", a + "attention.value_length", a + "rope.dimension_count"}) {
     if (get_int(g, origin, key, c.head_dim, false) != c.head_dim)
-      fail(origin, key + " differs from the head dimension " + std::to_string(c.head_dim) +
+      throw_input_error(origin, key + " differs from the head dimension " + std::to_string(c.head_dim) +
                        ": partial rotary embeddings and key/value heads of different widths are not supported");
   }
   // Expert width: feed_forward_length in llama and olmoe (every layer is MoE); expert_feed_forward_length in
@@ -188,12 +184,12 @@ ModelConfig gguf_model_config(const GgufContents& g, const std::string& origin) 
     c.first_k_dense_replace = static_cast<int>(get_int(g, origin, a + "leading_dense_block_count", 0, false, 0));
     c.n_shared_experts = static_cast<int>(get_int(g, origin, a + "expert_shared_count", 0, true));
     if (int64_t{c.n_shared_experts} * c.intermediate_size > INT32_MAX)
-      fail(origin, a + "expert_shared_count x " + a + "expert_feed_forward_length is out of range");
+      throw_input_error(origin, a + "expert_shared_count x " + a + "expert_feed_forward_length is out of range");
     c.shared_expert_intermediate_size = c.n_shared_experts * c.intermediate_size;
     c.routed_scaling_factor = static_cast<float>(get_float(g, origin, a + "expert_weights_scale", 1.0, false));
     // llama_expert_gating_func_type: 1 softmax, 2 sigmoid. dots1 scores with a sigmoid (DeepSeek-V3's noaux_tc).
     if (get_int(g, origin, a + "expert_gating_func", 2, false, 0, 3) != 2)
-      fail(origin, a + "expert_gating_func is not 2 (sigmoid): dots1's router scores with a sigmoid");
+      throw_input_error(origin, a + "expert_gating_func is not 2 (sigmoid): dots1's router scores with a sigmoid");
     c.n_group = static_cast<int>(get_int(g, origin, a + "expert_group_count", 1, false));
     c.topk_group = static_cast<int>(get_int(g, origin, a + "expert_group_used_count", 1, false));
   }
@@ -201,7 +197,7 @@ ModelConfig gguf_model_config(const GgufContents& g, const std::string& origin) 
   c.rope_theta = static_cast<float>(get_float(g, origin, a + "rope.freq_base", 10000.0, false));
   const GgufValue* tokens = get_array(g, origin, "tokenizer.ggml.tokens", GgufType::kString);
   const GgufTensorInfo* embd = g.tensor("token_embd.weight");
-  if (!embd || embd->ne.size() != 2) fail(origin, "has no 2-D tensor \"token_embd.weight\"");
+  if (!embd || embd->ne.size() != 2) throw_input_error(origin, "has no 2-D tensor \"token_embd.weight\"");
   c.vocab_size = static_cast<int>(get_int(g, origin, a + "vocab_size", tokens ? static_cast<int64_t>(tokens->count) : 0, !tokens));
   c.tie_word_embeddings = g.tensor("output.weight") == nullptr;
   // No BOS id (OLMoE's config has bos_token_id null): no BOS, except for llama files, which default to 1.
@@ -212,7 +208,7 @@ ModelConfig gguf_model_config(const GgufContents& g, const std::string& origin) 
   try {
     validate_model_config(c);
   } catch (const Error& e) {
-    fail(origin, e.what());
+    throw_input_error(origin, e.what());
   }
   return c;
 }
@@ -233,8 +229,8 @@ class Mapper {
   // The GGUF tensor `name` with exactly the dims `ne` (ggml order).
   const GgufTensorInfo& get(const std::string& name, std::vector<uint64_t> ne) {
     const GgufTensorInfo* t = g_.tensor(name);
-    if (!t) fail(origin_, "has no tensor \"" + name + "\"");
-    if (t->ne != ne) fail(origin_, "tensor \"" + name + "\" has dims " + dims(t->ne) + " but the metadata implies " + dims(ne));
+    if (!t) throw_input_error(origin_, "has no tensor \"" + name + "\"");
+    if (t->ne != ne) throw_input_error(origin_, "tensor \"" + name + "\" has dims " + dims(t->ne) + " but the metadata implies " + dims(ne));
     used_.insert(name);
     return *t;
   }
@@ -278,7 +274,7 @@ class Mapper {
   void check_all_used() const {
     for (const GgufTensorInfo& t : g_.tensors)
       if (!used_.count(t.name))
-        fail(origin_, "tensor \"" + t.name + "\" is not part of the model its metadata describes: MoEX would ignore it");
+        throw_input_error(origin_, "tensor \"" + t.name + "\" is not part of the model its metadata describes: MoEX would ignore it");
   }
 
  private:
@@ -393,7 +389,7 @@ std::unique_ptr<GgufCheckpoint> load_gguf_checkpoint(const std::string& path) {
       case GgufTensorName::Kind::kExperts: {
         const std::string layer = t.gguf.substr(0, t.gguf.find(".ffn_") + 1);  // "blk.N."
         if (!g.tensor(t.gguf) && g.tensor(layer + "ffn_gate.0.weight"))
-          fail(path, "stores one tensor per expert (" + layer + "ffn_gate.0.weight), the layout of early 2024 "
+          throw_input_error(path, "stores one tensor per expert (" + layer + "ffn_gate.0.weight), the layout of early 2024 "
                      "llama.cpp: re-convert it with a current llama.cpp, which writes the 3-D " + layer +
                      "ffn_gate_exps.weight");
         // One 3-D tensor per projection, [E][rows][cols]: one view (or dequantized copy) per expert.
@@ -437,30 +433,30 @@ void field_bytes(std::string* out, int field, const std::string& bytes) {
 
 std::string gguf_sentencepiece_proto(const GgufContents& g, const std::string& origin) {
   const GgufValue* model = g.find("tokenizer.ggml.model");
-  if (!model || model->type != GgufType::kString) fail(origin, "metadata has no string \"tokenizer.ggml.model\"");
+  if (!model || model->type != GgufType::kString) throw_input_error(origin, "metadata has no string \"tokenizer.ggml.model\"");
   if (model->s != "llama")
-    fail(origin, "tokenizer.ggml.model is \"" + model->s + "\": MoEX reads the SentencePiece (\"llama\") vocabulary only");
+    throw_input_error(origin, "tokenizer.ggml.model is \"" + model->s + "\": MoEX reads the SentencePiece (\"llama\") vocabulary only");
   const GgufValue* tokens = get_array(g, origin, "tokenizer.ggml.tokens", GgufType::kString);
-  if (!tokens || tokens->count == 0) fail(origin, "metadata has no tokenizer.ggml.tokens");
+  if (!tokens || tokens->count == 0) throw_input_error(origin, "metadata has no tokenizer.ggml.tokens");
   const GgufValue* scores = get_array(g, origin, "tokenizer.ggml.scores", GgufType::kF32);
   const GgufValue* types = get_array(g, origin, "tokenizer.ggml.token_type", GgufType::kI32);
   if (!scores || scores->count != tokens->count)
-    fail(origin, "tokenizer.ggml.scores must be an array of f32 with one score per token");
+    throw_input_error(origin, "tokenizer.ggml.scores must be an array of f32 with one score per token");
   if (!types || types->count != tokens->count)
-    fail(origin, "tokenizer.ggml.token_type must be an array of i32 with one type per token");
+    throw_input_error(origin, "tokenizer.ggml.token_type must be an array of i32 with one type per token");
   const int64_t n = static_cast<int64_t>(tokens->count);
   std::string proto;
   bool has_bytes = false;
   std::set<std::string_view> seen;
   for (int64_t k = 0; k < n; ++k) {
     const int64_t type = types->integer_at(k);
-    if (type < 1 || type > 6) fail(origin, "token " + std::to_string(k) + " has type " + std::to_string(type) + " (1 to 6)");
-    if (tokens->strings[k].empty()) fail(origin, "token " + std::to_string(k) + " is empty");
+    if (type < 1 || type > 6) throw_input_error(origin, "token " + std::to_string(k) + " has type " + std::to_string(type) + " (1 to 6)");
+    if (tokens->strings[k].empty()) throw_input_error(origin, "token " + std::to_string(k) + " is empty");
     if (!seen.insert(tokens->strings[k]).second)
-      fail(origin, "token " + std::to_string(k) + " \"" + std::string(tokens->strings[k]) + "\" appears twice");
+      throw_input_error(origin, "token " + std::to_string(k) + " \"" + std::string(tokens->strings[k]) + "\" appears twice");
     has_bytes = has_bytes || type == 6;
     const float score = static_cast<float>(scores->number_at(k));
-    if (!std::isfinite(score)) fail(origin, "token " + std::to_string(k) + " has a non-finite score");
+    if (!std::isfinite(score)) throw_input_error(origin, "token " + std::to_string(k) + " has a non-finite score");
     std::string piece;
     field_bytes(&piece, 1, std::string(tokens->strings[k]));
     tag(&piece, 2, 5);
@@ -475,7 +471,7 @@ std::string gguf_sentencepiece_proto(const GgufContents& g, const std::string& o
     return v;
   };
   const int64_t unk = id("tokenizer.ggml.unknown_token_id", 0);
-  if (unk < 0 || types->integer_at(unk) != 2) fail(origin, "tokenizer.ggml.unknown_token_id must name a token of type 2 (unknown)");
+  if (unk < 0 || types->integer_at(unk) != 2) throw_input_error(origin, "tokenizer.ggml.unknown_token_id must name a token of type 2 (unknown)");
   std::string trainer;
   field_varint(&trainer, 3, 2);  // BPE: merges by piece score, as llama.cpp's llama tokenizer does
   if (has_bytes) field_varint(&trainer, 35, 1);
@@ -486,7 +482,7 @@ std::string gguf_sentencepiece_proto(const GgufContents& g, const std::string& o
   field_bytes(&proto, 2, trainer);
   bool add_space_prefix = true;
   if (const GgufValue* v = g.find("tokenizer.ggml.add_space_prefix")) {
-    if (v->type != GgufType::kBool) fail(origin, "tokenizer.ggml.add_space_prefix must be a bool");
+    if (v->type != GgufType::kBool) throw_input_error(origin, "tokenizer.ggml.add_space_prefix must be a bool");
     add_space_prefix = v->u != 0;
   }
   std::string normalizer;

@@ -18,27 +18,23 @@ namespace {
 using json = nlohmann::json;
 constexpr uint64_t kMaxHeaderBytes = 100u << 20;  // the format's own limit (100 MB)
 
-void fail(const std::string& origin, const std::string& problem) {
-  throw_error(ErrorKind::kInvalidInput, origin + ": " + problem);
-}
-
 }  // namespace
 
 std::map<std::string, TensorView> SafetensorsFile::parse(const uint8_t* bytes, size_t size, const std::string& origin,
                                                          std::map<std::string, std::string>* metadata) {
-  if (size < 8) fail(origin, "file is " + std::to_string(size) + " bytes, too short for a safetensors header");
+  if (size < 8) throw_input_error(origin, "file is " + std::to_string(size) + " bytes, too short for a safetensors header");
   uint64_t header_len = 0;
   for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | bytes[i];
   if (header_len > kMaxHeaderBytes || header_len > size - 8)
-    fail(origin, "header length " + std::to_string(header_len) + " exceeds the file (" + std::to_string(size) +
+    throw_input_error(origin, "header length " + std::to_string(header_len) + " exceeds the file (" + std::to_string(size) +
                      " bytes): truncated or not a safetensors file");
   json header;
   try {
     header = json::parse(bytes + 8, bytes + 8 + header_len);
   } catch (const json::exception& e) {
-    fail(origin, std::string("header is not valid JSON (") + e.what() + ")");
+    throw_input_error(origin, std::string("header is not valid JSON (") + e.what() + ")");
   }
-  if (!header.is_object()) fail(origin, "header is not a JSON object");
+  if (!header.is_object()) throw_input_error(origin, "header is not a JSON object");
   const uint8_t* data = bytes + 8 + header_len;
   const uint64_t data_size = size - 8 - header_len;
 
@@ -46,7 +42,7 @@ std::map<std::string, TensorView> SafetensorsFile::parse(const uint8_t* bytes, s
   std::vector<std::pair<uint64_t, uint64_t>> ranges;
   for (const auto& [name, entry] : header.items()) {
     if (name == "__metadata__") {
-      if (!entry.is_object()) fail(origin, "__metadata__ is not an object");
+      if (!entry.is_object()) throw_input_error(origin, "__metadata__ is not an object");
       if (metadata) {
         for (const auto& [key, value] : entry.items()) {
           if (value.is_string()) (*metadata)[key] = value.get<std::string>();
@@ -56,33 +52,33 @@ std::map<std::string, TensorView> SafetensorsFile::parse(const uint8_t* bytes, s
     }
     const std::string where = "tensor \"" + name + "\"";
     if (!entry.is_object() || !entry.contains("dtype") || !entry.contains("shape") || !entry.contains("data_offsets"))
-      fail(origin, where + " lacks dtype, shape or data_offsets");
+      throw_input_error(origin, where + " lacks dtype, shape or data_offsets");
     const json& dtype_json = entry["dtype"];
     const json& shape_json = entry["shape"];
     const json& offsets_json = entry["data_offsets"];
     TensorView view;
     if (!dtype_json.is_string() || !dtype_from_name(dtype_json.get<std::string>(), &view.dtype))
-      fail(origin, where + " has unsupported dtype " + dtype_json.dump());
+      throw_input_error(origin, where + " has unsupported dtype " + dtype_json.dump());
     if (!shape_json.is_array() || shape_json.size() > kMaxRank)
-      fail(origin, where + " has a bad shape " + shape_json.dump() + " (at most " + std::to_string(kMaxRank) + " dims)");
+      throw_input_error(origin, where + " has a bad shape " + shape_json.dump() + " (at most " + std::to_string(kMaxRank) + " dims)");
     uint64_t numel = 1;
     for (const json& dim : shape_json) {
       if (!dim.is_number_unsigned() || dim.get<uint64_t>() > (uint64_t{1} << 40))
-        fail(origin, where + " has a bad shape " + shape_json.dump());
+        throw_input_error(origin, where + " has a bad shape " + shape_json.dump());
       const uint64_t d = dim.get<uint64_t>();
       view.shape.dims[view.shape.rank++] = static_cast<int64_t>(d);
-      if (d != 0 && numel > (uint64_t{1} << 50) / d) fail(origin, where + " is implausibly large");
+      if (d != 0 && numel > (uint64_t{1} << 50) / d) throw_input_error(origin, where + " is implausibly large");
       numel *= d;
     }
     if (!offsets_json.is_array() || offsets_json.size() != 2 || !offsets_json[0].is_number_unsigned() ||
         !offsets_json[1].is_number_unsigned())
-      fail(origin, where + " has bad data_offsets " + offsets_json.dump());
+      throw_input_error(origin, where + " has bad data_offsets " + offsets_json.dump());
     const uint64_t begin = offsets_json[0].get<uint64_t>(), end = offsets_json[1].get<uint64_t>();
     if (begin > end || end > data_size)
-      fail(origin, where + " data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
+      throw_input_error(origin, where + " data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
                        "] lie outside the data (" + std::to_string(data_size) + " bytes): truncated file?");
     if (end - begin != numel * dtype_size(view.dtype))
-      fail(origin, where + " holds " + std::to_string(end - begin) + " bytes but its shape " + view.shape.str() +
+      throw_input_error(origin, where + " holds " + std::to_string(end - begin) + " bytes but its shape " + view.shape.str() +
                        " and dtype need " + std::to_string(numel * dtype_size(view.dtype)));
     view.data = const_cast<uint8_t*>(data + begin);  // read-only mapping; views are never written through
     tensors.emplace(name, view);
@@ -90,7 +86,7 @@ std::map<std::string, TensorView> SafetensorsFile::parse(const uint8_t* bytes, s
   }
   std::sort(ranges.begin(), ranges.end());
   for (size_t i = 1; i < ranges.size(); ++i) {
-    if (ranges[i].first < ranges[i - 1].second) fail(origin, "two tensors' data_offsets overlap");
+    if (ranges[i].first < ranges[i - 1].second) throw_input_error(origin, "two tensors' data_offsets overlap");
   }
   return tensors;
 }
