@@ -128,11 +128,12 @@ void check_case(const AttentionCase& c, uint32_t seed) {
   contiguous_attention(q, keys, values, c.seqs, c.heads, c.kv_heads, c.hd, exact);
   contiguous_attention(q, keys_bf16, values_bf16, c.seqs, c.heads, c.kv_heads, c.hd, rounded);
   std::vector<float> scratch(num_threads() * kernels::paged_attention_scratch_floats(layout, c.heads));
-  // Both tiles: the portable one, and the AVX-512 one (x86/paged_attention_avx512.cc) where the CPU has it.
-  const bool had_x86 = use_x86_kernels();
+  // Both tiles: the portable one, and this CPU's vector one (x86/paged_attention_avx512.cc, or _avx2.cc on a
+  // CPU without AVX-512) where it has one.
+  const bool had_x86 = x86_kernels_allowed();
   for (bool x86 : {false, true}) {
-    if (x86 && !cpu_features().has_avx512_kernels()) continue;
-    SCOPED_TRACE(x86 ? "x86 tile" : "portable tile");
+    if (x86 && !cpu_features().has_avx2_kernels()) continue;
+    SCOPED_TRACE(!x86 ? "portable tile" : cpu_features().has_avx512_kernels() ? "avx512 tile" : "avx2 tile");
     set_use_x86_kernels(x86);
     std::fill(fast.begin(), fast.end(), NAN);
     kernels::paged_attention(layout, pool.data(), layer, seqs.data(), seqs.size(), q.data(), c.heads, fast.data(),
@@ -220,10 +221,10 @@ TEST_F(PagedAttentionTest, AQueryRowsResultDoesNotDependOnTheRowsBesideIt) {
   std::vector<float> q(len * width);
   for (float& v : q) v = uniform(rng);
   std::vector<float> scratch(num_threads() * kernels::paged_attention_scratch_floats(layout, heads));
-  const bool had_x86 = use_x86_kernels();
+  const bool had_x86 = x86_kernels_allowed();
   for (bool x86 : {false, true}) {
-    if (x86 && !cpu_features().has_avx512_kernels()) continue;
-    SCOPED_TRACE(x86 ? "x86 tile" : "portable tile");
+    if (x86 && !cpu_features().has_avx2_kernels()) continue;
+    SCOPED_TRACE(!x86 ? "portable tile" : cpu_features().has_avx512_kernels() ? "avx512 tile" : "avx2 tile");
     set_use_x86_kernels(x86);
     std::vector<float> together(len * width, NAN), alone(len * width, NAN);
     const PagedAttentionSeq prompt{table.data(), 0, len, 0};

@@ -126,7 +126,7 @@ TEST(GatingTopK, ScalarAndSimdPathsAgree) {
   const Gate gate(random_values(E * d, 3, 1.0f / 64.0f), E, d, DType::kBF16);
   const auto x = random_values(T * d, 4);
   for (RouterFusion mode : kAllModes) {
-    const bool had_simd = use_x86_kernels();
+    const bool had_simd = x86_kernels_allowed();
     const Routing simd = route(mode, true, x, T, gate, 2);
     set_use_x86_kernels(false);
     const Routing scalar = route(mode, true, x, T, gate, 2);

@@ -38,7 +38,7 @@ TEST(ReplayProbe, ReadsExactlyTheRangesGiven) {
   std::reverse(steps[1].begin(), steps[1].end());  // order does not change what is read
   for (bool x86 : {true, false}) {
     if (x86 && !use_x86_kernels()) continue;
-    const bool was = use_x86_kernels();
+    const bool was = x86_kernels_allowed();
     set_use_x86_kernels(x86);
     for (int threads : {1, 2, 3}) {
       set_num_threads(threads);

@@ -116,6 +116,7 @@ bool request_amx_permission() {
 
 bool use_x86_kernels() { return g_use_x86; }
 bool use_avx2_kernels() { return g_x86_allowed && cpu_features().has_avx2_kernels(); }
+bool x86_kernels_allowed() { return g_x86_allowed; }
 void set_use_x86_kernels(bool enabled) {
   g_x86_allowed = enabled;
   g_use_x86 = enabled && cpu_features().has_avx512_kernels();

@@ -38,5 +38,9 @@ void check_isa_env();
 bool use_avx2_kernels();
 // Tests switch between the paths in one process: false forces the scalar loops (AVX2 ones included).
 void set_use_x86_kernels(bool enabled);
+// What to restore after such a switch: whether vector kernels are allowed at all (false under MOEX_ISA=ref or
+// after set_use_x86_kernels(false)). Not use_x86_kernels(), which is false on an AVX2-only CPU: restoring that
+// would turn the AVX2 kernels off for the rest of the process.
+bool x86_kernels_allowed();
 
 }  // namespace moex

@@ -195,12 +195,13 @@ void bench_moe(const KernelBenchOptions& o, const FormatSpec& spec, const std::s
 }
 
 // Causal self-attention of one T-token prompt over a bf16 paged KV cache (mini's heads: 16 query, 4 KV, head
-// dim 64), through the AVX-512 tile (`attention`) or the portable one (`attention_portable`), in the same run.
+// dim 64), through this CPU's vector tile (`attention`: AVX-512, or AVX2 on a CPU without it) or the portable
+// one (`attention_portable`), in the same run.
 // FLOPs: q.k and p.v, 2 x 2 x head_dim per (query head, key) pair the causal mask keeps; judged against the
 // vfmadd231ps probe (the tile's instruction). Bytes: the K/V the call reads.
 void bench_attention(const KernelBenchOptions& o, bool vector_tile, KernelBenchReport& report) {
   const int64_t heads = 16, kv_heads = 4, hd = 64;
-  const bool had_x86 = use_x86_kernels();
+  const bool had_x86 = x86_kernels_allowed();
   for (int64_t T : o.tokens) {
     PagedKvLayout layout;
     layout.layers = 1;
@@ -225,7 +226,7 @@ void bench_attention(const KernelBenchOptions& o, bool vector_tile, KernelBenchR
     KernelBenchRow r;
     r.kernel = vector_tile ? "attention" : "attention_portable";
     r.format = "bf16-kv";
-    r.isa = vector_tile && use_x86_kernels() ? "avx512" : "none";  // paged_attention's tile is AVX-512 only
+    r.isa = !vector_tile ? "none" : use_x86_kernels() ? "avx512" : use_avx2_kernels() ? "avx2" : "none";
     r.tokens = T;
     r.rows = heads;
     r.cols = hd;

@@ -47,8 +47,9 @@ int64_t paged_attention_scratch_floats(const PagedKvLayout& layout, int64_t head
   const int64_t rows = kPagedQueryTile * (heads / layout.kv_heads);
   // Portable tile: k [bs][hd], v [bs][hd], scores [bs], acc [rows][hd], running max and sum [rows].
   const int64_t portable = 2 * layout.block_size * layout.head_dim + layout.block_size + rows * layout.head_dim + 2 * rows;
-  // x86 tile: k, v [bs][hd], probabilities [bs][16], lanes [16], and per lane group of 16 query vectors
-  // transposed queries [hd][16], acc [16][hd], running max, sum and positions [3][16].
+  // AVX-512 tile: k, v [bs][hd], probabilities [bs][16], lanes [16], and per lane group of 16 query vectors
+  // transposed queries [hd][16], acc [16][hd], running max, sum and positions [3][16]. The AVX2 tile's lane
+  // groups of 8 take half of that each, so this size covers it too.
   const int64_t lane_groups = (rows + 15) / 16;
   const int64_t x86 = 2 * layout.block_size * layout.head_dim + 16 * layout.block_size + 16 +
                       lane_groups * (32 * layout.head_dim + 48);
@@ -142,7 +143,8 @@ void attention(const PagedKvLayout& layout, const Elem* pool, int64_t layer, con
   // Items (sequence, KV head, query tile) over a dense grid; tiles past a sequence's rows are skipped.
   // Dynamic schedule: items differ by their context length.
   const int64_t items = num_seqs * kv_heads * max_tiles;
-  const bool vector_tile = use_x86_kernels() && layout.block_size == 16 && layout.head_dim <= 128;
+  const bool tile_shape = layout.block_size == 16 && layout.head_dim <= 128;  // what the vector tiles handle
+  const bool avx512_tile = tile_shape && use_x86_kernels(), avx2_tile = tile_shape && !avx512_tile && use_avx2_kernels();
 #pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads()) if (items > 1)
   for (int64_t item = 0; item < items; ++item) {
     const int64_t s = item / (kv_heads * max_tiles), g = (item / max_tiles) % kv_heads, tile = item % max_tiles;
@@ -151,9 +153,12 @@ void attention(const PagedKvLayout& layout, const Elem* pool, int64_t layer, con
     if (row_begin >= seq.q_len) continue;
     const int64_t row_end = std::min(seq.q_len, row_begin + kPagedQueryTile);
     float* thread_scratch = scratch + static_cast<int64_t>(omp_get_thread_num()) * per_thread;
-    if (vector_tile)
+    if (avx512_tile)
       x86::paged_attend_tile_avx512(layout, pool, layer, seq, row_begin, row_end, g, group, q, heads, out,
                                     thread_scratch);
+    else if (avx2_tile)
+      x86::paged_attend_tile_avx2(layout, pool, layer, seq, row_begin, row_end, g, group, q, heads, out,
+                                  thread_scratch);
     else
       attend_tile(layout, pool, layer, seq, row_begin, row_end, g, group, q, heads, out, thread_scratch);
   }

@@ -73,13 +73,20 @@ void paged_attention(const PagedKvLayout& layout, const float* pool, int64_t lay
 namespace x86 {
 // One work item (query rows [row_begin, row_end) of seq x the `group` query heads of KV head g) on AVX-512:
 // 16 query vectors per register, vertical online softmax. Needs block_size 16 and head_dim <= 128;
-// paged_attention calls it when use_x86_kernels(), else runs the portable tile.
+// paged_attention calls it when use_x86_kernels(), else the AVX2 one below, else the portable tile.
 void paged_attend_tile_avx512(const PagedKvLayout& layout, const uint16_t* pool, int64_t layer,
                               const PagedAttentionSeq& seq, int64_t row_begin, int64_t row_end, int64_t g,
                               int64_t group, const float* q, int64_t heads, float* out, float* scratch);
 void paged_attend_tile_avx512(const PagedKvLayout& layout, const float* pool, int64_t layer,
                               const PagedAttentionSeq& seq, int64_t row_begin, int64_t row_end, int64_t g,
                               int64_t group, const float* q, int64_t heads, float* out, float* scratch);
+// The same on AVX2 + FMA (8 query vectors per register), called when use_avx2_kernels() and not the above.
+void paged_attend_tile_avx2(const PagedKvLayout& layout, const uint16_t* pool, int64_t layer,
+                            const PagedAttentionSeq& seq, int64_t row_begin, int64_t row_end, int64_t g,
+                            int64_t group, const float* q, int64_t heads, float* out, float* scratch);
+void paged_attend_tile_avx2(const PagedKvLayout& layout, const float* pool, int64_t layer,
+                            const PagedAttentionSeq& seq, int64_t row_begin, int64_t row_end, int64_t g,
+                            int64_t group, const float* q, int64_t heads, float* out, float* scratch);
 }  // namespace x86
 
 }  // namespace moex::kernels
