@@ -1,5 +1,7 @@
 #include "moex/base/system_memory.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <charconv>
 #include <cstdio>
@@ -139,6 +141,13 @@ std::string format_bytes(double bytes) {
   else
     std::snprintf(text, sizeof text, "%.1f MB", bytes / 1e6);
   return text;
+}
+
+void advise_huge_pages(void* p, size_t bytes) {
+  constexpr uintptr_t kHugePage = uintptr_t{2} << 20;
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(p) + kHugePage - 1) & ~(kHugePage - 1);
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + bytes) & ~(kHugePage - 1);
+  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
 }
 
 }  // namespace moex

@@ -3,6 +3,7 @@
 // Commands compare what a run will allocate against it before allocating (a KV cache of 100M positions
 // must be refused with the figures, not end in std::bad_alloc or the OOM killer).
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -31,6 +32,10 @@ uint64_t cgroup_headroom(uint64_t limit, uint64_t usage, uint64_t inactive_file)
 // Throws Error(kInvalidInput) "<what> needs 6.1 GB, 3.2 GB available (<source>); <fix>" when `bytes` is more
 // than available_memory() (nothing is checked when that is unknown).
 void check_fits_in_memory(double bytes, const std::string& what, const std::string& fix);
+
+// Advises the whole 2 MB pages inside [p, p + bytes) for transparent huge pages; call it before the first
+// touch. A hint: with THP off (or not built) madvise fails and the pages stay 4 KB.
+void advise_huge_pages(void* p, size_t bytes);
 
 // "6.1 GB": bytes in decimal gigabytes (MB below 0.1 GB), for messages.
 std::string format_bytes(double bytes);

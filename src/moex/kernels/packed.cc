@@ -9,10 +9,10 @@
 #include <functional>
 #include <string_view>
 
-#include <sys/mman.h>
 
 #include "moex/base/dtype.h"
 #include "moex/base/error.h"
+#include "moex/base/system_memory.h"
 #include "moex/base/threads.h"
 #include "moex/kernels/x86/packed_x86.h"
 
@@ -181,14 +181,6 @@ QuantizedMatrix fp8_from_checkpoint(const TensorView& codes, const TensorView& s
 namespace {
 
 constexpr size_t kHugePage = size_t{2} << 20;
-
-// Advises the whole 2 MB pages inside [p, p + bytes) for transparent huge pages, before their first touch.
-// A hint: with THP off (or not built) madvise fails and the pages stay 4 KB.
-void advise_huge_pages(uint8_t* p, size_t bytes) {
-  const uintptr_t begin = (reinterpret_cast<uintptr_t>(p) + kHugePage - 1) & ~(kHugePage - 1);
-  const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + bytes) & ~(kHugePage - 1);
-  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
-}
 
 std::shared_ptr<uint8_t> allocate_zeroed(size_t bytes, size_t alignment) {
   std::shared_ptr<uint8_t> p(static_cast<uint8_t*>(std::aligned_alloc(alignment, bytes)), [](uint8_t* q) { std::free(q); });
