@@ -89,7 +89,7 @@ void setup_kernels_bench(CLI::App& bench) {
   cmd->add_option("--intermediate", flags->intermediate, "Override the intermediate size");
   add_list_flag(cmd, "--tokens", flags->tokens, "Tokens per call")->check(whole_number_in(1, INT32_MAX));
   add_list_flag(cmd, "--formats", flags->formats, "Weight formats");
-  add_list_flag(cmd, "--kernels", flags->kernels, "w1, gate_up, down; moe, moe_unfused: 8 experts, top-2 routing, fused_experts against the expert-by-expert calls; attention, attention_portable: causal paged attention of a T-token prompt (bf16 KV), AVX-512 tile against the portable one; dense: the as-stored bf16 matmul (attention projections, lm_head) on w1's shape, f32 activations");
+  add_list_flag(cmd, "--kernels", flags->kernels, "w1, gate_up, down; moe, moe_unfused: 8 experts, top-2 routing, fused_experts against the expert-by-expert calls; attention, attention_portable: causal paged attention of a T-token prompt (bf16 KV), this CPU's vector tile against the portable one; attention_decode, attention_decode_portable: 16 sequences, one query each over a T-position context; dense: the as-stored bf16 matmul (attention projections, lm_head) on w1's shape, f32 activations");
   cmd->add_option("--repeats", flags->repeats, "Samples per cell (median reported)")->capture_default_str();
   cmd->add_option("--roofline-mb", flags->roofline_mb, "Read-probe buffer size")->capture_default_str();
   flags->threads.add_to(cmd);

@@ -13,6 +13,7 @@
 #include "moex/base/cpu.h"
 #include "moex/base/dtype.h"
 #include "moex/base/error.h"
+#include "moex/base/system_memory.h"
 #include "moex/base/threads.h"
 #include "moex/kernels/matmul.h"
 #include "moex/kernels/paged_attention.h"
@@ -238,6 +239,59 @@ void bench_attention(const KernelBenchOptions& o, bool vector_tile, KernelBenchR
   }
 }
 
+// Decode attention: kDecodeSeqs sequences, one query each at position T - 1 (T = --tokens: the context), over a
+// bf16 paged KV cache with mini's heads, through this CPU's vector tile (`attention_decode`) or the portable one
+// (`attention_decode_portable`). Bytes: every sequence's K and V, read once (the roofline: decode attention
+// streams the cache); FLOPs as bench_attention's, judged against the vfmadd231ps probe.
+constexpr int64_t kDecodeSeqs = 16;
+void bench_attention_decode(const KernelBenchOptions& o, bool vector_tile, KernelBenchReport& report) {
+  const int64_t heads = 16, kv_heads = 4, hd = 64;
+  const bool had_x86 = x86_kernels_allowed();
+  for (int64_t T : o.tokens) {
+    PagedKvLayout layout;
+    layout.layers = 1;
+    layout.kv_heads = kv_heads;
+    layout.head_dim = hd;
+    const int64_t blocks_per_seq = (T + layout.block_size - 1) / layout.block_size;
+    layout.num_blocks = kDecodeSeqs * blocks_per_seq;
+    std::vector<uint16_t> pool;  // on huge pages where the kernel allows them, as PagedKvCache's
+    pool.reserve(layout.num_blocks * layout.block_elems());
+    advise_huge_pages(pool.data(), pool.capacity() * sizeof(uint16_t));
+    pool.resize(layout.num_blocks * layout.block_elems());
+    std::mt19937 rng(13);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (uint16_t& v : pool) v = f32_to_bf16(normal(rng));
+    // Sequence s owns blocks s, s + kDecodeSeqs, ...: interleaved, as a pool shared by growing sequences is.
+    std::vector<int32_t> tables(layout.num_blocks);
+    std::vector<PagedAttentionSeq> seqs(kDecodeSeqs);
+    for (int64_t s = 0; s < kDecodeSeqs; ++s) {
+      for (int64_t b = 0; b < blocks_per_seq; ++b)
+        tables[s * blocks_per_seq + b] = static_cast<int32_t>(b * kDecodeSeqs + s);
+      seqs[s] = {tables.data() + s * blocks_per_seq, s, 1, T - 1};
+    }
+    std::vector<float> q(kDecodeSeqs * heads * hd), out(kDecodeSeqs * heads * hd);  // [seqs, heads * hd]
+    for (float& v : q) v = normal(rng);
+    std::vector<float> scratch(num_threads() * paged_attention_scratch_floats(layout, heads));
+    set_use_x86_kernels(vector_tile);
+    const double seconds = median_call_seconds(o.repeats, o.sample_ms, o.cpu_clock, [&] {
+      paged_attention(layout, pool.data(), 0, seqs.data(), kDecodeSeqs, q.data(), heads, out.data(), scratch.data());
+    });
+    set_use_x86_kernels(had_x86);
+    KernelBenchRow r;
+    r.kernel = vector_tile ? "attention_decode" : "attention_decode_portable";
+    r.format = "bf16-kv";
+    r.isa = !vector_tile ? "none" : use_x86_kernels() ? "avx512" : use_avx2_kernels() ? "avx2" : "none";
+    r.tokens = T;
+    r.rows = kDecodeSeqs * heads;
+    r.cols = hd;
+    r.seconds = seconds;
+    r.weight_bytes = 2.0 * kDecodeSeqs * T * kv_heads * hd * 2;
+    r.flops = 4.0 * hd * heads * kDecodeSeqs * static_cast<double>(T);
+    finish_row(r, report, report.fma_peak.per_second);
+    report.rows.push_back(r);
+  }
+}
+
 // The as-stored matmul (kernels::matmul: f32 activations, bf16 weights read where the checkpoint's mapping has
 // them, the --dense-weights as-stored path of attention projections and lm_head) on w1's shape [I, H], cycled
 // over copies as the packed rows are. Judged against the vfmadd231ps probe (its instruction).
@@ -278,8 +332,11 @@ KernelBenchReport bench_kernels(const KernelBenchOptions& o) {
   MOEX_CHECK_INPUT(o.hidden > 0 && o.intermediate > 0, "hidden and intermediate sizes must be > 0");
   for (const std::string& k : o.kernels)
     MOEX_CHECK_INPUT(k == "w1" || k == "gate_up" || k == "down" || k == "moe" || k == "moe_unfused" ||
-                         k == "attention" || k == "attention_portable" || k == "dense",
-                     "unknown kernel '", k, "' (choose w1, gate_up, down, moe, moe_unfused, attention, attention_portable, dense)");
+                         k == "attention" || k == "attention_portable" || k == "attention_decode" ||
+                         k == "attention_decode_portable" || k == "dense",
+                     "unknown kernel '", k,
+                     "' (choose w1, gate_up, down, moe, moe_unfused, attention, attention_portable, attention_decode, "
+                     "attention_decode_portable, dense)");
   std::vector<FormatSpec> specs;
   for (const std::string& f : o.formats) specs.push_back(parse_format_spec(f));
   int64_t max_tokens = 1;
@@ -312,13 +369,15 @@ KernelBenchReport bench_kernels(const KernelBenchOptions& o) {
 
   for (const std::string& kernel : o.kernels) {  // not per format: the KV cache and the as-stored weights are bf16
     if (kernel == "attention" || kernel == "attention_portable") bench_attention(o, kernel == "attention", report);
+    if (kernel == "attention_decode" || kernel == "attention_decode_portable")
+      bench_attention_decode(o, kernel == "attention_decode", report);
     if (kernel == "dense") bench_dense(o, x, h, report);
   }
   for (size_t s = 0; s < specs.size(); ++s) {
     const FormatSpec& spec = specs[s];
     const QuantizedMatrix w1 = make_weights(spec, I, H, 1), w3 = make_weights(spec, I, H, 3), w2 = make_weights(spec, H, I, 2);
     for (const std::string& kernel : o.kernels) {
-      if (kernel == "attention" || kernel == "attention_portable" || kernel == "dense") continue;
+      if (kernel.rfind("attention", 0) == 0 || kernel == "dense") continue;
       if (kernel == "moe" || kernel == "moe_unfused") {
         bench_moe(o, spec, o.formats[s], kernel == "moe", report, x);
         continue;

@@ -53,7 +53,9 @@ int64_t paged_attention_scratch_floats(const PagedKvLayout& layout, int64_t head
   const int64_t lane_groups = (rows + 15) / 16;
   const int64_t x86 = 2 * layout.block_size * layout.head_dim + 16 * layout.block_size + 16 +
                       lane_groups * (32 * layout.head_dim + 48);
-  return std::max(portable, x86);
+  // The AVX-512 key-lane tile (few query vectors): K of up to 8 blocks transposed [8][16 C][16], p [4][16].
+  const int64_t key_lane = 8 * 16 * 16 * ((layout.head_dim + 15) / 16) + 4 * 16;
+  return std::max({portable, x86, key_lane});
 }
 
 namespace {

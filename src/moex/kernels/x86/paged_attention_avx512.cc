@@ -9,6 +9,8 @@
 // - p.V adds key j's value row, scaled by the lane's p broadcast, into that lane's accumulator row (L1).
 // A bf16 block is widened to f32 once per work item, for all its lane groups. Sums run in another order than the scalar tile's and
 // exp is exp_ps (~2 ulp): the two agree to rounding (tests/unit/kv_cache_test.cc, against fp32 references).
+// An item of at most kKeyLaneMaxVectors query vectors (decode: one row x the GQA group) runs key_lane_tile
+// instead, lanes along keys, which gives the same bits (see there).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -31,6 +33,19 @@ const float* widen_tile(const uint16_t* src, float* dst, int64_t count) {
     _mm512_mask_storeu_ps(dst + i, m, _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)));
   }
   return dst;
+}
+
+// Pulls block b's K and V tiles (its table entry) into L1 ahead of use: a sequence's blocks lie anywhere in
+// the pool, 2 KB (bf16) tiles that the hardware prefetcher does not follow from one to the next, so without
+// this every tile starts with a DRAM round trip (decode attention read the cache at ~10-20 GB/s).
+template <typename Elem>
+inline void prefetch_block(const PagedKvLayout& layout, const Elem* pool, int64_t layer, const PagedAttentionSeq& seq,
+                           int64_t b, int64_t g, int kv_begin = 0, int kv_end = 2) {
+  const int64_t bytes = layout.tile_elems() * static_cast<int64_t>(sizeof(Elem));
+  for (int kv = kv_begin; kv < kv_end; ++kv) {
+    const char* t = reinterpret_cast<const char*>(pool + layout.tile_offset(seq.block_table[b], layer, kv, g));
+    for (int64_t i = 0; i < bytes; i += 64) _mm_prefetch(t + i, _MM_HINT_T0);
+  }
 }
 
 // acc[lane] = acc[lane] * correction[lane] + sum_j p[j][lane] v_j for lanes 0..n-1, C = head_dim / 16 chunks
@@ -77,6 +92,211 @@ void add_pv(float* acc, const float* V, const float* p, const float* correction,
 
 // e^x for x <= 0, with x below -87 taken as -87 (e^-87 ~ 1.6e-38): exp_ps(-inf) would be NaN.
 inline __m512 exp_nonpositive(__m512 x) { return exp_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f))); }
+
+// One 16-element chunk of a K or V row, widened to f32 in the register (lanes past the mask read as zero).
+inline __m512 row_chunk(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+inline __m512 row_chunk(const uint16_t* p, __mmask16 m) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
+}
+
+// y[v] chunk c = x[c] chunk v (4x4 transpose of 128-bit blocks).
+inline void transpose_blocks(__m512 x[4]) {
+  const __m512 t0 = _mm512_shuffle_f32x4(x[0], x[1], 0x44), t1 = _mm512_shuffle_f32x4(x[0], x[1], 0xee);
+  const __m512 t2 = _mm512_shuffle_f32x4(x[2], x[3], 0x44), t3 = _mm512_shuffle_f32x4(x[2], x[3], 0xee);
+  x[0] = _mm512_shuffle_f32x4(t0, t2, 0x88);
+  x[1] = _mm512_shuffle_f32x4(t0, t2, 0xdd);
+  x[2] = _mm512_shuffle_f32x4(t1, t3, 0x88);
+  x[3] = _mm512_shuffle_f32x4(t1, t3, 0xdd);
+}
+
+// r[e] lane j = r[j] lane e on return (16 x 16 transpose): pairs unpack, then quads shuffle within 128-bit
+// blocks (b[4i + m] block k = rows 4i..4i+3, element 4k + m), then 128-bit blocks transpose.
+inline void transpose16(__m512 r[16]) {
+  __m512 a[16], b[16];
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) {
+    a[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    a[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) {
+    b[4 * i] = _mm512_shuffle_ps(a[4 * i], a[4 * i + 2], 0x44);
+    b[4 * i + 1] = _mm512_shuffle_ps(a[4 * i], a[4 * i + 2], 0xee);
+    b[4 * i + 2] = _mm512_shuffle_ps(a[4 * i + 1], a[4 * i + 3], 0x44);
+    b[4 * i + 3] = _mm512_shuffle_ps(a[4 * i + 1], a[4 * i + 3], 0xee);
+  }
+#pragma GCC unroll 4
+  for (int m = 0; m < 4; ++m) {
+    __m512 x[4] = {b[m], b[4 + m], b[8 + m], b[12 + m]};
+    transpose_blocks(x);
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; ++k) r[4 * k + m] = x[k];
+  }
+}
+
+// Query vectors [v0, v0 + NV) of a work item with few of them (decode: one row x the GQA group), lanes along
+// the block's 16 keys instead of along query vectors: the vertical tile below fills `vectors` of its 16 lanes
+// (4 at GQA 4: a quarter of its FMAs and exps useful). Blocks go NB at a time: their K tiles are transposed
+// into kt [NB][hd][16] (lanes: keys), and a (vector, block)'s 16 scores are hd FMAs of the vector's broadcast
+// q[e] with kt[e], the NB x NV chains interleaved (one chain alone would wait on each FMA's latency). Then
+// block by block: its probabilities are one exp_ps per vector, and each V row, widened once in registers,
+// goes into the NV accumulators (NV x C registers, kept over the whole walk).
+// Every step is the vertical tile's operation on the same operands in the same order (the q.k FMA chain over
+// e, the scale after it, exp_nonpositive, the sum of p over j = 0..15, l = l * correction + sum, acc scaled
+// then p.V over j, times 1 / l), only transposed: a row's result is the same bits whichever tile runs it, so
+// how a prompt is split into chunks never changes it (PagedAttentionTest.AQueryRowsResult...).
+template <int C, int NV, typename Elem>
+void key_lane_vectors(const PagedKvLayout& layout, const Elem* pool, int64_t layer, const PagedAttentionSeq& seq,
+                      int64_t row_begin, int64_t v0, int64_t g, int64_t group, const float* q, int64_t heads,
+                      float* out, float* scratch) {
+  constexpr int NB = std::min(8, 16 / NV);  // blocks per pass: 8 to 16 score chains (4 cycles each FMA, 2 a cycle)
+  const int64_t hd = layout.head_dim, bs = layout.block_size;  // bs == 16, 16 (C - 1) < hd <= 16 C
+  const __m512 scale = _mm512_set1_ps(1.0f / std::sqrt(static_cast<float>(hd)));
+  float* kt = scratch;               // [NB][16 C][16] the blocks' K transposed (lanes: keys)
+  float* p = kt + NB * 16 * C * 16;  // [NV][16] one block's probabilities
+  __mmask16 mask[C];
+#pragma GCC unroll 8
+  for (int k = 0; k < C; ++k) mask[k] = lane_mask(hd - 16 * k);
+  const float* qv[NV];
+  int64_t pos[NV];
+  for (int v = 0; v < NV; ++v) {
+    const int64_t r = (v0 + v) / group, h = (v0 + v) % group;
+    qv[v] = q + ((seq.q_row + row_begin + r) * heads + g * group + h) * hd;
+    pos[v] = seq.q_pos + row_begin + r;
+  }
+  float m[NV], l[NV];
+  __m512 acc[NV][C];
+  for (int v = 0; v < NV; ++v) {
+    m[v] = -INFINITY;
+    l[v] = 0.0f;
+    for (int k = 0; k < C; ++k) acc[v][k] = _mm512_setzero_ps();
+  }
+  const __m512i key_index = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  const int64_t blocks = pos[NV - 1] / bs + 1;  // vectors run in row order: the last reaches furthest
+  const int64_t row_bytes = hd * static_cast<int64_t>(sizeof(Elem));
+  for (int64_t b = 0; b < std::min<int64_t>(NB, blocks); ++b) prefetch_block(layout, pool, layer, seq, b, g);
+  for (int64_t b0 = 0; b0 < blocks; b0 += NB) {
+    const int64_t nb = std::min<int64_t>(NB, blocks - b0);
+    // The next pass's tiles are prefetched row by row as this pass reads its own (K while transposing, V in
+    // p.V): a sequence's blocks lie anywhere in the pool (2 KB tiles the hardware prefetcher does not follow
+    // from one to the next), and a whole pass's prefetches at once queue behind each other.
+    const auto next_tile = [&](int64_t i, int kv) -> const char* {
+      const int64_t b = b0 + NB + i;
+      return b < blocks ? reinterpret_cast<const char*>(pool + layout.tile_offset(seq.block_table[b], layer, kv, g))
+                        : nullptr;
+    };
+    // All 16 rows of each K tile: rows past the written positions hold stale or unwritten data (NaN
+    // possibly), confined to their own key lane and replaced by the mask below.
+    for (int64_t i = 0; i < nb; ++i) {
+      const Elem* K = pool + layout.tile_offset(seq.block_table[b0 + i], layer, 0, g);  // [bs][hd]
+      const char* next_k = next_tile(i, 0);
+#pragma GCC unroll 8
+      for (int k = 0; k < C; ++k) {
+        const int64_t offset = 16 * k * static_cast<int64_t>(sizeof(Elem));  // chunk k's first byte in a row
+        if (next_k && offset % 64 == 0)
+          for (int j = 0; j < 16; ++j) _mm_prefetch(next_k + j * row_bytes + offset, _MM_HINT_T0);
+        __m512 r[16];
+#pragma GCC unroll 16
+        for (int j = 0; j < 16; ++j) r[j] = row_chunk(K + j * hd + 16 * k, mask[k]);
+        transpose16(r);
+#pragma GCC unroll 16
+        for (int e = 0; e < 16; ++e) _mm512_storeu_ps(kt + ((i * C + k) * 16 + e) * 16, r[e]);
+      }
+    }
+    // Scores of every (block, vector) of the pass; the chains of blocks past nb read stale kt and are unused.
+    __m512 sc[NB][NV];
+#pragma GCC unroll 16
+    for (int i = 0; i < NB; ++i)
+#pragma GCC unroll 16
+      for (int v = 0; v < NV; ++v) sc[i][v] = _mm512_setzero_ps();
+    for (int64_t e = 0; e < hd; ++e) {
+      __m512 qe[NV];
+#pragma GCC unroll 16
+      for (int v = 0; v < NV; ++v) qe[v] = _mm512_set1_ps(qv[v][e]);
+#pragma GCC unroll 16
+      for (int i = 0; i < NB; ++i) {
+        const __m512 ke = _mm512_loadu_ps(kt + (i * 16 * C + e) * 16);
+#pragma GCC unroll 16
+        for (int v = 0; v < NV; ++v) sc[i][v] = _mm512_fmadd_ps(qe[v], ke, sc[i][v]);
+      }
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < NB; ++i) {
+      if (i >= nb) break;
+      const int64_t first = (b0 + i) * bs, valid = std::min(bs, pos[NV - 1] + 1 - first);
+      int64_t keys_max = 0;
+#pragma GCC unroll 16
+      for (int v = 0; v < NV; ++v) {
+        const int64_t keys = std::min(valid, pos[v] + 1 - first);  // causal
+        if (keys <= 0) {  // this vector's walk ended in an earlier block: nothing to add
+          _mm512_storeu_ps(p + 16 * v, _mm512_setzero_ps());
+          continue;
+        }
+        keys_max = std::max(keys_max, keys);
+        const __m512 s = _mm512_mul_ps(sc[i][v], scale);
+        const __mmask16 keep = _mm512_cmplt_epi32_mask(key_index, _mm512_set1_epi32(static_cast<int32_t>(keys)));
+        const float m_new = std::max(m[v], _mm512_mask_reduce_max_ps(keep, s));
+        const __m512 pv = _mm512_maskz_mov_ps(keep, exp_nonpositive(_mm512_sub_ps(s, _mm512_set1_ps(m_new))));
+        const __m512 cv = exp_nonpositive(_mm512_set1_ps(m[v] - m_new));
+        _mm512_storeu_ps(p + 16 * v, pv);
+        float sum = 0.0f;
+        for (int j = 0; j < 16; ++j) sum += p[16 * v + j];
+        m[v] = m_new;
+        l[v] = std::fma(l[v], _mm512_cvtss_f32(cv), sum);
+#pragma GCC unroll 8
+        for (int k = 0; k < C; ++k) acc[v][k] = _mm512_mul_ps(cv, acc[v][k]);
+      }
+      // Rows below keys_max are written positions; a vector's p is zero past its own keys.
+      const Elem* V = pool + layout.tile_offset(seq.block_table[b0 + i], layer, 1, g);
+      if (const char* next_v = next_tile(i, 1))
+        for (int64_t o = 0; o < 16 * row_bytes; o += 64) _mm_prefetch(next_v + o, _MM_HINT_T0);
+      for (int64_t j = 0; j < keys_max; ++j) {
+        __m512 vc[C];
+#pragma GCC unroll 8
+        for (int k = 0; k < C; ++k) vc[k] = row_chunk(V + j * hd + 16 * k, mask[k]);
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) {
+          const __m512 pj = _mm512_set1_ps(p[16 * v + j]);
+#pragma GCC unroll 8
+          for (int k = 0; k < C; ++k) acc[v][k] = _mm512_fmadd_ps(pj, vc[k], acc[v][k]);
+        }
+      }
+    }
+  }
+  for (int v = 0; v < NV; ++v) {
+    const int64_t r = (v0 + v) / group, h = (v0 + v) % group;
+    float* oh = out + ((seq.q_row + row_begin + r) * heads + g * group + h) * hd;
+    const __m512 inv = _mm512_set1_ps(1.0f / l[v]);
+#pragma GCC unroll 8
+    for (int k = 0; k < C; ++k) _mm512_mask_storeu_ps(oh + 16 * k, mask[k], _mm512_mul_ps(inv, acc[v][k]));
+  }
+}
+
+// Every vector of the item: up to 4 in one pass (acc: NV x C registers, so NV = 4 needs C <= 4, and 2 for
+// head_dim up to 128), the rest in passes of fewer.
+template <int C, typename Elem>
+void key_lane_tile(const PagedKvLayout& layout, const Elem* pool, int64_t layer, const PagedAttentionSeq& seq,
+                   int64_t row_begin, int64_t row_end, int64_t g, int64_t group, const float* q, int64_t heads,
+                   float* out, float* scratch) {
+  constexpr int kMaxNV = C <= 4 ? 4 : 2;
+  const int64_t vectors = (row_end - row_begin) * group;
+  for (int64_t v0 = 0; v0 < vectors;) {
+    const int64_t n = std::min<int64_t>(kMaxNV, vectors - v0);
+    const auto run = [&]<int NV>() {
+      key_lane_vectors<C, NV>(layout, pool, layer, seq, row_begin, v0, g, group, q, heads, out, scratch);
+    };
+    if (n >= 4) {
+      if constexpr (kMaxNV >= 4) run.template operator()<4>();
+    } else if (n == 3) {
+      if constexpr (kMaxNV >= 3) run.template operator()<3>();
+    } else if (n == 2) {
+      run.template operator()<2>();
+    } else {
+      run.template operator()<1>();
+    }
+    v0 += n;
+  }
+}
 
 template <typename Elem>
 void tile(const PagedKvLayout& layout, const Elem* pool, int64_t layer, const PagedAttentionSeq& seq,
@@ -191,17 +411,40 @@ void tile(const PagedKvLayout& layout, const Elem* pool, int64_t layer, const Pa
   }
 }
 
+// Query vectors per item up to which key_lane_tile runs: it costs ~5 C + 8 instructions per (vector, key)
+// against the vertical tile's ~(C + 2) x 16 per (16 lanes of vectors, key) (measured in `moex bench kernels
+// --kernels attention_decode`; docs/kernels.md).
+constexpr int64_t kKeyLaneMaxVectors = 8;
+
+template <typename Elem>
+void attend(const PagedKvLayout& layout, const Elem* pool, int64_t layer, const PagedAttentionSeq& seq,
+            int64_t row_begin, int64_t row_end, int64_t g, int64_t group, const float* q, int64_t heads, float* out,
+            float* scratch) {
+  if ((row_end - row_begin) * group > kKeyLaneMaxVectors) {
+    tile(layout, pool, layer, seq, row_begin, row_end, g, group, q, heads, out, scratch);
+    return;
+  }
+  switch ((layout.head_dim + 15) / 16) {
+#define MOEX_KEY_LANE(C) \
+  case C: key_lane_tile<C>(layout, pool, layer, seq, row_begin, row_end, g, group, q, heads, out, scratch); break;
+    MOEX_KEY_LANE(1) MOEX_KEY_LANE(2) MOEX_KEY_LANE(3) MOEX_KEY_LANE(4)
+    MOEX_KEY_LANE(5) MOEX_KEY_LANE(6) MOEX_KEY_LANE(7) MOEX_KEY_LANE(8)
+#undef MOEX_KEY_LANE
+    default: tile(layout, pool, layer, seq, row_begin, row_end, g, group, q, heads, out, scratch); break;
+  }
+}
+
 }  // namespace
 
 void paged_attend_tile_avx512(const PagedKvLayout& layout, const uint16_t* pool, int64_t layer,
                               const PagedAttentionSeq& seq, int64_t row_begin, int64_t row_end, int64_t g,
                               int64_t group, const float* q, int64_t heads, float* out, float* scratch) {
-  tile(layout, pool, layer, seq, row_begin, row_end, g, group, q, heads, out, scratch);
+  attend(layout, pool, layer, seq, row_begin, row_end, g, group, q, heads, out, scratch);
 }
 void paged_attend_tile_avx512(const PagedKvLayout& layout, const float* pool, int64_t layer,
                               const PagedAttentionSeq& seq, int64_t row_begin, int64_t row_end, int64_t g,
                               int64_t group, const float* q, int64_t heads, float* out, float* scratch) {
-  tile(layout, pool, layer, seq, row_begin, row_end, g, group, q, heads, out, scratch);
+  attend(layout, pool, layer, seq, row_begin, row_end, g, group, q, heads, out, scratch);
 }
 
 }  // namespace moex::kernels::x86
