@@ -432,7 +432,8 @@ for (const [dir, template] of [[chatmlModel, [{ name: 'default', template: CHATM
 
 // A second server (ChatML): one sequence at a time, no queue, no prefix caching.
 const small = await startServer(['--max-num-seqs', '1', '--max-waiting', '0', '--max-batch-tokens', '64',
-                                 '--no-prefix-caching', '--served-model-name', 'tiny'], 1, chatmlModel);
+                                 '--max-seq-len', '4096', '--no-prefix-caching', '--served-model-name', 'tiny'], 1,
+                                chatmlModel);
 const smallClient = new OpenAI({ baseURL: `${small.url}/v1`, apiKey: 'unused', maxRetries: 0 });
 
 await check('a non-streamed request whose client disconnects is cancelled', async () => {
@@ -441,12 +442,13 @@ await check('a non-streamed request whose client disconnects is cancelled', asyn
   const lengths = before.value('moex:request_success_total{finished_reason="length"}');
   const controller = new AbortController();
   const started = Date.now();
-  const pending = smallClient.completions.create({ model: modelName, prompt, max_tokens: 2000, temperature: 0,
+  const pending = smallClient.completions.create({ model: modelName, prompt, max_tokens: 4000, temperature: 0,
                                               ignore_eos: true }, { signal: controller.signal });
   pending.catch(() => {});
   // Aborted once the server runs it. On the one-sequence server with the longest answer its cache holds
-  // (2000 tokens, ~0.4 s on the tiny model unloaded): with 1000 on a faster engine, the answer sometimes
-  // finished before the abort reached it.
+  // (4000 tokens at --max-seq-len 4096, tiny's max_position_embeddings): with 1000, then 2000 tokens (~0.4 s
+  // on Zen 4, 0.18 s on a Zen 5 class EPYC with the key-lane decode attention), a faster engine sometimes
+  // finished the answer before the abort reached it (2 runs in 4 there at 2000).
   for (let t = 0; t < 400 && (await metrics(small.url)).value('moex:num_requests_running') === 0; t++)
     await new Promise((r) => setTimeout(r, 2));
   controller.abort();
