@@ -195,57 +195,16 @@ void bench_moe(const KernelBenchOptions& o, const FormatSpec& spec, const std::s
   }
 }
 
-// Causal self-attention of one T-token prompt over a bf16 paged KV cache (mini's heads: 16 query, 4 KV, head
-// dim 64), through this CPU's vector tile (`attention`: AVX-512, or AVX2 on a CPU without it) or the portable
-// one (`attention_portable`), in the same run.
+// Paged attention over a bf16 KV cache with mini's heads (16 query, 4 KV, head dim 64), through this CPU's
+// vector tile (AVX-512, or AVX2 on a CPU without it) or the portable one (the `_portable` rows), in the same run:
+// - `attention`: causal self-attention of one T-token prompt;
+// - `attention_decode`: kDecodeSeqs sequences, one query each at position T - 1 (T: the context), their blocks
+//   interleaved in the pool as growing sequences' are.
 // FLOPs: q.k and p.v, 2 x 2 x head_dim per (query head, key) pair the causal mask keeps; judged against the
-// vfmadd231ps probe (the tile's instruction). Bytes: the K/V the call reads.
-void bench_attention(const KernelBenchOptions& o, bool vector_tile, KernelBenchReport& report) {
-  const int64_t heads = 16, kv_heads = 4, hd = 64;
-  const bool had_x86 = x86_kernels_allowed();
-  for (int64_t T : o.tokens) {
-    PagedKvLayout layout;
-    layout.layers = 1;
-    layout.kv_heads = kv_heads;
-    layout.head_dim = hd;
-    layout.num_blocks = (T + layout.block_size - 1) / layout.block_size;
-    std::vector<uint16_t> pool(layout.num_blocks * layout.block_elems());
-    std::mt19937 rng(11);
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    for (uint16_t& v : pool) v = f32_to_bf16(normal(rng));
-    std::vector<int32_t> table(layout.num_blocks);
-    for (int64_t b = 0; b < layout.num_blocks; ++b) table[b] = static_cast<int32_t>(b);
-    std::vector<float> q(T * heads * hd), out(T * heads * hd);  // [T, heads * hd]
-    for (float& v : q) v = normal(rng);
-    const PagedAttentionSeq seq{table.data(), 0, T, 0};
-    std::vector<float> scratch(num_threads() * paged_attention_scratch_floats(layout, heads));
-    set_use_x86_kernels(vector_tile);
-    const double seconds = median_call_seconds(o.repeats, o.sample_ms, o.cpu_clock, [&] {
-      paged_attention(layout, pool.data(), 0, &seq, 1, q.data(), heads, out.data(), scratch.data());
-    });
-    set_use_x86_kernels(had_x86);
-    KernelBenchRow r;
-    r.kernel = vector_tile ? "attention" : "attention_portable";
-    r.format = "bf16-kv";
-    r.isa = !vector_tile ? "none" : use_x86_kernels() ? "avx512" : use_avx2_kernels() ? "avx2" : "none";
-    r.tokens = T;
-    r.rows = heads;
-    r.cols = hd;
-    r.seconds = seconds;
-    r.weight_bytes = 2.0 * T * kv_heads * hd * 2;
-    r.flops = 4.0 * hd * heads * (static_cast<double>(T) * (T + 1) / 2);
-    finish_row(r, report, report.fma_peak.per_second);
-    report.rows.push_back(r);
-  }
-}
-
-// Decode attention: kDecodeSeqs sequences, one query each at position T - 1 (T = --tokens: the context), over a
-// bf16 paged KV cache with mini's heads, through this CPU's vector tile (`attention_decode`) or the portable one
-// (`attention_decode_portable`). Bytes: every sequence's K and V, read once (the roofline: decode attention
-// streams the cache); FLOPs as bench_attention's, judged against the vfmadd231ps probe.
+// vfmadd231ps probe (the tiles' instruction). Bytes: the K/V the call reads (decode's roofline: it streams them).
 constexpr int64_t kDecodeSeqs = 16;
-void bench_attention_decode(const KernelBenchOptions& o, bool vector_tile, KernelBenchReport& report) {
-  const int64_t heads = 16, kv_heads = 4, hd = 64;
+void bench_attention(const KernelBenchOptions& o, bool decode, bool vector_tile, KernelBenchReport& report) {
+  const int64_t heads = 16, kv_heads = 4, hd = 64, num_seqs = decode ? kDecodeSeqs : 1;
   const bool had_x86 = x86_kernels_allowed();
   for (int64_t T : o.tokens) {
     PagedKvLayout layout;
@@ -253,40 +212,43 @@ void bench_attention_decode(const KernelBenchOptions& o, bool vector_tile, Kerne
     layout.kv_heads = kv_heads;
     layout.head_dim = hd;
     const int64_t blocks_per_seq = (T + layout.block_size - 1) / layout.block_size;
-    layout.num_blocks = kDecodeSeqs * blocks_per_seq;
+    layout.num_blocks = num_seqs * blocks_per_seq;
     std::vector<uint16_t> pool;  // on huge pages where the kernel allows them, as PagedKvCache's
     pool.reserve(layout.num_blocks * layout.block_elems());
     advise_huge_pages(pool.data(), pool.capacity() * sizeof(uint16_t));
     pool.resize(layout.num_blocks * layout.block_elems());
-    std::mt19937 rng(13);
+    std::mt19937 rng(decode ? 13 : 11);
     std::normal_distribution<float> normal(0.0f, 1.0f);
     for (uint16_t& v : pool) v = f32_to_bf16(normal(rng));
-    // Sequence s owns blocks s, s + kDecodeSeqs, ...: interleaved, as a pool shared by growing sequences is.
+    // Sequence s owns blocks s, s + num_seqs, ...
     std::vector<int32_t> tables(layout.num_blocks);
-    std::vector<PagedAttentionSeq> seqs(kDecodeSeqs);
-    for (int64_t s = 0; s < kDecodeSeqs; ++s) {
+    std::vector<PagedAttentionSeq> seqs(num_seqs);
+    for (int64_t s = 0; s < num_seqs; ++s) {
       for (int64_t b = 0; b < blocks_per_seq; ++b)
-        tables[s * blocks_per_seq + b] = static_cast<int32_t>(b * kDecodeSeqs + s);
-      seqs[s] = {tables.data() + s * blocks_per_seq, s, 1, T - 1};
+        tables[s * blocks_per_seq + b] = static_cast<int32_t>(b * num_seqs + s);
+      seqs[s] = decode ? PagedAttentionSeq{tables.data() + s * blocks_per_seq, s, 1, T - 1}
+                       : PagedAttentionSeq{tables.data(), 0, T, 0};
     }
-    std::vector<float> q(kDecodeSeqs * heads * hd), out(kDecodeSeqs * heads * hd);  // [seqs, heads * hd]
+    const int64_t rows = decode ? num_seqs : T;
+    std::vector<float> q(rows * heads * hd), out(rows * heads * hd);  // [rows, heads * hd]
     for (float& v : q) v = normal(rng);
     std::vector<float> scratch(num_threads() * paged_attention_scratch_floats(layout, heads));
     set_use_x86_kernels(vector_tile);
     const double seconds = median_call_seconds(o.repeats, o.sample_ms, o.cpu_clock, [&] {
-      paged_attention(layout, pool.data(), 0, seqs.data(), kDecodeSeqs, q.data(), heads, out.data(), scratch.data());
+      paged_attention(layout, pool.data(), 0, seqs.data(), num_seqs, q.data(), heads, out.data(), scratch.data());
     });
     set_use_x86_kernels(had_x86);
     KernelBenchRow r;
-    r.kernel = vector_tile ? "attention_decode" : "attention_decode_portable";
+    r.kernel = std::string(decode ? "attention_decode" : "attention") + (vector_tile ? "" : "_portable");
     r.format = "bf16-kv";
     r.isa = !vector_tile ? "none" : use_x86_kernels() ? "avx512" : use_avx2_kernels() ? "avx2" : "none";
     r.tokens = T;
-    r.rows = kDecodeSeqs * heads;
+    r.rows = num_seqs * heads;
     r.cols = hd;
     r.seconds = seconds;
-    r.weight_bytes = 2.0 * kDecodeSeqs * T * kv_heads * hd * 2;
-    r.flops = 4.0 * hd * heads * kDecodeSeqs * static_cast<double>(T);
+    r.weight_bytes = 2.0 * num_seqs * T * kv_heads * hd * 2;
+    const double pairs = decode ? static_cast<double>(num_seqs) * T : static_cast<double>(T) * (T + 1) / 2;
+    r.flops = 4.0 * hd * heads * pairs;
     finish_row(r, report, report.fma_peak.per_second);
     report.rows.push_back(r);
   }
@@ -368,9 +330,10 @@ KernelBenchReport bench_kernels(const KernelBenchOptions& o) {
   for (int64_t t = 0; t < max_tokens; ++t) out_rows[t] = static_cast<int32_t>(t);
 
   for (const std::string& kernel : o.kernels) {  // not per format: the KV cache and the as-stored weights are bf16
-    if (kernel == "attention" || kernel == "attention_portable") bench_attention(o, kernel == "attention", report);
-    if (kernel == "attention_decode" || kernel == "attention_decode_portable")
-      bench_attention_decode(o, kernel == "attention_decode", report);
+    if (kernel.rfind("attention", 0) == 0) {
+      const bool decode = kernel.rfind("attention_decode", 0) == 0, portable = kernel.ends_with("_portable");
+      bench_attention(o, decode, !portable, report);
+    }
     if (kernel == "dense") bench_dense(o, x, h, report);
   }
   for (size_t s = 0; s < specs.size(); ++s) {

@@ -80,16 +80,6 @@ struct Decoder {
   }
 };
 
-// y[c] chunk v = x[v] chunk c (4x4 transpose of 128-bit blocks): lane order <-> the permuted order (its own inverse).
-inline void transpose_blocks(__m512 v[4]) {
-  const __m512 t0 = _mm512_shuffle_f32x4(v[0], v[1], 0x44), t1 = _mm512_shuffle_f32x4(v[0], v[1], 0xee);
-  const __m512 t2 = _mm512_shuffle_f32x4(v[2], v[3], 0x44), t3 = _mm512_shuffle_f32x4(v[2], v[3], 0xee);
-  v[0] = _mm512_shuffle_f32x4(t0, t2, 0x88);
-  v[1] = _mm512_shuffle_f32x4(t0, t2, 0xdd);
-  v[2] = _mm512_shuffle_f32x4(t1, t3, 0x88);
-  v[3] = _mm512_shuffle_f32x4(t1, t3, 0xdd);
-}
-
 inline __m512bh broadcast_pair(const uint16_t* p) {
   int32_t pair;
   std::memcpy(&pair, p, sizeof pair);

@@ -24,26 +24,37 @@ namespace moex::kernels::x86 {
 
 namespace {
 
+// One 16-element chunk of a K or V row, widened to f32 in the register (lanes past the mask read as zero).
+inline __m512 row_chunk(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+inline __m512 row_chunk(const uint16_t* p, __mmask16 m) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
+}
+
 // The f32 pool is read in place; a bf16 tile's first `count` elements are widened into dst.
 const float* widen_tile(const float* src, float*, int64_t) { return src; }
 const float* widen_tile(const uint16_t* src, float* dst, int64_t count) {
   for (int64_t i = 0; i < count; i += 16) {
     const __mmask16 m = lane_mask(count - i);
-    const __m512i w = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, src + i));
-    _mm512_mask_storeu_ps(dst + i, m, _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)));
+    _mm512_mask_storeu_ps(dst + i, m, row_chunk(src + i, m));
   }
   return dst;
 }
 
-// Pulls block b's K and V tiles (its table entry) into L1 ahead of use: a sequence's blocks lie anywhere in
-// the pool, 2 KB (bf16) tiles that the hardware prefetcher does not follow from one to the next, so without
-// this every tile starts with a DRAM round trip (decode attention read the cache at ~10-20 GB/s).
+// The first byte of block b's K (kv 0) or V (kv 1) tile of KV head g, through the sequence's table.
+template <typename Elem>
+inline const char* tile_bytes(const PagedKvLayout& layout, const Elem* pool, int64_t layer,
+                              const PagedAttentionSeq& seq, int64_t b, int kv, int64_t g) {
+  return reinterpret_cast<const char*>(pool + layout.tile_offset(seq.block_table[b], layer, kv, g));
+}
+
+// Pulls block b's K and V tiles into L1 ahead of use: a sequence's blocks lie anywhere in the pool, 2 KB
+// (bf16) tiles that the hardware prefetcher does not follow from one to the next.
 template <typename Elem>
 inline void prefetch_block(const PagedKvLayout& layout, const Elem* pool, int64_t layer, const PagedAttentionSeq& seq,
-                           int64_t b, int64_t g, int kv_begin = 0, int kv_end = 2) {
+                           int64_t b, int64_t g) {
   const int64_t bytes = layout.tile_elems() * static_cast<int64_t>(sizeof(Elem));
-  for (int kv = kv_begin; kv < kv_end; ++kv) {
-    const char* t = reinterpret_cast<const char*>(pool + layout.tile_offset(seq.block_table[b], layer, kv, g));
+  for (int kv = 0; kv < 2; ++kv) {
+    const char* t = tile_bytes(layout, pool, layer, seq, b, kv, g);
     for (int64_t i = 0; i < bytes; i += 64) _mm_prefetch(t + i, _MM_HINT_T0);
   }
 }
@@ -92,22 +103,6 @@ void add_pv(float* acc, const float* V, const float* p, const float* correction,
 
 // e^x for x <= 0, with x below -87 taken as -87 (e^-87 ~ 1.6e-38): exp_ps(-inf) would be NaN.
 inline __m512 exp_nonpositive(__m512 x) { return exp_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f))); }
-
-// One 16-element chunk of a K or V row, widened to f32 in the register (lanes past the mask read as zero).
-inline __m512 row_chunk(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
-inline __m512 row_chunk(const uint16_t* p, __mmask16 m) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
-}
-
-// y[v] chunk c = x[c] chunk v (4x4 transpose of 128-bit blocks).
-inline void transpose_blocks(__m512 x[4]) {
-  const __m512 t0 = _mm512_shuffle_f32x4(x[0], x[1], 0x44), t1 = _mm512_shuffle_f32x4(x[0], x[1], 0xee);
-  const __m512 t2 = _mm512_shuffle_f32x4(x[2], x[3], 0x44), t3 = _mm512_shuffle_f32x4(x[2], x[3], 0xee);
-  x[0] = _mm512_shuffle_f32x4(t0, t2, 0x88);
-  x[1] = _mm512_shuffle_f32x4(t0, t2, 0xdd);
-  x[2] = _mm512_shuffle_f32x4(t1, t3, 0x88);
-  x[3] = _mm512_shuffle_f32x4(t1, t3, 0xdd);
-}
 
 // r[e] lane j = r[j] lane e on return (16 x 16 transpose): pairs unpack, then quads shuffle within 128-bit
 // blocks (b[4i + m] block k = rows 4i..4i+3, element 4k + m), then 128-bit blocks transpose.
@@ -181,9 +176,7 @@ void key_lane_vectors(const PagedKvLayout& layout, const Elem* pool, int64_t lay
     // p.V): a sequence's blocks lie anywhere in the pool (2 KB tiles the hardware prefetcher does not follow
     // from one to the next), and a whole pass's prefetches at once queue behind each other.
     const auto next_tile = [&](int64_t i, int kv) -> const char* {
-      const int64_t b = b0 + NB + i;
-      return b < blocks ? reinterpret_cast<const char*>(pool + layout.tile_offset(seq.block_table[b], layer, kv, g))
-                        : nullptr;
+      return b0 + NB + i < blocks ? tile_bytes(layout, pool, layer, seq, b0 + NB + i, kv, g) : nullptr;
     };
     // All 16 rows of each K tile: rows past the written positions hold stale or unwritten data (NaN
     // possibly), confined to their own key lane and replaced by the mask below.
@@ -411,9 +404,9 @@ void tile(const PagedKvLayout& layout, const Elem* pool, int64_t layer, const Pa
   }
 }
 
-// Query vectors per item up to which key_lane_tile runs: it costs ~5 C + 8 instructions per (vector, key)
-// against the vertical tile's ~(C + 2) x 16 per (16 lanes of vectors, key) (measured in `moex bench kernels
-// --kernels attention_decode`; docs/kernels.md).
+// Query vectors per item up to which key_lane_tile runs (in passes of up to 4). At 4 (decode at GQA 4) it
+// takes 0.55-0.8x the vertical tile's time (`moex bench kernels --kernels attention_decode`, docs/kernels.md);
+// 5..8 (two passes) was not measured against it; from 9 on the vertical tile fills enough of its lanes.
 constexpr int64_t kKeyLaneMaxVectors = 8;
 
 template <typename Elem>

@@ -35,6 +35,16 @@ inline __m512 exp_ps(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
+// x[v] 128-bit block c = x[c] block v on return (4x4 transpose of 128-bit blocks; its own inverse).
+inline void transpose_blocks(__m512 x[4]) {
+  const __m512 t0 = _mm512_shuffle_f32x4(x[0], x[1], 0x44), t1 = _mm512_shuffle_f32x4(x[0], x[1], 0xee);
+  const __m512 t2 = _mm512_shuffle_f32x4(x[2], x[3], 0x44), t3 = _mm512_shuffle_f32x4(x[2], x[3], 0xee);
+  x[0] = _mm512_shuffle_f32x4(t0, t2, 0x88);
+  x[1] = _mm512_shuffle_f32x4(t0, t2, 0xdd);
+  x[2] = _mm512_shuffle_f32x4(t1, t3, 0x88);
+  x[3] = _mm512_shuffle_f32x4(t1, t3, 0xdd);
+}
+
 // silu(g) = g / (1 + e^-g)
 inline __m512 silu_ps(__m512 g) {
   return _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), g))));
