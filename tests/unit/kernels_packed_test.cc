@@ -741,6 +741,36 @@ TEST(BenchKernels, DenseRowsTimeTheAsStoredMatmul) {
   EXPECT_THROW(kernels::bench_kernels(o), Error);
 }
 
+// The attention rows: one per token count and kernel whatever the formats; the prefill row's bytes are one
+// prompt's K/V and its FLOPs the causal pairs, the decode row's 16 sequences' K/V and one query each.
+TEST(BenchKernels, AttentionRowsCountThePromptOrTheDecodeBatch) {
+  kernels::KernelBenchOptions o;
+  o.tokens = {3, 20};
+  o.formats = {"bf16", "int8"};
+  o.kernels = {"attention", "attention_decode_portable"};
+  o.repeats = 1;
+  o.sample_ms = 0;
+  o.roofline_mb = 4;
+  const kernels::KernelBenchReport r = kernels::bench_kernels(o);
+  ASSERT_EQ(r.rows.size(), 4u);
+  const double kv_per_position = 2.0 * 4 * 64 * 2;  // K and V, 4 KV heads x head dim 64, bf16
+  for (int i = 0; i < 2; ++i) {
+    const auto& prefill = r.rows[i];
+    const auto& decode = r.rows[2 + i];
+    const double T = static_cast<double>(o.tokens[i]);
+    EXPECT_EQ(prefill.kernel, "attention");
+    EXPECT_EQ(prefill.isa, use_x86_kernels() ? "avx512" : use_avx2_kernels() ? "avx2" : "none");
+    EXPECT_EQ(prefill.weight_bytes, T * kv_per_position);
+    EXPECT_EQ(prefill.flops, 4.0 * 64 * 16 * T * (T + 1) / 2);
+    EXPECT_EQ(decode.kernel, "attention_decode_portable");
+    EXPECT_EQ(decode.isa, "none");
+    EXPECT_EQ(decode.weight_bytes, 16 * T * kv_per_position);
+    EXPECT_EQ(decode.flops, 4.0 * 64 * 16 * 16 * T);
+    EXPECT_GT(prefill.seconds, 0);
+    EXPECT_GT(decode.seconds, 0);
+  }
+}
+
 #ifdef MOEX_BINARY
 // The MoE-layer rows: the fused pass and the expert-by-expert calls on the same 8 experts, bytes of the
 // experts that got a token (T = 1: two; T = 3: six), FLOPs of 2 choices per token.
