@@ -113,18 +113,7 @@ void run_panels_w8a8_many_avx512vnni(const PanelJob& job, int64_t panel_begin, i
         t += mt;
       }
     }
-    // float(sum q w) * (token scale * row scale), the offset 128 * sum w taken off first (the few-row loop's).
-    const int32_t* col_sums = w.col_sums.as<const int32_t>() + panel * kPanel;
-    const float* row_scales = w.scales.as<const float>() + panel * kPanel;
-    for (int64_t r = 0; r < tokens; ++r) {
-      const __m512 token_scale = _mm512_set1_ps(job.token_scales[r]);
-      for (int v = 0; v < 4; ++v) {
-        const __m512i offset = _mm512_slli_epi32(_mm512_loadu_si512(col_sums + 16 * v), 7);
-        const __m512i dot = _mm512_sub_epi32(_mm512_loadu_si512(c.data() + r * kPanel + 16 * v), offset);
-        _mm512_storeu_ps(f.data() + r * kPanel + 16 * v,
-                         _mm512_mul_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(token_scale, _mm512_loadu_ps(row_scales + 16 * v))));
-      }
-    }
+    w8a8_panel_to_f32(job, panel, c.data(), f.data());  // the few-row loop's epilogue
     apply_epilogue(job.epilogue, w, panel, tokens, f.data());
   }
 }

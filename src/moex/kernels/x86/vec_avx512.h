@@ -50,6 +50,24 @@ inline __m512 silu_ps(__m512 g) {
   return _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), g))));
 }
 
+// W8A8: one panel's integer sums c [tokens][64] of (q + 128) . w as f [tokens][64] = float(sum q w) * (token
+// scale * row scale), the offset 128 * sum w taken off first. Every W8A8 row loop (VNNI few / many rows, AMX)
+// ends with this, so their results agree bit for bit.
+inline void w8a8_panel_to_f32(const PanelJob& job, int64_t panel, const int32_t* c, float* f) {
+  const PackedWeights& w = *job.w;
+  const int32_t* col_sums = w.col_sums.as<const int32_t>() + panel * kPanel;
+  const float* row_scales = w.scales.as<const float>() + panel * kPanel;
+  for (int64_t t = 0; t < job.tokens; ++t) {
+    const __m512 token_scale = _mm512_set1_ps(job.token_scales[t]);
+    for (int v = 0; v < 4; ++v) {
+      const __m512i offset = _mm512_slli_epi32(_mm512_loadu_si512(col_sums + 16 * v), 7);  // 128 * sum w
+      const __m512i dot = _mm512_sub_epi32(_mm512_loadu_si512(c + t * kPanel + 16 * v), offset);
+      _mm512_storeu_ps(f + t * kPanel + 16 * v,
+                       _mm512_mul_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(token_scale, _mm512_loadu_ps(row_scales + 16 * v))));
+    }
+  }
+}
+
 // Writes one panel's results c [tokens][64] (lanes = the panel's rows) where the epilogue says.
 inline void apply_epilogue(const Epilogue& e, const PackedWeights& w, int64_t panel, int64_t tokens,
                            const float* c) {
