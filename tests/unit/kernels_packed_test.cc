@@ -267,20 +267,28 @@ TEST_P(PackedMatmulTest, FusedGateUpAndRoutedDownMatchTheReference) {
   set_use_x86_kernels(true);
 }
 
-// The many-row GEMM (kernels/x86/expert_gemm_*, from kManyRowsFrom rows) sums each lane's k in the few-row
-// loop's order (bf16) or exactly (W8A8): T rows in one call equal, bit for bit, the same rows one call each
-// (one row: the few-row loop), for the matmul, the fused gate/up and the routed down projection. Row counts on
-// every tile tail, N ragged, K over the K block (2048 bf16, 4096 W8A8) and not a multiple of a k pair/quad.
+// The many-row GEMM (kernels/x86/expert_gemm_*, from kManyRowsFrom rows; W8A8 on AMX from kAmxManyRowsFrom) sums
+// each lane's k in the few-row loop's order (bf16 on AVX-512) or exactly (W8A8, on VNNI and on AMX tiles): T rows in
+// one call equal, bit for bit, the same rows one call each (one row: the few-row loop; bf16 on AMX: a one-row tile
+// call, so this checks that a row's tile sums do not depend on the rows beside it), for the matmul, the fused
+// gate/up and the routed down projection. Row counts on every tile tail (6-row and 16-row tiles), N ragged, K over
+// the K block (2048 bf16, 4096 W8A8) and not a multiple of a k pair/quad. The AVX-512 GEMMs under an AMX
+// kernel_isa are checked through packed_matmul_on against their own few-row loop.
 TEST_P(PackedMatmulTest, ManyRowGemmGivesTheFewRowLoopsBits) {
   const FormatCase f = GetParam();
-  if (f.format != WeightFormat::kBF16 && f.format != WeightFormat::kInt8W8A8 && f.format != WeightFormat::kInt4W4A8)
-    GTEST_SKIP() << "their two loops differ in the last bits (batch_invariant pins one)";
+  if (!kernels::row_kernels_agree(f.format)) GTEST_SKIP() << "their two loops differ in the last bits (batch_invariant pins one)";
   if (kernels::kernel_isa(f.format, cpu_features(), true) == Isa::kScalar) GTEST_SKIP() << "no x86 kernel here";
-  ASSERT_EQ(kernels::expert_kernel_for_rows(f.format, kernels::kManyRowsFrom, false), kernels::RowKernel::kManyRows);
-  ASSERT_EQ(kernels::expert_kernel_for_rows(f.format, kernels::kManyRowsFrom - 1, false), kernels::RowKernel::kFewRows);
+  const Isa isa = kernels::kernel_isa(f.format);
+  const int64_t from = isa != Isa::kAmx ? kernels::kManyRowsFrom : f.format == WeightFormat::kBF16 ? 1 : kernels::kAmxManyRowsFrom;
+  ASSERT_EQ(kernels::expert_kernel_for_rows(f.format, from, false, isa), kernels::RowKernel::kManyRows);
+  if (from > 1) ASSERT_EQ(kernels::expert_kernel_for_rows(f.format, from - 1, false, isa), kernels::RowKernel::kFewRows);
+  // The AVX-512 GEMMs under an AMX kernel_isa still run under packed_matmul_on (against their own one-row calls).
+  std::vector<Isa> gemm_isas;
+  for (Isa i : kernels::usable_isas(f.format, cpu_features()))
+    if (i == Isa::kAvx512Bf16 || i == Isa::kAvx512Vnni || i == Isa::kAmx) gemm_isas.push_back(i);
   const int threads_before = num_threads();
-  for (const auto& [tokens, n, k] : {Shape3{12, 67, 95}, Shape3{13, 130, 2051}, Shape3{17, 7, 4101}, Shape3{23, 64, 33},
-                                     Shape3{31, 65, 257}}) {
+  for (const auto& [tokens, n, k] : {Shape3{5, 67, 95}, Shape3{12, 67, 95}, Shape3{13, 130, 2051}, Shape3{17, 7, 4101},
+                                     Shape3{23, 64, 33}, Shape3{31, 65, 257}, Shape3{40, 70, 200}}) {
     const std::vector<float> x = random_floats(tokens * k, 41 + n), w = random_floats(n * k, 43 + k),
                              w3 = random_floats(n * k, 44 + k), route = random_floats(tokens, 45);
     const QuantizedMatrix q = quantize(f, w, n, k), q3 = quantize(f, w3, n, k);
@@ -300,6 +308,13 @@ TEST_P(PackedMatmulTest, ManyRowGemmGivesTheFewRowLoopsBits) {
       kernels::expert_down_accumulate(h_one.data() + t * n, 1, p2, route.data() + t, rows.data() + t, out_one.data(), k);
     for (int threads : {1, 2}) {
       set_num_threads(threads);
+      for (Isa i : gemm_isas) {
+        std::vector<float> y(tokens * n), y_rows(tokens * n);
+        kernels::packed_matmul_on(i, x.data(), tokens, packed, y.data());
+        for (int64_t t = 0; t < tokens; ++t) kernels::packed_matmul_on(i, x.data() + t * k, 1, packed, y_rows.data() + t * n);
+        for (size_t j = 0; j < y.size(); ++j)
+          ASSERT_EQ(y[j], y_rows[j]) << what << " matmul on " << kernels::isa_name(i) << " " << j << " threads " << threads;
+      }
       std::vector<float> y(tokens * n), h(tokens * n), out(tokens * k, 0.5f);
       kernels::packed_matmul(x.data(), tokens, packed, y.data());
       kernels::expert_gate_up(x.data(), tokens, p13, h.data());
@@ -579,14 +594,15 @@ TEST(KernelIsa, NeverPicksAnIsaTheCpuOrOsLacks) {
   EXPECT_EQ(kernels::kernel_isa(WeightFormat::kInt8, zen4_vbmi, true), Isa::kAvx512);
   CpuFeatures os_off = zen4;  // the CPU has it, the OS does not save ZMM state: the AVX2 kernels (YMM state) only
   os_off.os_avx512 = false;
-  CpuFeatures amx = zen4;  // no AMX kernel exists yet: an AMX CPU runs the AVX-512 ones
+  CpuFeatures amx = zen4;  // AMX: tiles for bf16 and W8A8 (their few-row loops on AVX-512), the rest as on zen4
   amx.amx_tile = amx.amx_bf16 = amx.amx_int8 = amx.os_amx = true;
   for (WeightFormat f : all) {
     const std::string name(kernels::weight_format_name(f));
     EXPECT_EQ(kernels::kernel_isa(f, os_off, true), Isa::kAvx2) << name;
     EXPECT_EQ(kernels::kernel_isa(f, zen4, false), Isa::kScalar) << "MOEX_ISA=ref";
     EXPECT_EQ(kernels::kernel_isa(f, CpuFeatures{}, true), Isa::kScalar);
-    EXPECT_NE(kernels::kernel_isa(f, amx, true), Isa::kAmx);  // AMX is tested (usable_isas), not yet dispatched
+    const bool tiles = f == WeightFormat::kBF16 || f == WeightFormat::kInt8W8A8;
+    EXPECT_EQ(kernels::kernel_isa(f, amx, true), tiles ? Isa::kAmx : kernels::kernel_isa(f, zen4, true)) << name;
     EXPECT_EQ(kernels::usable_isas(f, os_off), (std::vector<Isa>{Isa::kScalar, Isa::kAvx2})) << name;
   }
   EXPECT_FALSE(os_off.has_avx512_kernels());
@@ -597,7 +613,17 @@ TEST(KernelIsa, NeverPicksAnIsaTheCpuOrOsLacks) {
   EXPECT_TRUE(amx.has_amx_kernels());
   EXPECT_EQ(kernels::usable_isas(WeightFormat::kBF16, amx),
             (std::vector<Isa>{Isa::kScalar, Isa::kAvx2, Isa::kAvx512Bf16, Isa::kAmx}));
+  EXPECT_EQ(kernels::usable_isas(WeightFormat::kInt8W8A8, amx),
+            (std::vector<Isa>{Isa::kScalar, Isa::kAvx2, Isa::kAvx512Vnni, Isa::kAmx}));
   EXPECT_EQ(kernels::usable_isas(WeightFormat::kBF16, amx_os_off), (std::vector<Isa>{Isa::kScalar, Isa::kAvx2, Isa::kAvx512Bf16}));
+  // On kAmx bf16 runs tiles for every call; W8A8 below kAmxManyRowsFrom rows runs its VNNI few-row loop.
+  EXPECT_EQ(kernels::isa_for_rows(WeightFormat::kBF16, Isa::kAmx, 1), Isa::kAmx);
+  EXPECT_EQ(kernels::isa_for_rows(WeightFormat::kBF16, Isa::kAmx, 512, true), Isa::kAmx);
+  EXPECT_EQ(kernels::isa_for_rows(WeightFormat::kInt8W8A8, Isa::kAmx, kernels::kAmxManyRowsFrom - 1), Isa::kAvx512Vnni);
+  EXPECT_EQ(kernels::isa_for_rows(WeightFormat::kInt8W8A8, Isa::kAmx, kernels::kAmxManyRowsFrom), Isa::kAmx);
+  EXPECT_EQ(kernels::isa_for_rows(WeightFormat::kInt8W8A8, Isa::kAmx, 512, true), Isa::kAmx);  // exact: no pin
+  EXPECT_FALSE(kernels::row_result_depends_on_row_count(WeightFormat::kBF16, Isa::kAmx));
+  EXPECT_FALSE(kernels::row_result_depends_on_row_count(WeightFormat::kInt8W8A8, Isa::kAmx));
 }
 
 TEST(CpuFeatures, DetectionAgreesWithProcCpuinfo) {
@@ -627,7 +653,7 @@ TEST(CpuFeatures, DetectionAgreesWithProcCpuinfo) {
 TEST(Probe, DotProductPeaksCountTheirInstructions) {
   const int64_t iterations = 1000;
   const kernels::PeakResult bf16 = kernels::dot_peak_bf16(iterations), vnni = kernels::dot_peak_vnni(iterations);
-  if (kernels::kernel_isa(WeightFormat::kBF16) == Isa::kAvx512Bf16) {
+  if (use_x86_kernels() && cpu_features().has_avx512_bf16_kernels()) {
     // a = b = 1.0: each instruction adds 1*1 + 1*1 to each of 16 lanes.
     EXPECT_EQ(bf16.checksum, 2.0 * 16 * static_cast<double>(bf16.instructions));
     EXPECT_EQ(bf16.instructions, iterations * kernels::x86::kPeakChains * bf16.threads);
@@ -645,7 +671,7 @@ TEST(Probe, DotProductPeaksCountTheirInstructions) {
   } else {
     EXPECT_EQ(fma.per_second, 0);
   }
-  if (kernels::kernel_isa(WeightFormat::kInt8W8A8) == Isa::kAvx512Vnni) {
+  if (use_x86_kernels() && cpu_features().has_avx512_vnni_kernels()) {
     EXPECT_EQ(vnni.checksum, 4.0 * 16 * static_cast<double>(vnni.instructions));  // 4 products of 1*1 per lane
     EXPECT_GT(vnni.per_second, 0);
   } else {
@@ -658,6 +684,19 @@ TEST(Probe, DotProductPeaksCountTheirInstructions) {
     EXPECT_GT(maddubs.per_second, 0);
   } else {
     EXPECT_EQ(maddubs.per_second, 0);
+  }
+  // AMX: A has a 1 in the first element of each row, B all ones, so each C element (256 per tile) gains exactly 1.
+  const kernels::PeakResult amx_bf16 = kernels::dot_peak_amx_bf16(iterations / 10),
+                            amx_int8 = kernels::dot_peak_amx_int8(iterations / 10);
+  if (use_amx_kernels()) {
+    for (const kernels::PeakResult& r : {amx_bf16, amx_int8}) {
+      EXPECT_EQ(r.instructions, iterations / 10 * kernels::x86::kPeakChains * r.threads);
+      EXPECT_EQ(r.checksum, 256.0 * static_cast<double>(r.instructions));
+      EXPECT_GT(r.per_second, 0);
+    }
+  } else {
+    EXPECT_EQ(amx_bf16.per_second, 0);
+    EXPECT_EQ(amx_int8.per_second, 0);
   }
 }
 
@@ -691,7 +730,8 @@ TEST(BenchKernels, OneRowPerFormatKernelAndTokenCountWithConsistentRates) {
     EXPECT_NEAR(row.gflops, row.flops / row.seconds / 1e9, 1e-9 * row.gflops) << what;
     EXPECT_NEAR(row.pct_read_roofline, 100 * row.weight_bytes / row.seconds / r.read_bytes_per_s, 1e-9 * row.pct_read_roofline);
     const bool int8_activations = row.format.find("w8a8") != std::string::npos || row.format.find("w4a8") != std::string::npos;
-    const double peak = row.isa == "avx512bf16"                   ? r.bf16_peak.per_second
+    const double peak = row.isa == "amx"                          ? (int8_activations ? r.amx_int8_peak : r.amx_bf16_peak).per_second
+                        : row.isa == "avx512bf16"                 ? r.bf16_peak.per_second
                         : row.isa == "avx512vnni"                 ? r.vnni_peak.per_second
                         : row.isa == "avx2" && int8_activations   ? r.maddubs_peak.per_second
                         : row.isa == "avx512" || row.isa == "avx2" ? r.fma_peak.per_second
@@ -701,7 +741,9 @@ TEST(BenchKernels, OneRowPerFormatKernelAndTokenCountWithConsistentRates) {
     // Weight bytes at least the codes' (bf16 2, int8 1, int4 0.5 byte per weight).
     const double per_weight = row.format == "bf16" ? 2 : row.format.rfind("int4", 0) == 0 ? 0.5 : 1;
     EXPECT_GE(row.weight_bytes, per_weight * row.rows * row.cols * matrices) << what;
-    EXPECT_EQ(row.isa, std::string(kernels::isa_name(kernels::kernel_isa(kernels::parse_format_spec(row.format).format))));
+    // The ISA the call ran: kernel_isa's, or on AMX below kAmxManyRowsFrom rows its AVX-512 few-row loop.
+    const WeightFormat format = kernels::parse_format_spec(row.format).format;
+    EXPECT_EQ(row.isa, std::string(kernels::isa_name(kernels::isa_for_rows(format, kernels::kernel_isa(format), row.tokens))));
   }
   try {
     kernels::parse_format_spec("int3");

@@ -44,6 +44,7 @@ struct E2EFlags {
 
 struct Probes {
   double read_bytes_per_s = 0, bf16_flops = 0, vnni_ops = 0, maddubs_ops = 0, fma_flops = 0;
+  double amx_bf16_flops = 0, amx_int8_ops = 0;  // AMX tiles (0 without them)
 };
 
 Probes measure_probes(const E2EFlags& f) {
@@ -54,6 +55,8 @@ Probes measure_probes(const E2EFlags& f) {
     p.vnni_ops = std::max(p.vnni_ops, kernels::dot_peak_vnni(1 << 21, f.cpu_clock).per_second);
     p.maddubs_ops = std::max(p.maddubs_ops, kernels::dot_peak_maddubs(1 << 21, f.cpu_clock).per_second);
     p.fma_flops = std::max(p.fma_flops, kernels::fma_peak_f32(1 << 21, f.cpu_clock).per_second);
+    p.amx_bf16_flops = std::max(p.amx_bf16_flops, kernels::dot_peak_amx_bf16(1 << 17, f.cpu_clock).per_second);
+    p.amx_int8_ops = std::max(p.amx_int8_ops, kernels::dot_peak_amx_int8(1 << 17, f.cpu_clock).per_second);
   }
   return p;
 }
@@ -128,10 +131,11 @@ std::vector<E2eRow> bench_format(const E2EFlags& f, const std::string& weights) 
   const ModelConfig& c = model->config();
   const std::string name = model->options().expert_weights.name();
   const Probes probes = measure_probes(f);
-  // A CPU without the dot-product instruction (AVX2 only, or AVX-512 without BF16) is bounded by f32 FMAs, or
-  // for the int8 activations by vpmaddubsw (AVX2 without VNNI).
+  // The best instruction the CPU has: AMX tiles, else the AVX-512 dot products. A CPU without them (AVX2 only, or
+  // AVX-512 without BF16) is bounded by f32 FMAs, or for the int8 activations by vpmaddubsw (AVX2 without VNNI).
   const bool int8_activations = weights == "int8-w8a8" || weights == "int4-w4a8";
-  double peak = int8_activations ? probes.vnni_ops : probes.bf16_flops;
+  double peak = int8_activations ? std::max(probes.amx_int8_ops, probes.vnni_ops)
+                                 : std::max(probes.amx_bf16_flops, probes.bf16_flops);
   if (peak <= 0 && int8_activations) peak = probes.maddubs_ops;
   if (peak <= 0) peak = probes.fma_flops;
   // Dense bytes per token: everything but the experts (attention, router, norms, lm_head, one embedding row).
@@ -228,10 +232,10 @@ void run_e2e(E2EFlags& f) {
     if (!f.json) {
       const Probes& p = r.front().probes;
       std::fprintf(stderr, "%s (dense layers %s, KV cache %s): probes read %.1f GB/s, vdpbf16ps %.0f GFLOPS, vpdpbusd %.0f GOPS, "
-                   "vpmaddubsw %.0f GOPS, vfmadd %.0f GFLOPS\n",
+                   "vpmaddubsw %.0f GOPS, vfmadd %.0f GFLOPS, AMX tdpbf16ps %.0f GFLOPS, tdpbusd %.0f GOPS\n",
                    r.front().weights.c_str(), f.model.dense_weights == "experts" ? w.c_str() : f.model.dense_weights.c_str(),
                    f.model.kv_cache_dtype.c_str(), p.read_bytes_per_s / 1e9, p.bf16_flops / 1e9, p.vnni_ops / 1e9,
-                   p.maddubs_ops / 1e9, p.fma_flops / 1e9);
+                   p.maddubs_ops / 1e9, p.fma_flops / 1e9, p.amx_bf16_flops / 1e9, p.amx_int8_ops / 1e9);
       for (const E2eRow& row : r)
         if (row.replay_seconds > 0)
           std::fprintf(stderr, "%s %s: %.1f MB/step, %.1f MB of it (%.0f%%) read by the step before too; %.1f MB "
@@ -249,7 +253,9 @@ void run_e2e(E2EFlags& f) {
                             {"pct_roofline", 100.0 * r.roof_seconds() / r.seconds}, {"bound", r.bound()},
                             {"pct_dram_roofline", 100.0 * r.dram_roof_seconds() / r.seconds},
                             {"bytes", r.bytes}, {"flops", r.flops}, {"read_gb_per_s", r.probes.read_bytes_per_s / 1e9},
-                            {"peak_gflops", r.peak / 1e9}};
+                            {"peak_gflops", r.peak / 1e9}, {"vdpbf16ps_gflops", r.probes.bf16_flops / 1e9},
+                            {"vpdpbusd_gops", r.probes.vnni_ops / 1e9}, {"amx_bf16_gflops", r.probes.amx_bf16_flops / 1e9},
+                            {"amx_int8_gops", r.probes.amx_int8_ops / 1e9}};
       if (r.replay_seconds > 0) {
         row["replay_ms"] = r.replay_seconds * 1e3;
         row["replay_gb_per_s"] = r.bytes / r.replay_seconds / 1e9;
@@ -273,7 +279,7 @@ void run_e2e(E2EFlags& f) {
                 r.bytes / 1e6, replay, r.flops / 1e9);
   }
   std::printf("%d threads%s, median of %d runs after a warm-up. ms: per prompt (pp) or per step. roof: max(read time, "
-              "FLOPs / peak), the peak vpdpbusd's for int8-w8a8 / int4-w4a8 (vpmaddubsw's without VNNI) and vdpbf16ps's otherwise (vfmadd's on a CPU without them); the read time is the replay "
+              "FLOPs / peak), the peak AMX tdpbusd's or else vpdpbusd's for int8-w8a8 / int4-w4a8 (vpmaddubsw's without VNNI), AMX tdpbf16ps's or else vdpbf16ps's otherwise (vfmadd's on a CPU without them); the read time is the replay "
               "probe's (tg: the run's own weight reads streamed again, same order, same steps) or bytes / DRAM probe; "
               "%%roof = roof time / time; %%dram: the same with bytes / DRAM probe.\n",
               num_threads(), f.cpu_clock ? " (CPU clock)" : "", f.repeats);

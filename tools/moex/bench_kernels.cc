@@ -54,16 +54,20 @@ void run_kernels(const KernelsFlags& f) {
                                        {"bf16_peak_gflops", r.bf16_peak.per_second / 1e9},
                                        {"vnni_peak_gops", r.vnni_peak.per_second / 1e9},
                                        {"maddubs_peak_gops", r.maddubs_peak.per_second / 1e9},
-                                       {"fma_peak_gflops", r.fma_peak.per_second / 1e9}, {"results", rows}}
+                                       {"fma_peak_gflops", r.fma_peak.per_second / 1e9},
+                                       {"amx_bf16_peak_gflops", r.amx_bf16_peak.per_second / 1e9},
+                                       {"amx_int8_peak_gops", r.amx_int8_peak.per_second / 1e9}, {"results", rows}}
                             .dump()
                             .c_str());
     return;
   }
   std::printf("kernels: expert hidden %lld, intermediate %lld, %d threads; probes: read %.1f GB/s, "
-              "vdpbf16ps %.0f GFLOPS, vpdpbusd %.0f GOPS, vpmaddubsw %.0f GOPS, vfmadd231ps %.0f GFLOPS\n",
+              "vdpbf16ps %.0f GFLOPS, vpdpbusd %.0f GOPS, vpmaddubsw %.0f GOPS, vfmadd231ps %.0f GFLOPS, "
+              "AMX tdpbf16ps %.0f GFLOPS, tdpbusd %.0f GOPS\n",
               static_cast<long long>(o.hidden), static_cast<long long>(o.intermediate), r.threads,
               r.read_bytes_per_s / 1e9, r.bf16_peak.per_second / 1e9, r.vnni_peak.per_second / 1e9,
-              r.maddubs_peak.per_second / 1e9, r.fma_peak.per_second / 1e9);
+              r.maddubs_peak.per_second / 1e9, r.fma_peak.per_second / 1e9, r.amx_bf16_peak.per_second / 1e9,
+              r.amx_int8_peak.per_second / 1e9);
   std::printf("%-8s %-15s %-11s %5s %13s %10s %8s %8s %7s %7s %7s\n", "kernel", "format", "isa", "T", "matrix", "us",
               "GB/s", "GFLOPS", "%read", "%peak", "%roof");
   for (const auto& row : r.rows) {
@@ -76,7 +80,8 @@ void run_kernels(const KernelsFlags& f) {
                 row.gb_per_s, row.gflops, row.pct_read_roofline, peak, row.pct_roofline);
   }
   std::printf("%%read: weight bytes per second over the read probe (decode's roofline); %%peak: FLOP/s over the "
-              "probe of the kernel's dot-product instruction (isa avx512bf16: vdpbf16ps, avx512vnni: vpdpbusd, avx2 "
+              "probe of the kernel's dot-product instruction (isa avx512bf16: vdpbf16ps, avx512vnni: vpdpbusd, amx: "
+              "tdpbf16ps (bf16) or tdpbusd (int8-w8a8), avx2 "
               "int8-w8a8 / int4-w4a8: vpmaddubsw, other avx512 and avx2: vfmadd231ps);\n"
               "%%roof: the batched roofline max(bytes / read, FLOPs / peak) over the time taken.\n");
 }

@@ -99,7 +99,7 @@ const CpuFeatures& cpu_features() {
 void check_isa_env() {
   const IsaSetting setting = isa_setting();
   MOEX_CHECK_INPUT(setting != IsaSetting::kInvalid, "MOEX_ISA='", std::getenv("MOEX_ISA"),
-                   "' is not a kernel set (valid: auto, ref, avx512)");
+                   "' is not a kernel set (valid: auto, ref, avx512 = AVX-512 without AMX tiles)");
   MOEX_CHECK_INPUT(setting != IsaSetting::kAvx512 || cpu_features().has_avx512_kernels(),
                    "MOEX_ISA=avx512, but this CPU lacks AVX-512 F/BW/VL/DQ with FMA (it has: ", cpu_features().str(),
                    "); use MOEX_ISA=ref or unset it");
@@ -115,6 +115,7 @@ bool request_amx_permission() {
 }
 
 bool use_x86_kernels() { return g_use_x86; }
+bool use_amx_kernels() { return g_use_x86 && isa_setting() != IsaSetting::kAvx512 && request_amx_permission(); }
 bool use_avx2_kernels() { return g_x86_allowed && cpu_features().has_avx2_kernels(); }
 bool x86_kernels_allowed() { return g_x86_allowed; }
 void set_use_x86_kernels(bool enabled) {

@@ -122,10 +122,14 @@ void finish_row(KernelBenchRow& r, const KernelBenchReport& report, double peak)
       100.0 * std::max(r.weight_bytes / report.read_bytes_per_s, peak > 0 ? r.flops / peak : 0.0) / r.seconds;
 }
 
-// The peak of the instruction a format's kernel on this CPU sums with (0: none measured).
-double compute_peak(const KernelBenchReport& report, WeightFormat format) {
+// The ISA a call of `rows` rows per matrix runs for a format on this CPU (kAmx's few-row loop is AVX-512's).
+Isa row_isa(WeightFormat format, int64_t rows) { return isa_for_rows(format, kernel_isa(format), rows); }
+
+// The peak of the instruction a format's kernel on this CPU sums with at `rows` rows (0: none measured).
+double compute_peak(const KernelBenchReport& report, WeightFormat format, int64_t rows) {
   const bool int8_activations = format == WeightFormat::kInt8W8A8 || format == WeightFormat::kInt4W4A8;
-  switch (kernel_isa(format)) {
+  switch (row_isa(format, rows)) {
+    case Isa::kAmx: return int8_activations ? report.amx_int8_peak.per_second : report.amx_bf16_peak.per_second;
     case Isa::kAvx512Bf16: return report.bf16_peak.per_second;
     case Isa::kAvx512Vnni: return report.vnni_peak.per_second;
     case Isa::kAvx2: return int8_activations ? report.maddubs_peak.per_second : report.fma_peak.per_second;
@@ -183,14 +187,15 @@ void bench_moe(const KernelBenchOptions& o, const FormatSpec& spec, const std::s
     KernelBenchRow r;
     r.kernel = fused ? "moe" : "moe_unfused";
     r.format = format_name;
-    r.isa = std::string(isa_name(kernel_isa(spec.format)));
+    const int64_t per_expert = std::max<int64_t>(1, rows / kMoEExperts);  // (T = 1: two experts of one row)
+    r.isa = std::string(isa_name(row_isa(spec.format, per_expert)));
     r.tokens = T;
     r.rows = I;
     r.cols = H;
     r.seconds = seconds;
     r.weight_bytes = bytes;
     r.flops = 2.0 * rows * 3.0 * H * I;
-    finish_row(r, report, compute_peak(report, spec.format));
+    finish_row(r, report, compute_peak(report, spec.format, per_expert));
     report.rows.push_back(r);
   }
 }
@@ -318,6 +323,9 @@ KernelBenchReport bench_kernels(const KernelBenchOptions& o) {
     if (v.per_second > report.vnni_peak.per_second) report.vnni_peak = v;
     if (m.per_second > report.maddubs_peak.per_second) report.maddubs_peak = m;
     if (f.per_second > report.fma_peak.per_second) report.fma_peak = f;
+    const PeakResult ab = dot_peak_amx_bf16(1 << 18, o.cpu_clock), ai = dot_peak_amx_int8(1 << 18, o.cpu_clock);
+    if (ab.per_second > report.amx_bf16_peak.per_second) report.amx_bf16_peak = ab;
+    if (ai.per_second > report.amx_int8_peak.per_second) report.amx_int8_peak = ai;
   }
 
   const int64_t H = o.hidden, I = o.intermediate;
@@ -362,14 +370,14 @@ KernelBenchReport bench_kernels(const KernelBenchOptions& o) {
         KernelBenchRow r;
         r.kernel = kernel;
         r.format = o.formats[s];
-        r.isa = std::string(isa_name(kernel_isa(spec.format)));
+        r.isa = std::string(isa_name(row_isa(spec.format, T)));
         r.tokens = T;
         r.rows = kernel == "down" ? H : I;
         r.cols = kernel == "down" ? I : H;
         r.seconds = seconds;
         r.weight_bytes = static_cast<double>(packed.weight_bytes());
         r.flops = 2.0 * T * r.rows * r.cols * (kernel == "gate_up" ? 2 : 1);
-        finish_row(r, report, compute_peak(report, spec.format));
+        finish_row(r, report, compute_peak(report, spec.format, T));
         report.rows.push_back(r);
       }
     }

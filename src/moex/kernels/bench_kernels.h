@@ -1,6 +1,6 @@
 // Kernel microbenchmark: each packed format's matmul, fused gate/up and routed down projection on an
 // expert's shapes, against the probes measured in the same run (read bandwidth for the bytes a call reads,
-// the vdpbf16ps / vpdpbusd peaks for its FLOPs). Callable from a command (`moex bench kernels`) or a test.
+// the vdpbf16ps / vpdpbusd / AMX tile peaks for its FLOPs). Callable from a command (`moex bench kernels`) or a test.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -38,7 +38,7 @@ struct KernelBenchRow {
 
 struct KernelBenchReport {
   double read_bytes_per_s = 0;
-  PeakResult bf16_peak, vnni_peak, maddubs_peak, fma_peak;
+  PeakResult bf16_peak, vnni_peak, maddubs_peak, fma_peak, amx_bf16_peak, amx_int8_peak;
   int threads = 0;
   std::vector<KernelBenchRow> rows;
 };

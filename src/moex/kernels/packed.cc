@@ -249,7 +249,7 @@ PackedWeights pack_lanes(const QuantizedMatrix& like, int64_t rows, bool gate_up
     case WeightFormat::kBF16: p.k_padded = round_up(K, 32); break;  // the AMX kernel's A tile is 32 k wide
     case WeightFormat::kInt4:
     case WeightFormat::kFP8E4M3: p.k_padded = round_up(K, 2); break;  // fp8: the bf16 activations' k pairs
-    case WeightFormat::kInt8W8A8: p.k_padded = round_up(K, 4); break;
+    case WeightFormat::kInt8W8A8: p.k_padded = round_up(K, 64); break;  // the AMX kernel's A tile: 64 u8
     case WeightFormat::kInt4W4A8: p.k_padded = round_up(K, 8); break;
     default: p.k_padded = K; break;
   }
@@ -373,20 +373,34 @@ Isa kernel_isa(WeightFormat format, const CpuFeatures& cpu, bool x86_enabled) {
   if (!x86_enabled) return Isa::kScalar;
   const Isa avx2_or_scalar = has_avx2_kernel(format, cpu) ? Isa::kAvx2 : Isa::kScalar;
   if (!cpu.has_avx512_kernels()) return avx2_or_scalar;
-  switch (format) {
-    case WeightFormat::kBF16: return cpu.has_avx512_bf16_kernels() ? Isa::kAvx512Bf16 : avx2_or_scalar;
+  switch (format) {  // has_amx_kernels() implies AVX512-BF16 and VNNI: kAmx's few-row loops are there
+    case WeightFormat::kBF16:
+      return cpu.has_amx_kernels() ? Isa::kAmx : cpu.has_avx512_bf16_kernels() ? Isa::kAvx512Bf16 : avx2_or_scalar;
     case WeightFormat::kInt8W8A8:
+      return cpu.has_amx_kernels() ? Isa::kAmx : cpu.has_avx512_vnni_kernels() ? Isa::kAvx512Vnni : avx2_or_scalar;
     case WeightFormat::kInt4W4A8: return cpu.has_avx512_vnni_kernels() ? Isa::kAvx512Vnni : avx2_or_scalar;
     case WeightFormat::kInt4: return cpu.has_avx512_bf16_kernels() ? Isa::kAvx512Bf16 : Isa::kAvx512;
     case WeightFormat::kFP8E4M3: return cpu.has_avx512_bf16_vbmi_kernels() ? Isa::kAvx512Bf16 : Isa::kAvx512;
     case WeightFormat::kInt8: return Isa::kAvx512;
   }
-  return Isa::kScalar;  // no AMX kernels yet: an AMX CPU runs the AVX-512 ones
+  return Isa::kScalar;
 }
 
 Isa kernel_isa(WeightFormat format) {
-  return kernel_isa(format, cpu_features(), use_x86_kernels() || use_avx2_kernels());
+  const Isa isa = kernel_isa(format, cpu_features(), use_x86_kernels() || use_avx2_kernels());
+  if (isa != Isa::kAmx || use_amx_kernels()) return isa;
+  CpuFeatures no_amx = cpu_features();  // MOEX_ISA=avx512, or an AMX CPU under a Linux that refuses the tile state
+  no_amx.amx_tile = false;
+  return kernel_isa(format, no_amx, true);
 }
+
+namespace {
+// The AVX-512 kernel that runs kAmx's few-row loop (and reads the same activations).
+Isa below_amx(WeightFormat format) {
+  return format == WeightFormat::kInt8W8A8 ? Isa::kAvx512Vnni : Isa::kAvx512Bf16;
+}
+}  // namespace
+
 
 bool row_result_depends_on_row_count(WeightFormat format, Isa isa) {
   if (isa == Isa::kAvx512)
@@ -400,9 +414,8 @@ std::vector<Isa> usable_isas(WeightFormat format, const CpuFeatures& cpu) {
   if (best != Isa::kAvx2 && has_avx2_kernel(format, cpu)) isas.push_back(Isa::kAvx2);  // tested on AVX-512 CPUs too
   if ((format == WeightFormat::kInt4 || format == WeightFormat::kFP8E4M3) && best == Isa::kAvx512Bf16)
     isas.push_back(Isa::kAvx512);
+  if (best == Isa::kAmx) isas.push_back(below_amx(format));
   if (best != Isa::kScalar) isas.push_back(best);
-  // Tested here, not yet dispatched: kernel_isa picks AMX once it has been measured on an AMX CPU.
-  if (format == WeightFormat::kBF16 && best == Isa::kAvx512Bf16 && cpu.has_amx_kernels()) isas.push_back(Isa::kAmx);
   return isas;
 }
 
@@ -559,11 +572,14 @@ struct Activations {
   static bool quantized(const PackedWeights& w) {
     return w.format == WeightFormat::kInt8W8A8 || w.format == WeightFormat::kInt4W4A8;
   }
+  // kAmx's tiles read what the AVX-512 kernel of its few-row loop reads (bf16 rows, or W8A8's u8 codes).
+  static Isa reads_as(Isa isa, const PackedWeights& w) { return isa == Isa::kAmx ? below_amx(w.format) : isa; }
 
   void size_for(Isa isa, const PackedWeights& w, int64_t tokens) {
+    isa = reads_as(isa, w);
     const size_t kp = w.k_padded, groups = w.group ? (w.cols + w.group - 1) / w.group : 1;
     switch (isa) {
-      case Isa::kAmx:
+      case Isa::kAmx:  // (reads_as: not reached)
       case Isa::kAvx512Bf16:
         if (bf16.size() < tokens * kp) bf16.resize(tokens * kp);
         if (w.format == WeightFormat::kInt4 && extra.size() < tokens * groups) extra.resize(tokens * groups);
@@ -590,6 +606,7 @@ struct Activations {
   }
   // Row x [K] into row t.
   void convert(Isa isa, const PackedWeights& w, const float* x, int64_t t) {
+    isa = reads_as(isa, w);
     const int64_t K = w.cols, kp = w.k_padded;
     switch (isa) {
       case Isa::kAmx:
@@ -664,6 +681,7 @@ struct Activations {
   }
   // Whether a row's conversion is elementwise (or none at all), so it may be done a column range at a time.
   static bool elementwise(Isa isa, const PackedWeights& w) {
+    isa = reads_as(isa, w);
     if (isa == Isa::kAvx512 || isa == Isa::kAvx2) return w.format == WeightFormat::kInt8;  // int8 reads f32 x as it is
     return (isa == Isa::kAvx512Bf16 || isa == Isa::kAmx) &&
            (w.format == WeightFormat::kBF16 || w.format == WeightFormat::kFP8E4M3);
@@ -671,12 +689,14 @@ struct Activations {
   // Columns [c0, c1) of row x [K] into row t (elementwise(isa, w) only; c0 a multiple of 16); the range that
   // ends at K also writes the zero padding up to k_padded.
   void convert_columns(Isa isa, const PackedWeights& w, const float* x, int64_t t, int64_t c0, int64_t c1) {
+    isa = reads_as(isa, w);
     if (isa == Isa::kAvx512 || isa == Isa::kAvx2) return;
     const int64_t K = w.cols, kp = w.k_padded;
     x86::round_row_bf16_avx512bf16(x + c0, c1 - c0, (c1 == K ? kp : c1) - c0, bf16.data() + t * kp + c0);
   }
   // The job reads `tokens` converted rows from row t0 (x: the unconverted rows, for kAvx512 int8).
   void bind(Isa isa, const PackedWeights& w, const float* x, int64_t t0, x86::PanelJob& job) const {
+    isa = reads_as(isa, w);
     const int64_t kp = w.k_padded, groups = w.group ? (w.cols + w.group - 1) / w.group : 1;
     switch (isa) {
       case Isa::kAmx:
@@ -708,7 +728,7 @@ struct Activations {
 
 // expert_kernel_for_rows, unless MOEX_ROW_KERNEL=few|many pins one loop for every call (read once; a
 // benchmark's A/B switch). --batch-invariant's pin wins over it for the formats whose loops differ.
-RowKernel row_kernel(WeightFormat format, int64_t rows, bool batch_invariant) {
+RowKernel row_kernel(WeightFormat format, Isa isa, int64_t rows, bool batch_invariant) {
   static const int pinned = [] {
     const char* v = std::getenv("MOEX_ROW_KERNEL");
     const std::string_view s = v ? v : "";
@@ -716,15 +736,29 @@ RowKernel row_kernel(WeightFormat format, int64_t rows, bool batch_invariant) {
                      "' (choose auto, few or many)");
     return s == "few" ? 0 : s == "many" ? 1 : -1;
   }();
-  if (batch_invariant && !row_kernels_agree(format)) return expert_kernel_for_rows(format, rows, true);
+  if (batch_invariant && !row_kernels_agree(format)) return expert_kernel_for_rows(format, rows, true, isa);
   if (pinned >= 0) return pinned ? RowKernel::kManyRows : RowKernel::kFewRows;
-  return expert_kernel_for_rows(format, rows, batch_invariant);
+  return expert_kernel_for_rows(format, rows, batch_invariant, isa);
 }
+
+}  // namespace
+
+Isa isa_for_rows(WeightFormat format, Isa isa, int64_t rows, bool batch_invariant) {
+  if (isa != Isa::kAmx) return isa;
+  return row_kernel(format, isa, rows, batch_invariant) == RowKernel::kManyRows ? Isa::kAmx : below_amx(format);
+}
+
+namespace {
 
 // Panels [begin, end) of one job on an x86 ISA.
 void run_panel_range(Isa isa, const PackedWeights& w, const x86::PanelJob& job, int64_t begin, int64_t end) {
   switch (isa) {
-    case Isa::kAmx: x86::run_panels_bf16_amx(job, begin, end); break;
+    case Isa::kAmx:  // tiles for many rows (bf16: for every call); W8A8's few-row loop is the VNNI one
+      if (w.format == WeightFormat::kBF16)
+        job.many_rows ? x86::run_panels_bf16_amx(job, begin, end) : x86::run_panels_bf16_avx512bf16(job, begin, end);
+      else
+        job.many_rows ? x86::run_panels_w8a8_amx(job, begin, end) : x86::run_panels_w8a8_avx512vnni(job, begin, end);
+      break;
     case Isa::kAvx512Bf16:
       if (w.format == WeightFormat::kBF16 && job.many_rows)
         x86::run_panels_bf16_many_avx512bf16(job, begin, end);
@@ -752,7 +786,7 @@ thread_local Activations g_act;
 
 void run(const float* x, int64_t tokens, const PackedWeights& w, const x86::Epilogue& e, Isa isa, bool batch_invariant) {
   if (tokens <= 0 || w.rows == 0) return;
-  row_kernel(w.format, 0, false);  // reads MOEX_ROW_KERNEL here, where a bad value can throw, not inside a parallel region
+  row_kernel(w.format, isa, 0, false);  // reads MOEX_ROW_KERNEL here, where a bad value can throw, not inside a parallel region
   if (isa == Isa::kScalar) {  // (the scalar path has one loop, but a bad value is refused on every CPU)
     run_scalar(x, tokens, w, e);
     return;
@@ -766,7 +800,7 @@ void run(const float* x, int64_t tokens, const PackedWeights& w, const x86::Epil
   });
   x86::PanelJob job;
   job.tokens = tokens;
-  job.many_rows = row_kernel(w.format, tokens, batch_invariant) == RowKernel::kManyRows;
+  job.many_rows = row_kernel(w.format, isa, tokens, batch_invariant) == RowKernel::kManyRows;
   job.w = &w;
   job.epilogue = e;
   act.bind(isa, w, x, 0, job);
@@ -873,7 +907,7 @@ void fused_experts(const ExpertRows* experts, int count, float* out, int64_t out
     return;
   }
   if (isa == Isa::kAmx) MOEX_CHECK(request_amx_permission(), "Linux refused this process the AMX tile state");
-  row_kernel(w13.format, 0, false);  // reads MOEX_ROW_KERNEL outside the parallel region
+  row_kernel(w13.format, isa, 0, false);  // reads MOEX_ROW_KERNEL outside the parallel region
   FusedPlan& plan = g_fused;  // names, not the thread_local, reach the threads
   plan.up.size_for(isa, w13, total_rows);
   plan.down.size_for(isa, w2, total_rows);
@@ -908,7 +942,7 @@ void fused_experts(const ExpertRows* experts, int count, float* out, int64_t out
   const auto job_for = [&](const PackedWeights& w, const Activations& act, const float* x, int e) {
     x86::PanelJob job;
     job.tokens = experts[e].rows;
-    job.many_rows = row_kernel(w.format, job.tokens, batch_invariant) == RowKernel::kManyRows;
+    job.many_rows = row_kernel(w.format, isa, job.tokens, batch_invariant) == RowKernel::kManyRows;
     job.w = &w;
     act.bind(isa, w, x, plan.first_row[e], job);
     return job;

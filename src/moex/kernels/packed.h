@@ -78,7 +78,8 @@ struct AlignedBytes {
 //   kBF16      data u16 [P][k_padded/2][64][2]  (VNNI pairs: a 32-bit lane holds W[n][k], W[n][k+1]);
 //              k_padded a multiple of 32, so AMX B tiles (16 pairs) never run past a panel
 //   kInt8      data s8  [P][cols][64];          scales [P][64]
-//   kInt8W8A8  data s8  [P][k_padded/4][64][4]; scales [P][64]; col_sums i32 [P][64] (sum over k of q)
+//   kInt8W8A8  data s8  [P][k_padded/4][64][4]; scales [P][64]; col_sums i32 [P][64] (sum over k of q);
+//              k_padded a multiple of 64, one AMX A tile row of u8 (bf16's 32 is its 64 bytes)
 //   kInt4      data u8  [P][k_padded/2][64] (a lane's byte: q(k) low nibble, q(k+1) high); scales, offsets
 //              [P][G][64] with w = q * scale + offset (offset = -zero * scale)
 //   kInt4W4A8  data u8  [P][k_padded/8][64][4] (a lane's 32 bits hold 8 k: byte b has q(8j+b) low, q(8j+4+b)
@@ -124,26 +125,38 @@ class WeightArena {
   size_t capacity_ = 0, used_ = 0;
 };
 
+// Which code runs a format. Decided from the CPU (and MOEX_ISA=ref) only; never an ISA the CPU lacks.
+// kAmx (bf16 and W8A8 on a CPU with AMX) means: AMX tiles for the many-row loop (bf16: every call), the AVX-512
+// VNNI kernel for W8A8's few-row one.
+enum class Isa : uint8_t { kScalar, kAvx2, kAvx512, kAvx512Bf16, kAvx512Vnni, kAmx };
+
 // Which register-tile loop a call with `rows` rows (tokens) of one matrix in `format` runs. The few-row loop
 // streams each panel once with the weights decoded inside its token tile (decode). The many-row loops are
 // GEMMs for prefill: bf16 and W8A8 run kernels/x86/expert_gemm_* (balanced 5-6 row tiles, the next K block
-// prefetched), whose sums are those of the few-row loop bit for bit; int8, fp8 and int4 (weight-only) decode a
-// K block of a panel once and run wider tiles over it, and sum K in other blocks, so a row's last bits differ
-// between their two loops once K exceeds one K block. batch_invariant (`--batch-invariant`) pins the few-row
-// loop for those formats, so a row's numbers do not depend on how many other rows share its call (its
-// neighbours in the batch, the rows of its expert); bf16 and W8A8 need no pin, nor W4A8, which has one loop for
-// every row count (its integer group sums are exact and each row folds them in the same order). Every packed
-// call decides here.
+// prefetched; on AMX CPUs 16-row tiles, expert_gemm_amx.cc); int8, fp8 and int4 (weight-only) decode a K block
+// of a panel once and run wider tiles over it, and sum K in other blocks, so a row's last bits differ between
+// their two loops once K exceeds one K block. batch_invariant (`--batch-invariant`) pins the few-row loop for
+// those, so a row's numbers do not depend on how many other rows share its call (its neighbours in the batch, the
+// rows of its expert). bf16 and W8A8 need no pin: bf16's two AVX-512 loops sum alike, and on AMX bf16 runs tiles
+// for every row count (one loop; tdpbf16ps sums a k pair in another order than vdpbf16ps, so the AVX-512 few-row
+// loop is not used there); W8A8's integer sums are exact on every loop; nor W4A8, which has one loop for every
+// row count (its integer group sums are exact and each row folds them in the same order). Every packed call
+// decides here; `isa` is the format's kernel_isa.
 enum class RowKernel : uint8_t { kFewRows, kManyRows };
 inline constexpr int64_t kManyRowsFrom = 12;            // bf16 / W8A8: the measured crossover (docs/kernels.md)
 inline constexpr int64_t kWeightOnlyManyRowsFrom = 16;  // int8 / fp8 / int4
+inline constexpr int64_t kAmxManyRowsFrom = 4;          // W8A8 on AMX (docs/kernels.md); bf16 on AMX: from 1
 inline constexpr RowKernel kBatchInvariantRowKernel = RowKernel::kFewRows;  // the pin (docs/serve.md: its cost)
 constexpr bool row_kernels_agree(WeightFormat format) {
   return format == WeightFormat::kBF16 || format == WeightFormat::kInt8W8A8 || format == WeightFormat::kInt4W4A8;
 }
-constexpr RowKernel expert_kernel_for_rows(WeightFormat format, int64_t rows, bool batch_invariant) {
+constexpr RowKernel expert_kernel_for_rows(WeightFormat format, int64_t rows, bool batch_invariant,
+                                           Isa isa = Isa::kAvx512Bf16) {
   if (batch_invariant && !row_kernels_agree(format)) return kBatchInvariantRowKernel;
-  const int64_t from = row_kernels_agree(format) ? kManyRowsFrom : kWeightOnlyManyRowsFrom;
+  const int64_t from = !row_kernels_agree(format)        ? kWeightOnlyManyRowsFrom
+                       : isa != Isa::kAmx                 ? kManyRowsFrom
+                       : format == WeightFormat::kBF16    ? 1
+                                                          : kAmxManyRowsFrom;
   return rows >= from ? RowKernel::kManyRows : RowKernel::kFewRows;
 }
 
@@ -180,15 +193,17 @@ struct ExpertRows {
 // batch_invariant: every expert's rows run expert_kernel_for_rows(rows, true)'s loop.
 void fused_experts(const ExpertRows* experts, int count, float* out, int64_t out_stride, bool batch_invariant = false);
 
-// Which code runs a format. Decided from the CPU (and MOEX_ISA=ref) only; never an ISA the CPU lacks.
-enum class Isa : uint8_t { kScalar, kAvx2, kAvx512, kAvx512Bf16, kAvx512Vnni, kAmx };
 std::string_view isa_name(Isa isa);
 Isa kernel_isa(WeightFormat format, const CpuFeatures& cpu, bool x86_enabled);
-Isa kernel_isa(WeightFormat format);  // for this CPU and use_x86_kernels()
+// For this CPU and use_x86_kernels(); kAmx only where use_amx_kernels() (Linux granted the tile state, MOEX_ISA
+// is not avx512).
+Isa kernel_isa(WeightFormat format);
+// The ISA a call of `rows` rows on `isa` (a kernel_isa) really runs: kAmx's few-row loop (W8A8) is AVX-512 VNNI.
+Isa isa_for_rows(WeightFormat format, Isa isa, int64_t rows, bool batch_invariant = false);
 // Whether format's kernel on isa has two row loops that sum in different orders, so that without the
 // --batch-invariant pin a row's result depends on how many rows its call has: the weight-only AVX-512
-// kernels (int8 / int4 / fp8 on kAvx512, int4 on kAvx512Bf16). The others have one order (bf16, W8A8 and
-// W4A8's exact sums, fp8's table kernel, the AVX2 and scalar loops).
+// kernels (int8 / int4 / fp8 on kAvx512, int4 on kAvx512Bf16). The others have one order (bf16: one loop's on
+// AMX, two that agree on AVX-512; W8A8 and W4A8's exact sums, fp8's table kernel, the AVX2 and scalar loops).
 bool row_result_depends_on_row_count(WeightFormat format, Isa isa);
 // Every ISA this CPU can run a format on: kernel_isa's choice and the ones below it (kScalar always).
 std::vector<Isa> usable_isas(WeightFormat format, const CpuFeatures& cpu);

@@ -134,6 +134,20 @@ PeakResult dot_peak_vnni(int64_t iterations_per_thread, bool cpu_clock) {
   return run_peak(iterations_per_thread, 128.0, cpu_clock, [&](int64_t n) { return x86::dpbusd_loop_avx512vnni(n, one); });
 }
 
+PeakResult dot_peak_amx_bf16(int64_t iterations_per_thread, bool cpu_clock) {
+  if (!use_amx_kernels()) return {};
+  volatile uint16_t one = 0x3f80;
+  return run_peak(iterations_per_thread, 16.0 * 16 * 32 * 2, cpu_clock,
+                  [&](int64_t n) { return x86::tdpbf16_loop_amx(n, one); });
+}
+
+PeakResult dot_peak_amx_int8(int64_t iterations_per_thread, bool cpu_clock) {
+  if (!use_amx_kernels()) return {};
+  volatile uint8_t one = 1;
+  return run_peak(iterations_per_thread, 16.0 * 16 * 64 * 2, cpu_clock,
+                  [&](int64_t n) { return x86::tdpbusd_loop_amx(n, one); });
+}
+
 PeakResult dot_peak_maddubs(int64_t iterations_per_thread, bool cpu_clock) {
   if (!use_avx2_kernels()) return {};
   volatile uint8_t one = 1;

@@ -44,6 +44,11 @@ PeakResult dot_peak_vnni(int64_t iterations_per_thread = 1 << 22, bool cpu_clock
 PeakResult dot_peak_maddubs(int64_t iterations_per_thread = 1 << 22, bool cpu_clock = false);
 // vfmadd231ps on zmm (32 FLOP each), or on ymm (16) on a CPU with AVX2 + FMA only
 PeakResult fma_peak_f32(int64_t iterations_per_thread = 1 << 22, bool cpu_clock = false);
+// AMX tiles (0 without AMX, or where Linux refuses the tile state): tdpbf16ps, 16 x 16 x 32 bf16 products
+// (16,384 FLOP) each, and tdpbusd, 16 x 16 x 64 u8 x s8 products (32,768 OP) each. One instruction does what
+// ~256 vdpbf16ps do, so the default iteration count is 16x smaller than the vector probes'.
+PeakResult dot_peak_amx_bf16(int64_t iterations_per_thread = 1 << 18, bool cpu_clock = false);
+PeakResult dot_peak_amx_int8(int64_t iterations_per_thread = 1 << 18, bool cpu_clock = false);
 
 namespace x86 {
 constexpr int kPeakChains = 12;  // independent accumulators per thread
@@ -53,6 +58,10 @@ float stream_read_exact_avx512(const void* data, size_t bytes, size_t* read);
 double dpbf16_loop_avx512bf16(int64_t iterations, uint16_t one_bf16);  // kPeakChains x iterations instructions
 double dpbusd_loop_avx512vnni(int64_t iterations, uint8_t one);
 double fma_loop_avx512(int64_t iterations, float one);
+// x86/probe_amx.cc: kAmxPeakRounds rounds of 4 tile instructions per iteration (kPeakChains in all).
+constexpr int kAmxPeakRounds = kPeakChains / 4;
+double tdpbf16_loop_amx(int64_t iterations, uint16_t one_bf16);
+double tdpbusd_loop_amx(int64_t iterations, uint8_t one);
 // x86/probe_avx2.cc: the same on CPUs with AVX2 + FMA but no AVX-512 (use_avx2_kernels()).
 float stream_read_avx2(const void* data, size_t bytes);
 float stream_read_exact_avx2(const void* data, size_t bytes, size_t* read);

@@ -1,8 +1,23 @@
-// bf16 x bf16 -> f32 on AMX tiles (tdpbf16ps), over the same VNNI-pair panels as the AVX-512 kernel:
-// a panel's k pairs are rows of 64 lanes x 2 bf16, so 16 pairs of 16 lanes are exactly one B tile (16 rows
-// of 64 bytes, 256 bytes apart). One C tile per 16 lanes (4 per panel), A = up to 16 tokens x 32 k.
-// Written on a machine without AMX: usable_isas() offers it (so the tests run it against the reference
-// on an AMX CPU) but kernel_isa() does not pick it until a session on such a CPU has measured it.
+// The many-row GEMMs on AMX tiles: bf16 (tdpbf16ps) and W8A8 (tdpbusd), over the same panels the AVX-512
+// kernels read. Hand-written: oneDNN's AMX brgemm wants its own blocked layout and a reorder per call, and no
+// Debian library runs tiles over these panels with a fused epilogue.
+//
+// Both panels have one geometry in bytes: a row of 64 lanes x 4 bytes per k step (a bf16 pair or an s8 quad),
+// 256 bytes apart. So a B tile (16 rows x 64 bytes, stride 256) is 16 k steps of 16 lanes, four of them side by
+// side cover the panel, and an A tile is 16 tokens x 64 bytes of their activation rows (32 bf16 or 64 u8 k).
+// k_padded is a multiple of 64 bytes' worth of k for both formats (packed.cc), so no tile runs past a panel.
+//   per 64-byte k step: A -> tile 4; B lanes 0-15, 16-31, 32-47, 48-63 -> tiles 5, 6, 7, 5; C[v] += A . B[v]
+//   C tiles 0-3: 16 tokens x 16 lanes (f32 / s32), stored to c [T][64] once the panel's K is done.
+// Token blocks are 16 rows; a call with T >= 16 runs its last block on rows T-16..T-1 (overlapping the block
+// before: those rows are computed twice, to the same values), so every call needs one tile configuration.
+// While the token blocks run over one panel (from L2), the next panel is prefetched into L2, spread over the
+// k steps of every block.
+//
+// A row's sums do not depend on the other rows of its tile, so a row's result is the same at any row count. bf16:
+// tdpbf16ps sums a k pair in another order than vdpbf16ps, so on AMX CPUs every bf16 call runs here, even one
+// row (measured no slower than the AVX-512 few-row loop: docs/kernels.md), and a row's bits never depend on its
+// call's row count. W8A8: integer sums are exact and the epilogue is the VNNI loops', so the VNNI few-row loop
+// (below kAmxManyRowsFrom rows) gives the same bits.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -15,76 +30,117 @@
 namespace moex::kernels::x86 {
 namespace {
 
-constexpr int kTileRows = 16;   // tokens per A / C tile
-constexpr int64_t kTileK = 32;  // bf16 per A row (64 bytes); k_padded of kBF16 is a multiple of it
+constexpr int kTileRows = 16;          // tokens per A / C tile
+constexpr int64_t kStepBytes = 64;     // bytes of an activation row per k step (one A tile row)
+constexpr int64_t kLaneRowBytes = 256;  // a panel's 64 lanes x 4 bytes: one k pair (bf16) or quad (s8)
 
-// Palette 1: tiles 0-3 C (rows x 16 f32), 4 A (rows x 32 bf16), 5-7 B (16 pair rows x 16 lanes x 2 bf16).
 struct alignas(64) TileConfig {
   uint8_t palette = 1, start_row = 0, reserved[14] = {};
   uint16_t colsb[16] = {};
   uint8_t rows[16] = {};
 };
 
-TileConfig config_for(int rows) {
+// Tiles 0-3 C (rows x 16 x 4 bytes), 4 A (rows x 64 bytes), 5-7 B (16 x 64 bytes).
+void configure(int rows) {
   TileConfig c;
   for (int i = 0; i < 8; ++i) {
     c.colsb[i] = 64;
     c.rows[i] = static_cast<uint8_t>(i < 5 ? rows : 16);
   }
-  return c;
+  _tile_loadconfig(&c);
 }
 
-// c [rows][64] = x [rows][kp] (bf16) . panel [kp/2][64][2], all of K in the tiles.
-void panel_tile(const uint16_t* x, int64_t kp, const uint16_t* panel, float* c) {
+// C += A (tile 4) . B; the tile numbers must be constants, hence a macro.
+#define MOEX_AMX_DOT(C, B)                      \
+  if constexpr (kInt8) _tile_dpbusd(C, 4, B);   \
+  else _tile_dpbf16ps(C, 4, B)
+
+// C += A . B on tiles; the tile numbers must be constants, hence a macro.
+#define MOEX_AMX_DOT(C, A, B)                  \
+  if constexpr (kInt8) _tile_dpbusd(C, A, B);  \
+  else _tile_dpbf16ps(C, A, B)
+
+// Prefetches up to n lines from p (never past end) into L2, advancing p.
+inline void prefetch_lines(const char*& p, const char* end, int64_t n) {
+  for (int64_t i = 0; i < n && p < end; ++i, p += 64) _mm_prefetch(p, _MM_HINT_T1);
+}
+
+// Up to 16 rows: c [rows][64] (4-byte elements) = x [rows][steps x 64 bytes] . panel [steps x 16 rows][256 bytes].
+// Tiles: C 0-3 (lanes 0-15 .. 48-63), A 4, B 5-7 (5 holds lanes 0-15, then 48-63).
+template <bool kInt8>
+void block16(const uint8_t* x, int64_t ldx, const uint8_t* panel, int64_t steps, void* c, const char*& prefetch,
+             const char* prefetch_end, int64_t lines_per_step) {
   _tile_zero(0);
   _tile_zero(1);
   _tile_zero(2);
   _tile_zero(3);
-  constexpr int64_t kPairRowBytes = kPanel * 2 * 2;  // 256
-  for (int64_t k0 = 0; k0 < kp; k0 += kTileK) {
-    const uint16_t* b = panel + k0 * kPanel;  // pair row k0/2
-    _tile_loadd(4, x + k0, kp * 2);
-    _tile_loadd(5, b, kPairRowBytes);
-    _tile_dpbf16ps(0, 4, 5);
-    _tile_loadd(6, b + 32, kPairRowBytes);
-    _tile_dpbf16ps(1, 4, 6);
-    _tile_loadd(7, b + 64, kPairRowBytes);
-    _tile_dpbf16ps(2, 4, 7);
-    _tile_loadd(5, b + 96, kPairRowBytes);
-    _tile_dpbf16ps(3, 4, 5);
+  for (int64_t s = 0; s < steps; ++s) {
+    const uint8_t* b = panel + s * 16 * kLaneRowBytes;
+    _tile_loadd(4, x + s * kStepBytes, ldx);
+    _tile_loadd(5, b, kLaneRowBytes);
+    MOEX_AMX_DOT(0, 4, 5);
+    _tile_loadd(6, b + 64, kLaneRowBytes);
+    MOEX_AMX_DOT(1, 4, 6);
+    _tile_loadd(7, b + 128, kLaneRowBytes);
+    MOEX_AMX_DOT(2, 4, 7);
+    _tile_loadd(5, b + 192, kLaneRowBytes);
+    MOEX_AMX_DOT(3, 4, 5);
+    prefetch_lines(prefetch, prefetch_end, lines_per_step);
   }
-  _tile_stored(0, c, kPanel * 4);
-  _tile_stored(1, c + 16, kPanel * 4);
-  _tile_stored(2, c + 32, kPanel * 4);
-  _tile_stored(3, c + 48, kPanel * 4);
+  auto* out = static_cast<uint8_t*>(c);
+  _tile_stored(0, out, kPanel * 4);
+  _tile_stored(1, out + 64, kPanel * 4);
+  _tile_stored(2, out + 128, kPanel * 4);
+  _tile_stored(3, out + 192, kPanel * 4);
+}
+#undef MOEX_AMX_DOT
+
+template <bool kInt8>
+void run_panels(const PanelJob& job, int64_t panel_begin, int64_t panel_end) {
+  const PackedWeights& w = *job.w;
+  const auto* x = static_cast<const uint8_t*>(job.activations);  // [T][k_padded] bf16 or u8 (q + 128)
+  const int64_t tokens = job.tokens, elem = kInt8 ? 1 : 2, ldx = w.k_padded * elem;
+  const int64_t steps = ldx / kStepBytes, panel_bytes = steps * 16 * kLaneRowBytes;
+  thread_local std::vector<float> c;    // [T][64] f32 sums (bf16), or s32 sums (W8A8, read only by intrinsics)
+  thread_local std::vector<float> f;    // [T][64] W8A8's scaled sums
+  if (c.size() < static_cast<size_t>(tokens * kPanel)) {
+    c.resize(tokens * kPanel);
+    f.resize(tokens * kPanel);
+  }
+  if (steps == 0) std::fill_n(c.begin(), tokens * kPanel, 0);  // an empty sum: no block runs to write c
+  // Blocks of 16 rows (one of `rows` rows below 16); the last block ends at row T - 1.
+  const int rows = static_cast<int>(std::min<int64_t>(tokens, kTileRows));
+  const int64_t blocks = (tokens + kTileRows - 1) / kTileRows;
+  if (steps > 0) configure(rows);
+  const auto* data = w.data.as<const uint8_t>();
+  for (int64_t panel = panel_begin; panel < panel_end; ++panel) {
+    const uint8_t* w_panel = data + panel * panel_bytes;
+    const char* prefetch = reinterpret_cast<const char*>(w_panel + panel_bytes);
+    const char* prefetch_end = panel + 1 < w.panels ? prefetch + panel_bytes : prefetch;
+    const int64_t passes = blocks * steps;
+    const int64_t lines_per_step = passes ? (panel_bytes / 64 + passes - 1) / passes : 0;
+    for (int64_t b = 0; b < blocks && steps > 0; ++b) {
+      const int64_t t = std::min(b * kTileRows, tokens - rows);
+      block16<kInt8>(x + t * ldx, ldx, w_panel, steps, c.data() + t * kPanel, prefetch, prefetch_end, lines_per_step);
+    }
+    if constexpr (kInt8) {
+      w8a8_panel_to_f32(job, panel, reinterpret_cast<const int32_t*>(c.data()), f.data());
+      apply_epilogue(job.epilogue, w, panel, tokens, f.data());
+    } else {
+      apply_epilogue(job.epilogue, w, panel, tokens, c.data());
+    }
+  }
+  if (steps > 0) _tile_release();
 }
 
 }  // namespace
 
 void run_panels_bf16_amx(const PanelJob& job, int64_t panel_begin, int64_t panel_end) {
-  const PackedWeights& w = *job.w;
-  const auto* x = static_cast<const uint16_t*>(job.activations);  // [T][k_padded] bf16
-  const int64_t tokens = job.tokens, kp = w.k_padded;
-  thread_local std::vector<float> c;  // [T][64]
-  if (c.size() < static_cast<size_t>(tokens * kPanel)) c.resize(tokens * kPanel);
-  if (kp == 0) std::fill_n(c.begin(), tokens * kPanel, 0);
-  const TileConfig full = config_for(kTileRows), tail = config_for(static_cast<int>(tokens % kTileRows));
-  for (int64_t panel = panel_begin; panel < panel_end && kp > 0; ++panel) {
-    const uint16_t* w_panel = w.data.as<const uint16_t>() + panel * kp * kPanel;
-    int64_t t = 0;
-    if (tokens >= kTileRows) {
-      _tile_loadconfig(&full);
-      for (; t + kTileRows <= tokens; t += kTileRows) panel_tile(x + t * kp, kp, w_panel, c.data() + t * kPanel);
-    }
-    if (t < tokens) {
-      _tile_loadconfig(&tail);
-      panel_tile(x + t * kp, kp, w_panel, c.data() + t * kPanel);
-    }
-    apply_epilogue(job.epilogue, w, panel, tokens, c.data());
-  }
-  if (kp == 0)
-    for (int64_t panel = panel_begin; panel < panel_end; ++panel) apply_epilogue(job.epilogue, w, panel, tokens, c.data());
-  _tile_release();
+  run_panels<false>(job, panel_begin, panel_end);
+}
+
+void run_panels_w8a8_amx(const PanelJob& job, int64_t panel_begin, int64_t panel_end) {
+  run_panels<true>(job, panel_begin, panel_end);
 }
 
 }  // namespace moex::kernels::x86

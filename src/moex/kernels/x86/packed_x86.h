@@ -45,8 +45,10 @@ void run_panels_int4_avx512bf16(const PanelJob& job, int64_t panel_begin, int64_
 // fp8 e4m3 x bf16 activations through byte tables and vdpbf16ps (both row loops), x86/packed_fp8_avx512bf16vbmi.cc;
 // the caller has checked has_avx512_bf16_vbmi_kernels().
 void run_panels_fp8_avx512bf16vbmi(const PanelJob& job, int64_t panel_begin, int64_t panel_end);
-// AMX: the caller has checked has_amx_kernels() and request_amx_permission().
+// The many-row GEMMs on AMX tiles (bf16 and W8A8), x86/expert_gemm_amx.cc: the caller has checked
+// has_amx_kernels() and request_amx_permission().
 void run_panels_bf16_amx(const PanelJob& job, int64_t panel_begin, int64_t panel_end);
+void run_panels_w8a8_amx(const PanelJob& job, int64_t panel_begin, int64_t panel_end);
 void run_panels_weight_only_avx512(const PanelJob& job, int64_t panel_begin, int64_t panel_end);  // int8/int4/fp8
 void run_panels_w8a8_avx512vnni(const PanelJob& job, int64_t panel_begin, int64_t panel_end);
 // int4 codes x s8 activations (kInt4W4A8): one loop for every row count, in x86/packed_w4a8_avx512vnni.cc.
