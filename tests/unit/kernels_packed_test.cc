@@ -626,6 +626,21 @@ TEST(KernelIsa, NeverPicksAnIsaTheCpuOrOsLacks) {
   EXPECT_FALSE(kernels::row_result_depends_on_row_count(WeightFormat::kInt8W8A8, Isa::kAmx));
 }
 
+// int4's and fp8's many-row calls run the f32-FMA kernels on AMX CPUs (vdpbf16ps is half vfmadd's rate there);
+// their few-row calls, and every call under the --batch-invariant pin, stay on vdpbf16ps. Elsewhere the row
+// count never changes their ISA.
+TEST(KernelIsa, WeightOnlyManyRowsMoveToFmaOnAmxCpus) {
+  for (WeightFormat f : {WeightFormat::kInt4, WeightFormat::kFP8E4M3}) {
+    const Isa isa = kernels::kernel_isa(f);
+    const int64_t many = kernels::kWeightOnlyManyRowsFrom;
+    const bool moves = isa == Isa::kAvx512Bf16 && cpu_features().has_amx_kernels();
+    EXPECT_EQ(kernels::isa_for_rows(f, isa, many), moves ? Isa::kAvx512 : isa);
+    EXPECT_EQ(kernels::isa_for_rows(f, isa, many - 1), isa);
+    EXPECT_EQ(kernels::isa_for_rows(f, isa, 512, true), isa);  // the pin keeps the few-row loop and its ISA
+    if (moves) EXPECT_TRUE(kernels::row_result_depends_on_row_count(f, isa));
+  }
+}
+
 TEST(CpuFeatures, DetectionAgreesWithProcCpuinfo) {
   std::ifstream in("/proc/cpuinfo");
   if (!in) GTEST_SKIP() << "no /proc/cpuinfo";

@@ -402,10 +402,23 @@ Isa below_amx(WeightFormat format) {
 }  // namespace
 
 
+namespace {
+// int4's and fp8's many-row calls on CPUs with AMX (Intel Xeons) run the f32-FMA kernels (kAvx512) instead of
+// their vdpbf16ps ones: there vdpbf16ps runs at half the FLOP rate of vfmadd231ps (measured on such a Xeon:
+// 106-110 against 218 GFLOPS per core; Zen 4/5 run it at twice vfmadd's rate), and at many rows the dot products,
+// not the weight decode, bound the call: the FMA loops take 0.62-0.64x the time at 512 rows (int4-g128 and fp8,
+// one expert matrix, 1 and 2 threads; docs/kernels.md). At a few rows the bf16 route, which decodes a weight in
+// fewer instructions, stays faster (int4 1.4-1.6x, fp8 1.2-1.35x at one row), so the few-row loop keeps it.
+bool many_rows_on_fma(WeightFormat format, Isa isa) {
+  return isa == Isa::kAvx512Bf16 && (format == WeightFormat::kInt4 || format == WeightFormat::kFP8E4M3) &&
+         cpu_features().has_amx_kernels();
+}
+}  // namespace
+
 bool row_result_depends_on_row_count(WeightFormat format, Isa isa) {
   if (isa == Isa::kAvx512)
     return format == WeightFormat::kInt8 || format == WeightFormat::kInt4 || format == WeightFormat::kFP8E4M3;
-  return isa == Isa::kAvx512Bf16 && format == WeightFormat::kInt4;
+  return (isa == Isa::kAvx512Bf16 && format == WeightFormat::kInt4) || many_rows_on_fma(format, isa);
 }
 
 std::vector<Isa> usable_isas(WeightFormat format, const CpuFeatures& cpu) {
@@ -744,8 +757,9 @@ RowKernel row_kernel(WeightFormat format, Isa isa, int64_t rows, bool batch_inva
 }  // namespace
 
 Isa isa_for_rows(WeightFormat format, Isa isa, int64_t rows, bool batch_invariant) {
-  if (isa != Isa::kAmx) return isa;
-  return row_kernel(format, isa, rows, batch_invariant) == RowKernel::kManyRows ? Isa::kAmx : below_amx(format);
+  const bool many = row_kernel(format, isa, rows, batch_invariant) == RowKernel::kManyRows;
+  if (isa == Isa::kAmx) return many ? Isa::kAmx : below_amx(format);
+  return many && many_rows_on_fma(format, isa) ? Isa::kAvx512 : isa;
 }
 
 namespace {
@@ -816,7 +830,7 @@ void packed_matmul(const float* x, int64_t tokens, const PackedWeights& w, float
   e.kind = accumulate ? x86::Epilogue::kAccumulate : x86::Epilogue::kStore;
   e.y = y;
   e.ld_y = w.rows;
-  run(x, tokens, w, e, kernel_isa(w.format), batch_invariant);
+  run(x, tokens, w, e, isa_for_rows(w.format, kernel_isa(w.format), tokens, batch_invariant), batch_invariant);
 }
 
 void packed_matmul_on(Isa isa, const float* x, int64_t tokens, const PackedWeights& w, float* y, bool accumulate,
@@ -838,7 +852,7 @@ void expert_gate_up(const float* x, int64_t tokens, const PackedWeights& w13, fl
   e.kind = x86::Epilogue::kSiluMul;
   e.y = h;
   e.ld_y = w13.rows;
-  run(x, tokens, w13, e, kernel_isa(w13.format), batch_invariant);
+  run(x, tokens, w13, e, isa_for_rows(w13.format, kernel_isa(w13.format), tokens, batch_invariant), batch_invariant);
 }
 
 void expert_down_accumulate(const float* h, int64_t tokens, const PackedWeights& w2, const float* route_weights,
@@ -850,7 +864,7 @@ void expert_down_accumulate(const float* h, int64_t tokens, const PackedWeights&
   e.ld_y = out_stride;
   e.route_weights = route_weights;
   e.out_rows = out_rows;
-  run(h, tokens, w2, e, kernel_isa(w2.format), batch_invariant);
+  run(h, tokens, w2, e, isa_for_rows(w2.format, kernel_isa(w2.format), tokens, batch_invariant), batch_invariant);
 }
 
 namespace {
@@ -860,6 +874,7 @@ struct FusedPlan {
   Activations up, down;                 // x rows for w13, h rows for w2: [R] rows, all experts in order
   std::vector<int64_t> first_row;       // [count] expert's first row in the activations
   std::vector<int32_t> row_expert;      // [R] the expert of each row
+  std::vector<Isa> expert_isa;          // [count] the ISA each expert's rows run on (isa_for_rows)
   struct Item {
     int32_t expert;
     int64_t begin, end;  // w13 panels
@@ -907,10 +922,21 @@ void fused_experts(const ExpertRows* experts, int count, float* out, int64_t out
     return;
   }
   if (isa == Isa::kAmx) MOEX_CHECK(request_amx_permission(), "Linux refused this process the AMX tile state");
-  row_kernel(w13.format, isa, 0, false);  // reads MOEX_ROW_KERNEL outside the parallel region
   FusedPlan& plan = g_fused;  // names, not the thread_local, reach the threads
-  plan.up.size_for(isa, w13, total_rows);
-  plan.down.size_for(isa, w2, total_rows);
+  // Each expert's rows run where expert_gate_up alone would run them (isa_for_rows by its own row count: on an
+  // AMX CPU int4's and fp8's many-row experts go to the FMA kernels, their few-row ones stay on vdpbf16ps), so
+  // the pass equals the expert-by-expert kernels bit for bit. The buffers of both ISAs live in one Activations
+  // (each row is converted once, for its expert's ISA); this also reads MOEX_ROW_KERNEL outside the region.
+  plan.expert_isa.resize(count);
+  bool h_in_items = true;  // every expert's h conversion for w2 is elementwise (see below)
+  for (int e = 0; e < count; ++e) {
+    const Isa ei = isa_for_rows(w13.format, isa, experts[e].rows, batch_invariant);
+    plan.expert_isa[e] = ei;
+    if (experts[e].rows == 0) continue;
+    plan.up.size_for(ei, w13, total_rows);
+    plan.down.size_for(ei, w2, total_rows);
+    h_in_items = h_in_items && Activations::elementwise(ei, w2);
+  }
   plan.first_row.resize(count);
   plan.row_expert.resize(total_rows);
   const int threads = num_threads();
@@ -942,20 +968,19 @@ void fused_experts(const ExpertRows* experts, int count, float* out, int64_t out
   const auto job_for = [&](const PackedWeights& w, const Activations& act, const float* x, int e) {
     x86::PanelJob job;
     job.tokens = experts[e].rows;
-    job.many_rows = row_kernel(w.format, isa, job.tokens, batch_invariant) == RowKernel::kManyRows;
+    job.many_rows = row_kernel(w.format, plan.expert_isa[e], job.tokens, batch_invariant) == RowKernel::kManyRows;
     job.w = &w;
-    act.bind(isa, w, x, plan.first_row[e], job);
+    act.bind(plan.expert_isa[e], w, x, plan.first_row[e], job);
     return job;
   };
   // Barriers: decode (few rows) converts x here, before the region; when h's conversion for w2 is
   // elementwise (bf16 rounding; none for int8) each gate/up item converts the h columns it wrote. Then
   // the region has one barrier between gate/up and down (two more for int4 and W8A8 prefill).
   const bool x_before = total_rows <= kSerialConvertRows;
-  const bool h_in_items = Activations::elementwise(isa, w2);
   if (x_before) {
     for (int64_t r = 0; r < total_rows; ++r) {
       const int e = plan.row_expert[r];
-      plan.up.convert(isa, w13, experts[e].x + (r - plan.first_row[e]) * hidden, r);
+      plan.up.convert(plan.expert_isa[e], w13, experts[e].x + (r - plan.first_row[e]) * hidden, r);
     }
   }
 #pragma omp parallel num_threads(threads)
@@ -964,7 +989,7 @@ void fused_experts(const ExpertRows* experts, int count, float* out, int64_t out
 #pragma omp for schedule(static)
       for (int64_t r = 0; r < total_rows; ++r) {
         const int e = plan.row_expert[r];
-        plan.up.convert(isa, w13, experts[e].x + (r - plan.first_row[e]) * hidden, r);
+        plan.up.convert(plan.expert_isa[e], w13, experts[e].x + (r - plan.first_row[e]) * hidden, r);
       }
     }
 #pragma omp for schedule(dynamic, 1)
@@ -975,18 +1000,19 @@ void fused_experts(const ExpertRows* experts, int count, float* out, int64_t out
       job.epilogue.kind = x86::Epilogue::kSiluMul;
       job.epilogue.y = x.h;
       job.epilogue.ld_y = inter;
-      run_panel_range(isa, *x.w13, job, item.begin, item.end);
+      const Isa ei = plan.expert_isa[item.expert];
+      run_panel_range(ei, *x.w13, job, item.begin, item.end);
       if (h_in_items) {  // h [rows, I] columns of panels [begin, end)
         const int64_t c0 = item.begin * w13.rows_per_panel(), c1 = std::min(inter, item.end * w13.rows_per_panel());
         for (int64_t r = 0; r < x.rows; ++r)
-          plan.down.convert_columns(isa, w2, x.h + r * inter, plan.first_row[item.expert] + r, c0, c1);
+          plan.down.convert_columns(ei, w2, x.h + r * inter, plan.first_row[item.expert] + r, c0, c1);
       }
     }
     if (!h_in_items) {
 #pragma omp for schedule(static)
       for (int64_t r = 0; r < total_rows; ++r) {
         const int e = plan.row_expert[r];
-        plan.down.convert(isa, w2, experts[e].h + (r - plan.first_row[e]) * inter, r);
+        plan.down.convert(plan.expert_isa[e], w2, experts[e].h + (r - plan.first_row[e]) * inter, r);
       }
     }
 #pragma omp for schedule(dynamic, 1) nowait  // the region's end is the barrier
@@ -1001,7 +1027,7 @@ void fused_experts(const ExpertRows* experts, int count, float* out, int64_t out
         job.epilogue.ld_y = out_stride;
         job.epilogue.route_weights = x.route_weights;
         job.epilogue.out_rows = x.out_rows;
-        run_panel_range(isa, *x.w2, job, begin, end);
+        run_panel_range(plan.expert_isa[e], *x.w2, job, begin, end);
       }
     }
   }
