@@ -83,6 +83,15 @@ TEST(BenchE2E, OneRowPerFormatAndTestWithConsistentFigures) {
   // only, or AVX-512 without BF16 / VNNI) takes the f32 FMA peak for both.
   if (cpu_features().has_avx512_vnni_kernels() && cpu_features().has_avx512_bf16_kernels())
     EXPECT_GT(by["int8-w8a8"]["pp16"].at("peak_gflops").get<double>(), by["bf16"]["pp16"].at("peak_gflops").get<double>());
+  // The peak is the best instruction's: AMX tiles where this process may use them, else the AVX-512 dot product.
+  for (const char* w : {"bf16", "int8-w8a8"}) {
+    const nlohmann::json& r = by[w]["pp16"];
+    const bool int8 = std::string(w) == "int8-w8a8";
+    const double vec = r.at(int8 ? "vpdpbusd_gops" : "vdpbf16ps_gflops").get<double>(),
+                 amx = r.at(int8 ? "amx_int8_gops" : "amx_bf16_gflops").get<double>();
+    EXPECT_EQ(amx > 0, use_amx_kernels()) << w;
+    if (vec > 0 || amx > 0) EXPECT_DOUBLE_EQ(r.at("peak_gflops").get<double>(), std::max(vec, amx)) << w;
+  }
 }
 
 TEST(BenchE2E, BadFlagsAreOneLineAndExit2) {
