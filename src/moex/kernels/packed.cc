@@ -399,10 +399,7 @@ namespace {
 Isa below_amx(WeightFormat format) {
   return format == WeightFormat::kInt8W8A8 ? Isa::kAvx512Vnni : Isa::kAvx512Bf16;
 }
-}  // namespace
 
-
-namespace {
 // int4's and fp8's many-row calls on CPUs with AMX (Intel Xeons) run the f32-FMA kernels (kAvx512) instead of
 // their vdpbf16ps ones: there vdpbf16ps runs at half the FLOP rate of vfmadd231ps (measured on such a Xeon:
 // 106-110 against 218 GFLOPS per core; Zen 4/5 run it at twice vfmadd's rate), and at many rows the dot products,
@@ -696,8 +693,7 @@ struct Activations {
   static bool elementwise(Isa isa, const PackedWeights& w) {
     isa = reads_as(isa, w);
     if (isa == Isa::kAvx512 || isa == Isa::kAvx2) return w.format == WeightFormat::kInt8;  // int8 reads f32 x as it is
-    return (isa == Isa::kAvx512Bf16 || isa == Isa::kAmx) &&
-           (w.format == WeightFormat::kBF16 || w.format == WeightFormat::kFP8E4M3);
+    return isa == Isa::kAvx512Bf16 && (w.format == WeightFormat::kBF16 || w.format == WeightFormat::kFP8E4M3);
   }
   // Columns [c0, c1) of row x [K] into row t (elementwise(isa, w) only; c0 a multiple of 16); the range that
   // ends at K also writes the zero padding up to k_padded.

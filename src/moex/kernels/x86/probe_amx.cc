@@ -44,10 +44,11 @@ double sum_c() {
 
 }  // namespace
 
-double tdpbf16_loop_amx(int64_t iterations, uint16_t one_bf16) {
-  alignas(64) uint16_t a[16 * 32] = {}, b[16 * 32];
-  for (int r = 0; r < 16; ++r) a[r * 32] = one_bf16;
-  for (uint16_t& v : b) v = one_bf16;
+namespace {
+
+// iterations x kAmxPeakRounds x 4 products: tdpbusd (int8) or tdpbf16ps, A = `a` in tiles 4-5, B = `b` in 6-7.
+template <bool kInt8, typename C>
+double tile_loop(int64_t iterations, const void* a, const void* b) {
   configure();
   _tile_zero(0);
   _tile_zero(1);
@@ -59,39 +60,37 @@ double tdpbf16_loop_amx(int64_t iterations, uint16_t one_bf16) {
   _tile_loadd(7, b, 64);
   for (int64_t i = 0; i < iterations; ++i)
     for (int round = 0; round < kAmxPeakRounds; ++round) {
-      _tile_dpbf16ps(0, 4, 6);
-      _tile_dpbf16ps(1, 4, 7);
-      _tile_dpbf16ps(2, 5, 6);
-      _tile_dpbf16ps(3, 5, 7);
+      if constexpr (kInt8) {
+        _tile_dpbusd(0, 4, 6);
+        _tile_dpbusd(1, 4, 7);
+        _tile_dpbusd(2, 5, 6);
+        _tile_dpbusd(3, 5, 7);
+      } else {
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+      }
     }
-  const double sum = sum_c<float>();
+  const double sum = sum_c<C>();
   _tile_release();
   return sum;
+}
+
+}  // namespace
+
+double tdpbf16_loop_amx(int64_t iterations, uint16_t one_bf16) {
+  alignas(64) uint16_t a[16 * 32] = {}, b[16 * 32];
+  for (int r = 0; r < 16; ++r) a[r * 32] = one_bf16;
+  for (uint16_t& v : b) v = one_bf16;
+  return tile_loop<false, float>(iterations, a, b);
 }
 
 double tdpbusd_loop_amx(int64_t iterations, uint8_t one) {
   alignas(64) uint8_t a[16 * 64] = {}, b[16 * 64];
   for (int r = 0; r < 16; ++r) a[r * 64] = one;
   std::memset(b, one, sizeof b);
-  configure();
-  _tile_zero(0);
-  _tile_zero(1);
-  _tile_zero(2);
-  _tile_zero(3);
-  _tile_loadd(4, a, 64);
-  _tile_loadd(5, a, 64);
-  _tile_loadd(6, b, 64);
-  _tile_loadd(7, b, 64);
-  for (int64_t i = 0; i < iterations; ++i)
-    for (int round = 0; round < kAmxPeakRounds; ++round) {
-      _tile_dpbusd(0, 4, 6);
-      _tile_dpbusd(1, 4, 7);
-      _tile_dpbusd(2, 5, 6);
-      _tile_dpbusd(3, 5, 7);
-    }
-  const double sum = sum_c<int32_t>();
-  _tile_release();
-  return sum;
+  return tile_loop<true, int32_t>(iterations, a, b);
 }
 
 }  // namespace moex::kernels::x86
