@@ -327,6 +327,47 @@ TEST_P(PackedMatmulTest, ManyRowGemmGivesTheFewRowLoopsBits) {
   set_num_threads(threads_before);
 }
 
+// packed_matmul_group (q, k and v in one region, x converted once) gives each output exactly what packed_matmul
+// gives it alone: ragged row counts, a row count on each side of the many-row switches, accumulate on one output,
+// 1 and 2 threads. A group whose outputs differ in format falls back to one call each.
+TEST_P(PackedMatmulTest, GroupEqualsSeparateCalls) {
+  const FormatCase f = GetParam();
+  const int64_t k = 95, rows[3] = {67, 16, 130};
+  std::vector<kernels::PackedWeights> packed;
+  for (int i = 0; i < 3; ++i) packed.push_back(kernels::pack(quantize(f, random_floats(rows[i] * k, 60 + i), rows[i], k)));
+  const int threads_before = num_threads();
+  for (int64_t tokens : {1, 3, 20}) {
+    const std::vector<float> x = random_floats(tokens * k, 64);
+    for (int threads : {1, 2}) {
+      set_num_threads(threads);
+      std::vector<std::vector<float>> alone(3), grouped(3);
+      for (int i = 0; i < 3; ++i) {
+        alone[i] = grouped[i] = std::vector<float>(tokens * rows[i], 0.5f);
+        kernels::packed_matmul(x.data(), tokens, packed[i], alone[i].data(), i == 2);
+      }
+      const kernels::PackedOutput outputs[3] = {
+          {&packed[0], grouped[0].data()}, {&packed[1], grouped[1].data()}, {&packed[2], grouped[2].data(), true}};
+      kernels::packed_matmul_group(x.data(), tokens, outputs, 3);
+      for (int i = 0; i < 3; ++i)
+        for (size_t j = 0; j < alone[i].size(); ++j)
+          ASSERT_EQ(grouped[i][j], alone[i][j]) << f.name() << " output " << i << " T" << tokens << " threads " << threads;
+    }
+  }
+  set_num_threads(threads_before);
+  // Mixed formats: each output through its own call.
+  const kernels::PackedWeights other = kernels::pack(kernels::quantize_bf16(
+      TensorView{random_floats(16 * k, 70).data(), DType::kF32, Shape{16, k}}));
+  if (other.format == packed[0].format) return;
+  const std::vector<float> x = random_floats(4 * k, 71);
+  std::vector<float> a(4 * rows[0]), b(4 * 16), a_alone(4 * rows[0]), b_alone(4 * 16);
+  kernels::packed_matmul(x.data(), 4, packed[0], a_alone.data());
+  kernels::packed_matmul(x.data(), 4, other, b_alone.data());
+  const kernels::PackedOutput mixed[2] = {{&packed[0], a.data()}, {&other, b.data()}};
+  kernels::packed_matmul_group(x.data(), 4, mixed, 2);
+  EXPECT_EQ(a, a_alone);
+  EXPECT_EQ(b, b_alone);
+}
+
 // The fused MoE pass (one parallel region for every expert) against the same kernels run expert by expert,
 // which it must equal bit for bit (same panels, same sums, experts added in order), on 1 and 2 threads; and
 // against the scalar reference. Experts with 0, 1, a few and prefill-many rows, tokens shared between

@@ -794,39 +794,92 @@ void run_panel_range(Isa isa, const PackedWeights& w, const x86::PanelJob& job, 
 // Per call, on the calling thread; the panel workers read them through the job.
 thread_local Activations g_act;
 
-void run(const float* x, int64_t tokens, const PackedWeights& w, const x86::Epilogue& e, Isa isa, bool batch_invariant) {
-  if (tokens <= 0 || w.rows == 0) return;
-  row_kernel(w.format, isa, 0, false);  // reads MOEX_ROW_KERNEL here, where a bad value can throw, not inside a parallel region
+// One matrix of a call over shared activations, and where its results go.
+struct Output {
+  const PackedWeights* w = nullptr;
+  x86::Epilogue e;
+};
+
+// Every output's matmul of the same x [T, K] in one parallel region: x converted once (the outputs share format, K
+// and k_padded), the panels of all outputs one index space that the threads take in chunks.
+void run_group(const float* x, int64_t tokens, const Output* outputs, int count, Isa isa, bool batch_invariant) {
+  if (tokens <= 0 || count == 0) return;
+  const PackedWeights& w0 = *outputs[0].w;
+  row_kernel(w0.format, isa, 0, false);  // reads MOEX_ROW_KERNEL here, where a bad value can throw, not inside a parallel region
   if (isa == Isa::kScalar) {  // (the scalar path has one loop, but a bad value is refused on every CPU)
-    run_scalar(x, tokens, w, e);
+    for (int i = 0; i < count; ++i)
+      if (outputs[i].w->rows > 0) run_scalar(x, tokens, *outputs[i].w, outputs[i].e);
     return;
   }
   if (isa == Isa::kAmx) MOEX_CHECK(request_amx_permission(), "Linux refused this process the AMX tile state");
-  const int64_t K = w.cols;
+  const int64_t K = w0.cols;
   Activations& act = g_act;  // a name, not the thread_local, reaches the workers
-  act.size_for(isa, w, tokens);
+  act.size_for(isa, w0, tokens);
   parallel_for(tokens, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) act.convert(isa, w, x + t * K, t);
+    for (int64_t t = begin; t < end; ++t) act.convert(isa, w0, x + t * K, t);
   });
-  x86::PanelJob job;
-  job.tokens = tokens;
-  job.many_rows = row_kernel(w.format, isa, tokens, batch_invariant) == RowKernel::kManyRows;
-  job.w = &w;
-  job.epilogue = e;
-  act.bind(isa, w, x, 0, job);
-  for_panel_chunks(w.panels, [&](int64_t b, int64_t end) { run_panel_range(isa, w, job, b, end); });
+  constexpr int kMaxOutputs = 4;
+  MOEX_CHECK(count <= kMaxOutputs, "run_group: ", count, " outputs");
+  x86::PanelJob jobs[kMaxOutputs];
+  int64_t first_panel[kMaxOutputs + 1] = {};  // output i's panels are [first_panel[i], first_panel[i + 1])
+  for (int i = 0; i < count; ++i) {
+    const PackedWeights& w = *outputs[i].w;
+    jobs[i].tokens = tokens;
+    jobs[i].many_rows = row_kernel(w.format, isa, tokens, batch_invariant) == RowKernel::kManyRows;
+    jobs[i].w = &w;
+    jobs[i].epilogue = outputs[i].e;
+    act.bind(isa, w, x, 0, jobs[i]);
+    first_panel[i + 1] = first_panel[i] + (w.rows > 0 ? w.panels : 0);
+  }
+  for_panel_chunks(first_panel[count], [&](int64_t b, int64_t end) {
+    for (int i = 0; i < count; ++i) {
+      const int64_t lo = std::max(b, first_panel[i]), hi = std::min(end, first_panel[i + 1]);
+      if (lo < hi) run_panel_range(isa, *outputs[i].w, jobs[i], lo - first_panel[i], hi - first_panel[i]);
+    }
+  });
 }
 
-}  // namespace
+void run(const float* x, int64_t tokens, const PackedWeights& w, const x86::Epilogue& e, Isa isa, bool batch_invariant) {
+  if (w.rows == 0) return;
+  const Output output{&w, e};
+  run_group(x, tokens, &output, 1, isa, batch_invariant);
+}
 
-void packed_matmul(const float* x, int64_t tokens, const PackedWeights& w, float* y, bool accumulate,
-                   bool batch_invariant) {
-  MOEX_CHECK(!w.gate_up, "gate/up weights go to expert_gate_up");
+x86::Epilogue store_into(float* y, const PackedWeights& w, bool accumulate) {
   x86::Epilogue e;
   e.kind = accumulate ? x86::Epilogue::kAccumulate : x86::Epilogue::kStore;
   e.y = y;
   e.ld_y = w.rows;
-  run(x, tokens, w, e, isa_for_rows(w.format, kernel_isa(w.format), tokens, batch_invariant), batch_invariant);
+  return e;
+}
+
+}  // namespace
+
+void packed_matmul_group(const float* x, int64_t tokens, const PackedOutput* outputs, int count, bool batch_invariant) {
+  if (count <= 0) return;
+  const PackedWeights& w0 = *outputs[0].w;
+  bool shared = count <= 4;
+  for (int i = 0; i < count; ++i) {
+    const PackedWeights& w = *outputs[i].w;
+    MOEX_CHECK(!w.gate_up, "gate/up weights go to expert_gate_up");
+    shared = shared && w.format == w0.format && w.cols == w0.cols && w.k_padded == w0.k_padded && w.group == w0.group;
+  }
+  if (!shared) {  // activations converted differently: one call each
+    for (int i = 0; i < count; ++i)
+      packed_matmul(x, tokens, *outputs[i].w, outputs[i].y, outputs[i].accumulate, batch_invariant);
+    return;
+  }
+  Output group[4];
+  for (int i = 0; i < count; ++i) group[i] = {outputs[i].w, store_into(outputs[i].y, *outputs[i].w, outputs[i].accumulate)};
+  run_group(x, tokens, group, count, isa_for_rows(w0.format, kernel_isa(w0.format), tokens, batch_invariant),
+            batch_invariant);
+}
+
+void packed_matmul(const float* x, int64_t tokens, const PackedWeights& w, float* y, bool accumulate,
+                   bool batch_invariant) {
+  MOEX_CHECK(!w.gate_up, "gate/up weights go to expert_gate_up");
+  run(x, tokens, w, store_into(y, w, accumulate), isa_for_rows(w.format, kernel_isa(w.format), tokens, batch_invariant),
+      batch_invariant);
 }
 
 void packed_matmul_on(Isa isa, const float* x, int64_t tokens, const PackedWeights& w, float* y, bool accumulate,
@@ -835,11 +888,7 @@ void packed_matmul_on(Isa isa, const float* x, int64_t tokens, const PackedWeigh
   MOEX_CHECK(std::find(usable.begin(), usable.end(), isa) != usable.end(), isa_name(isa), " cannot run ",
              weight_format_name(w.format), " on this CPU");
   MOEX_CHECK(!w.gate_up, "gate/up weights go to expert_gate_up");
-  x86::Epilogue e;
-  e.kind = accumulate ? x86::Epilogue::kAccumulate : x86::Epilogue::kStore;
-  e.y = y;
-  e.ld_y = w.rows;
-  run(x, tokens, w, e, isa, batch_invariant);
+  run(x, tokens, w, store_into(y, w, accumulate), isa, batch_invariant);
 }
 
 void expert_gate_up(const float* x, int64_t tokens, const PackedWeights& w13, float* h, bool batch_invariant) {

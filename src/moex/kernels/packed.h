@@ -163,6 +163,17 @@ constexpr RowKernel expert_kernel_for_rows(WeightFormat format, int64_t rows, bo
 // y [T, rows] (=, or += with accumulate) x [T, cols] @ W^T. Threads split the panels.
 void packed_matmul(const float* x, int64_t tokens, const PackedWeights& w, float* y, bool accumulate = false,
                    bool batch_invariant = false);
+// One of the matmuls of packed_matmul_group: y [T, w->rows] (=, or += with accumulate) x @ W^T.
+struct PackedOutput {
+  const PackedWeights* w = nullptr;
+  float* y = nullptr;
+  bool accumulate = false;
+};
+// Up to four packed matmuls of the same x [T, K] (attention's q, k and v) in ONE parallel region, x converted once,
+// each output's numbers those of packed_matmul alone (same kernels, same panels). At decode the three regions of
+// separate calls cost as much as streaming k or v. Outputs of different formats or K run one call each.
+void packed_matmul_group(const float* x, int64_t tokens, const PackedOutput* outputs, int count,
+                         bool batch_invariant = false);
 // h [T, I] = silu(x [T, hidden] @ w1^T) * (x @ w3^T), w13 from pack_gate_up.
 void expert_gate_up(const float* x, int64_t tokens, const PackedWeights& w13, float* h, bool batch_invariant = false);
 // out[out_rows[t], 0:hidden] += route_weights[t] * (h [T, I] @ w2^T)[t]: the down projection of one expert's

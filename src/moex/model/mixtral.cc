@@ -206,6 +206,10 @@ void MixtralModel::attention_block(int layer, const StepInput& step) {
   if (!lw.wq.packed && !lw.wk.packed && !lw.wv.packed) {  // as stored: the three in one parallel region
     const kernels::MatmulOutput qkv[3] = {{lw.wq.view, q_.data()}, {lw.wk.view, k_.data()}, {lw.wv.view, v_.data()}};
     kernels::matmul_group(normed_.data(), T, qkv, 3);  // [T, H*hd], [T, KV*hd], [T, KV*hd]
+  } else if (lw.wq.packed && lw.wk.packed && lw.wv.packed) {  // packed: one parallel region too
+    const kernels::PackedOutput qkv[3] = {
+        {lw.wq.packed.get(), q_.data()}, {lw.wk.packed.get(), k_.data()}, {lw.wv.packed.get(), v_.data()}};
+    kernels::packed_matmul_group(normed_.data(), T, qkv, 3, options_.batch_invariant);  // as above
   } else {
     dense_matmul(normed_.data(), T, lw.wq, q_.data(), false, options_.batch_invariant);  // [T, H*hd]
     dense_matmul(normed_.data(), T, lw.wk, k_.data(), false, options_.batch_invariant);  // [T, KV*hd]
