@@ -116,7 +116,7 @@ void run_panels(const PanelJob& job, int64_t panel_begin, int64_t panel_end) {
   for (int64_t panel = panel_begin; panel < panel_end; ++panel) {
     const uint8_t* w_panel = data + panel * panel_bytes;
     const char* prefetch = reinterpret_cast<const char*>(w_panel + panel_bytes);
-    const char* prefetch_end = panel + 1 < w.panels ? prefetch + panel_bytes : prefetch;
+    const char* prefetch_end = panel + 1 < panel_end ? prefetch + panel_bytes : prefetch;  // this call's panels only
     const int64_t passes = blocks * steps;
     const int64_t lines_per_step = passes ? (panel_bytes / 64 + passes - 1) / passes : 0;
     for (int64_t b = 0; b < blocks && steps > 0; ++b) {

@@ -85,7 +85,7 @@ void run_panels_bf16_many_avx512bf16(const PanelJob& job, int64_t panel_begin, i
       // What the next pass reads: this panel's next K block, else the next panel's first one (the panels are
       // contiguous); 128 bytes (2 lines) per k.
       const int64_t next_k = k0 + kKBlock < kp         ? std::min(kKBlock, kp - k0 - kKBlock)
-                             : panel + 1 < w.panels ? std::min(kKBlock, kp)
+                             : panel + 1 < panel_end ? std::min(kKBlock, kp)
                                                     : 0;
       const int64_t next_lines = next_k * 2;
       const char* prefetch = reinterpret_cast<const char*>(wk + pairs * 2 * kPanel);

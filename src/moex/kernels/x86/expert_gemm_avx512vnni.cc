@@ -88,7 +88,7 @@ void run_panels_w8a8_many_avx512vnni(const PanelJob& job, int64_t panel_begin, i
       // What the next pass reads: this panel's next K block, else the next panel's first one (the panels are
       // contiguous); 64 bytes (1 line) per k.
       const int64_t next_k = k0 + kKBlock < kp         ? std::min(kKBlock, kp - k0 - kKBlock)
-                             : panel + 1 < w.panels ? std::min(kKBlock, kp)
+                             : panel + 1 < panel_end ? std::min(kKBlock, kp)
                                                     : 0;
       const int64_t next_lines = next_k;
       const char* prefetch = reinterpret_cast<const char*>(wk + quads * 4 * kPanel);

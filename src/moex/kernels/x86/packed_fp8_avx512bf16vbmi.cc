@@ -213,7 +213,7 @@ void run_panels_fp8_avx512bf16vbmi(const PanelJob& job, int64_t panel_begin, int
         // decode below waits on every line: at 16 rows gate_up took 1.2x the time without it, Zen 5 class):
         // this panel's next K block, else the next panel's first; one 64-byte line of codes per k.
         const int64_t next_k0 = k1 < kp ? k1 : 0;
-        const uint8_t* next = k1 < kp ? w_panel + k1 * kPanel : panel + 1 < w.panels ? w_panel + K * kPanel : nullptr;
+        const uint8_t* next = k1 < kp ? w_panel + k1 * kPanel : panel + 1 < panel_end ? w_panel + K * kPanel : nullptr;
         const int64_t next_lines = next ? std::min(kKBlock, K - next_k0) : 0;
         int64_t lines_done = 0;
         over_tokens<kManyTokenTile>(tokens, [&]<int MT>(int64_t t) {
