@@ -794,6 +794,13 @@ void run_panel_range(Isa isa, const PackedWeights& w, const x86::PanelJob& job, 
 // Per call, on the calling thread; the panel workers read them through the job.
 thread_local Activations g_act;
 
+// What a dispatching entry point (packed_matmul, the expert halves, the group) runs `rows` rows of `format` on.
+Isa dispatch_isa(WeightFormat format, int64_t rows, bool batch_invariant) {
+  return isa_for_rows(format, kernel_isa(format), rows, batch_invariant);
+}
+
+constexpr int kMaxOutputs = 4;  // run_group's outputs at most (packed_matmul_group: q, k, v)
+
 // One matrix of a call over shared activations, and where its results go.
 struct Output {
   const PackedWeights* w = nullptr;
@@ -818,7 +825,6 @@ void run_group(const float* x, int64_t tokens, const Output* outputs, int count,
   parallel_for(tokens, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) act.convert(isa, w0, x + t * K, t);
   });
-  constexpr int kMaxOutputs = 4;
   MOEX_CHECK(count <= kMaxOutputs, "run_group: ", count, " outputs");
   x86::PanelJob jobs[kMaxOutputs];
   int64_t first_panel[kMaxOutputs + 1] = {};  // output i's panels are [first_panel[i], first_panel[i + 1])
@@ -858,7 +864,7 @@ x86::Epilogue store_into(float* y, const PackedWeights& w, bool accumulate) {
 void packed_matmul_group(const float* x, int64_t tokens, const PackedOutput* outputs, int count, bool batch_invariant) {
   if (count <= 0) return;
   const PackedWeights& w0 = *outputs[0].w;
-  bool shared = count <= 4;
+  bool shared = count <= kMaxOutputs;
   for (int i = 0; i < count; ++i) {
     const PackedWeights& w = *outputs[i].w;
     MOEX_CHECK(!w.gate_up, "gate/up weights go to expert_gate_up");
@@ -869,16 +875,16 @@ void packed_matmul_group(const float* x, int64_t tokens, const PackedOutput* out
       packed_matmul(x, tokens, *outputs[i].w, outputs[i].y, outputs[i].accumulate, batch_invariant);
     return;
   }
-  Output group[4];
+  Output group[kMaxOutputs];
   for (int i = 0; i < count; ++i) group[i] = {outputs[i].w, store_into(outputs[i].y, *outputs[i].w, outputs[i].accumulate)};
-  run_group(x, tokens, group, count, isa_for_rows(w0.format, kernel_isa(w0.format), tokens, batch_invariant),
+  run_group(x, tokens, group, count, dispatch_isa(w0.format, tokens, batch_invariant),
             batch_invariant);
 }
 
 void packed_matmul(const float* x, int64_t tokens, const PackedWeights& w, float* y, bool accumulate,
                    bool batch_invariant) {
   MOEX_CHECK(!w.gate_up, "gate/up weights go to expert_gate_up");
-  run(x, tokens, w, store_into(y, w, accumulate), isa_for_rows(w.format, kernel_isa(w.format), tokens, batch_invariant),
+  run(x, tokens, w, store_into(y, w, accumulate), dispatch_isa(w.format, tokens, batch_invariant),
       batch_invariant);
 }
 
@@ -897,7 +903,7 @@ void expert_gate_up(const float* x, int64_t tokens, const PackedWeights& w13, fl
   e.kind = x86::Epilogue::kSiluMul;
   e.y = h;
   e.ld_y = w13.rows;
-  run(x, tokens, w13, e, isa_for_rows(w13.format, kernel_isa(w13.format), tokens, batch_invariant), batch_invariant);
+  run(x, tokens, w13, e, dispatch_isa(w13.format, tokens, batch_invariant), batch_invariant);
 }
 
 void expert_down_accumulate(const float* h, int64_t tokens, const PackedWeights& w2, const float* route_weights,
@@ -909,7 +915,7 @@ void expert_down_accumulate(const float* h, int64_t tokens, const PackedWeights&
   e.ld_y = out_stride;
   e.route_weights = route_weights;
   e.out_rows = out_rows;
-  run(h, tokens, w2, e, isa_for_rows(w2.format, kernel_isa(w2.format), tokens, batch_invariant), batch_invariant);
+  run(h, tokens, w2, e, dispatch_isa(w2.format, tokens, batch_invariant), batch_invariant);
 }
 
 namespace {
