@@ -41,6 +41,33 @@ TEST(Sampler, GreedyIsTheFirstArgmax) {
   for (int i = 0; i < 3; ++i) EXPECT_EQ(sampler.sample(big.data(), 32000), expected);
 }
 
+// argmax against the one-line walk it replaces, on every length up to 70 (the 16-lane body and its tail) and the
+// vocabulary's, with ties, signed zeros, infinities and NaNs placed at random, and a NaN first (the walk keeps 0).
+TEST(Sampler, ArgmaxIsTheWalksFirstLargest) {
+  const auto walk = [](const std::vector<float>& x) {
+    int best = 0;
+    for (int i = 1; i < static_cast<int>(x.size()); ++i)
+      if (x[i] > x[best]) best = i;
+    return best;
+  };
+  const float specials[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 3.0f};
+  std::mt19937_64 rng(11);
+  for (int n = 1; n <= 70; ++n) {
+    for (int trial = 0; trial < 40; ++trial) {
+      std::vector<float> x(n);
+      for (float& v : x) v = static_cast<float>(rng() % 7) - 3.0f;  // many ties
+      for (int k = 0; k < 3; ++k) x[rng() % n] = specials[rng() % 6];
+      if (trial == 0) x[0] = NAN;
+      ASSERT_EQ(argmax(x.data(), n), walk(x)) << "n " << n << " trial " << trial;
+    }
+  }
+  auto big = random_logits(32000, 9);
+  big[31999] = NAN;
+  big[20000] = big[25000] = 40.0f;
+  EXPECT_EQ(argmax(big.data(), 32000), 20000);
+  EXPECT_EQ(argmax(big.data(), 32000), walk(big));
+}
+
 TEST(Sampler, LogprobsAreTheLogSoftmaxOfTheRawLogits) {
   const int n = 32000;
   const auto logits = random_logits(n, 11);

@@ -38,11 +38,24 @@ int cut_and_draw(int keep, double total, float top_p, std::mt19937_64& rng, cons
 }
 }  // namespace
 
+// The first index of the largest logit, as the one-line walk `if (x[i] > x[best]) best = i` gives it (NaN never
+// wins; a NaN at index 0 keeps 0), in two passes the compiler vectorises: the largest value over 16 running
+// maxima, then the first index holding it. The walk's compare-and-select chain took ~70 us for 32,000 logits,
+// 4.4 ms of a batch-64 decode step on the AMX Xeon.
 int argmax(const float* logits, int n) {
-  int best = 0;
-  for (int i = 1; i < n; ++i)
-    if (logits[i] > logits[best]) best = i;
-  return best;
+  if (n <= 0) return 0;
+  constexpr int kLanes = 16;
+  float lane[kLanes];
+  std::fill_n(lane, kLanes, logits[0]);
+  int i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int j = 0; j < kLanes; ++j) lane[j] = logits[i + j] > lane[j] ? logits[i + j] : lane[j];
+  float largest = logits[0];
+  for (int j = 0; j < kLanes; ++j) largest = lane[j] > largest ? lane[j] : largest;
+  for (; i < n; ++i) largest = logits[i] > largest ? logits[i] : largest;
+  for (int k = 0; k < n; ++k)
+    if (logits[k] == largest) return k;
+  return 0;  // nothing equals it: logits[0] is NaN, which the walk keeps
 }
 
 float token_logprob(const float* logits, int n, int token, int k, std::vector<TokenLogprob>* top) {
