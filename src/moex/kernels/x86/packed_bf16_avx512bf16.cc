@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "moex/kernels/x86/packed_x86.h"
+#include "moex/kernels/x86/prefetch.h"
 #include "moex/kernels/x86/vec_avx512.h"
 
 namespace moex::kernels::x86 {
@@ -30,12 +31,13 @@ inline __m512bh broadcast_pair(const uint16_t* p) {
 
 // c [MT][64] (+)= x [MT][ldx] (bf16, k pairs from here) . w panel [pairs][64][2]
 template <int MT>
-void tile(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t pairs, float* c, bool load_c) {
+void tile(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t pairs, float* c, bool load_c, const void* w_end) {
   __m512 acc[MT][4];
   for (int t = 0; t < MT; ++t)
     for (int v = 0; v < 4; ++v) acc[t][v] = load_c ? _mm512_loadu_ps(c + t * kPanel + 16 * v) : _mm512_setzero_ps();
   for (int64_t p = 0; p < pairs; ++p) {
     const uint16_t* wp = w + p * 2 * kPanel;
+    prefetch_ahead(wp, w_end, 4);
     const __m512bh w0 = load_pairs(wp), w1 = load_pairs(wp + 32), w2 = load_pairs(wp + 64), w3 = load_pairs(wp + 96);
     for (int t = 0; t < MT; ++t) {
       const __m512bh xv = broadcast_pair(x + t * ldx + 2 * p);
@@ -69,7 +71,8 @@ inline void int4_pairs(const uint8_t* row, __m512bh wv[4]) {
 // c [MT][64] (+)= x [MT][ldx] (bf16, k0..k1) . int4 panel [k/2][64]; k0, k1 on group boundaries (or k1 = end)
 template <int MT>
 void int4_tile(const uint16_t* x, int64_t ldx, const uint8_t* w, const float* scales, const float* offsets,
-               const float* sums, int64_t ld_sums, int64_t group, int64_t k0, int64_t k1, float* c, bool load_c) {
+               const float* sums, int64_t ld_sums, int64_t group, int64_t k0, int64_t k1, float* c, bool load_c,
+               const void* w_end) {
   __m512 acc[MT][4];
   for (int t = 0; t < MT; ++t)
     for (int v = 0; v < 4; ++v) acc[t][v] = _mm512_setzero_ps();
@@ -80,6 +83,7 @@ void int4_tile(const uint16_t* x, int64_t ldx, const uint8_t* w, const float* sc
       for (int v = 0; v < 4; ++v) part[t][v] = _mm512_setzero_ps();
     for (int64_t k = g0; k < g1; k += 2) {
       __m512bh wv[4];
+      prefetch_ahead(w + (k / 2) * kPanel, w_end, 1);
       int4_pairs(w + (k / 2) * kPanel, wv);
       for (int t = 0; t < MT; ++t) {
         const __m512bh xv = broadcast_pair(x + t * ldx + k);
@@ -153,6 +157,7 @@ void run_panels_int4_avx512bf16(const PanelJob& job, int64_t panel_begin, int64_
   };
   thread_local std::unique_ptr<uint16_t, Free> decoded;  // [kKBlock/2][64][2] bf16, 64-byte aligned
   if (prefill && !decoded) decoded.reset(static_cast<uint16_t*>(std::aligned_alloc(64, kKBlock * kPanel * 2)));
+  const uint8_t* w_end = w.data.as<const uint8_t>() + panel_end * (kp / 2) * kPanel;  // this call's panels end
   for (int64_t panel = panel_begin; panel < panel_end; ++panel) {
     const uint8_t* w_panel = w.data.as<const uint8_t>() + panel * (kp / 2) * kPanel;  // [kp/2][64]
     const float* scales = w.scales.as<const float>() + panel * groups * kPanel;    // [G][64]
@@ -163,6 +168,7 @@ void run_panels_int4_avx512bf16(const PanelJob& job, int64_t panel_begin, int64_
       if (prefill) {
         for (int64_t k = k0; k < k1; k += 2) {
           __m512bh wv[4];
+          prefetch_ahead(w_panel + (k / 2) * kPanel, w_end, 1);
           int4_pairs(w_panel + (k / 2) * kPanel, wv);
           for (int v = 0; v < 4; ++v)
             _mm512_store_si512(decoded.get() + (k - k0) * kPanel + 32 * v, reinterpret_cast<__m512i>(wv[v]));
@@ -188,7 +194,7 @@ void run_panels_int4_avx512bf16(const PanelJob& job, int64_t panel_begin, int64_
       }
       const auto run = [&]<int MT>(int64_t t) {
         int4_tile<MT>(x + t * kp, kp, w_panel, scales, offsets, job.group_sums + t * groups, groups, w.group, k0, k1,
-                      c.data() + t * kPanel, load_c);
+                      c.data() + t * kPanel, load_c, w_end);
       };
       int64_t t = 0;
       for (; t + kInt4TokenTile <= tokens; t += kInt4TokenTile) run.template operator()<kInt4TokenTile>(t);
@@ -209,6 +215,7 @@ void run_panels_bf16_avx512bf16(const PanelJob& job, int64_t panel_begin, int64_
   thread_local std::vector<float> c;  // [T][64]: one panel's sums across K blocks
   if (c.size() < static_cast<size_t>(tokens * kPanel)) c.resize(tokens * kPanel);
   if (w.cols == 0) std::fill_n(c.begin(), tokens * kPanel, 0);  // an empty sum: no K block runs to write c
+  const uint16_t* w_end = w.data.as<const uint16_t>() + panel_end * kp * kPanel;  // this call's panels end
   for (int64_t panel = panel_begin; panel < panel_end; ++panel) {
     const uint16_t* w_panel = w.data.as<const uint16_t>() + panel * kp * kPanel;  // [kp/2][64][2]
     for (int64_t k0 = 0; k0 < kp; k0 += kKBlock) {
@@ -217,15 +224,15 @@ void run_panels_bf16_avx512bf16(const PanelJob& job, int64_t panel_begin, int64_
       const bool load_c = k0 > 0;
       int64_t t = 0;
       for (; t + kTokenTile <= tokens; t += kTokenTile)
-        tile<kTokenTile>(x + t * kp + k0, kp, wk, pairs, c.data() + t * kPanel, load_c);
+        tile<kTokenTile>(x + t * kp + k0, kp, wk, pairs, c.data() + t * kPanel, load_c, w_end);
       const uint16_t* xt = x + t * kp + k0;
       float* ct = c.data() + t * kPanel;
       switch (tokens - t) {
-        case 5: tile<5>(xt, kp, wk, pairs, ct, load_c); break;
-        case 4: tile<4>(xt, kp, wk, pairs, ct, load_c); break;
-        case 3: tile<3>(xt, kp, wk, pairs, ct, load_c); break;
-        case 2: tile<2>(xt, kp, wk, pairs, ct, load_c); break;
-        case 1: tile<1>(xt, kp, wk, pairs, ct, load_c); break;
+        case 5: tile<5>(xt, kp, wk, pairs, ct, load_c, w_end); break;
+        case 4: tile<4>(xt, kp, wk, pairs, ct, load_c, w_end); break;
+        case 3: tile<3>(xt, kp, wk, pairs, ct, load_c, w_end); break;
+        case 2: tile<2>(xt, kp, wk, pairs, ct, load_c, w_end); break;
+        case 1: tile<1>(xt, kp, wk, pairs, ct, load_c, w_end); break;
         default: break;
       }
     }

@@ -26,6 +26,7 @@
 
 #include "moex/base/dtype.h"
 #include "moex/kernels/x86/packed_x86.h"
+#include "moex/kernels/x86/prefetch.h"
 #include "moex/kernels/x86/vec_avx512.h"
 
 namespace moex::kernels::x86 {
@@ -96,13 +97,14 @@ inline void group_scales(const float* scales, int64_t g, __m512 s[4]) {
 // Rows past K (an odd K's last pair) read as zero codes.
 template <int MT>
 void few_tile(const uint16_t* x, int64_t ldx, const uint8_t* w, int64_t K, const float* scales, const Decoder& d,
-              int64_t k0, int64_t k1, float* c) {
+              int64_t k0, int64_t k1, float* c, const void* w_end) {
   for (int64_t g0 = k0; g0 < k1; g0 += kGroup) {
     const int64_t g1 = std::min(k1, g0 + kGroup);
     __m512 part[MT][4];
     for (int t = 0; t < MT; ++t)
       for (int v = 0; v < 4; ++v) part[t][v] = _mm512_setzero_ps();
     for (int64_t k = g0; k < g1; k += 2) {
+      prefetch_ahead(w + k * kPanel, w_end, 2);
       const __m512i r0 = _mm512_load_si512(w + k * kPanel);
       const __m512i r1 = k + 1 < K ? _mm512_load_si512(w + (k + 1) * kPanel) : _mm512_setzero_si512();
       __m512bh wv[4];
@@ -190,13 +192,14 @@ void run_panels_fp8_avx512bf16vbmi(const PanelJob& job, int64_t panel_begin, int
   };
   thread_local std::unique_ptr<uint16_t, Free> decoded;  // [kKBlock/2][64][2] bf16, 64-byte aligned
   if (job.many_rows && !decoded) decoded.reset(static_cast<uint16_t*>(std::aligned_alloc(64, kKBlock * kPanel * 2)));
+  const uint8_t* w_end = w.data.as<const uint8_t>() + panel_end * K * kPanel;  // this call's panels end
   for (int64_t panel = panel_begin; panel < panel_end; ++panel) {
     const uint8_t* w_panel = w.data.as<const uint8_t>() + panel * K * kPanel;  // [K][64] e4m3
     const float* scales = w.scales.as<const float>() + panel * groups * kPanel;  // [G][64], times 2^8
     std::fill_n(c.begin(), tokens * kPanel, 0.0f);
     if (!job.many_rows) {
       over_tokens<kFewTokenTile>(tokens, [&]<int MT>(int64_t t) {
-        few_tile<MT>(x + t * kp, kp, w_panel, K, scales, d, 0, kp, c.data() + t * kPanel);
+        few_tile<MT>(x + t * kp, kp, w_panel, K, scales, d, 0, kp, c.data() + t * kPanel, w_end);
       });
     } else {
       for (int64_t k0 = 0; k0 < kp; k0 += kKBlock) {

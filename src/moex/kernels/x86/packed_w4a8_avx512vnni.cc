@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "moex/kernels/x86/packed_x86.h"
+#include "moex/kernels/x86/prefetch.h"
 #include "moex/kernels/x86/vec_avx512.h"
 
 namespace moex::kernels::x86 {
@@ -56,7 +57,8 @@ void fold(const __v16si (&part)[MT][4], const float* scales, const float* offset
 // The few-row loop: c [MT][64] += x [MT][ldx] . the panel's nibbles [kp/8][64][4], decoded in registers.
 template <int MT>
 void tile(const int8_t* x, int64_t ldx, const uint8_t* w, const float* scales, const float* offsets,
-          const float* code_sums, const float* act_scales, int64_t ld_sums, int64_t group, int64_t kp, float* c) {
+          const float* code_sums, const float* act_scales, int64_t ld_sums, int64_t group, int64_t kp, float* c,
+          const void* w_end) {
   const __m512i low = _mm512_set1_epi8(0x0f);
   for (int64_t g0 = 0, g = 0; g0 < kp; g0 += group, ++g) {
     const int64_t g1 = std::min(kp, g0 + group);
@@ -66,6 +68,7 @@ void tile(const int8_t* x, int64_t ldx, const uint8_t* w, const float* scales, c
       for (int v = 0; v < 4; ++v) part[t][v] = __v16si{};
     for (int64_t k = g0; k < g1; k += 8) {
       const uint8_t* wk = w + (k / 8) * 4 * kPanel;
+      prefetch_ahead(wk, w_end, 4);
       __m512i lo[4], hi[4];
       for (int v = 0; v < 4; ++v) {
         const __m512i b = _mm512_load_si512(wk + 64 * v);
@@ -90,6 +93,7 @@ void run_panels_int4_w4a8_avx512vnni(const PanelJob& job, int64_t panel_begin, i
   const int64_t tokens = job.tokens, kp = w.k_padded, groups = (w.cols + w.group - 1) / w.group;
   thread_local std::vector<float> c;  // [T][64]
   if (c.size() < static_cast<size_t>(tokens * kPanel)) c.resize(tokens * kPanel);
+  const uint8_t* w_end = w.data.as<const uint8_t>() + panel_end * (kp / 2) * kPanel;  // this call's panels end
   for (int64_t panel = panel_begin; panel < panel_end; ++panel) {
     const uint8_t* w_panel = w.data.as<const uint8_t>() + panel * (kp / 2) * kPanel;  // [kp/8][64][4]
     const float* scales = w.scales.as<const float>() + panel * groups * kPanel;    // [G][64]
@@ -97,7 +101,7 @@ void run_panels_int4_w4a8_avx512vnni(const PanelJob& job, int64_t panel_begin, i
     std::fill_n(c.begin(), tokens * kPanel, 0.0f);
     const auto run = [&]<int MT>(int64_t t) {
       tile<MT>(x + t * kp, kp, w_panel, scales, offsets, job.group_sums + t * groups, job.token_scales + t * groups,
-               groups, w.group, kp, c.data() + t * kPanel);
+               groups, w.group, kp, c.data() + t * kPanel, w_end);
     };
     int64_t t = 0;
     for (; t + kTokenTile <= tokens; t += kTokenTile) run.template operator()<kTokenTile>(t);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "moex/kernels/x86/packed_x86.h"
+#include "moex/kernels/x86/prefetch.h"
 #include "moex/kernels/x86/vec_avx512.h"
 
 namespace moex::kernels::x86 {
@@ -26,7 +27,7 @@ inline __m512i broadcast_quad(const uint8_t* p) {
 
 // c [MT][64] (+)= x [MT][ldx] (u8, k quads from here) . w panel [quads][64][4]
 template <int MT>
-void tile(const uint8_t* x, int64_t ldx, const int8_t* w, int64_t quads, int32_t* c, bool load_c) {
+void tile(const uint8_t* x, int64_t ldx, const int8_t* w, int64_t quads, int32_t* c, bool load_c, const void* w_end) {
   // __v16si, the element type vpdpbusd's builtin works in: an array of __m512i (64-bit lanes) cast back and
   // forth keeps GCC 12 from holding the accumulators in registers (it spills them every iteration).
   __v16si acc[MT][4];
@@ -34,6 +35,7 @@ void tile(const uint8_t* x, int64_t ldx, const int8_t* w, int64_t quads, int32_t
     for (int v = 0; v < 4; ++v) acc[t][v] = __v16si{};
   for (int64_t q = 0; q < quads; ++q) {
     const int8_t* wq = w + q * 4 * kPanel;
+    prefetch_ahead(wq, w_end, 4);
     const __m512i w0 = _mm512_load_si512(wq), w1 = _mm512_load_si512(wq + 64), w2 = _mm512_load_si512(wq + 128),
                   w3 = _mm512_load_si512(wq + 192);
     for (int t = 0; t < MT; ++t) {
@@ -66,6 +68,7 @@ void run_panels_w8a8_avx512vnni(const PanelJob& job, int64_t panel_begin, int64_
     f.resize(tokens * kPanel);
   }
   if (w.cols == 0) std::fill_n(c.begin(), tokens * kPanel, 0);  // an empty sum: no K block runs to write c
+  const int8_t* w_end = w.data.as<const int8_t>() + panel_end * kp * kPanel;  // this call's panels end
   for (int64_t panel = panel_begin; panel < panel_end; ++panel) {
     const int8_t* w_panel = w.data.as<const int8_t>() + panel * kp * kPanel;  // [kp/4][64][4]
     for (int64_t k0 = 0; k0 < kp; k0 += kKBlock) {
@@ -74,15 +77,15 @@ void run_panels_w8a8_avx512vnni(const PanelJob& job, int64_t panel_begin, int64_
       const bool load_c = k0 > 0;
       int64_t t = 0;
       for (; t + kTokenTile <= tokens; t += kTokenTile)
-        tile<kTokenTile>(x + t * kp + k0, kp, wk, quads, c.data() + t * kPanel, load_c);
+        tile<kTokenTile>(x + t * kp + k0, kp, wk, quads, c.data() + t * kPanel, load_c, w_end);
       const uint8_t* xt = x + t * kp + k0;
       int32_t* ct = c.data() + t * kPanel;
       switch (tokens - t) {
-        case 5: tile<5>(xt, kp, wk, quads, ct, load_c); break;
-        case 4: tile<4>(xt, kp, wk, quads, ct, load_c); break;
-        case 3: tile<3>(xt, kp, wk, quads, ct, load_c); break;
-        case 2: tile<2>(xt, kp, wk, quads, ct, load_c); break;
-        case 1: tile<1>(xt, kp, wk, quads, ct, load_c); break;
+        case 5: tile<5>(xt, kp, wk, quads, ct, load_c, w_end); break;
+        case 4: tile<4>(xt, kp, wk, quads, ct, load_c, w_end); break;
+        case 3: tile<3>(xt, kp, wk, quads, ct, load_c, w_end); break;
+        case 2: tile<2>(xt, kp, wk, quads, ct, load_c, w_end); break;
+        case 1: tile<1>(xt, kp, wk, quads, ct, load_c, w_end); break;
         default: break;
       }
     }

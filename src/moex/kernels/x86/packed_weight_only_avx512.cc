@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "moex/kernels/x86/packed_x86.h"
+#include "moex/kernels/x86/prefetch.h"
 #include "moex/kernels/x86/vec_avx512.h"
 
 namespace moex::kernels::x86 {
@@ -23,10 +24,12 @@ constexpr int64_t kKBlock = 2048;  // a multiple of every group size (32/64/128)
 struct Int8Decode {  // s8 [cols][64]; the per-row scale is applied to the sums afterwards
   static constexpr bool kGrouped = false, kOffset = false;
   const int8_t* panel;
+  const void* end;  // the call's last weight byte (prefetch_ahead)
   int64_t group = 0;
   const float *scales = nullptr, *offsets = nullptr;
   void load(int64_t k, __m512 w[4]) const {
     const int8_t* p = panel + k * kPanel;
+    prefetch_ahead(p, end, 1);
     for (int v = 0; v < 4; ++v)
       w[v] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * v))));
   }
@@ -35,9 +38,11 @@ struct Int8Decode {  // s8 [cols][64]; the per-row scale is applied to the sums 
 struct Int4Decode {  // u8 [k_padded/2][64]: a lane's byte holds q(k) low, q(k+1) high; w = q * scale + offset
   static constexpr bool kGrouped = true, kOffset = true;
   const uint8_t* panel;
+  const void* end;  // the call's last weight byte (prefetch_ahead)
   int64_t group;
   const float *scales, *offsets;  // [G][64]
   void load(int64_t k, __m512 w[4]) const {
+    if (k % 2 == 0) prefetch_ahead(panel + (k / 2) * kPanel, end, 1);
     const __m512i b = _mm512_loadu_si512(panel + (k / 2) * kPanel);
     const __m512i q = _mm512_and_si512(k % 2 ? _mm512_srli_epi16(b, 4) : b, _mm512_set1_epi8(0x0f));
     w[0] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(q, 0)));
@@ -50,6 +55,7 @@ struct Int4Decode {  // u8 [k_padded/2][64]: a lane's byte holds q(k) low, q(k+1
 struct Fp8Decode {  // e4m3 [cols][64]; w = fp16-bits reading * scale (the scales carry the 2^8)
   static constexpr bool kGrouped = true, kOffset = false;
   const uint8_t* panel;
+  const void* end;  // the call's last weight byte (prefetch_ahead)
   int64_t group = 128;
   const float *scales, *offsets = nullptr;  // [G][64]
   // e4m3 s.eeee.mmm -> fp16 s.0eeee.mmm0000000: the same number times 2^-8, subnormals included (vcvtph2ps
@@ -61,6 +67,7 @@ struct Fp8Decode {  // e4m3 [cols][64]; w = fp16-bits reading * scale (the scale
   }
   void load(int64_t k, __m512 w[4]) const {
     const uint8_t* p = panel + k * kPanel;
+    prefetch_ahead(p, end, 1);
     const __m512i h0 = e4m3_to_f16_bits(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
     const __m512i h1 = e4m3_to_f16_bits(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32)));
     w[0] = _mm512_cvtph_ps(_mm512_castsi512_si256(h0));
@@ -213,7 +220,8 @@ void run_panels_weight_only_avx512(const PanelJob& job, int64_t panel_begin, int
   for (int64_t panel = panel_begin; panel < panel_end; ++panel) {
     switch (w.format) {
       case WeightFormat::kInt8: {
-        panel_results(x, tokens, cols, Int8Decode{w.data.as<const int8_t>() + panel * cols * kPanel}, c.data(),
+        panel_results(x, tokens, cols, Int8Decode{w.data.as<const int8_t>() + panel * cols * kPanel,
+                                                         w.data.as<const int8_t>() + panel_end * cols * kPanel}, c.data(),
                       job.many_rows);
         const float* scale = w.scales.as<const float>() + panel * kPanel;
         for (int64_t t = 0; t < tokens; ++t)
@@ -224,14 +232,16 @@ void run_panels_weight_only_avx512(const PanelJob& job, int64_t panel_begin, int
       }
       case WeightFormat::kInt4:
         panel_results(x, tokens, cols,
-                      Int4Decode{w.data.as<const uint8_t>() + panel * (w.k_padded / 2) * kPanel, w.group,
+                      Int4Decode{w.data.as<const uint8_t>() + panel * (w.k_padded / 2) * kPanel,
+                                 w.data.as<const uint8_t>() + panel_end * (w.k_padded / 2) * kPanel, w.group,
                               w.scales.as<const float>() + panel * groups * kPanel,
                               w.offsets.as<const float>() + panel * groups * kPanel},
                    c.data(), job.many_rows);
         break;
       case WeightFormat::kFP8E4M3:
         panel_results(x, tokens, cols,
-                      Fp8Decode{w.data.as<const uint8_t>() + panel * cols * kPanel, w.group,
+                      Fp8Decode{w.data.as<const uint8_t>() + panel * cols * kPanel,
+                                w.data.as<const uint8_t>() + panel_end * cols * kPanel, w.group,
                              w.scales.as<const float>() + panel * groups * kPanel},
                    c.data(), job.many_rows);
         break;

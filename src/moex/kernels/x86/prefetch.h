@@ -1,0 +1,26 @@
+// Software prefetch of a call's weight stream into L2, a fixed distance ahead of the reads. Baseline SSE only, so
+// every x86 kernel file (AVX2, AVX-512, AMX) can include it.
+//
+// Why by hand: a packed matrix is read once per call at decode, sequentially, and the hardware prefetchers alone
+// held the few-row loops at 25-88% of the read probe on the AMX Xeon, and 8 KB ahead brings them to 70-110%
+// (bench kernels, docs/kernels.md "Prefetch distance"). Prefetching a whole panel ahead instead (458 KB for
+// mini's down, as the AMX kernel did) was no better than none.
+#pragma once
+#include <xmmintrin.h>
+
+#include <cstdint>
+
+namespace moex::kernels::x86 {
+
+// 8 KB: 8, 16 and 32 KB measured alike (8 by a few percent at 4 rows); the AMX kernel, whose k step reads 4 KB at
+// once, keeps its own 32 KB (expert_gemm_amx.cc).
+constexpr int64_t kStreamLead = 8 << 10;
+
+// The `lines` cache lines kStreamLead bytes after `read`, those before `end` (the call's last weight byte:
+// the panels after it are another call's, often another thread's).
+inline void prefetch_ahead(const void* read, const void* end, int lines) {
+  const char* p = static_cast<const char*>(read) + kStreamLead;
+  for (int i = 0; i < lines && p < static_cast<const char*>(end); ++i, p += 64) _mm_prefetch(p, _MM_HINT_T1);
+}
+
+}  // namespace moex::kernels::x86
