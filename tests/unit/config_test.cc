@@ -329,8 +329,29 @@ TEST(Threads, CountsAndEnvironmentAreBounded) {
     ScopedEnv env("MOEX_ISA", ok);
     EXPECT_NO_THROW(check_isa_env()) << ok;
   }
+  {
+    ScopedEnv env("MOEX_ISA", "avx2");
+    if (cpu_features().has_avx2_kernels()) EXPECT_NO_THROW(check_isa_env());
+    else expect_input_error([] { check_isa_env(); }, "MOEX_ISA=avx2, but this CPU lacks AVX2");
+  }
   set_num_threads(before);
 }
+
+#ifdef MOEX_BINARY
+// MOEX_ISA=avx2 runs what a CPU without AVX-512 runs: every packed format on its AVX2 kernel (read before main,
+// so through a child process).
+TEST(Config, IsaAvx2RunsTheAvx2Kernels) {
+  if (!cpu_features().has_avx2_kernels()) GTEST_SKIP() << "no AVX2 on this CPU";
+  FILE* pipe = popen(("MOEX_ISA=avx2 " + std::string(MOEX_BINARY) + " info 2>&1").c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string out;
+  char buf[512];
+  while (fgets(buf, sizeof buf, pipe)) out += buf;
+  EXPECT_EQ(pclose(pipe), 0) << out;
+  EXPECT_NE(out.find("bf16=avx2 int8=avx2 int8-w8a8=avx2 int4=avx2 int4-w4a8=avx2 fp8-e4m3=avx2"), std::string::npos)
+      << out;
+}
+#endif
 
 }  // namespace
 }  // namespace moex

@@ -50,19 +50,24 @@ CpuFeatures detect() {
 }
 
 // MOEX_ISA, read before main: unset, "" or "auto" picks the best kernels; "ref" the scalar ones; "avx512"
-// insists on AVX-512. A bad value cannot be reported here (no command is running yet): it leaves the default
+// insists on AVX-512 (no AMX tiles); "avx2" runs what an AVX2-only CPU runs (tests and A/B runs of the AVX2
+// kernels on an AVX-512 host). A bad value cannot be reported here (no command is running yet): it leaves the default
 // in place and check_isa_env() reports it when the command starts.
-enum class IsaSetting { kAuto, kRef, kAvx512, kInvalid };
+enum class IsaSetting { kAuto, kRef, kAvx512, kAvx2, kInvalid };
 
 IsaSetting isa_setting() {
   const char* isa = std::getenv("MOEX_ISA");
   if (!isa || !*isa || std::strcmp(isa, "auto") == 0) return IsaSetting::kAuto;
   if (std::strcmp(isa, "ref") == 0) return IsaSetting::kRef;
   if (std::strcmp(isa, "avx512") == 0) return IsaSetting::kAvx512;
+  if (std::strcmp(isa, "avx2") == 0) return IsaSetting::kAvx2;
   return IsaSetting::kInvalid;
 }
 
-bool initial_use_x86() { return isa_setting() != IsaSetting::kRef && cpu_features().has_avx512_kernels(); }
+bool initial_use_x86() {
+  const IsaSetting setting = isa_setting();
+  return setting != IsaSetting::kRef && setting != IsaSetting::kAvx2 && cpu_features().has_avx512_kernels();
+}
 
 bool g_use_x86 = initial_use_x86();
 bool g_x86_allowed = isa_setting() != IsaSetting::kRef;  // MOEX_ISA is not ref (the AVX2 kernels ask this)
@@ -99,9 +104,12 @@ const CpuFeatures& cpu_features() {
 void check_isa_env() {
   const IsaSetting setting = isa_setting();
   MOEX_CHECK_INPUT(setting != IsaSetting::kInvalid, "MOEX_ISA='", std::getenv("MOEX_ISA"),
-                   "' is not a kernel set (valid: auto, ref, avx512 = AVX-512 without AMX tiles)");
+                   "' is not a kernel set (valid: auto, ref, avx512 = AVX-512 without AMX tiles, avx2 = the AVX2 kernels)");
   MOEX_CHECK_INPUT(setting != IsaSetting::kAvx512 || cpu_features().has_avx512_kernels(),
                    "MOEX_ISA=avx512, but this CPU lacks AVX-512 F/BW/VL/DQ with FMA (it has: ", cpu_features().str(),
+                   "); use MOEX_ISA=ref or unset it");
+  MOEX_CHECK_INPUT(setting != IsaSetting::kAvx2 || cpu_features().has_avx2_kernels(),
+                   "MOEX_ISA=avx2, but this CPU lacks AVX2 with FMA and F16C (it has: ", cpu_features().str(),
                    "); use MOEX_ISA=ref or unset it");
 }
 
@@ -120,7 +128,7 @@ bool use_avx2_kernels() { return g_x86_allowed && cpu_features().has_avx2_kernel
 bool x86_kernels_allowed() { return g_x86_allowed; }
 void set_use_x86_kernels(bool enabled) {
   g_x86_allowed = enabled;
-  g_use_x86 = enabled && cpu_features().has_avx512_kernels();
+  g_use_x86 = enabled && isa_setting() != IsaSetting::kAvx2 && cpu_features().has_avx512_kernels();
 }
 
 }  // namespace moex

@@ -28,12 +28,12 @@ const CpuFeatures& cpu_features();
 // the OS or the kernel version says no. AMX kernels may run only after this returned true.
 bool request_amx_permission();
 // MOEX_ISA=ref forces the scalar kernels (tests use it to compare the two paths in one binary); avx512
-// requires the AVX-512 ones and leaves AMX tiles out (an A/B switch on AMX CPUs); auto (or unset) takes the best
-// the CPU has.
+// requires the AVX-512 ones and leaves AMX tiles out (an A/B switch on AMX CPUs); avx2 runs the AVX2 kernels as on
+// a CPU without AVX-512 (use_x86_kernels() false, use_avx2_kernels() true); auto (or unset) takes the best the CPU has.
 bool use_x86_kernels();
 // AMX tile kernels: use_x86_kernels(), an AMX CPU and OS, Linux granted the tile state, and MOEX_ISA is not avx512.
 bool use_amx_kernels();
-// Throws Error(kInvalidInput) for a MOEX_ISA that is none of those, or avx512 on a CPU without it.
+// Throws Error(kInvalidInput) for a MOEX_ISA that is none of those, or avx512 / avx2 on a CPU without it.
 // set_num_threads() calls it: every command that computes sets its thread count first.
 void check_isa_env();
 // The weight-only packed matmuls also have AVX2 + FMA kernels (kernels/x86/*_avx2.cc) for CPUs without

@@ -387,7 +387,9 @@ Isa kernel_isa(WeightFormat format, const CpuFeatures& cpu, bool x86_enabled) {
 }
 
 Isa kernel_isa(WeightFormat format) {
-  const Isa isa = kernel_isa(format, cpu_features(), use_x86_kernels() || use_avx2_kernels());
+  CpuFeatures cpu = cpu_features();
+  if (!use_x86_kernels()) cpu.avx512f = false;  // MOEX_ISA=avx2 on an AVX-512 CPU: what an AVX2-only one runs
+  const Isa isa = kernel_isa(format, cpu, use_x86_kernels() || use_avx2_kernels());
   if (isa != Isa::kAmx || use_amx_kernels()) return isa;
   CpuFeatures no_amx = cpu_features();  // MOEX_ISA=avx512, or an AMX CPU under a Linux that refuses the tile state
   no_amx.amx_tile = false;
