@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "moex/kernels/x86/packed_x86.h"
+#include "moex/kernels/x86/prefetch.h"
 
 namespace moex::kernels::x86 {
 namespace {
@@ -42,7 +43,7 @@ inline __m256i broadcast_quad(const int8_t* p) {
 template <int MT, int NV>
 void tile(const int8_t* x, int64_t ldx, const uint8_t* w, int lane0, const float* scales, const float* offsets,
           const float* code_sums, const float* act_scales, int64_t ld_sums, int64_t group, int64_t k0, int64_t k1,
-          float* c) {
+          float* c, const void* w_end) {
   const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
   for (int64_t g0 = k0; g0 < k1; g0 += group) {
     const int64_t g = g0 / group, g1 = std::min(k1, g0 + group);
@@ -56,6 +57,7 @@ void tile(const int8_t* x, int64_t ldx, const uint8_t* w, int lane0, const float
       const int64_t r1 = std::min(g1, r0 + kInt16Run);
       for (int64_t k = r0; k < r1; k += 8) {
         const uint8_t* wk = w + ((k / 8) * kPanel + lane0) * 4;
+        if (lane0 == 0) prefetch_ahead(wk, w_end, 4);  // the first lanes' pass reads the panel from memory
         for (int v = 0; v < NV; ++v) {
           const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wk + 32 * v));
           const __m256i lo = _mm256_and_si256(b, low), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), low);
@@ -93,6 +95,7 @@ void run_panels_int4_w4a8_avx2(const PanelJob& job, int64_t panel_begin, int64_t
   const int64_t tokens = job.tokens, kp = w.k_padded, groups = (w.cols + w.group - 1) / w.group;
   thread_local std::vector<float> c;  // [T][64]
   if (c.size() < static_cast<size_t>(tokens * kPanel)) c.resize(tokens * kPanel);
+  const uint8_t* w_end = w.data.as<const uint8_t>() + panel_end * (kp / 2) * kPanel;  // this call's panels end
   for (int64_t panel = panel_begin; panel < panel_end; ++panel) {
     const uint8_t* w_panel = w.data.as<const uint8_t>() + panel * (kp / 2) * kPanel;  // [kp/8][64][4]
     const float* scales = w.scales.as<const float>() + panel * groups * kPanel;    // [G][64]
@@ -103,7 +106,7 @@ void run_panels_int4_w4a8_avx2(const PanelJob& job, int64_t panel_begin, int64_t
       const auto run = [&]<int MT, int NV>(int64_t t) {
         for (int lane0 = 0; lane0 < kPanel; lane0 += 8 * NV)
           tile<MT, NV>(x + t * kp, kp, w_panel, lane0, scales, offsets, job.group_sums + t * groups,
-                       job.token_scales + t * groups, groups, w.group, k0, k1, c.data() + t * kPanel);
+                       job.token_scales + t * groups, groups, w.group, k0, k1, c.data() + t * kPanel, w_end);
       };
       int64_t t = 0;
       for (; t + 8 <= tokens; t += 8) run.template operator()<8, 1>(t);

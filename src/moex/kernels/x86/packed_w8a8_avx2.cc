@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "moex/kernels/x86/packed_x86.h"
+#include "moex/kernels/x86/prefetch.h"
 
 namespace moex::kernels::x86 {
 namespace {
@@ -32,13 +33,14 @@ inline __m256i broadcast_quad(const int8_t* p) {
 
 // c [MT][64] (lanes lane0 .. lane0 + 8 NV) += x [MT][ldx] (s8 codes, k from k0) . w quads [q0, q1) of the panel.
 template <int MT, int NV>
-void tile(const int8_t* x, int64_t ldx, const int8_t* w, int lane0, int64_t q0, int64_t q1, int32_t* c) {
+void tile(const int8_t* x, int64_t ldx, const int8_t* w, int lane0, int64_t q0, int64_t q1, int32_t* c, const void* w_end) {
   const __m256i ones = _mm256_set1_epi16(1);
   __m256i acc[MT][NV];
   for (int t = 0; t < MT; ++t)
     for (int v = 0; v < NV; ++v) acc[t][v] = _mm256_setzero_si256();
   for (int64_t q = q0; q < q1; ++q) {
     const int8_t* wq = w + (q * kPanel + lane0) * 4;
+    if (lane0 == 0) prefetch_ahead(wq, w_end, 4);  // the first lanes' pass reads the panel from memory
     for (int v = 0; v < NV; ++v) {
       const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wq + 32 * v));
       const __m256i magnitude = _mm256_abs_epi8(wv);
@@ -68,6 +70,7 @@ void run_panels_w8a8_avx2(const PanelJob& job, int64_t panel_begin, int64_t pane
     c.resize(tokens * kPanel);
     f.resize(tokens * kPanel);
   }
+  const int8_t* w_end = w.data.as<const int8_t>() + panel_end * kp * kPanel;  // this call's panels end
   for (int64_t panel = panel_begin; panel < panel_end; ++panel) {
     const int8_t* w_panel = w.data.as<const int8_t>() + panel * kp * kPanel;  // [kp/4][64][4]
     std::fill_n(c.begin(), tokens * kPanel, 0);
@@ -75,7 +78,7 @@ void run_panels_w8a8_avx2(const PanelJob& job, int64_t panel_begin, int64_t pane
       const int64_t q0 = k0 / 4, q1 = std::min(kp, k0 + kKBlock) / 4;
       const auto run = [&]<int MT, int NV>(int64_t t) {
         for (int lane0 = 0; lane0 < kPanel; lane0 += 8 * NV)
-          tile<MT, NV>(x + t * kp, kp, w_panel, lane0, q0, q1, c.data() + t * kPanel);
+          tile<MT, NV>(x + t * kp, kp, w_panel, lane0, q0, q1, c.data() + t * kPanel, w_end);
       };
       int64_t t = 0;
       for (; t + 4 <= tokens; t += 4) run.template operator()<4, 2>(t);

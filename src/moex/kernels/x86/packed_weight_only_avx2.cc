@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "moex/kernels/x86/packed_x86.h"
+#include "moex/kernels/x86/prefetch.h"
 
 namespace moex::kernels::x86 {
 namespace {
@@ -107,6 +108,16 @@ struct Fp8Decode {  // e4m3 [cols][64]; w = (the code read as fp16 bits) * scale
   float x_sum(int64_t, int64_t) const { return 0.0f; }
 };
 
+// A panel's bytes as a stream, for prefetch_ahead: `pair_bytes` per k pair from `panel` on; `end` the call's end.
+struct Stream {
+  const uint8_t* panel;
+  int64_t pair_bytes;
+  const void* end;
+  void prefetch(int64_t k) const {
+    prefetch_ahead(panel + (k / 2) * pair_bytes, end, static_cast<int>((pair_bytes + 63) / 64));
+  }
+};
+
 // The end of a tile's K range: c [.][64] lanes 16h + 8v (+)= acc. Grouped formats: [k0, k1) is one group g,
 // acc its sum of x * code, folded in with the group's scale (and offset times the token's x sum).
 template <class D>
@@ -129,12 +140,13 @@ inline void finish(const D& d, int64_t t, int h, int v, int64_t k0, __m256 acc, 
 // t0: the tile's first token (for its x sums).
 template <class D, int MT>
 void tile(const float* x, int64_t t0, int64_t ldx, int64_t cols, const D& d, int h, int64_t k0, int64_t k1, float* c,
-          bool load_c) {
+          bool load_c, const Stream& stream) {
   __m256 acc[MT][2];
   for (int t = 0; t < MT; ++t)
     for (int v = 0; v < 2; ++v)
       acc[t][v] = load_c && !grouped<D>() ? _mm256_loadu_ps(c + t * kPanel + 16 * h + 8 * v) : _mm256_setzero_ps();
   for (int64_t k = k0; k < k1; k += 2) {
+    if (h == 0) stream.prefetch(k);  // lanes 16h..: the first quarter's pass reads the panel from memory
     __m256 w0[2], w1[2];
     d.pair(k, h, w0, w1);
     const bool second = k + 1 < cols;  // odd K: the last pair has one k (its weights are zero, x has no k + 1)
@@ -158,12 +170,13 @@ void tile(const float* x, int64_t t0, int64_t ldx, int64_t cols, const D& d, int
 // Each lane's FMAs are tile()'s, in the same order: the same bits. t: the token's index, for its x sums.
 template <class D>
 void tile_one_token(const float* x, int64_t t, int64_t cols, const D& d, int64_t k0, int64_t k1, float* c,
-                    bool load_c) {
+                    bool load_c, const Stream& stream) {
   __m256 acc[4][2];
   for (int h = 0; h < 4; ++h)
     for (int v = 0; v < 2; ++v)
       acc[h][v] = load_c && !grouped<D>() ? _mm256_loadu_ps(c + 16 * h + 8 * v) : _mm256_setzero_ps();
   for (int64_t k = k0; k < k1; k += 2) {
+    stream.prefetch(k);
     const __m256 x0 = _mm256_broadcast_ss(x + k);
     const bool second = k + 1 < cols;
     const __m256 x1 = second ? _mm256_broadcast_ss(x + k + 1) : _mm256_setzero_ps();
@@ -185,7 +198,7 @@ void tile_one_token(const float* x, int64_t t, int64_t cols, const D& d, int64_t
 // c [T][64] = x [T][cols] . panel (every lane, every token). Grouped formats run each tile once per K group
 // of the block.
 template <class D>
-void panel_sums(const float* x, int64_t tokens, int64_t cols, const D& d, float* c) {
+void panel_sums(const float* x, int64_t tokens, int64_t cols, const D& d, float* c, const Stream& stream) {
   int64_t step = kKBlock;
   if constexpr (grouped<D>()) step = d.group;  // divides kKBlock
   for (int64_t k0 = 0; k0 < cols; k0 += kKBlock) {
@@ -194,16 +207,16 @@ void panel_sums(const float* x, int64_t tokens, int64_t cols, const D& d, float*
       const float* xt = x + t * cols;
       float* ct = c + t * kPanel;
       if (tokens - t == 1) {
-        for (int64_t s = k0; s < k1; s += step) tile_one_token(xt, t, cols, d, s, std::min(k1, s + step), ct, s > 0);
+        for (int64_t s = k0; s < k1; s += step) tile_one_token(xt, t, cols, d, s, std::min(k1, s + step), ct, s > 0, stream);
         break;
       }
       for (int h = 0; h < 4; ++h) {
         for (int64_t s = k0; s < k1; s += step) {
           const int64_t e = std::min(k1, s + step);
           switch (std::min<int64_t>(kTokenTile, tokens - t)) {
-            case 4: tile<D, 4>(xt, t, cols, cols, d, h, s, e, ct, s > 0); break;
-            case 3: tile<D, 3>(xt, t, cols, cols, d, h, s, e, ct, s > 0); break;
-            default: tile<D, 2>(xt, t, cols, cols, d, h, s, e, ct, s > 0); break;
+            case 4: tile<D, 4>(xt, t, cols, cols, d, h, s, e, ct, s > 0, stream); break;
+            case 3: tile<D, 3>(xt, t, cols, cols, d, h, s, e, ct, s > 0, stream); break;
+            default: tile<D, 2>(xt, t, cols, cols, d, h, s, e, ct, s > 0, stream); break;
           }
         }
       }
@@ -221,13 +234,20 @@ void run_panels_weight_only_avx2(const PanelJob& job, int64_t panel_begin, int64
   if (c.size() < static_cast<size_t>(tokens * kPanel)) c.resize(tokens * kPanel);
   if (cols == 0) std::fill_n(c.begin(), tokens * kPanel, 0.0f);  // an empty sum: no K block writes c
   const int64_t groups = w.group ? (cols + w.group - 1) / w.group : 1;
+  // Bytes per k pair of a panel [k][64 lanes]: bf16 4 B a lane, int8 and fp8 2 B, int4 1 B.
+  const int64_t pair_bytes = w.format == WeightFormat::kBF16 ? 4 * kPanel : w.format == WeightFormat::kInt4 ? kPanel : 2 * kPanel;
+  const int64_t panel_bytes = w.format == WeightFormat::kBF16   ? w.k_padded * kPanel * 2
+                              : w.format == WeightFormat::kInt4 ? w.k_padded / 2 * kPanel
+                                                                : cols * kPanel;  // int8, fp8: [cols][64] bytes
+  const auto* data = w.data.as<const uint8_t>();
   for (int64_t panel = panel_begin; panel < panel_end; ++panel) {
+    const Stream stream{data + panel * panel_bytes, pair_bytes, data + panel_end * panel_bytes};
     switch (w.format) {
       case WeightFormat::kBF16:
-        panel_sums(x, tokens, cols, Bf16Decode{w.data.as<const uint16_t>() + panel * w.k_padded * kPanel}, c.data());
+        panel_sums(x, tokens, cols, Bf16Decode{w.data.as<const uint16_t>() + panel * w.k_padded * kPanel}, c.data(), stream);
         break;
       case WeightFormat::kInt8: {
-        panel_sums(x, tokens, cols, Int8Decode{w.data.as<const int8_t>() + panel * cols * kPanel, cols}, c.data());
+        panel_sums(x, tokens, cols, Int8Decode{w.data.as<const int8_t>() + panel * cols * kPanel, cols}, c.data(), stream);
         const float* scale = w.scales.as<const float>() + panel * kPanel;
         for (int64_t t = 0; t < tokens; ++t)
           for (int v = 0; v < kPanel / 8; ++v)
@@ -240,13 +260,13 @@ void run_panels_weight_only_avx2(const PanelJob& job, int64_t panel_begin, int64
                    Int4Decode{w.data.as<const uint8_t>() + panel * (w.k_padded / 2) * kPanel, w.group,
                               w.scales.as<const float>() + panel * groups * kPanel,
                               w.offsets.as<const float>() + panel * groups * kPanel, job.group_sums, groups},
-                   c.data());
+                   c.data(), stream);
         break;
       case WeightFormat::kFP8E4M3:
         panel_sums(x, tokens, cols,
                    Fp8Decode{w.data.as<const uint8_t>() + panel * cols * kPanel, cols,
                              w.scales.as<const float>() + panel * groups * kPanel, w.group},
-                   c.data());
+                   c.data(), stream);
         break;
       default: return;  // the dispatcher sends only the four formats above here
     }
