@@ -140,7 +140,9 @@ double compute_peak(const KernelBenchReport& report, WeightFormat format, int64_
 
 // A whole MoE layer's expert stage: kMoEExperts experts, token t routed to experts t % E and (t + 3) % E (at
 // T = 1: two experts, one row each), through fused_experts (one parallel region) or expert by expert
-// (expert_gate_up + expert_down_accumulate per expert: two regions each). Bytes: the experts with rows.
+// (expert_gate_up + expert_down_accumulate per expert: two regions each). Bytes: the experts with rows. Like the
+// single-matrix rows, calls cycle over copies of the experts (--roofline-mb in all): mini's 8 experts are 176 MB,
+// which a large L3 (480 MB on the AMX Xeon) would otherwise serve from cache on every call.
 constexpr int kMoEExperts = 8;
 void bench_moe(const KernelBenchOptions& o, const FormatSpec& spec, const std::string& format_name, bool fused,
                KernelBenchReport& report, const std::vector<float>& x_source) {
@@ -160,7 +162,7 @@ void bench_moe(const KernelBenchOptions& o, const FormatSpec& spec, const std::s
     const int64_t rows = 2 * T;
     std::vector<float> x(rows * H), h(rows * I), out(T * H), route(rows);  // [rows, H], [rows, I], [T, H]
     std::vector<int32_t> out_rows(rows);
-    std::vector<ExpertRows> args(kMoEExperts);
+    std::vector<ExpertRows> first(kMoEExperts);
     double bytes = 0;
     for (int e = 0, row = 0; e < kMoEExperts; ++e) {
       const int64_t n = static_cast<int64_t>(tokens_of[e].size());
@@ -169,16 +171,37 @@ void bench_moe(const KernelBenchOptions& o, const FormatSpec& spec, const std::s
         out_rows[row + r] = tokens_of[e][r];
         route[row + r] = 0.5f;
       }
-      args[e] = {&w13[e], &w2[e], x.data() + row * H, n, h.data() + row * I, route.data() + row, out_rows.data() + row};
+      first[e] = {&w13[e], &w2[e], x.data() + row * H, n, h.data() + row * I, route.data() + row, out_rows.data() + row};
       if (n > 0) bytes += static_cast<double>(w13[e].weight_bytes() + w2[e].weight_bytes());
       row += static_cast<int>(n);
     }
+    // Copies of the experts with rows, --roofline-mb of them in all: args [copy * kMoEExperts + e].
+    const int64_t copies = std::max<int64_t>(1, static_cast<int64_t>(std::ceil(double(o.cycle_mb << 20) / bytes)));
+    std::vector<PackedWeights> copy13, copy2;
+    copy13.reserve((copies - 1) * kMoEExperts);
+    copy2.reserve((copies - 1) * kMoEExperts);
+    std::vector<ExpertRows> args(first);
+    for (int64_t c = 1; c < copies; ++c)
+      for (int e = 0; e < kMoEExperts; ++e) {
+        ExpertRows a = first[e];
+        if (a.rows > 0) {
+          copy13.push_back(clone(w13[e]));
+          copy2.push_back(clone(w2[e]));
+          a.w13 = &copy13.back();
+          a.w2 = &copy2.back();
+        }
+        args.push_back(a);
+      }
+    int64_t next = 0;
     const double seconds = median_call_seconds(o.repeats, o.sample_ms, o.cpu_clock, [&] {
+      const ExpertRows* set = args.data() + next * kMoEExperts;
+      next = (next + 1) % copies;
       if (fused) {
-        fused_experts(args.data(), kMoEExperts, out.data(), H);
+        fused_experts(set, kMoEExperts, out.data(), H);
         return;
       }
-      for (const ExpertRows& a : args) {
+      for (int e = 0; e < kMoEExperts; ++e) {
+        const ExpertRows& a = set[e];
         if (a.rows == 0) continue;
         expert_gate_up(a.x, a.rows, *a.w13, a.h);
         expert_down_accumulate(a.h, a.rows, *a.w2, a.route_weights, a.out_rows, out.data(), H);
