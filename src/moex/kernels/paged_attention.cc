@@ -143,11 +143,15 @@ void attention(const PagedKvLayout& layout, const Elem* pool, int64_t layer, con
   for (int64_t s = 0; s < num_seqs; ++s)
     max_tiles = std::max(max_tiles, (seqs[s].q_len + kPagedQueryTile - 1) / kPagedQueryTile);
   // Items (sequence, KV head, query tile) over a dense grid; tiles past a sequence's rows are skipped.
-  // Dynamic schedule: items differ by their context length.
+  // Dynamic schedule: items differ by their context length. At decode (one tile a sequence) a thread takes a
+  // sequence's KV heads together: a block holds the heads' tiles side by side (16 KB in bf16 at mini's shape), so
+  // one thread walks them in order instead of two threads taking alternate 2 KB tiles of it (batch 64 decode
+  // on the AMX Xeon: 690 -> 530 us a layer).
   const int64_t items = num_seqs * kv_heads * max_tiles;
+  const int chunk = max_tiles == 1 ? static_cast<int>(kv_heads) : 1;
   const bool tile_shape = layout.block_size == 16 && layout.head_dim <= 128;  // what the vector tiles handle
   const bool avx512_tile = tile_shape && use_x86_kernels(), avx2_tile = tile_shape && !avx512_tile && use_avx2_kernels();
-#pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads()) if (items > 1)
+#pragma omp parallel for schedule(dynamic, chunk) num_threads(num_threads()) if (items > 1)
   for (int64_t item = 0; item < items; ++item) {
     const int64_t s = item / (kv_heads * max_tiles), g = (item / max_tiles) % kv_heads, tile = item % max_tiles;
     const PagedAttentionSeq& seq = seqs[s];
