@@ -80,19 +80,11 @@ struct Prefetch {
 // cursor to first_target + s * target_step.
 template <bool kInt8>
 void block16(const uint8_t* x, int64_t ldx, const uint8_t* panel, int64_t steps, void* c, Prefetch& prefetch,
-             const char* first_target, double target_step, bool load_c = false) {
-  if (load_c) {
-    auto* in = static_cast<const uint8_t*>(c);
-    _tile_loadd(0, in, kPanel * 4);
-    _tile_loadd(1, in + 64, kPanel * 4);
-    _tile_loadd(2, in + 128, kPanel * 4);
-    _tile_loadd(3, in + 192, kPanel * 4);
-  } else {
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
-  }
+             const char* first_target, double target_step) {
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
   for (int64_t s = 0; s < steps; ++s) {
     const uint8_t* b = panel + s * kStepPanelBytes;
     _tile_loadd(4, x + s * kStepBytes, ldx);
