@@ -5,6 +5,7 @@
 #include <string>
 
 #include "moex/base/error.h"
+#include "moex/base/threads.h"
 #include "moex/profile/profile.h"
 
 namespace moex {
@@ -175,7 +176,7 @@ GenerationResult generate(MixtralModel& model, const std::vector<std::vector<int
   }
 
   start = std::chrono::steady_clock::now();
-  std::vector<int32_t> tokens, slots, positions;
+  std::vector<int32_t> tokens, slots, positions, greedy;
   std::vector<StepSeq> seqs;
   int64_t my_decode_tokens = 0;
   while (true) {
@@ -207,6 +208,15 @@ GenerationResult generate(MixtralModel& model, const std::vector<std::vector<int
     ++result.decode_steps;
     my_decode_tokens += step.num_tokens;
     MOEX_ZONE(kSampling);
+    if (sampler.options().temperature == 0.0f && slots.size() > 1) {
+      // Greedy draws no random numbers: the rows' argmaxes over the threads, accepted in order after.
+      greedy.resize(slots.size());
+      parallel_for(static_cast<int64_t>(slots.size()), 8, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) greedy[i] = argmax(logits.data() + i * vocab, vocab);
+      });
+      for (size_t i = 0; i < slots.size(); ++i) accept(slots[i], greedy[i]);
+      continue;
+    }
     for (size_t i = 0; i < slots.size(); ++i) accept(slots[i], sampler.sample(logits.data() + i * vocab, vocab));
   }
   result.decode_seconds = seconds_since(start);
