@@ -148,7 +148,8 @@ void attention(const PagedKvLayout& layout, const Elem* pool, int64_t layer, con
   // one thread walks them in order instead of two threads taking alternate 2 KB tiles of it (batch 64 decode
   // on the AMX Xeon: 690 -> 530 us a layer).
   const int64_t items = num_seqs * kv_heads * max_tiles;
-  const int chunk = max_tiles == 1 ? static_cast<int>(kv_heads) : 1;
+  // Only with sequences enough to keep every thread busy: a lone sequence's heads still go to all of them.
+  const int chunk = max_tiles == 1 && num_seqs >= 2 * num_threads() ? static_cast<int>(kv_heads) : 1;
   const bool tile_shape = layout.block_size == 16 && layout.head_dim <= 128;  // what the vector tiles handle
   const bool avx512_tile = tile_shape && use_x86_kernels(), avx2_tile = tile_shape && !avx512_tile && use_avx2_kernels();
 #pragma omp parallel for schedule(dynamic, chunk) num_threads(num_threads()) if (items > 1)
