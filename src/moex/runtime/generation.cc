@@ -208,8 +208,7 @@ GenerationResult generate(MixtralModel& model, const std::vector<std::vector<int
     ++result.decode_steps;
     my_decode_tokens += step.num_tokens;
     MOEX_ZONE(kSampling);
-    if (sampler.options().temperature == 0.0f && slots.size() > 1) {
-      // Greedy draws no random numbers: the rows' argmaxes over the threads, accepted in order after.
+    if (sampler.greedy() && slots.size() > 1) {  // no penalties here: the rows' argmaxes over the threads
       greedy.resize(slots.size());
       parallel_for(static_cast<int64_t>(slots.size()), 8, [&](int64_t begin, int64_t end) {
         for (int64_t i = begin; i < end; ++i) greedy[i] = argmax(logits.data() + i * vocab, vocab);

@@ -109,7 +109,7 @@ int Sampler::sample(const float* logits, int vocab_size, const TokenCounts* gene
     }
     logits = adjusted_.data();
   }
-  if (options_.temperature == 0.0f) return argmax(logits, vocab_size);
+  if (greedy()) return argmax(logits, vocab_size);
   candidates_.resize(vocab_size);
   for (int i = 0; i < vocab_size; ++i) candidates_[i] = {logits[i] / options_.temperature, i};
   int keep = options_.top_k > 0 ? std::min(options_.top_k, vocab_size) : vocab_size;

@@ -66,6 +66,9 @@ class Sampler {
   // between calls, so a decode loop does not allocate.
   void sample(const float* logits, int vocab_size, const TokenCounts* generated, SampledToken* out);
   const SamplerOptions& options() const { return options_; }
+  // Whether sample() without penalties is argmax(logits) (temperature 0): no random numbers drawn, so rows may be
+  // decided in any order or in parallel.
+  bool greedy() const { return options_.temperature == 0.0f; }
 
  private:
   SamplerOptions options_;
