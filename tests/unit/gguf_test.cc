@@ -457,10 +457,10 @@ TEST(GgufCheckpoint, RefusesWhatItCannotRun) {
   config_error([&](GgufWriter& w) { llama(w, false), w.add_u32("llama.expert_count", 8), w.add_u32("llama.expert_used_count", 9); },
                "num_experts_per_tok");
   // The other architectures: their own keys are used or refused as llama's are.
-  auto family = [](GgufWriter& w, const std::string& arch) {
+  auto family = [](GgufWriter& w, const std::string& arch, uint32_t blocks = 1) {
     const std::string a = arch + ".";
     w.add_string("general.architecture", arch);
-    w.add_u32(a + "embedding_length", 64), w.add_u32(a + "block_count", 1), w.add_u32(a + "feed_forward_length", 128);
+    w.add_u32(a + "embedding_length", 64), w.add_u32(a + "block_count", blocks), w.add_u32(a + "feed_forward_length", 128);
     w.add_u32(a + "attention.head_count", 4), w.add_u32(a + "context_length", 256), w.add_u32(a + "vocab_size", 512);
     w.add_f32(a + "attention.layer_norm_rms_epsilon", 1e-6f);
     w.add_u32(a + "expert_count", 8), w.add_u32(a + "expert_used_count", 2), w.add_u32(a + "expert_feed_forward_length", 32);
@@ -473,6 +473,9 @@ TEST(GgufCheckpoint, RefusesWhatItCannotRun) {
                                     w.add_u32("qwen3moe.attention.value_length", 32); },
                "qwen3moe.attention.value_length differs from the head dimension 16");
   config_error([&](GgufWriter& w) { family(w, "qwen2moe"); }, "qwen2moe.expert_shared_feed_forward_length");
+  // A block count beyond the file's blocks (the fuzzer's 2^31: it sized a per-layer list) is named, not allocated.
+  config_error([&](GgufWriter& w) { family(w, "qwen3moe", 0x7fffffff); },
+               "qwen3moe.block_count is 2147483647 but the file has no blk.0.attn_norm.weight");
   config_error([&](GgufWriter& w) { family(w, "dots1"), w.add_u32("dots1.expert_shared_count", 1),
                                     w.add_u32("dots1.expert_gating_func", 1); },
                "expert_gating_func is not 2 (sigmoid)");

@@ -177,8 +177,16 @@ ModelConfig gguf_model_config(const GgufContents& g, const std::string& origin) 
     // llama.cpp's qwen architectures have no key for HF's mlp_only_layers / decoder_sparse_step: a layer
     // without a router (blk.N.ffn_gate_inp) is dense, as MoEX's converter writes them (llama.cpp refuses
     // such files: it needs a router in every layer).
-    for (int l = 0; l < c.num_hidden_layers; ++l)
-      if (!g.tensor("blk." + std::to_string(l) + ".ffn_gate_inp.weight")) c.mlp_only_layers.push_back(l);
+    // A block with no router must still be a block (its attention norm is there): a block_count beyond the
+    // file's blocks is refused here, before it sizes the list.
+    for (int l = 0; l < c.num_hidden_layers; ++l) {
+      const std::string b = "blk." + std::to_string(l) + ".";
+      if (g.tensor(b + "ffn_gate_inp.weight")) continue;
+      if (!g.tensor(b + "attn_norm.weight"))
+        throw_input_error(origin, a + "block_count is " + std::to_string(c.num_hidden_layers) + " but the file has no " +
+                                      b + "attn_norm.weight");
+      c.mlp_only_layers.push_back(l);
+    }
   }
   if (f == ModelFamily::kDots1) {
     c.first_k_dense_replace = static_cast<int>(get_int(g, origin, a + "leading_dense_block_count", 0, false, 0));
