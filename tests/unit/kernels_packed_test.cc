@@ -86,10 +86,12 @@ struct Shape3 {
 // The shapes: 0..7 and 13 tokens (token-tile tails of every kernel), N odd and below / above a panel, K odd
 // and not a multiple of any tile, group or 128-block, one K over the kernels' 2048 K block, and K = 0;
 // from 16 tokens the weight-only kernels take their prefill path (weights decoded once per K block), the last
-// shape over two of its blocks.
+// shape over two of its blocks. 17, 40 and 70 tokens over a K of several AMX slices (32 k steps up to 4 token
+// blocks, 128 above: 1024 / 4096 bf16 k, twice that in int8) take the tiles' slice-by-slice passes with two,
+// three and five token blocks.
 const Shape3 kShapes[] = {{0, 5, 7},   {2, 5, 0},   {1, 1, 1},     {1, 65, 33},    {2, 7, 130},  {3, 64, 64},    {4, 129, 257},
                           {5, 31, 96}, {6, 70, 200},  {7, 3, 131},    {13, 67, 95}, {1, 9, 4100},   {8, 64, 2051},
-                          {17, 67, 1100}, {32, 9, 300}, {16, 5, 2100}};
+                          {17, 67, 1100}, {32, 9, 300}, {16, 5, 2100}, {40, 33, 2100}, {70, 9, 8300}, {35, 5, 0}};
 
 void expect_close(const std::vector<float>& actual, const std::vector<float>& expected, const std::vector<double>& mag,
                   double rel, const std::string& what) {
@@ -288,7 +290,8 @@ TEST_P(PackedMatmulTest, ManyRowGemmGivesTheFewRowLoopsBits) {
     if (i == Isa::kAvx512Bf16 || i == Isa::kAvx512Vnni || i == Isa::kAmx) gemm_isas.push_back(i);
   const int threads_before = num_threads();
   for (const auto& [tokens, n, k] : {Shape3{5, 67, 95}, Shape3{12, 67, 95}, Shape3{13, 130, 2051}, Shape3{17, 7, 4101},
-                                     Shape3{23, 64, 33}, Shape3{31, 65, 257}, Shape3{40, 70, 200}}) {
+                                     Shape3{23, 64, 33}, Shape3{31, 65, 257}, Shape3{40, 70, 200}, Shape3{40, 70, 2100},
+                                     Shape3{70, 9, 8300}}) {
     const std::vector<float> x = random_floats(tokens * k, 41 + n), w = random_floats(n * k, 43 + k),
                              w3 = random_floats(n * k, 44 + k), route = random_floats(tokens, 45);
     const QuantizedMatrix q = quantize(f, w, n, k), q3 = quantize(f, w3, n, k);

@@ -7,12 +7,14 @@
 // side cover the panel, and an A tile is 16 tokens x 64 bytes of their activation rows (32 bf16 or 64 u8 k).
 // k_padded is a multiple of 64 bytes' worth of k for both formats (packed.cc), so no tile runs past a panel.
 //   per 64-byte k step: A -> tile 4; B lanes 0-15, 16-31, 32-47, 48-63 -> tiles 5, 6, 7, 5; C[v] += A . B[v]
-//   C tiles 0-3: 16 tokens x 16 lanes (f32 / s32), stored to c [T][64] once the panel's K is done.
+//   C tiles 0-3: 16 tokens x 16 lanes (f32 / s32), stored to c [T][64] once the panel's K (or slice) is done.
 // Token blocks are 16 rows; a call with T >= 16 runs its last block on rows T-16..T-1 (overlapping the block
 // before: those rows are computed twice, to the same values), so every call needs one tile configuration. Two
 // blocks (17-32 rows) run as one 32-row block per half of the lanes (block32_half), loading each B tile once.
-// Prefetch into L2: the first pass over a panel streams it from memory and keeps the prefetch kLead bytes ahead
-// of its reads; later passes read it from L2 and spread the next panel's lines over their k steps.
+// More than one pass over a panel (17 rows and up) goes slice by slice: every pass runs over one slice of k
+// steps (128 KB of the panel, 512 KB from five blocks) before any moves on, C carried through the c rows between
+// slices, so the later passes find the slice in L2 however large the panel is (Mixtral's down: 1.8 MB, most of
+// L2). Prefetch into L2: kLead bytes ahead of the first pass's reads; later passes spread the next slice's lines.
 //
 // A row's sums do not depend on the other rows of its tile, so a row's result is the same at any row count. bf16:
 // tdpbf16ps sums a k pair in another order than vdpbf16ps, so on AMX CPUs every bf16 call runs here, even one
@@ -35,11 +37,20 @@ constexpr int kTileRows = 16;          // tokens per A / C tile
 constexpr int64_t kStepBytes = 64;     // bytes of an activation row per k step (one A tile row)
 constexpr int64_t kLaneRowBytes = 256;  // a panel's 64 lanes x 4 bytes: one k pair (bf16) or quad (s8)
 constexpr int64_t kStepPanelBytes = 16 * kLaneRowBytes;  // a panel's bytes per k step (four B tiles)
-// How far ahead of its reads a block streaming its panel from memory prefetches. Measured on the AMX Xeon (bench
+// How far ahead of its reads the first pass over a panel prefetches. Measured on the AMX Xeon (bench
 // kernels, bf16, 1 thread): prefetching the whole next panel during this one (458 KB ahead for `down`) held one
 // row's down at 83% of the read probe, 8-128 KB ahead gave 101-111%, 512 KB 80%; 32 KB is in the middle.
 constexpr int64_t kLead = 32 << 10;
 constexpr int kMaxLinesPerStep = 128;
+// k steps per slice when a panel takes several passes: 32 (128 KB of panel) for 2-4 token blocks (decode
+// batches), 128 (512 KB) above (prefill: each block's A rows are read in strips of a slice's width, and C goes
+// in and out of the tiles once per slice). Measured on the AMX Xeon (bench kernels, bf16, 2 threads, us; whole-
+// panel passes / slices of 8 / 32 / 64 steps): Mixtral's down 17 rows 7,630 / 5,004 / 4,807 / 5,023, 64 rows
+// 16,224 / 7,967 / 7,490 / 7,737; gate_up 64 rows 19,426 / 13,476 / 13,919 / 14,604; mini's down 64 rows 616 /
+// 506 / 498 / 494. At 512 rows (whole / 32 / 64 / 128): Mixtral's down 60,145 / 38,694 / 34,702 / 33,259, mini's
+// 2,389 / 2,971 / 2,911 / 2,280.
+constexpr int64_t kSliceSteps = 32;
+constexpr int64_t kManyBlockSliceSteps = 128;
 
 struct alignas(64) TileConfig {
   uint8_t palette = 1, start_row = 0, reserved[14] = {};
@@ -62,30 +73,45 @@ void configure(int rows) {
   if constexpr (kInt8) _tile_dpbusd(C, A, B);  \
   else _tile_dpbf16ps(C, A, B)
 
-// The L2 prefetch of a call's panels: a cursor that never passes `end` (this call's last byte) and, at each k
-// step, is moved up to a target (at most kMaxLinesPerStep lines at a time, so a far target does not flood the
-// queue). A block reading its panel from memory (the first) keeps it kLead bytes ahead of its reads; later
-// blocks re-read the panel from L2 and spread the next panel's lines over their steps.
+// The L2 prefetch of a call's panels: a cursor that never passes `end` (this call's last byte) and, at a pass's
+// i-th k step, is moved up to first + i * per_step (at most kMaxLinesPerStep lines at a time, so a far target
+// does not flood the queue). The first pass over a slice reads it from memory and keeps the cursor kLead bytes
+// ahead of its reads; later passes read the slice from L2 and spread the next slice's lines over their steps.
 struct Prefetch {
   const char* cursor;
   const char* end;
-  void to(const char* target) {
-    target = std::min(target, end);
-    for (int i = 0; i < kMaxLinesPerStep && cursor < target; ++i, cursor += 64) _mm_prefetch(cursor, _MM_HINT_T1);
+  const char* first = nullptr;
+  double per_step = 0;
+  void step(int64_t i) {
+    const char* target = std::min(first + static_cast<int64_t>(static_cast<double>(i) * per_step), end);
+    for (int n = 0; n < kMaxLinesPerStep && cursor < target; ++n, cursor += 64) _mm_prefetch(cursor, _MM_HINT_T1);
   }
 };
 
-// Up to 16 rows: c [rows][64] (4-byte elements) = x [rows][steps x 64 bytes] . panel [steps x 16 rows][256 bytes].
-// Tiles: C 0-3 (lanes 0-15 .. 48-63), A 4, B 5-7 (5 holds lanes 0-15, then 48-63). Step s moves the prefetch
-// cursor to first_target + s * target_step.
+// C's four tiles start at zero (the first slice, s0 == 0) or at the sums the c rows hold from the slices before:
+// tiles 0-1 at c01 (16 rows x 64 bytes each, row stride kPanel * 4), tiles 2-3 at c23 + second.
+void start_c(int64_t s0, const uint8_t* c01, const uint8_t* c23, int64_t second) {
+  if (s0 == 0) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    return;
+  }
+  _tile_loadd(0, c01, kPanel * 4);
+  _tile_loadd(1, c01 + 64, kPanel * 4);
+  _tile_loadd(2, c23 + second, kPanel * 4);
+  _tile_loadd(3, c23 + second + 64, kPanel * 4);
+}
+
+// Up to 16 rows, k steps [s0, s1): c [rows][64] (4-byte elements) += x [rows][steps x 64 bytes] . panel [steps x
+// 16 rows][256 bytes]. Tiles: C 0-3 (lanes 0-15 .. 48-63), A 4, B 5-7 (5 holds lanes 0-15, then 48-63).
 template <bool kInt8>
-void block16(const uint8_t* x, int64_t ldx, const uint8_t* panel, int64_t steps, void* c, Prefetch& prefetch,
-             const char* first_target, double target_step) {
-  _tile_zero(0);
-  _tile_zero(1);
-  _tile_zero(2);
-  _tile_zero(3);
-  for (int64_t s = 0; s < steps; ++s) {
+void block16(const uint8_t* x, int64_t ldx, const uint8_t* panel, int64_t s0, int64_t s1, void* c,
+             Prefetch& prefetch) {
+  auto* out = static_cast<uint8_t*>(c);
+  start_c(s0, out, out, 128);
+  for (int64_t s = s0; s < s1; ++s) {
     const uint8_t* b = panel + s * kStepPanelBytes;
     _tile_loadd(4, x + s * kStepBytes, ldx);
     _tile_loadd(5, b, kLaneRowBytes);
@@ -96,9 +122,8 @@ void block16(const uint8_t* x, int64_t ldx, const uint8_t* panel, int64_t steps,
     MOEX_AMX_DOT(2, 4, 7);
     _tile_loadd(5, b + 192, kLaneRowBytes);
     MOEX_AMX_DOT(3, 4, 5);
-    prefetch.to(first_target + static_cast<int64_t>(s * target_step));
+    prefetch.step(s - s0);
   }
-  auto* out = static_cast<uint8_t*>(c);
   _tile_stored(0, out, kPanel * 4);
   _tile_stored(1, out + 64, kPanel * 4);
   _tile_stored(2, out + 128, kPanel * 4);
@@ -109,13 +134,12 @@ void block16(const uint8_t* x, int64_t ldx, const uint8_t* panel, int64_t steps,
 // 32 h .. 32 h + 31. Tiles: C 0-1 (x0 . lanes 0-15, 16-31 of the half), C 2-3 (x1 . the same), A 4-5, B 6-7. Each
 // B tile is loaded once for 32 rows; the two halves read the panel's lines 0-1 and 2-3 of each 256-byte k row.
 template <bool kInt8>
-void block32_half(const uint8_t* x0, const uint8_t* x1, int64_t ldx, const uint8_t* panel, int64_t steps, int h,
-                  void* c0, void* c1, Prefetch& prefetch, const char* first_target, double target_step) {
-  _tile_zero(0);
-  _tile_zero(1);
-  _tile_zero(2);
-  _tile_zero(3);
-  for (int64_t s = 0; s < steps; ++s) {
+void block32_half(const uint8_t* x0, const uint8_t* x1, int64_t ldx, const uint8_t* panel, int64_t s0, int64_t s1,
+                  int h, void* c0, void* c1, Prefetch& prefetch) {
+  auto* out0 = static_cast<uint8_t*>(c0) + h * 128;
+  auto* out1 = static_cast<uint8_t*>(c1) + h * 128;
+  start_c(s0, out0, out1, 0);
+  for (int64_t s = s0; s < s1; ++s) {
     const uint8_t* b = panel + s * kStepPanelBytes + h * 128;
     _tile_loadd(4, x0 + s * kStepBytes, ldx);
     _tile_loadd(6, b, kLaneRowBytes);
@@ -125,10 +149,8 @@ void block32_half(const uint8_t* x0, const uint8_t* x1, int64_t ldx, const uint8
     _tile_loadd(5, x1 + s * kStepBytes, ldx);
     MOEX_AMX_DOT(2, 5, 6);
     MOEX_AMX_DOT(3, 5, 7);
-    prefetch.to(first_target + static_cast<int64_t>(s * target_step));
+    prefetch.step(s - s0);
   }
-  auto* out0 = static_cast<uint8_t*>(c0) + h * 128;
-  auto* out1 = static_cast<uint8_t*>(c1) + h * 128;
   _tile_stored(0, out0, kPanel * 4);
   _tile_stored(1, out0 + 64, kPanel * 4);
   _tile_stored(2, out1, kPanel * 4);
@@ -144,8 +166,8 @@ void run_panels(const PanelJob& job, int64_t panel_begin, int64_t panel_end) {
   const int64_t steps = ldx / kStepBytes, panel_bytes = steps * 16 * kLaneRowBytes;
   thread_local std::vector<float> c;    // [T][64] f32 sums (bf16), or s32 sums (W8A8, read only by intrinsics)
   thread_local std::vector<float> f;    // [T][64] W8A8's scaled sums
-  if (c.size() < static_cast<size_t>(tokens * kPanel)) {
-    c.resize(tokens * kPanel);
+  if (c.size() < static_cast<size_t>((tokens + kTileRows) * kPanel)) {
+    c.resize((tokens + kTileRows) * kPanel);  // and 16 rows for the last block's sums (below)
     f.resize(tokens * kPanel);
   }
   if (steps == 0) std::fill_n(c.begin(), tokens * kPanel, 0);  // an empty sum: no block runs to write c
@@ -158,28 +180,39 @@ void run_panels(const PanelJob& job, int64_t panel_begin, int64_t panel_end) {
                     reinterpret_cast<const char*>(data + panel_end * panel_bytes)};  // this call's panels only
   for (int64_t panel = panel_begin; panel < panel_end; ++panel) {
     const uint8_t* w_panel = data + panel * panel_bytes;
-    const char* next_panel = reinterpret_cast<const char*>(w_panel + panel_bytes);
     // Passes over the panel: two blocks (17-32 rows) as two 32-row lane halves, each B tile loaded once for both
     // (the fused pass at decode batch 64 gives many experts 17-20 rows). More blocks run one by one: pairing them
     // too was slower for down (K = 3584: the A tiles of 32 rows come from L2 twice per k step).
     const int64_t pairs = blocks == 2 ? 1 : 0, passes = pairs * 2 + (blocks - pairs * 2);
-    for (int64_t p = 0; p < passes && steps > 0; ++p) {
-      // Pass 0 streams the panel: kLead ahead of step s's reads. Passes 1.. spread the next panel over their steps.
-      const char* first_target = reinterpret_cast<const char*>(w_panel) + kStepPanelBytes + kLead;
-      double target_step = kStepPanelBytes;
-      if (p > 0) {
-        target_step = double(panel_bytes) / double((passes - 1) * steps);
-        first_target = next_panel + static_cast<int64_t>(((p - 1) * steps + 1) * target_step);
-      }
-      if (p < pairs * 2) {
-        const int64_t t0 = (p / 2) * 2 * kTileRows, t1 = std::min(t0 + kTileRows, tokens - rows);
-        block32_half<kInt8>(x + t0 * ldx, x + t1 * ldx, ldx, w_panel, steps, static_cast<int>(p % 2),
-                            c.data() + t0 * kPanel, c.data() + t1 * kPanel, prefetch, first_target, target_step);
-      } else {
-        const int64_t t = std::min(p * kTileRows, tokens - rows);  // the last block, alone
-        block16<kInt8>(x + t * ldx, ldx, w_panel, steps, c.data() + t * kPanel, prefetch, first_target, target_step);
+    const int64_t slice = passes == 1 ? steps : blocks > 4 ? kManyBlockSliceSteps : kSliceSteps;
+    // A last block overlapping the one before it (3+ blocks, T not a multiple of 16) keeps its sums apart until
+    // the panel is done: between slices, the block before has already added this slice to the shared rows.
+    const bool last_apart = pairs == 0 && passes > 1 && tokens % kTileRows != 0 && steps > 0;
+    float* last_c = last_apart ? c.data() + tokens * kPanel : c.data() + (tokens - rows) * kPanel;
+    for (int64_t s0 = 0; s0 < steps; s0 += slice) {
+      const int64_t s1 = std::min(steps, s0 + slice);
+      for (int64_t p = 0; p < passes; ++p) {
+        const auto* slice_begin = reinterpret_cast<const char*>(w_panel + s0 * kStepPanelBytes);
+        const int64_t slice_bytes = (s1 - s0) * kStepPanelBytes;
+        if (p == 0) {
+          prefetch.first = slice_begin + kStepPanelBytes + kLead;
+          prefetch.per_step = kStepPanelBytes;
+        } else {  // the next slice (of this panel or the next), spread over passes 1..
+          prefetch.per_step = static_cast<double>(kStepPanelBytes) / static_cast<double>(passes - 1);
+          prefetch.first = slice_begin + slice_bytes + static_cast<int64_t>(((p - 1) * (s1 - s0) + 1) * prefetch.per_step);
+        }
+        if (p < pairs * 2) {
+          const int64_t t0 = (p / 2) * 2 * kTileRows, t1 = std::min(t0 + kTileRows, tokens - rows);
+          block32_half<kInt8>(x + t0 * ldx, x + t1 * ldx, ldx, w_panel, s0, s1, static_cast<int>(p % 2),
+                              c.data() + t0 * kPanel, c.data() + t1 * kPanel, prefetch);
+        } else {
+          const int64_t t = std::min(p * kTileRows, tokens - rows);  // the last block, alone
+          block16<kInt8>(x + t * ldx, ldx, w_panel, s0, s1, p + 1 == passes ? last_c : c.data() + t * kPanel,
+                         prefetch);
+        }
       }
     }
+    if (last_apart) std::memcpy(c.data() + (tokens - rows) * kPanel, last_c, rows * kPanel * sizeof(float));
     if constexpr (kInt8) {
       w8a8_panel_to_f32(job, panel, reinterpret_cast<const int32_t*>(c.data()), f.data());
       apply_epilogue(job.epilogue, w, panel, tokens, f.data());
