@@ -3,8 +3,11 @@
 // over these panels with a fused epilogue (oneDNN's brgemm would need its own layout and a copy per call).
 // What it adds to the few-row tile loop (packed_bf16_avx512bf16.cc):
 //  - software prefetch: while a panel's K block is computed token tile by token tile (from L2), the next K
-//    block (or the next panel) is pulled from DRAM into L2, one cache line per k pair of the first tiles, so
-//    the first tile of a block no longer waits on DRAM (at ~128 rows per expert that wait was ~10% of the call);
+//    block (or the next panel) is pulled from DRAM into L2, its lines shared out over all the tiles in
+//    proportion to their rows and spread over each tile's k steps (SpreadPrefetch), so the first tile of a block
+//    no longer waits on DRAM (at ~128 rows per expert that wait was ~10% of the call) and the stream runs during
+//    every tile's arithmetic (a burst in the first tiles left the last ones' outside it: W8A8 gate_up at 16 / 64
+//    rows 416-420 / 968-1,013 us -> 380-400 / 819-874, bench kernels under MOEX_ISA=avx512 on the AMX Xeon);
 //  - balanced token tiles: T rows in ceil(T / 6) tiles of 5 or 6 rows, never a 1- or 2-row tail tile whose
 //    weight loads from L2 feed only 4 or 8 dot products.
 // Per lane every row sums its k pairs in the same order with the same instruction as the few-row loop (the
@@ -17,6 +20,7 @@
 #include <vector>
 
 #include "moex/kernels/x86/packed_x86.h"
+#include "moex/kernels/x86/prefetch.h"
 #include "moex/kernels/x86/vec_avx512.h"
 
 namespace moex::kernels::x86 {
@@ -33,11 +37,10 @@ inline __m512bh broadcast_pair(const uint16_t* p) {
   return reinterpret_cast<__m512bh>(_mm512_set1_epi32(pair));
 }
 
-// c [MT][64] (+)= x [MT][ldx] (bf16, k pairs from here) . w [pairs][64][2]; the k pairs also prefetch two
-// 64-byte lines each from `prefetch` on (into L2), prefetch_lines in all.
+// c [MT][64] (+)= x [MT][ldx] (bf16, k pairs from here) . w [pairs][64][2]; each k step moves
+// `prefetch` on by its share of the tile's lines (into L2).
 template <int MT>
-void tile(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t pairs, float* c, bool load_c, const char* prefetch,
-          int64_t prefetch_lines) {
+void tile(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t pairs, float* c, bool load_c, SpreadPrefetch prefetch) {
   __m512 acc[MT][4];
   for (int t = 0; t < MT; ++t)
     for (int v = 0; v < 4; ++v) acc[t][v] = load_c ? _mm512_loadu_ps(c + t * kPanel + 16 * v) : _mm512_setzero_ps();
@@ -52,14 +55,10 @@ void tile(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t pairs, floa
       acc[t][3] = _mm512_dpbf16_ps(acc[t][3], xv, w3);
     }
   };
-  const int64_t with_prefetch = std::min(pairs, prefetch_lines / 2);
-  int64_t p = 0;
-  for (; p < with_prefetch; ++p) {
-    _mm_prefetch(prefetch + p * 128, _MM_HINT_T1);
-    _mm_prefetch(prefetch + p * 128 + 64, _MM_HINT_T1);
+  for (int64_t p = 0; p < pairs; ++p) {
+    prefetch.next();
     step(p);
   }
-  for (; p < pairs; ++p) step(p);
   for (int t = 0; t < MT; ++t)
     for (int v = 0; v < 4; ++v) _mm512_storeu_ps(c + t * kPanel + 16 * v, acc[t][v]);
 }
@@ -90,23 +89,23 @@ void run_panels_bf16_many_avx512bf16(const PanelJob& job, int64_t panel_begin, i
       const int64_t next_lines = next_k * 2;
       const char* prefetch = reinterpret_cast<const char*>(wk + pairs * 2 * kPanel);
       const bool load_c = k0 > 0;
-      int64_t t = 0, lines_done = 0;
+      int64_t t = 0;
       for (int64_t i = 0; i < tiles; ++i) {
         const int mt = static_cast<int>(base + (i < longer ? 1 : 0));
         const uint16_t* xt = x + t * kp + k0;
         float* ct = c.data() + t * kPanel;
-        const int64_t lines = std::max<int64_t>(0, next_lines - lines_done);
-        const char* pf = prefetch + lines_done * 64;
+        // This tile's share of the next block's lines, in proportion to its rows.
+        const int64_t first_line = next_lines * t / tokens, end_line = next_lines * (t + mt) / tokens;
+        const SpreadPrefetch pf{prefetch + first_line * 64, end_line - first_line, pairs};
         switch (mt) {
-          case 6: tile<6>(xt, kp, wk, pairs, ct, load_c, pf, lines); break;
-          case 5: tile<5>(xt, kp, wk, pairs, ct, load_c, pf, lines); break;
-          case 4: tile<4>(xt, kp, wk, pairs, ct, load_c, pf, lines); break;
-          case 3: tile<3>(xt, kp, wk, pairs, ct, load_c, pf, lines); break;
-          case 2: tile<2>(xt, kp, wk, pairs, ct, load_c, pf, lines); break;
-          case 1: tile<1>(xt, kp, wk, pairs, ct, load_c, pf, lines); break;
+          case 6: tile<6>(xt, kp, wk, pairs, ct, load_c, pf); break;
+          case 5: tile<5>(xt, kp, wk, pairs, ct, load_c, pf); break;
+          case 4: tile<4>(xt, kp, wk, pairs, ct, load_c, pf); break;
+          case 3: tile<3>(xt, kp, wk, pairs, ct, load_c, pf); break;
+          case 2: tile<2>(xt, kp, wk, pairs, ct, load_c, pf); break;
+          case 1: tile<1>(xt, kp, wk, pairs, ct, load_c, pf); break;
           default: break;
         }
-        lines_done += 2 * std::min(pairs, lines / 2);
         t += mt;
       }
     }

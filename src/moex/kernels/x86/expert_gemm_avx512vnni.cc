@@ -3,8 +3,11 @@
 // reason as expert_gemm_avx512bf16.cc, whose structure it follows; what it adds to the few-row loop
 // (packed_w8a8_avx512vnni.cc):
 //  - software prefetch: while a panel's K block is computed token tile by token tile (from L2), the next K
-//    block (or the next panel) is pulled from DRAM into L2, one cache line per k pair of the first tiles, so
-//    the first tile of a block no longer waits on DRAM (at ~128 rows per expert that wait was ~10% of the call);
+//    block (or the next panel) is pulled from DRAM into L2, its lines shared out over all the tiles in
+//    proportion to their rows and spread over each tile's k steps (SpreadPrefetch), so the first tile of a block
+//    no longer waits on DRAM (at ~128 rows per expert that wait was ~10% of the call) and the stream runs during
+//    every tile's arithmetic (a burst in the first tiles left the last ones' outside it: W8A8 gate_up at 16 / 64
+//    rows 416-420 / 968-1,013 us -> 380-400 / 819-874, bench kernels under MOEX_ISA=avx512 on the AMX Xeon);
 //  - balanced token tiles: T rows in ceil(T / 6) tiles of 5 or 6 rows, never a 1- or 2-row tail tile whose
 //    weight loads from L2 feed only 4 or 8 dot products.
 // Integer sums are exact, so the two loops give the same bits (and the reference's): which one runs never
@@ -16,6 +19,7 @@
 #include <vector>
 
 #include "moex/kernels/x86/packed_x86.h"
+#include "moex/kernels/x86/prefetch.h"
 #include "moex/kernels/x86/vec_avx512.h"
 
 namespace moex::kernels::x86 {
@@ -30,11 +34,10 @@ inline __m512i broadcast_quad(const uint8_t* p) {
   return _mm512_set1_epi32(quad);
 }
 
-// c [MT][64] (+)= x [MT][ldx] (u8, k quads from here) . w [quads][64][4]; the k quads also prefetch two
-// 64-byte lines each from `prefetch` on (into L2), prefetch_lines in all.
+// c [MT][64] (+)= x [MT][ldx] (u8, k quads from here) . w [quads][64][4]; each k step moves
+// `prefetch` on by its share of the tile's lines (into L2).
 template <int MT>
-void tile(const uint8_t* x, int64_t ldx, const int8_t* w, int64_t quads, int32_t* c, bool load_c, const char* prefetch,
-          int64_t prefetch_lines) {
+void tile(const uint8_t* x, int64_t ldx, const int8_t* w, int64_t quads, int32_t* c, bool load_c, SpreadPrefetch prefetch) {
   // __v16si, as in the few-row loop: GCC 12 keeps these in registers, an array of __m512i it spills.
   __v16si acc[MT][4];
   for (int t = 0; t < MT; ++t)
@@ -51,14 +54,10 @@ void tile(const uint8_t* x, int64_t ldx, const int8_t* w, int64_t quads, int32_t
       acc[t][3] = __v16si(_mm512_dpbusd_epi32(__m512i(acc[t][3]), xv, w3));
     }
   };
-  const int64_t with_prefetch = std::min(quads, prefetch_lines / 2);
-  int64_t q = 0;
-  for (; q < with_prefetch; ++q) {
-    _mm_prefetch(prefetch + q * 128, _MM_HINT_T1);
-    _mm_prefetch(prefetch + q * 128 + 64, _MM_HINT_T1);
+  for (int64_t q = 0; q < quads; ++q) {
+    prefetch.next();
     step(q);
   }
-  for (; q < quads; ++q) step(q);
   for (int t = 0; t < MT; ++t)
     for (int v = 0; v < 4; ++v) _mm512_storeu_si512(c + t * kPanel + 16 * v, __m512i(acc[t][v]));
 }
@@ -93,23 +92,23 @@ void run_panels_w8a8_many_avx512vnni(const PanelJob& job, int64_t panel_begin, i
       const int64_t next_lines = next_k;
       const char* prefetch = reinterpret_cast<const char*>(wk + quads * 4 * kPanel);
       const bool load_c = k0 > 0;
-      int64_t t = 0, lines_done = 0;
+      int64_t t = 0;
       for (int64_t i = 0; i < tiles; ++i) {
         const int mt = static_cast<int>(base + (i < longer ? 1 : 0));
         const uint8_t* xt = x + t * kp + k0;
         int32_t* ct = c.data() + t * kPanel;
-        const int64_t lines = std::max<int64_t>(0, next_lines - lines_done);
-        const char* pf = prefetch + lines_done * 64;
+        // This tile's share of the next block's lines, in proportion to its rows.
+        const int64_t first_line = next_lines * t / tokens, end_line = next_lines * (t + mt) / tokens;
+        const SpreadPrefetch pf{prefetch + first_line * 64, end_line - first_line, quads};
         switch (mt) {
-          case 6: tile<6>(xt, kp, wk, quads, ct, load_c, pf, lines); break;
-          case 5: tile<5>(xt, kp, wk, quads, ct, load_c, pf, lines); break;
-          case 4: tile<4>(xt, kp, wk, quads, ct, load_c, pf, lines); break;
-          case 3: tile<3>(xt, kp, wk, quads, ct, load_c, pf, lines); break;
-          case 2: tile<2>(xt, kp, wk, quads, ct, load_c, pf, lines); break;
-          case 1: tile<1>(xt, kp, wk, quads, ct, load_c, pf, lines); break;
+          case 6: tile<6>(xt, kp, wk, quads, ct, load_c, pf); break;
+          case 5: tile<5>(xt, kp, wk, quads, ct, load_c, pf); break;
+          case 4: tile<4>(xt, kp, wk, quads, ct, load_c, pf); break;
+          case 3: tile<3>(xt, kp, wk, quads, ct, load_c, pf); break;
+          case 2: tile<2>(xt, kp, wk, quads, ct, load_c, pf); break;
+          case 1: tile<1>(xt, kp, wk, quads, ct, load_c, pf); break;
           default: break;
         }
-        lines_done += 2 * std::min(quads, lines / 2);
         t += mt;
       }
     }

@@ -55,10 +55,12 @@ void fold(const __v16si (&part)[MT][4], const float* scales, const float* offset
 }
 
 // The few-row loop: c [MT][64] += x [MT][ldx] . the panel's nibbles [kp/8][64][4], decoded in registers.
+// Prefetch: the panel's first token tile streams it (`stream`: prefetch_ahead); the later tiles read it from L2
+// and spread the next panel's lines over their k steps (`next`, one next() per 8 k).
 template <int MT>
 void tile(const int8_t* x, int64_t ldx, const uint8_t* w, const float* scales, const float* offsets,
           const float* code_sums, const float* act_scales, int64_t ld_sums, int64_t group, int64_t kp, float* c,
-          const void* w_end) {
+          const void* w_end, bool stream, SpreadPrefetch next) {
   const __m512i low = _mm512_set1_epi8(0x0f);
   for (int64_t g0 = 0, g = 0; g0 < kp; g0 += group, ++g) {
     const int64_t g1 = std::min(kp, g0 + group);
@@ -68,7 +70,8 @@ void tile(const int8_t* x, int64_t ldx, const uint8_t* w, const float* scales, c
       for (int v = 0; v < 4; ++v) part[t][v] = __v16si{};
     for (int64_t k = g0; k < g1; k += 8) {
       const uint8_t* wk = w + (k / 8) * 4 * kPanel;
-      prefetch_ahead(wk, w_end, 4);
+      if (stream) prefetch_ahead(wk, w_end, 4);
+      else next.next();
       __m512i lo[4], hi[4];
       for (int v = 0; v < 4; ++v) {
         const __m512i b = _mm512_load_si512(wk + 64 * v);
@@ -99,9 +102,17 @@ void run_panels_int4_w4a8_avx512vnni(const PanelJob& job, int64_t panel_begin, i
     const float* scales = w.scales.as<const float>() + panel * groups * kPanel;    // [G][64]
     const float* offsets = w.offsets.as<const float>() + panel * groups * kPanel;  // [G][64]
     std::fill_n(c.begin(), tokens * kPanel, 0.0f);
+    // The next panel's lines (this call's), shared out over the token tiles after the first.
+    const int64_t panel_bytes = (kp / 2) * kPanel, tiles = (tokens + kTokenTile - 1) / kTokenTile;
+    const auto* next_panel = reinterpret_cast<const char*>(w_panel + panel_bytes);
+    const int64_t next_lines = std::max<int64_t>(0, reinterpret_cast<const char*>(w_end) - next_panel) >= panel_bytes
+                                   ? panel_bytes / 64 : 0;
     const auto run = [&]<int MT>(int64_t t) {
+      const int64_t i = t / kTokenTile, first_line = i == 0 ? 0 : next_lines * (i - 1) / (tiles - 1),
+                    end_line = i == 0 ? 0 : next_lines * i / (tiles - 1);
       tile<MT>(x + t * kp, kp, w_panel, scales, offsets, job.group_sums + t * groups, job.token_scales + t * groups,
-               groups, w.group, kp, c.data() + t * kPanel, w_end);
+               groups, w.group, kp, c.data() + t * kPanel, w_end, i == 0,
+               SpreadPrefetch{next_panel + first_line * 64, end_line - first_line, kp / 8});
     };
     int64_t t = 0;
     for (; t + kTokenTile <= tokens; t += kTokenTile) run.template operator()<kTokenTile>(t);

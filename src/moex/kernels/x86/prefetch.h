@@ -23,4 +23,16 @@ inline void prefetch_ahead(const void* read, const void* end, int lines) {
   for (int i = 0; i < lines && p < static_cast<const char*>(end); ++i, p += 64) _mm_prefetch(p, _MM_HINT_T1);
 }
 
+// The many-row GEMMs compute a K block token tile by token tile from L2 while the next block comes from memory:
+// `lines` lines from `from` on, spread evenly over a tile's `steps` k steps (one next() per step), so the stream
+// runs during every tile's arithmetic rather than in a burst during the first (which left the later tiles'
+// arithmetic outside the stream: a call took the memory time plus the arithmetic).
+struct SpreadPrefetch {
+  const char* from;
+  int64_t lines, steps, owed = 0;
+  void next() {
+    for (owed += lines; owed >= steps && steps > 0; owed -= steps, from += 64) _mm_prefetch(from, _MM_HINT_T1);
+  }
+};
+
 }  // namespace moex::kernels::x86
