@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <string_view>
 
@@ -83,7 +84,13 @@ QuantizedMatrix quantize_bf16(const TensorView& w) {
   QuantizedMatrix q = empty_matrix(WeightFormat::kBF16, w.shape[0], w.shape[1]);
   q.bf16.resize(q.rows * q.cols);  // [rows, cols]
   for_each_index(q.rows, [&](int64_t r) {
-    for (int64_t c = 0; c < q.cols; ++c) q.bf16[r * q.cols + c] = f32_to_bf16(read_f32(w, r, c));
+    uint16_t* out = q.bf16.data() + r * q.cols;
+    if (w.dtype == DType::kBF16) {  // the bits as they are, what f32_to_bf16(bf16_to_f32(x)) gives (NaNs quiet)
+      const uint16_t* in = w.as<const uint16_t>() + r * w.stride0();
+      for (int64_t c = 0; c < q.cols; ++c) out[c] = (in[c] & 0x7fff) > 0x7f80 ? in[c] | 0x40 : in[c];
+    } else {
+      for (int64_t c = 0; c < q.cols; ++c) out[c] = f32_to_bf16(read_f32(w, r, c));
+    }
   });
   return q;
 }
@@ -270,41 +277,36 @@ PackedWeights pack_lanes(const QuantizedMatrix& like, int64_t rows, bool gate_up
       break;
     case WeightFormat::kFP8E4M3: p.data.allocate(P * K * kPanel); p.scales.allocate(P * G * kPanel * 4); break;
   }
+  // Per panel: the lanes' rows first, then the panel written in its own order (k outer, lanes inner), so the
+  // writes run through the panel once and each lane's row is read along (64 read streams). Lanes with no row
+  // (padding) stay zero, as allocate() filled them. Tails of K (a partial pair / quad / octet) go element by
+  // element.
   for_each_index(P, [&](int64_t panel) {
+    int lanes[kPanel], n = 0;
+    const uint8_t* codes[kPanel] = {};    // [K] the lane's s8 / 0..15 / e4m3 codes
+    const uint16_t* bf16[kPanel] = {};    // [K] the lane's bf16 bits
     for (int lane = 0; lane < kPanel; ++lane) {
       const LaneSource s = source(panel, lane);
-      if (!s.m) continue;  // allocate() zero-filled it: zero weights, zero scales
+      if (!s.m) continue;
       const QuantizedMatrix& m = *s.m;
       const int64_t lane_index = panel * kPanel + lane;
+      lanes[n++] = lane;
+      if (p.format == WeightFormat::kBF16) {
+        bf16[lane] = m.bf16.data() + s.row * K;
+        continue;
+      }
+      codes[lane] = m.codes.data() + s.row * K;
       switch (p.format) {
-        case WeightFormat::kBF16:
-          for (int64_t k = 0; k < K; ++k)  // [P][kp/2][64][2]
-            p.data.as<uint16_t>()[((panel * (kp / 2) + k / 2) * kPanel + lane) * 2 + k % 2] = m.bf16[s.row * K + k];
-          break;
-        case WeightFormat::kInt8:
-          for (int64_t k = 0; k < K; ++k) p.data.as<uint8_t>()[(panel * K + k) * kPanel + lane] = m.codes[s.row * K + k];
-          p.scales.as<float>()[lane_index] = m.scales[s.row];
-          break;
+        case WeightFormat::kInt8: p.scales.as<float>()[lane_index] = m.scales[s.row]; break;
         case WeightFormat::kInt8W8A8: {
           int32_t sum = 0;
-          for (int64_t k = 0; k < K; ++k) {  // [P][kp/4][64][4]
-            p.data.as<uint8_t>()[((panel * (kp / 4) + k / 4) * kPanel + lane) * 4 + k % 4] = m.codes[s.row * K + k];
-            sum += static_cast<int8_t>(m.codes[s.row * K + k]);
-          }
+          for (int64_t k = 0; k < K; ++k) sum += static_cast<int8_t>(codes[lane][k]);
           p.scales.as<float>()[lane_index] = m.scales[s.row];
           p.col_sums.as<int32_t>()[lane_index] = sum;
           break;
         }
         case WeightFormat::kInt4:
         case WeightFormat::kInt4W4A8:
-          for (int64_t k = 0; k < K; ++k) {
-            if (p.format == WeightFormat::kInt4)  // [P][kp/2][64]: q(k) low nibble, q(k+1) high
-              p.data.as<uint8_t>()[(panel * (kp / 2) + k / 2) * kPanel + lane] |=
-                  static_cast<uint8_t>(m.codes[s.row * K + k] << (k % 2 ? 4 : 0));
-            else  // [P][kp/8][64][4]: byte k % 4 of the lane's word, low nibble for k % 8 < 4, high for the rest
-              p.data.as<uint8_t>()[((panel * (kp / 8) + k / 8) * kPanel + lane) * 4 + k % 4] |=
-                  static_cast<uint8_t>(m.codes[s.row * K + k] << (k % 8 < 4 ? 0 : 4));
-          }
           for (int64_t g = 0; g < G; ++g) {
             const float scale = m.scales[s.row * G + g];
             p.scales.as<float>()[(panel * G + g) * kPanel + lane] = scale;
@@ -312,10 +314,68 @@ PackedWeights pack_lanes(const QuantizedMatrix& like, int64_t rows, bool gate_up
           }
           break;
         case WeightFormat::kFP8E4M3:
-          for (int64_t k = 0; k < K; ++k) p.data.as<uint8_t>()[(panel * K + k) * kPanel + lane] = m.codes[s.row * K + k];
           for (int64_t g = 0; g < G; ++g)
             p.scales.as<float>()[(panel * G + g) * kPanel + lane] = m.scales[(s.row / 128) * G + g] * 256.0f;
           break;
+        default: break;
+      }
+    }
+    switch (p.format) {
+      case WeightFormat::kBF16: {  // [P][kp/2][64][2]
+        uint16_t* out = p.data.as<uint16_t>() + panel * (kp / 2) * kPanel * 2;
+        int64_t k = 0;
+        for (; k + 2 <= K; k += 2)
+          for (int i = 0; i < n; ++i) {
+            uint16_t* o = out + ((k / 2) * kPanel + lanes[i]) * 2;
+            o[0] = bf16[lanes[i]][k];
+            o[1] = bf16[lanes[i]][k + 1];
+          }
+        if (k < K)
+          for (int i = 0; i < n; ++i) out[((k / 2) * kPanel + lanes[i]) * 2] = bf16[lanes[i]][k];
+        break;
+      }
+      case WeightFormat::kInt8:
+      case WeightFormat::kFP8E4M3: {  // [P][K][64]
+        uint8_t* out = p.data.as<uint8_t>() + panel * K * kPanel;
+        for (int64_t k = 0; k < K; ++k)
+          for (int i = 0; i < n; ++i) out[k * kPanel + lanes[i]] = codes[lanes[i]][k];
+        break;
+      }
+      case WeightFormat::kInt8W8A8: {  // [P][kp/4][64][4]
+        uint8_t* out = p.data.as<uint8_t>() + panel * (kp / 4) * kPanel * 4;
+        int64_t k = 0;
+        for (; k + 4 <= K; k += 4)
+          for (int i = 0; i < n; ++i) std::memcpy(out + ((k / 4) * kPanel + lanes[i]) * 4, codes[lanes[i]] + k, 4);
+        for (; k < K; ++k)
+          for (int i = 0; i < n; ++i) out[((k / 4) * kPanel + lanes[i]) * 4 + k % 4] = codes[lanes[i]][k];
+        break;
+      }
+      case WeightFormat::kInt4: {  // [P][kp/2][64]: q(k) low nibble, q(k+1) high
+        uint8_t* out = p.data.as<uint8_t>() + panel * (kp / 2) * kPanel;
+        int64_t k = 0;
+        for (; k + 2 <= K; k += 2)
+          for (int i = 0; i < n; ++i) {
+            const uint8_t* c = codes[lanes[i]] + k;
+            out[(k / 2) * kPanel + lanes[i]] = static_cast<uint8_t>(c[0] | (c[1] << 4));
+          }
+        if (k < K)
+          for (int i = 0; i < n; ++i) out[(k / 2) * kPanel + lanes[i]] = codes[lanes[i]][k];
+        break;
+      }
+      case WeightFormat::kInt4W4A8: {  // [P][kp/8][64][4]: byte k % 4 of the lane's word, low nibble for k % 8 < 4
+        uint8_t* out = p.data.as<uint8_t>() + panel * (kp / 8) * kPanel * 4;
+        int64_t k = 0;
+        for (; k + 8 <= K; k += 8)
+          for (int i = 0; i < n; ++i) {
+            const uint8_t* c = codes[lanes[i]] + k;
+            uint8_t* o = out + ((k / 8) * kPanel + lanes[i]) * 4;
+            for (int j = 0; j < 4; ++j) o[j] = static_cast<uint8_t>(c[j] | (c[j + 4] << 4));
+          }
+        for (; k < K; ++k)
+          for (int i = 0; i < n; ++i)
+            out[((k / 8) * kPanel + lanes[i]) * 4 + k % 4] |=
+                static_cast<uint8_t>(codes[lanes[i]][k] << (k % 8 < 4 ? 0 : 4));
+        break;
       }
     }
   });
