@@ -9,6 +9,7 @@
 #include <cstring>
 #include <functional>
 #include <string_view>
+#include <vector>
 
 
 #include "moex/base/dtype.h"
@@ -23,6 +24,34 @@ namespace {
 float read_f32(const TensorView& w, int64_t r, int64_t c) {
   const int64_t i = r * w.stride0() + c;
   return w.dtype == DType::kBF16 ? bf16_to_f32(w.as<const uint16_t>()[i]) : w.as<const float>()[i];
+}
+
+// Row r of an F32 or BF16 matrix as f32: the mapping itself (F32), else widened into `buffer` (BF16, exact).
+const float* source_row(const TensorView& w, int64_t r, std::vector<float>& buffer) {
+  const int64_t cols = w.shape[1];
+  if (w.dtype == DType::kF32) return w.as<const float>() + r * w.stride0();
+  buffer.resize(cols);
+  const uint16_t* in = w.as<const uint16_t>() + r * w.stride0();
+  for (int64_t c = 0; c < cols; ++c) buffer[c] = bf16_to_f32(in[c]);
+  return buffer.data();
+}
+
+// std::nearbyint (round half to even, the default rounding mode) for |v| <= 2^22, NaN to NaN, in plain arithmetic
+// the compiler vectorizes: v + 1.5 * 2^23 lands where the float spacing is 1. The quantizers' arguments are at
+// most 127 in magnitude (a weight over its row's or group's scale).
+inline float round_even(float v) { return (v + 12582912.0f) - 12582912.0f; }
+
+// max |x[c]| over c < n, NaNs skipped (as std::max(m, |x|) from 0 does), in 16 independent maxima: one chain
+// of maxss was the whole of int8 quantization's time at load.
+float abs_max(const float* x, int64_t n) {
+  float part[16] = {};
+  int64_t c = 0;
+  for (; c + 16 <= n; c += 16)
+    for (int j = 0; j < 16; ++j) part[j] = std::max(part[j], std::fabs(x[c + j]));
+  for (; c < n; ++c) part[0] = std::max(part[0], std::fabs(x[c]));
+  float m = 0.0f;
+  for (float v : part) m = std::max(m, v);
+  return m;
 }
 
 void check_source(const TensorView& w, const char* what) {
@@ -102,12 +131,17 @@ QuantizedMatrix quantize_int8(const TensorView& w, WeightFormat format) {
   q.codes.resize(q.rows * q.cols);  // [rows, cols] s8
   q.scales.resize(q.rows);          // [rows]
   for_each_index(q.rows, [&](int64_t r) {
-    float absmax = 0.0f;
-    for (int64_t c = 0; c < q.cols; ++c) absmax = std::max(absmax, std::fabs(read_f32(w, r, c)));
+    thread_local std::vector<float> buffer;
+    const float* x = source_row(w, r, buffer);
+    const float absmax = abs_max(x, q.cols);
     const float inv = absmax > 0.0f ? 127.0f / absmax : 0.0f;
     q.scales[r] = absmax / 127.0f;
-    for (int64_t c = 0; c < q.cols; ++c)
-      q.codes[r * q.cols + c] = static_cast<uint8_t>(static_cast<int8_t>(std::clamp(std::nearbyint(read_f32(w, r, c) * inv), -127.0f, 127.0f)));
+    // std::clamp(v, -127, 127) written as min / max, and a restrict pointer (a byte store may alias anything, q.cols
+    // included), so the loop vectorizes.
+    const int64_t cols = q.cols;
+    uint8_t* __restrict out = q.codes.data() + r * cols;
+    for (int64_t c = 0; c < cols; ++c)
+      out[c] = static_cast<uint8_t>(static_cast<int8_t>(std::min(std::max(round_even(x[c] * inv), -127.0f), 127.0f)));
   });
   return q;
 }
@@ -121,11 +155,21 @@ QuantizedMatrix quantize_int4(const TensorView& w, int64_t group, bool symmetric
   q.codes.resize(q.rows * q.cols);  // [rows, cols] 0..15
   q.scales.resize(q.rows * groups);  // [rows, groups]
   q.zeros.resize(q.rows * groups);   // [rows, groups]
+  const int64_t cols = q.cols;
   for_each_index(q.rows, [&](int64_t r) {
+    thread_local std::vector<float> buffer;
+    const float* x = source_row(w, r, buffer);
     for (int64_t g = 0; g < groups; ++g) {
-      const int64_t c0 = g * group, c1 = std::min(q.cols, c0 + group);
-      float lo = 0.0f, hi = 0.0f;  // the range includes 0, so 0 is exact and a constant group is not lost
-      for (int64_t c = c0; c < c1; ++c) lo = std::min(lo, read_f32(w, r, c)), hi = std::max(hi, read_f32(w, r, c));
+      const int64_t c0 = g * group, c1 = std::min(cols, c0 + group);
+      // The range includes 0, so 0 is exact and a constant group is not lost. 8 independent minima and maxima
+      // (NaNs skipped, as one std::min / std::max chain from 0 does), so the loop is not one dependency chain.
+      float lo8[8] = {}, hi8[8] = {};
+      int64_t c = c0;
+      for (; c + 8 <= c1; c += 8)
+        for (int j = 0; j < 8; ++j) lo8[j] = std::min(lo8[j], x[c + j]), hi8[j] = std::max(hi8[j], x[c + j]);
+      for (; c < c1; ++c) lo8[0] = std::min(lo8[0], x[c]), hi8[0] = std::max(hi8[0], x[c]);
+      float lo = 0.0f, hi = 0.0f;
+      for (int j = 0; j < 8; ++j) lo = std::min(lo, lo8[j]), hi = std::max(hi, hi8[j]);
       float scale;
       int zero;
       if (symmetric) {
@@ -133,13 +177,17 @@ QuantizedMatrix quantize_int4(const TensorView& w, int64_t group, bool symmetric
         zero = 8;
       } else {
         scale = (hi - lo) / 15.0f;
-        zero = scale > 0.0f ? static_cast<int>(std::clamp(std::nearbyint(-lo / scale), 0.0f, 15.0f)) : 0;
+        zero = scale > 0.0f ? static_cast<int>(std::clamp(round_even(-lo / scale), 0.0f, 15.0f)) : 0;
       }
       q.scales[r * groups + g] = scale;
       q.zeros[r * groups + g] = static_cast<uint8_t>(zero);
-      for (int64_t c = c0; c < c1; ++c) {
-        const float v = scale > 0.0f ? std::nearbyint(read_f32(w, r, c) / scale) + zero : zero;
-        q.codes[r * q.cols + c] = static_cast<uint8_t>(std::clamp(v, 0.0f, 15.0f));
+      const float fzero = static_cast<float>(zero);
+      uint8_t* __restrict out = q.codes.data() + r * cols;  // restrict: a byte store may alias anything
+      if (scale > 0.0f) {
+        for (int64_t c = c0; c < c1; ++c)  // std::clamp(v, 0, 15) as min / max, so the loop vectorizes
+          out[c] = static_cast<uint8_t>(std::min(std::max(round_even(x[c] / scale) + fzero, 0.0f), 15.0f));
+      } else {
+        for (int64_t c = c0; c < c1; ++c) out[c] = static_cast<uint8_t>(std::clamp(fzero, 0.0f, 15.0f));
       }
     }
   });
