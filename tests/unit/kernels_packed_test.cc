@@ -527,6 +527,27 @@ TEST(PackedMatmul, ZeroTokensWritesNothing) {
   EXPECT_EQ(y, 42.0f);
 }
 
+// The quantizers round half to even (std::nearbyint in the default mode), ties included, and a NaN weight is
+// skipped by the row's / group's range. Scales of 1 (absmax 127 for int8, 7 for symmetric int4) make the codes
+// the weights themselves; 34 columns take the vector loops and their tails.
+TEST(Quantizers, RoundHalfToEvenAsNearbyint) {
+  const std::vector<float> ties = {-126.5f, -2.5f, -1.5f, -0.5f, 0.5f, 1.5f, 2.5f, 3.5f, 126.5f, 0.49999997f, -7.5f};
+  std::vector<float> row(34, 0.0f);
+  std::copy(ties.begin(), ties.end(), row.begin());
+  row[20] = 127.0f;
+  row[21] = std::nanf("");
+  const QuantizedMatrix q8 = kernels::quantize_int8(TensorView{row.data(), DType::kF32, Shape{1, 34}}, WeightFormat::kInt8);
+  EXPECT_EQ(q8.scales[0], 1.0f);
+  for (int c = 0; c < 34; ++c)
+    if (c != 21) EXPECT_EQ(static_cast<int8_t>(q8.codes[c]), static_cast<int8_t>(std::nearbyint(row[c]))) << c;
+  std::vector<float> small = {0.5f, 1.5f, 2.5f, -0.5f, -1.5f, -2.5f, 7.0f, 3.5f, -3.5f, 6.5f, 0.0f, 1.0f};
+  small.resize(32, 0.25f);
+  const QuantizedMatrix q4 =
+      kernels::quantize_int4(TensorView{small.data(), DType::kF32, Shape{1, 32}}, 32, true, WeightFormat::kInt4);
+  EXPECT_EQ(q4.scales[0], 1.0f);
+  for (int c = 0; c < 32; ++c) EXPECT_EQ(q4.codes[c], static_cast<uint8_t>(std::nearbyint(small[c]) + 8)) << c;
+}
+
 TEST(PackedMatmul, BF16WeightsFromTheCheckpointKeepTheirBits) {
   // quantize_bf16 of a BF16 view copies; the packed kernel then multiplies exactly those numbers.
   const std::vector<uint16_t> w = {0x3f80, 0xc000, 0x3e00, 0x4040};  // [[1, -2], [0.125, 3]]
