@@ -113,13 +113,11 @@ QuantizedMatrix quantize_bf16(const TensorView& w) {
   QuantizedMatrix q = empty_matrix(WeightFormat::kBF16, w.shape[0], w.shape[1]);
   q.bf16.resize(q.rows * q.cols);  // [rows, cols]
   for_each_index(q.rows, [&](int64_t r) {
-    uint16_t* out = q.bf16.data() + r * q.cols;
-    if (w.dtype == DType::kBF16) {  // the bits as they are, what f32_to_bf16(bf16_to_f32(x)) gives (NaNs quiet)
-      const uint16_t* in = w.as<const uint16_t>() + r * w.stride0();
-      for (int64_t c = 0; c < q.cols; ++c) out[c] = (in[c] & 0x7fff) > 0x7f80 ? in[c] | 0x40 : in[c];
-    } else {
-      for (int64_t c = 0; c < q.cols; ++c) out[c] = f32_to_bf16(read_f32(w, r, c));
-    }
+    thread_local std::vector<float> buffer;
+    const float* x = source_row(w, r, buffer);
+    const int64_t cols = q.cols;
+    uint16_t* __restrict out = q.bf16.data() + r * cols;
+    for (int64_t c = 0; c < cols; ++c) out[c] = f32_to_bf16(x[c]);
   });
   return q;
 }

@@ -105,8 +105,7 @@ void run_panels_int4_w4a8_avx512vnni(const PanelJob& job, int64_t panel_begin, i
     // The next panel's lines (this call's), shared out over the token tiles after the first.
     const int64_t panel_bytes = (kp / 2) * kPanel, tiles = (tokens + kTokenTile - 1) / kTokenTile;
     const auto* next_panel = reinterpret_cast<const char*>(w_panel + panel_bytes);
-    const int64_t next_lines = std::max<int64_t>(0, reinterpret_cast<const char*>(w_end) - next_panel) >= panel_bytes
-                                   ? panel_bytes / 64 : 0;
+    const int64_t next_lines = panel + 1 < panel_end ? panel_bytes / 64 : 0;
     const auto run = [&]<int MT>(int64_t t) {
       const int64_t i = t / kTokenTile, first_line = i == 0 ? 0 : next_lines * (i - 1) / (tiles - 1),
                     end_line = i == 0 ? 0 : next_lines * i / (tiles - 1);
