@@ -45,7 +45,7 @@ def main():
         if not ok:
             failures.append(f"{name}: exit {r.returncode}, stderr {r.stderr!r}, wanted {words}")
 
-    def variant(name, src, config_edit=None, tensors_edit=None):
+    def variant(name, src, config_edit=None, tensors_edit=None, keep_panels=False):
         d = os.path.join(work, name)
         shutil.rmtree(d, ignore_errors=True)
         shutil.copytree(src, d)
@@ -57,6 +57,10 @@ def main():
             raw = quantize_ref.read_raw_checkpoint(d)
             tensors_edit(raw)
             quantize_ref.write_safetensors(os.path.join(d, "model.safetensors"), raw)
+        # Whoever edits a quantized checkpoint deletes its panels.moex (docs/kernels.md); kept, it is refused
+        # (the "stale panels.moex" case below).
+        if (config_edit or tensors_edit) and keep_panels is False and os.path.exists(os.path.join(d, "panels.moex")):
+            os.remove(os.path.join(d, "panels.moex"))
         return d
 
     logits = lambda d, *extra: [moex, "logits", "--model", d, "--ids", "1,2,3", "--out", os.path.join(work, "x.npy"),
@@ -134,6 +138,65 @@ def main():
         t[e0 + "w1.weight_g_idx"] = ("I32", np.arange(int(cols), dtype=np.int32) // 32)
 
     expect_error("act-order permutation", logits(variant("gidx", quant["int4"], tensors_edit=add_g_idx)), "weight_g_idx")
+    # panels.moex, the packed matrices moex quantize writes beside the checkpoint.
+    def read_st(path):
+        raw = open(path, "rb").read()
+        n = int.from_bytes(raw[:8], "little")
+        return json.loads(raw[8:8 + n]), raw[8 + n:]
+
+    def write_st(path, header, data):
+        text = json.dumps(header, separators=(",", ":"))
+        text += " " * (-(8 + len(text)) % 4096)
+        open(path, "wb").write(len(text).to_bytes(8, "little") + text.encode() + data)
+
+    def panels_edit(name, src, edit):
+        d = variant(name, src)
+        path = os.path.join(d, "panels.moex")
+        header, data = read_st(path)
+        data = edit(header, data)
+        write_st(path, header, data)
+        return d
+
+    if not os.path.exists(os.path.join(quant["int8"], "panels.moex")):
+        failures.append("moex quantize wrote no panels.moex")
+    expect_error("stale panels.moex (a shard rewritten)",
+                 logits(variant("stale", quant["int8"], tensors_edit=lambda t: None, keep_panels=True)),
+                 "panels.moex", "packed from other weights")
+    expect_error("stale panels.moex (quantization_config edited)",
+                 logits(variant("stalecfg", quant["int4"], set_weights("symmetric", False), keep_panels=True)),
+                 "panels.moex", "quantization_config")
+    d = variant("truncated", quant["int8"])
+    with open(os.path.join(d, "panels.moex"), "r+b") as f:
+        f.truncate(os.path.getsize(os.path.join(d, "panels.moex")) // 2)
+    expect_error("truncated panels.moex", logits(d), "panels.moex")
+
+    def shrink(header, data):  # one buffer 64 bytes short, the later offsets moved down
+        name = e0 + "down.scales"
+        b, e = header[name]["data_offsets"]
+        header[name]["shape"] = [header[name]["shape"][0] - 16]
+        for k, v in header.items():
+            if k != "__metadata__" and v["data_offsets"][0] >= e:
+                v["data_offsets"] = [v["data_offsets"][0] - 64, v["data_offsets"][1] - 64]
+        header[name]["data_offsets"] = [b, e - 64]
+        return data[:e - 64] + data[e:]
+
+    expect_error("panels.moex buffer of the wrong size", logits(panels_edit("shrunk", quant["int8"], shrink)),
+                 "panels.moex", e0 + "down.scales")
+    expect_error("panels.moex without a matrix",
+                 logits(panels_edit("nomatrix", quant["int4"], lambda h, data: (h.pop(e0 + "gate_up.offsets")["data_offsets"], data)[1])),
+                 "panels.moex", e0 + "gate_up.offsets", "missing")
+
+    def old_layout(header, data):
+        header["__metadata__"]["moex_panels_layout"] = "0"
+        return data
+
+    d = panels_edit("oldlayout", quant["int8"], old_layout)
+    r = subprocess.run(logits(d), capture_output=True, text=True, timeout=120)
+    if r.returncode != 0 or "panel layout 0" not in r.stderr:
+        failures.append(f"panels.moex of another layout version: exit {r.returncode}, stderr {r.stderr!r} (wanted a "
+                        "warning and a load that packs)")
+    else:
+        print("ok   panels.moex of another layout version: " + r.stderr.strip().splitlines()[0])
     # Flags against a quantized checkpoint.
     expect_error("--weights on a quantized checkpoint", logits(quant["int8"], "--weights", "int4"), "stored quantized")
     expect_error("--dense-weights on a quantized checkpoint", logits(quant["int8"], "--dense-weights", "fp8"),

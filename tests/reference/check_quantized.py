@@ -25,11 +25,11 @@ import mixtral_ref  # noqa: E402
 import quantize_ref  # noqa: E402
 
 
-def run(cmd):
-    result = subprocess.run(cmd, capture_output=True, text=True)
+def run(cmd, env=None):
+    result = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if result.returncode != 0:
         sys.exit(f"FAILED: {' '.join(cmd)}\n{result.stdout}{result.stderr}")
-    return result.stdout
+    return result.stdout if env is None else (result.stdout, result.stderr)
 
 
 class RoundedInput:
@@ -116,10 +116,33 @@ def main():
 
     ours = os.path.join(args.workdir, "moex.npy")
     launcher = [] if args.ranks == 1 else ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(args.ranks)]
-    run([*launcher, args.moex, "logits", "--model", quant, "--ids", ",".join(map(str, ids)), "--decode",
-         str(args.decode), "--out", ours, "--tokens-out", ours + ".tokens", *args.moex_args.split()])
-    a = np.load(ours).astype(np.float64)
-    t_ours = [int(t) for t in open(ours + ".tokens").read().split()]
+
+    def moex_logits():
+        _, err = run([*launcher, args.moex, "logits", "--model", quant, "--ids", ",".join(map(str, ids)), "--decode",
+                      str(args.decode), "--out", ours, "--tokens-out", ours + ".tokens", *args.moex_args.split()],
+                     env={**os.environ, "MOEX_LOG_LEVEL": "2"})
+        return np.load(ours).astype(np.float64), [int(t) for t in open(ours + ".tokens").read().split()], err
+
+    # moex quantize writes panels.moex (the matrices already packed), which a load maps: both that load and one
+    # that packs from the stored codes (the file moved aside) must match the reference.
+    runs = []
+    panels = os.path.join(quant, "panels.moex")
+    if args.source == "quantize":
+        if not os.path.exists(panels):
+            sys.exit(f"FAILED: moex quantize wrote no {panels}")
+        a, t_ours, err = moex_logits()
+        if "mapping the packed panels" not in err:
+            sys.exit(f"FAILED: the load did not map {panels}:\n{err}")
+        runs.append(("panels.moex mapped", a, t_ours))
+        os.rename(panels, panels + ".aside")
+        try:
+            a, t_ours, err = moex_logits()
+        finally:
+            os.rename(panels + ".aside", panels)
+        runs.append(("packed at load", a, t_ours))
+    else:
+        a, t_ours, _ = moex_logits()
+        runs.append(("", a, t_ours))
 
     if args.source == "at-load":
         ref, formats = at_load_reference(model, args.format, args.group_size)
@@ -130,16 +153,18 @@ def main():
     b, t_ref = mixtral_ref.greedy_decode(ref, ids, args.decode)
     b = b.numpy()
     failures = []
-    if a.shape != b.shape:
-        failures.append(f"shape {a.shape} != reference {b.shape}")
-    else:
+    for tag, a, t_ours in runs:
+        label = f" ({tag})" if tag else ""
+        if a.shape != b.shape:
+            failures.append(f"shape {a.shape} != reference {b.shape}{label}")
+            continue
         rel = float(np.abs(a - b).max() / np.abs(b).max())
-        print(f"logits [{a.shape[0]} x {a.shape[1]}]: max |moex - ref| / max |ref| = {rel:.3e} "
+        print(f"logits [{a.shape[0]} x {a.shape[1]}]{label}: max |moex - ref| / max |ref| = {rel:.3e} "
               f"(tol {args.tol})")
         if not rel <= args.tol:
-            failures.append(f"relative error {rel:.3e} > {args.tol}")
-    if t_ours != t_ref:
-        failures.append(f"greedy tokens {t_ours} differ from the reference's {t_ref}")
+            failures.append(f"relative error {rel:.3e} > {args.tol}{label}")
+        if t_ours != t_ref:
+            failures.append(f"greedy tokens {t_ours} differ from the reference's {t_ref}{label}")
     # The same comparison against the unquantized model (same prompt, greedy continuation of MoEX's tokens)
     # must fail, or the test could not tell a quantized checkpoint from the original.
     plain = mixtral_ref.load_model(model, torch.float64)
@@ -151,7 +176,7 @@ def main():
         failures.append(f"the unquantized model is within {args.tol} too ({unq:.3e}): the test cannot fail")
     for f in failures:
         print("FAIL:", f)
-    print(f"{3 - len(failures)} passed, {len(failures)} failed")
+    print(f"{1 + 2 * len(runs) - len(failures)} passed, {len(failures)} failed")
     sys.exit(1 if failures else 0)
 
 

@@ -15,6 +15,7 @@
 
 #include "moex/base/error.h"
 #include "moex/model/config.h"
+#include "moex/model/safetensors.h"
 #include "tools/lib/safetensors_writer.h"
 #include "tools/lib/synthetic.h"
 #include "tools/lib/tokenizer_train.h"
@@ -138,6 +139,31 @@ TEST(SafetensorsWriter, RecordsTheCheckpointIdInEveryFile) {
   }
   const json index = json::parse(plan.index_json);
   EXPECT_EQ(index["metadata"], json({{"moex_checkpoint_id", "0123456789abcdef"}, {"total_size", 200}}));
+}
+
+// panels.moex's options: more metadata after the id, and the data padded to start at a page; the file parses.
+TEST(SafetensorsWriter, ExtraMetadataAndDataAlignment) {
+  const std::vector<TensorToWrite> tensors = {{"m.data", DType::kU8, {64}}, {"m.scales", DType::kF32, {16}}};
+  SafetensorsOptions options;
+  options.metadata["moex_panels_layout"] = "1";
+  options.data_alignment = 4096;
+  const SafetensorsPlan plan = plan_safetensors(tensors, UINT64_MAX, "id0", options);
+  ASSERT_EQ(plan.shards.size(), 1u);
+  const std::string& header = plan.shards[0].header;
+  EXPECT_EQ(header.rfind(R"({"__metadata__":{"format":"pt","moex_checkpoint_id":"id0","moex_panels_layout":"1"},)", 0), 0u)
+      << header;
+  EXPECT_EQ((8 + header.size()) % 4096, 0u);
+  EXPECT_EQ(plan.shards[0].file_size, 8 + header.size() + 128);
+  std::vector<uint8_t> file(plan.shards[0].file_size, 0);
+  const uint64_t n = header.size();
+  for (int i = 0; i < 8; ++i) file[i] = static_cast<uint8_t>(n >> (8 * i));
+  std::copy(header.begin(), header.end(), file.begin() + 8);
+  std::map<std::string, std::string> meta;
+  const auto parsed = SafetensorsFile::parse(file.data(), file.size(), "test", &meta);
+  EXPECT_EQ(meta.at("moex_panels_layout"), "1");
+  EXPECT_EQ(static_cast<const uint8_t*>(parsed.at("m.data").data) - file.data(), 4096);
+  // Without options: transformers' padding to 8, as before.
+  EXPECT_EQ((8 + plan_safetensors(tensors, UINT64_MAX).shards[0].header.size()) % 8, 0u);
 }
 
 // Two runs that differ in anything the weights depend on get different ids; the same flags the same id.

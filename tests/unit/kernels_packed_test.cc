@@ -519,6 +519,43 @@ TEST(PackedMatmul, GateUpSiluIsAccurateToAFewUlps) {
   set_use_x86_kernels(true);
 }
 
+// packed_layout (what a panels.moex must hold) against the layouts packed.h documents, for every format,
+// gate/up or not, ragged rows and K; and pack() fills exactly that geometry.
+TEST(PackedWeights, LayoutIsTheDocumentedOne) {
+  const auto up = [](int64_t n, int64_t m) { return (n + m - 1) / m * m; };
+  for (const FormatCase& f : kFormats) {
+    for (const auto& [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {63, 130}, {64, 128}, {130, 257}}) {
+      const std::vector<float> w = random_floats(rows * cols, 7);
+      const QuantizedMatrix q = quantize(f, w, rows, cols);
+      for (const bool gate_up : {false, true}) {
+        SCOPED_TRACE(f.name() + " [" + std::to_string(rows) + ", " + std::to_string(cols) + "]" + (gate_up ? " gate_up" : ""));
+        const kernels::PackedWeights l = kernels::packed_layout(q.format, rows, cols, q.group, gate_up);
+        const int64_t P = (rows + (gate_up ? 31 : 63)) / (gate_up ? 32 : 64), G = q.groups();
+        int64_t kp = cols, data = 0, scales = P * 64 * 4, offsets = 0, col_sums = 0;
+        switch (q.format) {
+          case WeightFormat::kBF16: kp = up(cols, 32); data = P * kp * 64 * 2; scales = 0; break;
+          case WeightFormat::kInt8: data = P * cols * 64; break;
+          case WeightFormat::kInt8W8A8: kp = up(cols, 64); data = P * kp * 64; col_sums = P * 64 * 4; break;
+          case WeightFormat::kInt4: kp = up(cols, 2); data = P * kp / 2 * 64; scales = offsets = P * G * 64 * 4; break;
+          case WeightFormat::kInt4W4A8: kp = up(cols, 8); data = P * kp / 2 * 64; scales = offsets = P * G * 64 * 4; break;
+          case WeightFormat::kFP8E4M3: kp = up(cols, 2); data = P * cols * 64; scales = P * G * 64 * 4; break;
+        }
+        EXPECT_EQ(l.panels, P);
+        EXPECT_EQ(l.k_padded, kp);
+        EXPECT_EQ(l.data.size, static_cast<size_t>(data));
+        EXPECT_EQ(l.scales.size, static_cast<size_t>(scales));
+        EXPECT_EQ(l.offsets.size, static_cast<size_t>(offsets));
+        EXPECT_EQ(l.col_sums.size, static_cast<size_t>(col_sums));
+        EXPECT_EQ(l.data.ptr, nullptr);
+        const kernels::PackedWeights p = gate_up ? kernels::pack_gate_up(q, q) : kernels::pack(q);
+        EXPECT_EQ(p.panels, P);
+        EXPECT_EQ(p.data.size, l.data.size);
+        EXPECT_EQ(p.scales.size, l.scales.size);
+      }
+    }
+  }
+}
+
 TEST(PackedMatmul, ZeroTokensWritesNothing) {
   const std::vector<float> w = random_floats(3 * 4, 1);
   const kernels::PackedWeights p = kernels::pack(kernels::quantize_int8(TensorView{const_cast<float*>(w.data()), DType::kF32, Shape{3, 4}}));

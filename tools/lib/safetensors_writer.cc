@@ -18,12 +18,15 @@ namespace moex {
 namespace {
 
 // The header as safetensors (Rust) serializes it: "__metadata__" first, then tensors in data order, each
-// {"dtype","shape","data_offsets"} in that field order, no spaces; then spaces up to a multiple of 8.
+// {"dtype","shape","data_offsets"} in that field order, no spaces; then spaces until the data starts at a
+// multiple of `options.data_alignment` (8: the header's length a multiple of 8).
 std::string shard_header(const std::vector<TensorToWrite>& tensors, const SafetensorsShardPlan& shard,
-                         const std::string& checkpoint_id) {
+                         const std::string& checkpoint_id, const SafetensorsOptions& options) {
   std::string header = R"({"__metadata__":{"format":"pt")";
   if (!checkpoint_id.empty())
     header += "," + nlohmann::json(kCheckpointIdKey).dump() + ":" + nlohmann::json(checkpoint_id).dump();
+  for (const auto& [key, value] : options.metadata)
+    header += "," + nlohmann::json(key).dump() + ":" + nlohmann::json(value).dump();
   header += '}';
   for (size_t i = 0; i < shard.tensors.size(); ++i) {
     const TensorToWrite& t = tensors[shard.tensors[i]];
@@ -40,7 +43,8 @@ std::string shard_header(const std::vector<TensorToWrite>& tensors, const Safete
     header += std::to_string(shard.data_begin[i]) + "," + std::to_string(shard.data_begin[i] + t.num_bytes()) + "]}";
   }
   header += '}';
-  header.append((8 - header.size() % 8) % 8, ' ');
+  const uint64_t align = options.data_alignment;
+  header.append((align - (8 + header.size()) % align) % align, ' ');
   return header;
 }
 
@@ -129,7 +133,8 @@ uint64_t parse_byte_size(const std::string& text, const char* flag) {
 }
 
 SafetensorsPlan plan_safetensors(const std::vector<TensorToWrite>& tensors, uint64_t max_shard_size,
-                                 const std::string& checkpoint_id) {
+                                 const std::string& checkpoint_id, const SafetensorsOptions& options) {
+  MOEX_CHECK(options.data_alignment >= 8 && options.data_alignment % 8 == 0, "data_alignment ", options.data_alignment);
   std::set<std::string> names;
   for (const auto& t : tensors) {
     MOEX_CHECK(names.insert(t.name).second, "duplicate tensor name ", t.name);
@@ -169,7 +174,7 @@ SafetensorsPlan plan_safetensors(const std::vector<TensorToWrite>& tensors, uint
       offset += tensors[index].num_bytes();
       weight_map[tensors[index].name] = shard.file_name;
     }
-    shard.header = shard_header(tensors, shard, checkpoint_id);
+    shard.header = shard_header(tensors, shard, checkpoint_id, options);
     shard.file_size = 8 + shard.header.size() + offset;
     plan.shards.push_back(std::move(shard));
   }

@@ -15,6 +15,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -53,10 +54,18 @@ constexpr uint64_t kDefaultMaxShardSize = 2'000'000'000ull;
 // or KiB/MiB/GiB/TiB (powers of 1024), any case. Throws Error(kInvalidInput) naming `flag`.
 uint64_t parse_byte_size(const std::string& text, const char* flag);
 
+// Beyond transformers' files (the defaults give its bytes): more string entries for every shard's
+// __metadata__ (after "format" and the checkpoint id), and header padding so that each shard's data starts at
+// a multiple of `data_alignment` bytes (a multiple of 8; panels.moex: 4096).
+struct SafetensorsOptions {
+  std::map<std::string, std::string> metadata;
+  uint64_t data_alignment = 8;
+};
+
 // Lays out the files; tensors are given in state-dict (module) order. Names must be unique. A non-empty
 // `checkpoint_id` is recorded in every shard and in the index.
 SafetensorsPlan plan_safetensors(const std::vector<TensorToWrite>& tensors, uint64_t max_shard_size,
-                                 const std::string& checkpoint_id = "");
+                                 const std::string& checkpoint_id = "", const SafetensorsOptions& options = {});
 
 // Produces bytes [byte_begin, byte_begin + out_size) of tensor `tensor_index`, in its dtype, little-endian.
 // Called once per chunk (at most `chunk_bytes`, a multiple of the element size) in file order, from one

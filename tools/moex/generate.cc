@@ -94,7 +94,8 @@ void run_generate(const GenerateFlags& flags) {
   std::printf("load:    %.3f s (experts %s, dense %s", load_seconds, model->options().expert_weights.name().c_str(),
               model->options().dense_weights.name().c_str());
   if (weights.quantized_checkpoint) std::printf(", quantized checkpoint");
-  if (weights.pack_seconds > 0) std::printf(", packed in %.3f s", weights.pack_seconds);
+  if (weights.pack_seconds > 0)
+    std::printf(weights.panels_mapped ? ", panels.moex mapped in %.3f s" : ", packed in %.3f s", weights.pack_seconds);
   std::printf("), resident %.0f MB after load (peak %.0f MB)\n", rss_after_load, rss_peak);
   std::printf("prefill: %lld tokens in %.3f s = %.1f tokens/s\n", static_cast<long long>(result.prefill_tokens),
               result.prefill_seconds, result.prefill_tokens / std::max(result.prefill_seconds, 1e-9));

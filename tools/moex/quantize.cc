@@ -19,8 +19,10 @@
 #include "moex/base/threads.h"
 #include "moex/kernels/packed.h"
 #include "moex/model/config.h"
+#include "moex/model/panels_file.h"
 #include "moex/model/quantization.h"
 #include "moex/model/safetensors.h"
+#include "moex/model/weights.h"
 #include "tools/lib/output_dir.h"
 #include "tools/lib/safetensors_writer.h"
 #include "tools/moex/command.h"
@@ -53,7 +55,52 @@ bool is_linear_weight(const std::string& name, std::string* module) {
 
 bool is_weight_file(const std::string& name) {
   static const std::regex kWeightFile(R"(model(-\d{5}-of-\d{5})?\.safetensors(\.index\.json)?)");
-  return std::regex_match(name, kWeightFile);
+  return std::regex_match(name, kWeightFile) || name == kPanelsFileName;
+}
+
+// panels.moex (model/panels_file.h) beside the quantized files in `dir`: every matrix packed as a load of those
+// files packs it (stored_panels: the same functions), one at a time, so a load maps them instead. Returns its
+// size in bytes.
+uint64_t write_panels(const fs::path& dir, const std::string& checkpoint_id) {
+  const ModelConfig config = load_model_config((dir / "config.json").string());
+  const WeightStore written(dir.string());
+  MOEX_CHECK(written.checkpoint_id() == checkpoint_id, "quantize: the written files carry id ", written.checkpoint_id());
+  const std::vector<PanelsToWrite> panels = stored_panels(written, config);
+  std::vector<TensorToWrite> tensors;
+  std::vector<std::pair<size_t, int>> parts;  // per tensor: (matrix, buffer)
+  for (size_t i = 0; i < panels.size(); ++i) {
+    for (int b = 0; b < 4; ++b) {
+      if (!PanelsFile::has_buffer(panels[i].layout.format, b)) continue;
+      kernels::PackedWeights layout = panels[i].layout;
+      const DType dtype = PanelsFile::buffer_dtype(b);
+      tensors.push_back({panels[i].name + PanelsFile::buffer_suffix(b), dtype,
+                         {static_cast<int64_t>(PanelsFile::buffer(layout, b).size / dtype_size(dtype))}});
+      parts.emplace_back(i, b);
+    }
+  }
+  SafetensorsOptions options;
+  options.metadata[kPanelsLayoutKey] = std::to_string(kernels::kPackedLayoutVersion);
+  options.metadata[kPanelsSourceKey] = panels_source(written, config.quantization);
+  options.data_alignment = 4096;
+  SafetensorsPlan plan = plan_safetensors(tensors, UINT64_MAX, checkpoint_id, options);
+  MOEX_CHECK(plan.shards.size() == 1);
+  plan.shards[0].file_name = kPanelsFileName;
+  size_t cached = SIZE_MAX;  // a matrix's buffers are adjacent in the file (names sorted): packed once
+  kernels::PackedWeights packed;
+  write_safetensors(dir.string(), tensors, plan, [&](size_t index, uint64_t begin, uint8_t* dst, uint64_t size) {
+    const auto [matrix, b] = parts[index];
+    if (matrix != cached) {
+      packed = panels[matrix].pack();
+      cached = matrix;
+    }
+    const kernels::AlignedBytes& bytes = PanelsFile::buffer(packed, b);
+    MOEX_CHECK(begin + size <= bytes.size, "quantize: ", tensors[index].name, " packs to ", bytes.size, " bytes");
+    std::memcpy(dst, bytes.as<const uint8_t>() + begin, size);
+  });
+  // Out of the page cache: the first load reads it back in 2 MB folios (MappedFile::advise_huge_pages); the
+  // writes left it in smaller ones.
+  MappedFile::drop_cache((dir / kPanelsFileName).string());
+  return plan.shards[0].file_size;
 }
 
 // One output tensor: a copy of a source tensor, or one part of a quantized module.
@@ -147,8 +194,10 @@ void run_quantize(const QuantizeOptions& o) {
   struct statvfs fs_stat {};
   if (::statvfs(out.parent_path().c_str(), &fs_stat) == 0) {
     const double free_bytes = static_cast<double>(fs_stat.f_bavail) * fs_stat.f_frsize;
-    MOEX_CHECK_INPUT(free_bytes > static_cast<double>(file_bytes), "--out: the quantized weights need ",
-                     file_bytes / 1e6, " MB but ", out.parent_path().string(), " has ", free_bytes / 1e6, " MB free");
+    // panels.moex holds the same codes and scales again, padded to 64-row panels: about as many bytes.
+    const double need = 2.1 * static_cast<double>(file_bytes);
+    MOEX_CHECK_INPUT(free_bytes > need, "--out: the quantized weights and their panels.moex need about ",
+                     need / 1e6, " MB but ", out.parent_path().string(), " has ", free_bytes / 1e6, " MB free");
   }
 
   StagingDir staging(out, "quantize");
@@ -225,6 +274,9 @@ void run_quantize(const QuantizeOptions& o) {
     std::memcpy(dst, bytes.data() + begin, size);
   };
   write_safetensors(staging.path().string(), tensors, plan, fill);
+  const auto panels_start = std::chrono::steady_clock::now();
+  const uint64_t panels_bytes = write_panels(staging.path(), id);
+  const double panels_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - panels_start).count();
   staging.publish(out);
 
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -237,6 +289,8 @@ void run_quantize(const QuantizeOptions& o) {
               static_cast<long long>(quantized_modules));
   std::printf("  weights      %.1f MB in %zu file%s (source %.1f MB)\n", file_bytes / 1e6, plan.shards.size(),
               plan.shards.size() == 1 ? "" : "s", store.file_bytes() / 1e6);
+  std::printf("  panels       %s, %.1f MB: the kernels' packed layout, which a load maps instead of packing (%.1f s)\n",
+              kPanelsFileName, panels_bytes / 1e6, panels_seconds);
   std::printf("  time         %.1f s, %d threads\n", seconds, num_threads());
 }
 

@@ -47,6 +47,17 @@ void MappedFile::release(const void* data, size_t bytes) {
   if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
 }
 
+void MappedFile::advise_huge_pages() const {
+  if (data_) ::madvise(const_cast<uint8_t*>(data_), size_, MADV_HUGEPAGE);
+}
+
+void MappedFile::drop_cache(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  ::close(fd);
+}
+
 MappedFile::~MappedFile() {
   if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
 }

@@ -23,6 +23,12 @@ class MappedFile {
   static void prefault(const void* data, size_t bytes);
   // Drops the whole pages inside [data, data + bytes) from this process (the page cache keeps them).
   static void release(const void* data, size_t bytes);
+  // Asks for this mapping's pages to be read into 2 MB page-cache folios, mapped with one TLB entry each
+  // (madvise MADV_HUGEPAGE; a hint). Only pages not yet cached are affected: a file just written sits in the
+  // cache in the writes' smaller folios, which drop_cache() evicts. Call before prefault().
+  void advise_huge_pages() const;
+  // Evicts `path`'s clean pages from the page cache (posix_fadvise DONTNEED; a hint, errors ignored).
+  static void drop_cache(const std::string& path);
   size_t size() const { return size_; }
   const std::string& path() const { return path_; }
 

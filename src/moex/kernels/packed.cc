@@ -280,6 +280,44 @@ bool WeightArena::adopt(PackedWeights& w) {
 
 size_t PackedWeights::weight_bytes() const { return data.size + scales.size + offsets.size + col_sums.size; }
 
+PackedWeights packed_layout(WeightFormat format, int64_t rows, int64_t cols, int64_t group, bool gate_up) {
+  PackedWeights p;
+  p.format = format;
+  p.rows = rows;
+  p.cols = cols;
+  p.group = group;
+  p.gate_up = gate_up;
+  p.panels = (rows + p.rows_per_panel() - 1) / p.rows_per_panel();
+  const int64_t K = cols, P = p.panels, G = group ? (cols + group - 1) / group : 1;
+  switch (format) {
+    case WeightFormat::kBF16: p.k_padded = round_up(K, 32); break;  // the AMX kernel's A tile is 32 k wide
+    case WeightFormat::kInt4:
+    case WeightFormat::kFP8E4M3: p.k_padded = round_up(K, 2); break;  // fp8: the bf16 activations' k pairs
+    case WeightFormat::kInt8W8A8: p.k_padded = round_up(K, 64); break;  // the AMX kernel's A tile: 64 u8
+    case WeightFormat::kInt4W4A8: p.k_padded = round_up(K, 8); break;
+    default: p.k_padded = K; break;
+  }
+  const int64_t kp = p.k_padded;
+  const auto bytes = [](int64_t n) { return static_cast<size_t>(n); };
+  switch (format) {
+    case WeightFormat::kBF16: p.data.size = bytes(P * kp * kPanel * 2); break;
+    case WeightFormat::kInt8: p.data.size = bytes(P * K * kPanel); p.scales.size = bytes(P * kPanel * 4); break;
+    case WeightFormat::kInt8W8A8:
+      p.data.size = bytes(P * kp * kPanel);
+      p.scales.size = bytes(P * kPanel * 4);
+      p.col_sums.size = bytes(P * kPanel * 4);
+      break;
+    case WeightFormat::kInt4:
+    case WeightFormat::kInt4W4A8:
+      p.data.size = bytes(P * kp / 2 * kPanel);
+      p.scales.size = bytes(P * G * kPanel * 4);
+      p.offsets.size = bytes(P * G * kPanel * 4);
+      break;
+    case WeightFormat::kFP8E4M3: p.data.size = bytes(P * K * kPanel); p.scales.size = bytes(P * G * kPanel * 4); break;
+  }
+  return p;
+}
+
 namespace {
 
 struct LaneSource {
@@ -290,39 +328,13 @@ struct LaneSource {
 // Fills every panel lane from the row `source` names. The packed layouts are those of PackedWeights.
 PackedWeights pack_lanes(const QuantizedMatrix& like, int64_t rows, bool gate_up,
                          const std::function<LaneSource(int64_t panel, int lane)>& source) {
-  PackedWeights p;
-  p.format = like.format;
-  p.rows = rows;
-  p.cols = like.cols;
-  p.group = like.group;
-  p.gate_up = gate_up;
-  p.panels = (rows + p.rows_per_panel() - 1) / p.rows_per_panel();
+  PackedWeights p = packed_layout(like.format, rows, like.cols, like.group, gate_up);
+  p.data.allocate(p.data.size);  // and the buffers of the format (zero-filled: padding lanes stay zero)
+  if (p.format != WeightFormat::kBF16) p.scales.allocate(p.scales.size);
+  if (p.format == WeightFormat::kInt4 || p.format == WeightFormat::kInt4W4A8) p.offsets.allocate(p.offsets.size);
+  if (p.format == WeightFormat::kInt8W8A8) p.col_sums.allocate(p.col_sums.size);
   const int64_t K = like.cols, P = p.panels, G = like.groups();
-  switch (p.format) {
-    case WeightFormat::kBF16: p.k_padded = round_up(K, 32); break;  // the AMX kernel's A tile is 32 k wide
-    case WeightFormat::kInt4:
-    case WeightFormat::kFP8E4M3: p.k_padded = round_up(K, 2); break;  // fp8: the bf16 activations' k pairs
-    case WeightFormat::kInt8W8A8: p.k_padded = round_up(K, 64); break;  // the AMX kernel's A tile: 64 u8
-    case WeightFormat::kInt4W4A8: p.k_padded = round_up(K, 8); break;
-    default: p.k_padded = K; break;
-  }
   const int64_t kp = p.k_padded;
-  switch (p.format) {
-    case WeightFormat::kBF16: p.data.allocate(P * kp * kPanel * 2); break;
-    case WeightFormat::kInt8: p.data.allocate(P * K * kPanel); p.scales.allocate(P * kPanel * 4); break;
-    case WeightFormat::kInt8W8A8:
-      p.data.allocate(P * kp * kPanel);
-      p.scales.allocate(P * kPanel * 4);
-      p.col_sums.allocate(P * kPanel * 4);
-      break;
-    case WeightFormat::kInt4:
-    case WeightFormat::kInt4W4A8:
-      p.data.allocate(P * kp / 2 * kPanel);
-      p.scales.allocate(P * G * kPanel * 4);
-      p.offsets.allocate(P * G * kPanel * 4);
-      break;
-    case WeightFormat::kFP8E4M3: p.data.allocate(P * K * kPanel); p.scales.allocate(P * G * kPanel * 4); break;
-  }
   // Per panel: the lanes' rows first, then the panel written in its own order (k outer, lanes inner), so the
   // writes run through the panel once and each lane's row is read along (64 read streams). Lanes with no row
   // (padding) stay zero, as allocate() filled them. Tails of K (a partial pair / quad / octet) go element by

@@ -101,6 +101,12 @@ struct PackedWeights {
   size_t weight_bytes() const;  // bytes a pass over W reads (codes + scales): the roofline's numerator
 };
 
+// The geometry pack() gives W [rows, cols] in `format` (panels, k_padded, and each buffer's size in bytes), with
+// no buffers allocated: what a file of packed panels must hold for it (model/panels_file.h).
+PackedWeights packed_layout(WeightFormat format, int64_t rows, int64_t cols, int64_t group, bool gate_up);
+// Bump when any layout above changes: files of packed panels written by an earlier version are then refused.
+inline constexpr int kPackedLayoutVersion = 1;
+
 PackedWeights pack(const QuantizedMatrix& w);
 // w1, w3 [intermediate, hidden] of one expert, same format: the fused gate/up layout described above.
 PackedWeights pack_gate_up(const QuantizedMatrix& w1, const QuantizedMatrix& w3);

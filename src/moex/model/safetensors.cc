@@ -155,6 +155,10 @@ WeightStore::WeightStore(const std::string& model_dir) {
                      " bytes of tensors: files of two checkpoints? regenerate or re-download the model");
   }
   // gen-model's id: shards of two runs have the same names and sizes, only this tells them apart.
+  if (!files_.empty()) {  // (an indexed checkpoint's files all carry the index's id: checked below)
+    const auto& meta = files_.front()->metadata();
+    if (auto it = meta.find(kCheckpointIdKey); it != meta.end()) checkpoint_id_ = it->second;
+  }
   if (!weight_map.empty()) {
     for (const auto& file : files_) {
       auto it = file->metadata().find(kCheckpointIdKey);
@@ -165,6 +169,22 @@ WeightStore::WeightStore(const std::string& model_dir) {
                        "): the folder mixes files of two runs; regenerate the model");
     }
   }
+}
+
+uint64_t WeightStore::header_fingerprint() const {
+  uint64_t h = 0xcbf29ce484222325ull;
+  const auto mix = [&](const uint8_t* p, size_t n) {
+    for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
+  };
+  for (const auto& file : files_) {
+    const std::string name = std::filesystem::path(file->path()).filename().string();
+    mix(reinterpret_cast<const uint8_t*>(name.data()), name.size() + 1);  // with its NUL: names end unambiguously
+    const uint8_t* bytes = file->mapping().data();
+    uint64_t header_len = 0;
+    for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | bytes[i];  // validated when the file was opened
+    mix(bytes, 8 + header_len);
+  }
+  return files_.empty() ? 0 : h;
 }
 
 const TensorView& WeightStore::get(const std::string& name) const {

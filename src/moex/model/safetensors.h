@@ -27,6 +27,7 @@ class SafetensorsFile {
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   const std::string& path() const { return file_.path(); }
   size_t size() const { return file_.size(); }
+  const MappedFile& mapping() const { return file_; }
 
  private:
   MappedFile file_;
@@ -49,9 +50,15 @@ class WeightStore {
   bool contains(const std::string& name) const { return tensors_.count(name) != 0; }
   const std::map<std::string, TensorView>& tensors() const { return tensors_; }
   size_t file_bytes() const;
+  // The moex_checkpoint_id its files carry (gen-model's, quantize's); empty for files without one and GGUF.
+  const std::string& checkpoint_id() const { return checkpoint_id_; }
+  // FNV-1a (64-bit) over each file's name and header (the 8 length bytes and the JSON: every tensor's name,
+  // dtype, shape and offsets, and the metadata with the checkpoint id), in shard order; 0 for GGUF.
+  uint64_t header_fingerprint() const;
 
  private:
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::string checkpoint_id_;
   std::unique_ptr<GgufCheckpoint> gguf_;
   std::map<std::string, TensorView> tensors_;
 };

@@ -8,6 +8,7 @@
 #include "moex/base/error.h"
 #include "moex/base/threads.h"
 #include "moex/kernels/matmul.h"
+#include "moex/model/panels_file.h"
 
 namespace moex {
 namespace {
@@ -269,6 +270,9 @@ MixtralWeights load_mixtral_weights(const std::string& model_dir, const ModelCon
     fn();
     w.pack_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   };
+  // moex quantize's panels.moex: the stored matrices already packed (panels_file.h).
+  const std::shared_ptr<const PanelsFile> panels = qc.quantized() ? PanelsFile::open(model_dir, s, qc) : nullptr;
+  w.panels_mapped = panels != nullptr;
   const auto whole = [&](bool ok, const std::string& m) {
     MOEX_CHECK_INPUT(ok, "quantized checkpoint: \"", m, "\" is stored quantized and loads only whole: run on one "
                      "rank, or with --moe-parallel ep --attn-parallel dp");
@@ -281,6 +285,10 @@ MixtralWeights load_mixtral_weights(const std::string& model_dir, const ModelCon
       MOEX_CHECK_INPUT(!dense_format.packed, "--dense-weights ", dense_format.name(), ": \"", m, "\" is stored quantized (",
                        scheme->format, ") already; use --dense-weights as-stored");
       whole(whole_heads, m);
+      if (panels) {  // packed by moex quantize from these very codes: mapped, not packed again
+        timed([&] { out.packed = panels->get(m, kernels::packed_layout(scheme->weight_format, shape[0], shape[1], scheme->group, false)); });
+        return out;
+      }
       std::vector<TensorView> sources;
       timed([&] {
         out.packed = std::make_shared<kernels::PackedWeights>(
@@ -386,6 +394,16 @@ MixtralWeights load_mixtral_weights(const std::string& model_dir, const ModelCon
         MOEX_CHECK_INPUT(!plan.overlap, "--overlap is not supported with a quantized checkpoint yet (the experts are packed)");
         ++stored_quantized;
         if (!local) continue;
+        if (panels) {  // views into the mapping: no arena copy
+          timed([&] {
+            PackedExpert packed;
+            packed.w13 = *panels->get(q + "gate_up", kernels::packed_layout(s1->weight_format, I, d, s1->group, true));
+            packed.w2 = *panels->get(q + "down", kernels::packed_layout(s2->weight_format, d, I, s2->group, false));
+            lw.moe.packed.push_back(std::move(packed));
+          });
+          lw.moe.local.push_back({});
+          continue;
+        }
         std::vector<TensorView> sources;
         timed([&] {
           PackedExpert packed;
@@ -421,6 +439,57 @@ MixtralWeights load_mixtral_weights(const std::string& model_dir, const ModelCon
     w.layers.push_back(std::move(lw));
   }
   return w;
+}
+
+std::vector<PanelsToWrite> stored_panels(const WeightStore& s, const ModelConfig& c) {
+  const QuantizationConfig& qc = c.quantization;
+  const int64_t d = c.hidden_size, I = c.intermediate_size;
+  std::vector<PanelsToWrite> out;
+  // A module as load_mixtral_weights packs it from the stored codes (one rank: every module whole).
+  const auto dense = [&](const std::string& m, int64_t rows, int64_t cols) {
+    const QuantScheme* scheme = stored_scheme(s, qc, m);
+    if (!scheme) return;
+    out.push_back({m, kernels::packed_layout(scheme->weight_format, rows, cols, scheme->group, false),
+                   [&s, &qc, scheme, m, rows, cols] {
+                     std::vector<TensorView> sources;
+                     kernels::PackedWeights p = kernels::pack(read_quantized(s, qc.method, *scheme, m, rows, cols, sources));
+                     release_mapped(sources);
+                     return p;
+                   }});
+  };
+  if (s.contains("lm_head.weight") || s.contains("lm_head.weight_packed")) dense("lm_head", c.vocab_size, d);
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    dense(p + "self_attn.q_proj", c.q_dim(), d);
+    dense(p + "self_attn.k_proj", c.kv_dim(), d);
+    dense(p + "self_attn.v_proj", c.kv_dim(), d);
+    dense(p + "self_attn.o_proj", d, c.q_dim());
+    if (!c.moe_layer(l)) continue;
+    const FamilyInfo& info = c.info();
+    for (int e = 0; e < c.num_local_experts; ++e) {
+      const std::string q = p + info.moe_prefix + ".experts." + std::to_string(e) + ".";
+      const QuantScheme *s1 = stored_scheme(s, qc, q + info.expert_gate), *s3 = stored_scheme(s, qc, q + info.expert_up),
+                        *s2 = stored_scheme(s, qc, q + info.expert_down);
+      if (!s1 || !s2 || !s3) continue;  // (a load refuses experts stored half quantized)
+      const std::string gate = q + info.expert_gate, up = q + info.expert_up, down = q + info.expert_down;
+      out.push_back({q + "gate_up", kernels::packed_layout(s1->weight_format, I, d, s1->group, true),
+                     [&s, &qc, s1, s3, gate, up, I, d] {
+                       std::vector<TensorView> sources;
+                       kernels::PackedWeights p = kernels::pack_gate_up(read_quantized(s, qc.method, *s1, gate, I, d, sources),
+                                                                        read_quantized(s, qc.method, *s3, up, I, d, sources));
+                       release_mapped(sources);
+                       return p;
+                     }});
+      out.push_back({q + "down", kernels::packed_layout(s2->weight_format, d, I, s2->group, false),
+                     [&s, &qc, s2, down, I, d] {
+                       std::vector<TensorView> sources;
+                       kernels::PackedWeights p = kernels::pack(read_quantized(s, qc.method, *s2, down, d, I, sources));
+                       release_mapped(sources);
+                       return p;
+                     }});
+    }
+  }
+  return out;
 }
 
 }  // namespace moex

@@ -1,6 +1,7 @@
 // The Mixtral weights as views into the checkpoint mapping, every shape checked against the config, and
 // sliced to what this rank computes under its ParallelPlan. Only the slices are paged in.
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -55,6 +56,7 @@ struct MixtralWeights {
   int64_t intermediate_local = 0;
   double pack_seconds = 0.0;  // quantizing (or reading quantized codes) and packing at load (0 when as stored)
   bool quantized_checkpoint = false;  // config.json has a quantization_config: packed from the stored codes
+  bool panels_mapped = false;  // ... or mapped from the panels.moex beside them (model/panels_file.h)
 };
 
 // Reads every value of every floating-point tensor (`--check-weights`, a full pass over the files) and throws
@@ -68,9 +70,22 @@ void check_weights_finite(const WeightStore& store);
 // A quantized checkpoint (config.quantization) is packed from its stored codes and scales (no quantization);
 // its quantized modules then refuse a packed `experts` / `dense` format (they are quantized already), and they
 // load whole (one rank, or whole experts under EP with unsliced attention).
+// With a panels.moex beside a quantized checkpoint's files (model/panels_file.h), its quantized matrices are views
+// into that file instead: no unpacking, no packing, no copy.
 MixtralWeights load_mixtral_weights(const std::string& model_dir, const ModelConfig& config,
                                     const ParallelPlan& plan = ParallelPlan{},
                                     const ExpertWeightFormat& experts = ExpertWeightFormat{},
                                     const ExpertWeightFormat& dense = ExpertWeightFormat{});
+
+// One matrix a load of a quantized checkpoint packs from the stored codes: its name in panels.moex, its geometry
+// (sizes only) and how to pack it (reads the codes through the store, as the load does, and drops their pages).
+struct PanelsToWrite {
+  std::string name;
+  kernels::PackedWeights layout;
+  std::function<kernels::PackedWeights()> pack;
+};
+// Every such matrix of the checkpoint in `store` (one rank: all experts, whole modules), in load order. The
+// functions refer to `store` and `config`, which must outlive them.
+std::vector<PanelsToWrite> stored_panels(const WeightStore& store, const ModelConfig& config);
 
 }  // namespace moex
