@@ -109,6 +109,12 @@ def main():
                  logits(variant("w8a8", quant["int8"],
                                 lambda q: q["config_groups"]["group_0"].__setitem__("input_activations", {"num_bits": 8}))),
                  "input_activations")
+    expect_error("static activation quantization",
+                 logits(variant("w8a8static", quant["int8"],
+                                lambda q: q["config_groups"]["group_0"].__setitem__(
+                                    "input_activations", {"num_bits": 8, "type": "int", "symmetric": True,
+                                                          "strategy": "token", "dynamic": False}))),
+                 "input_activations", "dynamic")
     expect_error("actorder", logits(variant("actorder", quant["int4"], set_weights("actorder", "group"))), "actorder")
     expect_error("not compressed", logits(variant("frozen", quant["int8"], set_field("quantization_status", "frozen"))),
                  "quantization_status")

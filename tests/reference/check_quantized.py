@@ -46,17 +46,20 @@ class RoundedInput:
 
 
 def reference_model(model_dir):
-    """MixtralRef over the dequantized files, int4 and fp8 modules with their activation rounding (bf16)."""
+    """MixtralRef over the dequantized files, each quantized module with its kernel's activation rounding (int4,
+    fp8: bf16; int8-w8a8: int8 codes per token; int8: none)."""
     tensors, formats = quantize_ref.dequantize_checkpoint(model_dir)
     cfg = mixtral_ref.MixtralConfig.from_json(os.path.join(model_dir, "config.json"))
     model = mixtral_ref.MixtralRef(cfg, tensors, torch.float64)
     for i, layer in enumerate(model.layers):
         p = f"model.layers.{i}."
-        if formats.get(p + "block_sparse_moe.experts.0.w1") in ("int4", "fp8"):
-            layer["expert_act"] = quantize_ref.round_bf16
+        fmt = formats.get(p + "block_sparse_moe.experts.0.w1")
+        if fmt in ("int4", "fp8", "int8-w8a8"):
+            layer["expert_act"] = quantize_ref.activation_rounding(fmt)
         for key, proj in (("wq", "q_proj"), ("wk", "k_proj"), ("wv", "v_proj"), ("wo", "o_proj")):
-            if formats.get(p + "self_attn." + proj) in ("int4", "fp8"):
-                layer[key] = RoundedInput(layer[key], quantize_ref.round_bf16)
+            fmt = formats.get(p + "self_attn." + proj)
+            if fmt in ("int4", "fp8", "int8-w8a8"):
+                layer[key] = RoundedInput(layer[key], quantize_ref.activation_rounding(fmt))
     return model, formats
 
 

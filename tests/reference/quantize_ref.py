@@ -130,7 +130,9 @@ def activation_rounding(fmt, group=128):
 # Quantized checkpoints, read from the files (`moex quantize` writes them; DeepSeek-style fp8 is written
 # below). Dequantized here from the stored codes and scales by the conventions' definitions, sharing no code
 # with MoEX:
-#   compressed-tensors int-quantized  weight I8 [out, in], weight_scale [out, 1]:       w = q * scale[row]
+#   compressed-tensors int-quantized  weight I8 [out, in], weight_scale [out, 1]:       w = q * scale[row];
+#                                     with input_activations (int8, strategy token, dynamic: W8A8) each
+#                                     token's input becomes int8 codes first, as int8_tokens defines
 #   compressed-tensors pack-quantized weight_packed I32 [out, ceil(in/8)]: code c of a row is bits 4(c%8)..
 #                                     of word c//8, stored as signed + 8; weight_scale [out, in/G];
 #                                     weight_zero_point I32 [ceil(out/8), in/G] (asymmetric only, packed
@@ -220,9 +222,14 @@ def dequantize_checkpoint(model_dir):
     raw = read_raw_checkpoint(model_dir)
     tensors, formats = {}, {}
     schemes = {}
+    w8a8 = False  # an int-quantized group with int8 input activations per token (llm-compressor's W8A8)
     if q["quant_method"] == "compressed-tensors":
         for group in q["config_groups"].values():
             schemes[group.get("format") or q["format"]] = group["weights"]
+            act = group.get("input_activations")
+            if act:
+                assert act["num_bits"] == 8 and act["strategy"] == "token" and act["dynamic"], act
+                w8a8 = True
     modules = sorted({n.rsplit(".", 1)[0] for n in raw})
     done = set()
     for m in modules:
@@ -245,7 +252,7 @@ def dequantize_checkpoint(model_dir):
             codes = raw[m + ".weight"][1].astype(np.int64)
             scale = _floats(raw[m + ".weight_scale"]).reshape(-1, 1)
             w = codes * scale
-            formats[m] = "int8"
+            formats[m] = "int8-w8a8" if w8a8 else "int8"
             done.update({m + ".weight", m + ".weight_scale"})
         elif m + ".weight" in raw and raw[m + ".weight"][0] == "F8_E4M3":  # fp8 per 128x128 block
             name = ".weight_scale_inv" if scale_inv is not None else ".weight_scale"

@@ -86,6 +86,39 @@ TEST(Quantization, EveryUnsupportedSettingIsNamed) {
   EXPECT_THAT(with([&](json& q) { q["quant_method"] = "awq"; }), testing::HasSubstr("\"awq\""));
 }
 
+// llm-compressor's W8A8 recipe (int8 weights per channel, dynamic per-token int8 activations), as its config.json
+// reads; every other activation scheme is refused naming input_activations.
+TEST(Quantization, ReadsLlmCompressorW8A8AndRefusesOtherActivationSchemes) {
+  const json w8a8 = json::parse(R"({"quant_method": "compressed-tensors", "format": "int-quantized",
+    "quantization_status": "compressed", "global_compression_ratio": 1.46, "version": "0.9.1",
+    "config_groups": {"group_0": {"targets": ["Linear"], "output_activations": null, "format": "int-quantized",
+      "input_activations": {"num_bits": 8, "type": "int", "symmetric": true, "strategy": "token", "group_size": null,
+                            "dynamic": true, "actorder": null, "observer": null, "observer_kwargs": {},
+                            "block_structure": null},
+      "weights": {"num_bits": 8, "type": "int", "symmetric": true, "strategy": "channel", "group_size": null,
+                  "dynamic": false, "actorder": null, "observer": "minmax", "observer_kwargs": {},
+                  "block_structure": null}}},
+    "ignore": ["lm_head"], "kv_cache_scheme": null, "sparsity_config": {}})");
+  const QuantizationConfig c = parse_quantization_config(w8a8.dump(), "config.json");
+  EXPECT_EQ(c.scheme_for("model.layers.0.self_attn.q_proj")->weight_format, WeightFormat::kInt8W8A8);
+  const auto with = [&](const std::function<void(json&)>& edit) {
+    json q = w8a8;
+    edit(q);
+    return error_of(q);
+  };
+  const auto a = "/config_groups/group_0/input_activations"_json_pointer;
+  for (const auto& [key, value] : std::vector<std::pair<std::string, json>>{
+           {"dynamic", false}, {"strategy", "tensor"}, {"symmetric", false}, {"num_bits", 4}, {"type", "float"},
+           {"group_size", 128}})
+    EXPECT_THAT(with([&](json& q) { q[a][key] = value; }), testing::HasSubstr("input_activations")) << key;
+  EXPECT_THAT(with([&](json& q) { q[a]["seed"] = 1; }), testing::HasSubstr("unknown field \"seed\""));
+  EXPECT_THAT(with([&](json& q) { q["config_groups"]["group_0"]["output_activations"] = q[a]; }),
+              testing::HasSubstr("output_activations"));
+  json int4 = int4_config();
+  int4["config_groups"]["group_0"]["input_activations"] = w8a8[a];
+  EXPECT_THAT(error_of(int4), testing::HasSubstr("int8 per-channel weights only"));
+}
+
 TEST(Quantization, ReadsDeepSeekFp8Blocks) {
   const json q = {{"quant_method", "fp8"}, {"activation_scheme", "dynamic"}, {"fmt", "e4m3"},
                   {"weight_block_size", {128, 128}}, {"modules_to_not_convert", {"lm_head"}}};
@@ -99,7 +132,8 @@ TEST(Quantization, ReadsDeepSeekFp8Blocks) {
 }
 
 TEST(Quantization, WhatQuantizeWritesReadsBack) {
-  for (const auto& [format, group] : {std::pair{WeightFormat::kInt8, 0}, {WeightFormat::kInt4, 32}, {WeightFormat::kFP8E4M3, 0}}) {
+  for (const auto& [format, group] : {std::pair{WeightFormat::kInt8, 0}, {WeightFormat::kInt8W8A8, 0}, {WeightFormat::kInt4, 32},
+                                      {WeightFormat::kFP8E4M3, 0}}) {
     const QuantizationConfig c = compressed_tensors_config(format, group);
     const QuantizationConfig again = parse_quantization_config(c.json, "config.json");
     ASSERT_EQ(again.schemes.size(), 1u);

@@ -124,9 +124,10 @@ void run_quantize(const QuantizeOptions& o) {
   o.threads.apply();
   MOEX_CHECK_INPUT(o.group_size_option == nullptr || o.group_size_option->count() == 0 || o.weights == "int4",
                    "--group-size applies to --weights int4 only (got --weights ", o.weights, ")");
-  const WeightFormat format = o.weights == "int8"   ? WeightFormat::kInt8
-                              : o.weights == "int4" ? WeightFormat::kInt4
-                                                    : WeightFormat::kFP8E4M3;
+  const WeightFormat format = o.weights == "int8"        ? WeightFormat::kInt8
+                              : o.weights == "int8-w8a8" ? WeightFormat::kInt8W8A8
+                              : o.weights == "int4"      ? WeightFormat::kInt4
+                                                         : WeightFormat::kFP8E4M3;
   ModelConfig config = load_model_config(o.model_dir + "/config.json");
   // The module names below are Mixtral's; the other families (shared experts, dense MLP layers, other expert
   // names) would be written half quantized, which their loader would then refuse.
@@ -169,7 +170,8 @@ void run_quantize(const QuantizeOptions& o) {
       parts.push_back({part, name});
     };
     switch (format) {
-      case WeightFormat::kInt8:  // int-quantized
+      case WeightFormat::kInt8:  // int-quantized (W8A8: the same tensors, input_activations in the config)
+      case WeightFormat::kInt8W8A8:
         add(".weight", DType::kI8, {rows, cols}, Part::kCodes);
         add(".weight_scale", DType::kF32, {rows, 1}, Part::kScale);
         break;
@@ -239,7 +241,7 @@ void run_quantize(const QuantizeOptions& o) {
       return;
     }
     if (part.source != cached_source) {
-      if (format == WeightFormat::kInt8) q = kernels::quantize_int8(src);
+      if (format == WeightFormat::kInt8 || format == WeightFormat::kInt8W8A8) q = kernels::quantize_int8(src, format);
       else if (format == WeightFormat::kInt4) q = kernels::quantize_int4(src, o.group_size, /*symmetric=*/true);
       else q = kernels::quantize_fp8(src);
       MappedFile::release(src.data, src.bytes());
@@ -285,7 +287,9 @@ void run_quantize(const QuantizeOptions& o) {
               "lm_head, embeddings and norms as stored\n",
               scheme.format.c_str(), o.weights == "int4" ? ("int4 symmetric, group " + std::to_string(o.group_size)).c_str()
                                      : o.weights == "int8" ? "int8 symmetric, per output channel"
-                                                           : "fp8 e4m3, per 128x128 block",
+                                     : o.weights == "int8-w8a8"
+                                         ? "int8 symmetric, per output channel; activations int8 per token at run time"
+                                         : "fp8 e4m3, per 128x128 block",
               static_cast<long long>(quantized_modules));
   std::printf("  weights      %.1f MB in %zu file%s (source %.1f MB)\n", file_bytes / 1e6, plan.shards.size(),
               plan.shards.size() == 1 ? "" : "s", store.file_bytes() / 1e6);
@@ -298,9 +302,9 @@ void setup_quantize(CLI::App& app) {
   auto o = std::make_shared<QuantizeOptions>();
   auto* cmd = app.add_subcommand("quantize", "Write a quantized checkpoint (compressed-tensors) that loads with no work at start-up");
   cmd->add_option("--model", o->model_dir, "Hugging Face model folder (bf16 or f32 safetensors)")->required();
-  cmd->add_option("--weights", o->weights, "int8 (per channel) | int4 (symmetric, per --group-size) | fp8 (e4m3, 128x128 blocks)")
+  cmd->add_option("--weights", o->weights, "int8 (per channel, weight-only) | int8-w8a8 (int8 per channel; activations int8 per token at run time: llm-compressor's W8A8) | int4 (symmetric, per --group-size) | fp8 (e4m3, 128x128 blocks)")
       ->required()
-      ->check(CLI::IsMember({"int8", "int4", "fp8"}));
+      ->check(CLI::IsMember({"int8", "int8-w8a8", "int4", "fp8"}));
   o->group_size_option = cmd->add_option("--group-size", o->group_size, "int4: weights per scale along K (32 | 64 | 128)")
                              ->capture_default_str()
                              ->check(CLI::IsMember({32, 64, 128}));

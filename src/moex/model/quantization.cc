@@ -93,10 +93,31 @@ void parse_weight_args(const json& w, const std::string& where, QuantScheme& s) 
   }
 }
 
+// A group's input_activations: only llm-compressor's W8A8 scheme (int8 per channel weights, activations quantized
+// per token to int8 at run time, symmetric) is read, as int8-w8a8: the scheme vLLM runs as its dynamic per-token
+// int8 path, and MoEX's kernels compute it (scale = absmax / 127, round half to even). Anything else is refused.
+void parse_input_activations(const json& a, const std::string& where, QuantScheme& s) {
+  check_keys(a, {"num_bits", "type", "symmetric", "strategy", "group_size", "block_structure", "dynamic", "actorder",
+                 "observer", "observer_kwargs", "scale_dtype", "zp_dtype"},
+             where);
+  const auto is = [&](const char* key, const json& want) { return a.contains(key) && a[key] == want; };
+  const auto null_or_absent = [&](const char* key) { return !a.contains(key) || is_null_or_empty(a[key]); };
+  const bool ok = is("num_bits", 8) && (!a.contains("type") || is("type", "int")) && is("strategy", "token") &&
+                  (null_or_absent("symmetric") || is("symmetric", true)) && is("dynamic", true) &&
+                  null_or_absent("group_size") && null_or_absent("block_structure") && null_or_absent("actorder") &&
+                  null_or_absent("scale_dtype") && null_or_absent("zp_dtype");
+  MOEX_CHECK_INPUT(ok, where, " ", a.dump(), ": activation quantization other than dynamic per-token symmetric int8 "
+                   "(W8A8: num_bits 8, type int, strategy token, dynamic true) is not supported");
+  MOEX_CHECK_INPUT(s.weight_format == kernels::WeightFormat::kInt8, where,
+                   ": int8 activations are read with int8 per-channel weights only (W8A8)");
+  s.weight_format = kernels::WeightFormat::kInt8W8A8;
+}
+
 const std::set<std::string> kFormats = {"int-quantized", "pack-quantized", "float-quantized"};
 
 void check_format_fits(const QuantScheme& s, const std::string& where) {
-  const char* want = s.weight_format == kernels::WeightFormat::kInt8   ? "int-quantized"
+  const bool int8 = s.weight_format == kernels::WeightFormat::kInt8 || s.weight_format == kernels::WeightFormat::kInt8W8A8;
+  const char* want = int8                                              ? "int-quantized"
                      : s.weight_format == kernels::WeightFormat::kInt4 ? "pack-quantized"
                                                                        : "float-quantized";
   MOEX_CHECK_INPUT(s.format == want, where, ": format \"", s.format, "\" does not hold these weights (MoEX reads them as \"",
@@ -129,15 +150,16 @@ QuantizationConfig parse_compressed_tensors(const json& q, const std::string& or
   for (const auto& [name, g] : q["config_groups"].items()) {
     const std::string gw = where + ".config_groups." + name;
     check_keys(g, {"targets", "weights", "input_activations", "output_activations", "format"}, gw);
-    for (const char* key : {"input_activations", "output_activations"})
-      MOEX_CHECK_INPUT(!g.contains(key) || g[key].is_null(), gw, ".", key,
-                       ": activation quantization is not supported (weight-only checkpoints)");
+    MOEX_CHECK_INPUT(!g.contains("output_activations") || g["output_activations"].is_null(), gw,
+                     ".output_activations: output quantization is not supported");
     QuantScheme s;
     s.name = name;
     s.targets = get_strings(g, "targets", gw);
     MOEX_CHECK_INPUT(!s.targets.empty(), gw, ": missing or empty \"targets\"");
     MOEX_CHECK_INPUT(g.contains("weights") && g["weights"].is_object(), gw, ": missing \"weights\"");
     parse_weight_args(g["weights"], gw + ".weights", s);
+    if (g.contains("input_activations") && !g["input_activations"].is_null())
+      parse_input_activations(g["input_activations"], gw + ".input_activations", s);
     s.format = g.contains("format") && !g["format"].is_null() ? get_string(g, "format", gw) : format;
     MOEX_CHECK_INPUT(kFormats.count(s.format), gw, ": format \"", s.format,
                      "\" is not supported (int-quantized, pack-quantized, float-quantized)");
@@ -232,7 +254,13 @@ QuantizationConfig parse_quantization_config(const std::string& json_text, const
 QuantizationConfig compressed_tensors_config(kernels::WeightFormat format, int64_t group) {
   json weights;
   std::string fmt;
+  json input_activations;  // null: weight-only
   switch (format) {
+    case kernels::WeightFormat::kInt8W8A8:  // llm-compressor's W8A8 scheme: activations int8 per token at run time
+      input_activations = {{"num_bits", 8}, {"type", "int"}, {"symmetric", true}, {"strategy", "token"},
+                           {"dynamic", true}, {"group_size", nullptr}, {"block_structure", nullptr},
+                           {"actorder", nullptr}, {"observer", nullptr}, {"observer_kwargs", json::object()}};
+      [[fallthrough]];
     case kernels::WeightFormat::kInt8:
       weights = {{"num_bits", 8}, {"type", "int"}, {"symmetric", true}, {"strategy", "channel"}, {"group_size", nullptr}};
       fmt = "int-quantized";
@@ -246,13 +274,13 @@ QuantizationConfig compressed_tensors_config(kernels::WeightFormat format, int64
                  {"group_size", nullptr}, {"block_structure", {128, 128}}};
       fmt = "float-quantized";
       break;
-    default: MOEX_CHECK(false, "compressed_tensors_config: int8, int4 or fp8");
+    default: MOEX_CHECK(false, "compressed_tensors_config: int8, int8-w8a8, int4 or fp8");
   }
   weights["dynamic"] = false;
   weights["actorder"] = nullptr;
   weights["observer"] = "minmax";
   weights["block_structure"] = weights.value("block_structure", json());
-  const json group0 = {{"targets", {"Linear"}}, {"weights", weights}, {"input_activations", nullptr},
+  const json group0 = {{"targets", {"Linear"}}, {"weights", weights}, {"input_activations", input_activations},
                        {"output_activations", nullptr}, {"format", fmt}};
   const json q = {{"quant_method", "compressed-tensors"},
                   {"format", fmt},

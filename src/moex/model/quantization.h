@@ -28,7 +28,8 @@ struct QuantScheme {
   std::string name;                       // "group_0"
   std::vector<std::string> targets;       // "Linear", a module name, or "re:<regex>" (matched from the start)
   std::string format;                     // int-quantized | pack-quantized | float-quantized | fp8-blocks
-  kernels::WeightFormat weight_format = kernels::WeightFormat::kInt8;  // kInt8, kInt4 or kFP8E4M3
+  kernels::WeightFormat weight_format = kernels::WeightFormat::kInt8;  // kInt8 (kInt8W8A8 with int8 per-token
+                                                                      // input_activations), kInt4 or kFP8E4M3
   int64_t group = 0;                      // kInt4: 32, 64 or 128; kFP8E4M3: 128
   bool symmetric = true;
 };

@@ -139,7 +139,8 @@ QuantizedMatrix read_quantized(const WeightStore& s, QuantMethod method, const Q
     MOEX_CHECK_INPUT(!s.contains(m + extra), "quantized checkpoint: tensor \"", m, extra,
                      "\" is not supported (MoEX reads weight-only checkpoints without act-order)");
   switch (scheme.weight_format) {
-    case WeightFormat::kInt8: {  // int-quantized: weight I8 [rows, cols], weight_scale [rows, 1]
+    case WeightFormat::kInt8:
+    case WeightFormat::kInt8W8A8: {  // int-quantized: weight I8 [rows, cols], weight_scale [rows, 1]
       const TensorView& w = expect_tensor(s, m + ".weight", DType::kI8, {rows, cols});
       const auto* codes = w.as<const uint8_t>();
       q.codes.assign(codes, codes + rows * cols);
