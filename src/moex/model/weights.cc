@@ -226,6 +226,26 @@ void release_mapped(const std::vector<TensorView>& views) {
       MappedFile::release(v.data, v.bytes());
 }
 
+// A quantized module packed from its stored codes, then its mapped pages dropped: what a load does without a
+// panels.moex, and what moex quantize writes into one (stored_panels), so both give the same bytes.
+kernels::PackedWeights pack_stored(const WeightStore& s, QuantMethod method, const QuantScheme& scheme,
+                                   const std::string& m, int64_t rows, int64_t cols) {
+  std::vector<TensorView> sources;
+  kernels::PackedWeights p = kernels::pack(read_quantized(s, method, scheme, m, rows, cols, sources));
+  release_mapped(sources);
+  return p;
+}
+// An expert's gate (w1) and up (w3) projections [rows, cols], packed together (kernels::pack_gate_up).
+kernels::PackedWeights pack_stored_gate_up(const WeightStore& s, QuantMethod method, const QuantScheme& s1,
+                                           const QuantScheme& s3, const std::string& gate, const std::string& up,
+                                           int64_t rows, int64_t cols) {
+  std::vector<TensorView> sources;
+  kernels::PackedWeights p = kernels::pack_gate_up(read_quantized(s, method, s1, gate, rows, cols, sources),
+                                                   read_quantized(s, method, s3, up, rows, cols, sources));
+  release_mapped(sources);
+  return p;
+}
+
 }  // namespace
 
 int64_t DenseWeight::bytes() const {
@@ -290,12 +310,9 @@ MixtralWeights load_mixtral_weights(const std::string& model_dir, const ModelCon
         timed([&] { out.packed = panels->get(m, kernels::packed_layout(scheme->weight_format, shape[0], shape[1], scheme->group, false)); });
         return out;
       }
-      std::vector<TensorView> sources;
       timed([&] {
-        out.packed = std::make_shared<kernels::PackedWeights>(
-            kernels::pack(read_quantized(s, qc.method, *scheme, m, shape[0], shape[1], sources)));
+        out.packed = std::make_shared<kernels::PackedWeights>(pack_stored(s, qc.method, *scheme, m, shape[0], shape[1]));
       });
-      release_mapped(sources);
       return out;
     }
     out.view = slice(expect(s, m + ".weight", shape));
@@ -405,15 +422,12 @@ MixtralWeights load_mixtral_weights(const std::string& model_dir, const ModelCon
           lw.moe.local.push_back({});
           continue;
         }
-        std::vector<TensorView> sources;
         timed([&] {
           PackedExpert packed;
-          packed.w13 = kernels::pack_gate_up(read_quantized(s, qc.method, *s1, q + info.expert_gate, I, d, sources),
-                                             read_quantized(s, qc.method, *s3, q + info.expert_up, I, d, sources));
-          packed.w2 = kernels::pack(read_quantized(s, qc.method, *s2, q + info.expert_down, d, I, sources));
+          packed.w13 = pack_stored_gate_up(s, qc.method, *s1, *s3, q + info.expert_gate, q + info.expert_up, I, d);
+          packed.w2 = pack_stored(s, qc.method, *s2, q + info.expert_down, d, I);
           keep_packed(std::move(packed));
         });
-        release_mapped(sources);
         lw.moe.local.push_back({});  // nothing as stored: the packed experts run
         continue;
       }
@@ -451,12 +465,7 @@ std::vector<PanelsToWrite> stored_panels(const WeightStore& s, const ModelConfig
     const QuantScheme* scheme = stored_scheme(s, qc, m);
     if (!scheme) return;
     out.push_back({m, kernels::packed_layout(scheme->weight_format, rows, cols, scheme->group, false),
-                   [&s, &qc, scheme, m, rows, cols] {
-                     std::vector<TensorView> sources;
-                     kernels::PackedWeights p = kernels::pack(read_quantized(s, qc.method, *scheme, m, rows, cols, sources));
-                     release_mapped(sources);
-                     return p;
-                   }});
+                   [&s, &qc, scheme, m, rows, cols] { return pack_stored(s, qc.method, *scheme, m, rows, cols); }});
   };
   if (s.contains("lm_head.weight") || s.contains("lm_head.weight_packed")) dense("lm_head", c.vocab_size, d);
   for (int l = 0; l < c.num_hidden_layers; ++l) {
@@ -475,19 +484,10 @@ std::vector<PanelsToWrite> stored_panels(const WeightStore& s, const ModelConfig
       const std::string gate = q + info.expert_gate, up = q + info.expert_up, down = q + info.expert_down;
       out.push_back({q + "gate_up", kernels::packed_layout(s1->weight_format, I, d, s1->group, true),
                      [&s, &qc, s1, s3, gate, up, I, d] {
-                       std::vector<TensorView> sources;
-                       kernels::PackedWeights p = kernels::pack_gate_up(read_quantized(s, qc.method, *s1, gate, I, d, sources),
-                                                                        read_quantized(s, qc.method, *s3, up, I, d, sources));
-                       release_mapped(sources);
-                       return p;
+                       return pack_stored_gate_up(s, qc.method, *s1, *s3, gate, up, I, d);
                      }});
       out.push_back({q + "down", kernels::packed_layout(s2->weight_format, d, I, s2->group, false),
-                     [&s, &qc, s2, down, I, d] {
-                       std::vector<TensorView> sources;
-                       kernels::PackedWeights p = kernels::pack(read_quantized(s, qc.method, *s2, down, d, I, sources));
-                       release_mapped(sources);
-                       return p;
-                     }});
+                     [&s, &qc, s2, down, I, d] { return pack_stored(s, qc.method, *s2, down, d, I); }});
     }
   }
   return out;
