@@ -203,6 +203,17 @@ def main():
                         "warning and a load that packs)")
     else:
         print("ok   panels.moex of another layout version: " + r.stderr.strip().splitlines()[0])
+    # moex pack: beside a quantized checkpoint only, and an existing panels.moex only with --force.
+    expect_error("pack an unquantized model", [moex, "pack", "--model", good], "quantization_config")
+    before = open(os.path.join(quant["int8"], "panels.moex"), "rb").read()
+    expect_error("pack over an existing panels.moex", [moex, "pack", "--model", quant["int8"]], "exists", "--force")
+    if open(os.path.join(quant["int8"], "panels.moex"), "rb").read() != before:
+        failures.append("moex pack without --force changed the existing panels.moex")
+    r = subprocess.run([moex, "pack", "--model", quant["int8"], "--force"], capture_output=True, text=True)
+    if r.returncode != 0 or open(os.path.join(quant["int8"], "panels.moex"), "rb").read() != before:
+        failures.append(f"moex pack --force did not rewrite the same panels.moex: exit {r.returncode}, {r.stderr}")
+    else:
+        print("ok   moex pack --force writes the panels.moex moex quantize wrote, byte for byte")
     # Flags against a quantized checkpoint.
     expect_error("--weights on a quantized checkpoint", logits(quant["int8"], "--weights", "int4"), "stored quantized")
     expect_error("--dense-weights on a quantized checkpoint", logits(quant["int8"], "--dense-weights", "fp8"),

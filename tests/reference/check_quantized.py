@@ -112,6 +112,9 @@ def main():
         print(run([args.moex, "quantize", "--model", model, *args.quantize_args.split(), "--out", quant, "--force"]), end="")
     elif args.source == "fp8-blocks":
         quantize_ref.write_fp8_blocks_checkpoint(model, quant)
+        if os.path.exists(os.path.join(quant, "panels.moex")):
+            os.remove(os.path.join(quant, "panels.moex"))
+        print(run([args.moex, "pack", "--model", quant]), end="")  # panels.moex beside a checkpoint from elsewhere
     else:
         quant = model
     vocab = json.load(open(os.path.join(model, "config.json")))["vocab_size"]
@@ -126,13 +129,14 @@ def main():
                      env={**os.environ, "MOEX_LOG_LEVEL": "2"})
         return np.load(ours).astype(np.float64), [int(t) for t in open(ours + ".tokens").read().split()], err
 
-    # moex quantize writes panels.moex (the matrices already packed), which a load maps: both that load and one
-    # that packs from the stored codes (the file moved aside) must match the reference.
+    # moex quantize writes panels.moex (the matrices already packed; moex pack beside the Python-written fp8
+    # checkpoint), which a load maps: both that load and one that packs from the stored codes (the file moved
+    # aside) must match the reference.
     runs = []
     panels = os.path.join(quant, "panels.moex")
-    if args.source == "quantize":
+    if args.source in ("quantize", "fp8-blocks"):
         if not os.path.exists(panels):
-            sys.exit(f"FAILED: moex quantize wrote no {panels}")
+            sys.exit(f"FAILED: moex {'quantize' if args.source == 'quantize' else 'pack'} wrote no {panels}")
         a, t_ours, err = moex_logits()
         if "mapping the packed panels" not in err:
             sys.exit(f"FAILED: the load did not map {panels}:\n{err}")

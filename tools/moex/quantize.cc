@@ -22,8 +22,8 @@
 #include "moex/model/panels_file.h"
 #include "moex/model/quantization.h"
 #include "moex/model/safetensors.h"
-#include "moex/model/weights.h"
 #include "tools/lib/output_dir.h"
+#include "tools/lib/panels_writer.h"
 #include "tools/lib/safetensors_writer.h"
 #include "tools/moex/command.h"
 #include "tools/moex/flags.h"
@@ -56,51 +56,6 @@ bool is_linear_weight(const std::string& name, std::string* module) {
 bool is_weight_file(const std::string& name) {
   static const std::regex kWeightFile(R"(model(-\d{5}-of-\d{5})?\.safetensors(\.index\.json)?)");
   return std::regex_match(name, kWeightFile) || name == kPanelsFileName;
-}
-
-// panels.moex (model/panels_file.h) beside the quantized files in `dir`: every matrix packed as a load of those
-// files packs it (stored_panels: the same functions), one at a time, so a load maps them instead. Returns its
-// size in bytes.
-uint64_t write_panels(const fs::path& dir, const std::string& checkpoint_id) {
-  const ModelConfig config = load_model_config((dir / "config.json").string());
-  const WeightStore written(dir.string());
-  MOEX_CHECK(written.checkpoint_id() == checkpoint_id, "quantize: the written files carry id ", written.checkpoint_id());
-  const std::vector<PanelsToWrite> panels = stored_panels(written, config);
-  std::vector<TensorToWrite> tensors;
-  std::vector<std::pair<size_t, int>> parts;  // per tensor: (matrix, buffer)
-  for (size_t i = 0; i < panels.size(); ++i) {
-    for (int b = 0; b < 4; ++b) {
-      if (!PanelsFile::has_buffer(panels[i].layout.format, b)) continue;
-      kernels::PackedWeights layout = panels[i].layout;
-      const DType dtype = PanelsFile::buffer_dtype(b);
-      tensors.push_back({panels[i].name + PanelsFile::buffer_suffix(b), dtype,
-                         {static_cast<int64_t>(PanelsFile::buffer(layout, b).size / dtype_size(dtype))}});
-      parts.emplace_back(i, b);
-    }
-  }
-  SafetensorsOptions options;
-  options.metadata[kPanelsLayoutKey] = std::to_string(kernels::kPackedLayoutVersion);
-  options.metadata[kPanelsSourceKey] = panels_source(written, config.quantization);
-  options.data_alignment = 4096;
-  SafetensorsPlan plan = plan_safetensors(tensors, UINT64_MAX, checkpoint_id, options);
-  MOEX_CHECK(plan.shards.size() == 1);
-  plan.shards[0].file_name = kPanelsFileName;
-  size_t cached = SIZE_MAX;  // a matrix's buffers are adjacent in the file (names sorted): packed once
-  kernels::PackedWeights packed;
-  write_safetensors(dir.string(), tensors, plan, [&](size_t index, uint64_t begin, uint8_t* dst, uint64_t size) {
-    const auto [matrix, b] = parts[index];
-    if (matrix != cached) {
-      packed = panels[matrix].pack();
-      cached = matrix;
-    }
-    const kernels::AlignedBytes& bytes = PanelsFile::buffer(packed, b);
-    MOEX_CHECK(begin + size <= bytes.size, "quantize: ", tensors[index].name, " packs to ", bytes.size, " bytes");
-    std::memcpy(dst, bytes.as<const uint8_t>() + begin, size);
-  });
-  // Out of the page cache: the first load reads it back in 2 MB folios (MappedFile::advise_huge_pages); the
-  // writes left it in smaller ones.
-  MappedFile::drop_cache((dir / kPanelsFileName).string());
-  return plan.shards[0].file_size;
 }
 
 // One output tensor: a copy of a source tensor, or one part of a quantized module.
@@ -277,7 +232,7 @@ void run_quantize(const QuantizeOptions& o) {
   };
   write_safetensors(staging.path().string(), tensors, plan, fill);
   const auto panels_start = std::chrono::steady_clock::now();
-  const uint64_t panels_bytes = write_panels(staging.path(), id);
+  const uint64_t panels_bytes = write_panels(staging.path().string()).bytes;
   const double panels_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - panels_start).count();
   staging.publish(out);
 

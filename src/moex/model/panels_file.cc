@@ -66,13 +66,13 @@ std::shared_ptr<const PanelsFile> PanelsFile::open(const std::string& dir, const
   const std::string layout = value(kPanelsLayoutKey), source = value(kPanelsSourceKey);
   if (layout != std::to_string(kernels::kPackedLayoutVersion)) {
     MOEX_LOG(kWarn, "%s has panel layout %s, this build's is %d: ignored, the weights are packed at load (moex "
-             "quantize writes it anew)", path.c_str(), layout.c_str(), kernels::kPackedLayoutVersion);
+             "pack --force writes it anew)", path.c_str(), layout.c_str(), kernels::kPackedLayoutVersion);
     return nullptr;
   }
   const std::string want = panels_source(store, qc);
   MOEX_CHECK_INPUT(source == want, path.string(), " was packed from other weights than those beside it (", kPanelsSourceKey,
-                   " ", source, ", theirs ", want, "): a shard or the quantization_config changed since moex quantize "
-                   "wrote it; delete it to pack at load, or rerun moex quantize");
+                   " ", source, ", theirs ", want, "): a shard or the quantization_config changed since it was written; "
+                   "delete it to pack at load, or rewrite it with moex pack --force");
   // Before any page is read: the panels then come into the page cache as 2 MB folios, which at batch 1 (a few
   // experts' panels each step, out of the whole file) decides the TLB's hit rate (kernels::WeightArena).
   file->file_.mapping().advise_huge_pages();
@@ -91,7 +91,7 @@ std::shared_ptr<kernels::PackedWeights> PanelsFile::get(const std::string& name,
     auto it = file_.tensors().find(tensor);
     const auto fail = [&](const std::string& why) {
       throw_error(ErrorKind::kInvalidInput, file_.path() + ": tensor \"" + tensor + "\" " + why +
-                                                ": the file is damaged; delete it to pack at load, or rerun moex quantize");
+                                                ": the file is damaged; delete it to pack at load, or rewrite it with moex pack --force");
     };
     if (it == file_.tensors().end()) fail("is missing");
     const TensorView& v = it->second;

@@ -1,7 +1,7 @@
 // panels.moex: a quantized checkpoint's matrices already in the kernels' packed panels, written by `moex
-// quantize` beside the compressed-tensors files so that a load maps them instead of unpacking the stored codes
-// and repacking every matrix (docs/kernels.md, "Quantized checkpoints"). HF and vLLM do not read it; without
-// it a load packs as before.
+// quantize` beside the compressed-tensors files (or by `moex pack` beside a quantized checkpoint from elsewhere)
+// so that a load maps them instead of unpacking the stored codes and repacking every matrix (docs/kernels.md,
+// "Quantized checkpoints"). HF and vLLM do not read it; without it a load packs as before.
 //
 // The file is a safetensors file (any safetensors reader lists it): per packed matrix M (names below), the
 // PackedWeights buffers its format has, byte for byte: M.data U8, M.scales F32, M.offsets F32, M.col_sums I32,

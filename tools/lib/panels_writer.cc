@@ -1,0 +1,62 @@
+#include "tools/lib/panels_writer.h"
+
+#include <cstring>
+#include <filesystem>
+#include <vector>
+
+#include "moex/base/error.h"
+#include "moex/base/mapped_file.h"
+#include "moex/model/config.h"
+#include "moex/model/panels_file.h"
+#include "moex/model/safetensors.h"
+#include "moex/model/weights.h"
+#include "tools/lib/safetensors_writer.h"
+
+namespace moex {
+
+PanelsWritten write_panels(const std::string& dir) {
+  namespace fs = std::filesystem;
+  const ModelConfig config = load_model_config((fs::path(dir) / "config.json").string());
+  MOEX_CHECK_INPUT(config.quantization.quantized(), dir, "/config.json has no quantization_config: panels.moex holds a "
+                   "quantized checkpoint's matrices (moex quantize writes one)");
+  const WeightStore store(dir);
+  const std::vector<PanelsToWrite> panels = stored_panels(store, config);
+  MOEX_CHECK_INPUT(!panels.empty(), dir, ": no module is stored quantized, nothing to pack");
+  std::vector<TensorToWrite> tensors;
+  std::vector<std::pair<size_t, int>> parts;  // per tensor: (matrix, buffer)
+  for (size_t i = 0; i < panels.size(); ++i) {
+    for (int b = 0; b < 4; ++b) {
+      if (!PanelsFile::has_buffer(panels[i].layout.format, b)) continue;
+      kernels::PackedWeights layout = panels[i].layout;
+      const DType dtype = PanelsFile::buffer_dtype(b);
+      tensors.push_back({panels[i].name + PanelsFile::buffer_suffix(b), dtype,
+                         {static_cast<int64_t>(PanelsFile::buffer(layout, b).size / dtype_size(dtype))}});
+      parts.emplace_back(i, b);
+    }
+  }
+  SafetensorsOptions options;
+  options.metadata[kPanelsLayoutKey] = std::to_string(kernels::kPackedLayoutVersion);
+  options.metadata[kPanelsSourceKey] = panels_source(store, config.quantization);
+  options.data_alignment = 4096;
+  SafetensorsPlan plan = plan_safetensors(tensors, UINT64_MAX, store.checkpoint_id(), options);
+  MOEX_CHECK(plan.shards.size() == 1);
+  plan.shards[0].file_name = kPanelsFileName;
+  size_t cached = SIZE_MAX;  // a matrix's buffers are adjacent in the file (names sorted): packed once
+  kernels::PackedWeights packed;
+  write_safetensors(dir, tensors, plan, [&](size_t index, uint64_t begin, uint8_t* dst, uint64_t size) {
+    const auto [matrix, b] = parts[index];
+    if (matrix != cached) {
+      packed = panels[matrix].pack();
+      cached = matrix;
+    }
+    const kernels::AlignedBytes& bytes = PanelsFile::buffer(packed, b);
+    MOEX_CHECK(begin + size <= bytes.size, tensors[index].name, " packs to ", bytes.size, " bytes");
+    std::memcpy(dst, bytes.as<const uint8_t>() + begin, size);
+  });
+  // Out of the page cache: the first load reads it back in 2 MB folios (MappedFile::advise_huge_pages); the
+  // writes left it in smaller ones.
+  MappedFile::drop_cache((fs::path(dir) / kPanelsFileName).string());
+  return {plan.shards[0].file_size, panels.size()};
+}
+
+}  // namespace moex
