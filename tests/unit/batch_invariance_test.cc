@@ -226,8 +226,13 @@ TEST(BatchInvariance, ASequencesLogitsDoNotDependOnItsNeighbours) {
 
 TEST(BatchInvariance, WithoutTheFlagTheWeightOnlyKernelsMakeThemDepend) {
   std::vector<std::string> formats;
+  // The formats whose many-row loop is the f32-FMA kernel: its K blocks sum in another order than the few-row loop,
+  // which shows in these logits. (fp8's tile loop on AMX CPUs differs from its few-row loop only in how tdpbf16ps
+  // adds a k pair, which this small model need not show.)
   for (const auto& [name, f] : {std::pair{"int8", WeightFormat::kInt8}, std::pair{"fp8", WeightFormat::kFP8E4M3}})
-    if (kernels::row_result_depends_on_row_count(f, kernels::kernel_isa(f))) formats.push_back(name);
+    if (kernels::row_result_depends_on_row_count(f, kernels::kernel_isa(f)) &&
+        kernels::isa_for_rows(f, kernels::kernel_isa(f), 512) == kernels::Isa::kAvx512)
+      formats.push_back(name);
   if (formats.empty()) GTEST_SKIP() << "this CPU's int8 and fp8 kernels have one summation order";
   for (const std::string& weights : formats) {
     const int differ = rows_that_differ(weights, false);

@@ -19,14 +19,18 @@ void setup_info(CLI::App& app) {
                                      : use_avx2_kernels() ? "x86 (AVX2 + FMA for the packed matmuls below; the rest scalar)"
                                                           : "ref (scalar)");
     std::printf("threads:      %d\n", num_threads());
-    // What each --weights format runs on here (kernels::kernel_isa: never an ISA the CPU lacks); --weights
+    // What each --weights format runs on here (kernels::kernel_isa: never an ISA the CPU lacks), as few/many
+    // where a call of many rows (kernels::isa_for_rows at 512) runs elsewhere than one of a single row; --weights
     // as-stored runs kernels/matmul.h's f32 loop (AVX-512 FMA, or scalar).
     using kernels::WeightFormat;
-    std::printf("packed kernels (--weights):");
+    std::printf("packed kernels (--weights; few/many rows):");
     for (WeightFormat f : {WeightFormat::kBF16, WeightFormat::kInt8, WeightFormat::kInt8W8A8, WeightFormat::kInt4,
-                           WeightFormat::kInt4W4A8, WeightFormat::kFP8E4M3})
-      std::printf(" %s=%s", std::string(kernels::weight_format_name(f)).c_str(),
-                  std::string(kernels::isa_name(kernels::kernel_isa(f))).c_str());
+                           WeightFormat::kInt4W4A8, WeightFormat::kFP8E4M3}) {
+      const kernels::Isa isa = kernels::kernel_isa(f), few = kernels::isa_for_rows(f, isa, 1),
+                         many = kernels::isa_for_rows(f, isa, 512);
+      std::printf(" %s=%s", std::string(kernels::weight_format_name(f)).c_str(), std::string(kernels::isa_name(few)).c_str());
+      if (many != few) std::printf("/%s", std::string(kernels::isa_name(many)).c_str());
+    }
     std::printf("\n");
   });
 }

@@ -223,7 +223,81 @@ void run_panels(const PanelJob& job, int64_t panel_begin, int64_t panel_end) {
   if (steps > 0) _tile_release();
 }
 
+// fp8 (e4m3 codes, one scale per 128 k of a panel): tdpbf16ps over the codes decoded to bf16 pairs, one K group
+// of 128 at a time (the scale's block). Per panel and group the codes are decoded once (16 KB, L1) and every
+// 16-row block runs its four k steps over them from zeroed C, then adds C times the group's scale into its f32
+// rows: the few-row loop's sums (per group, then scaled), in another order within a group. The activations are
+// the few-row loop's bf16 rows [T][k_padded], k_padded = round_up(K, 2): a last k step that would read past a
+// row takes its A tile from a zero-padded copy.
+constexpr int64_t kFp8Group = 128;
+constexpr int64_t kFp8GroupSteps = kFp8Group / 32;  // k steps of 32 (one A tile row of bf16) per group
+
+void fp8_panels(const PanelJob& job, int64_t panel_begin, int64_t panel_end) {
+  const PackedWeights& w = *job.w;
+  const auto* x = static_cast<const uint8_t*>(job.activations);  // [T][k_padded] bf16
+  const int64_t tokens = job.tokens, K = w.cols, ldx = w.k_padded * 2, groups = (K + kFp8Group - 1) / kFp8Group;
+  thread_local std::vector<float> acc;  // [T][64] the panel's scaled sums
+  if (acc.size() < static_cast<size_t>(tokens * kPanel)) acc.resize(tokens * kPanel);
+  alignas(64) uint16_t decoded[kFp8Group / 2 * kPanel * 2];  // [64 pairs][64 lanes][2]: one group, 16 KB
+  alignas(64) float part[kTileRows * kPanel];                  // one block's group sums [16][64]
+  alignas(64) uint8_t a_tail[kTileRows * kStepBytes];          // a last k step's A rows, zero-padded
+  const int rows = static_cast<int>(std::min<int64_t>(tokens, kTileRows));
+  const int64_t blocks = (tokens + kTileRows - 1) / kTileRows;
+  if (K > 0) configure(rows);
+  for (int64_t panel = panel_begin; panel < panel_end; ++panel) {
+    const uint8_t* codes = w.data.as<const uint8_t>() + panel * K * kPanel;     // [K][64] e4m3
+    const float* scales = w.scales.as<const float>() + panel * groups * kPanel;  // [G][64], times 2^8
+    std::fill_n(acc.begin(), tokens * kPanel, 0.0f);
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t k0 = g * kFp8Group, kn = std::min(kFp8Group, K - k0), steps = (kn + 31) / 32;
+      decode_fp8_pairs_avx512bf16vbmi(codes + k0 * kPanel, kn, steps * 16, decoded);
+      for (int64_t b = 0; b < blocks; ++b) {
+        const int64_t t = std::min(b * kTileRows, tokens - rows);  // the last block ends at row T - 1
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        for (int64_t s = 0; s < steps; ++s) {
+          const int64_t k = k0 + 32 * s;  // this step's k; its A tile reads k .. k + 31 of each row
+          if ((k + 32) * 2 <= ldx) {
+            _tile_loadd(4, x + t * ldx + k * 2, ldx);
+          } else {  // past the row's end: the row's tail, then zeros (zero weights there too)
+            std::memset(a_tail, 0, sizeof a_tail);
+            for (int r = 0; r < rows; ++r) std::memcpy(a_tail + r * kStepBytes, x + (t + r) * ldx + k * 2, ldx - k * 2);
+            _tile_loadd(4, a_tail, kStepBytes);
+          }
+          const uint8_t* bt = reinterpret_cast<const uint8_t*>(decoded) + s * kStepPanelBytes;
+          _tile_loadd(5, bt, kLaneRowBytes);
+          _tile_dpbf16ps(0, 4, 5);
+          _tile_loadd(6, bt + 64, kLaneRowBytes);
+          _tile_dpbf16ps(1, 4, 6);
+          _tile_loadd(7, bt + 128, kLaneRowBytes);
+          _tile_dpbf16ps(2, 4, 7);
+          _tile_loadd(5, bt + 192, kLaneRowBytes);
+          _tile_dpbf16ps(3, 4, 5);
+        }
+        _tile_stored(0, part, kPanel * 4);
+        _tile_stored(1, part + 16, kPanel * 4);
+        _tile_stored(2, part + 32, kPanel * 4);
+        _tile_stored(3, part + 48, kPanel * 4);
+        // A last block overlapping the one before adds only its rows the blocks before did not.
+        const int64_t first = b * kTileRows - t;
+        for (int64_t r = first; r < rows; ++r)
+          for (int v = 0; v < 4; ++v) {
+            float* out = acc.data() + (t + r) * kPanel + 16 * v;
+            const __m512 sc = _mm512_loadu_ps(scales + g * kPanel + 16 * v);
+            _mm512_storeu_ps(out, _mm512_fmadd_ps(_mm512_load_ps(part + r * kPanel + 16 * v), sc, _mm512_loadu_ps(out)));
+          }
+      }
+    }
+    apply_epilogue(job.epilogue, w, panel, tokens, acc.data());
+  }
+  if (K > 0) _tile_release();
+}
+
 }  // namespace
+
+void run_panels_fp8_amx(const PanelJob& job, int64_t panel_begin, int64_t panel_end) { fp8_panels(job, panel_begin, panel_end); }
 
 void run_panels_bf16_amx(const PanelJob& job, int64_t panel_begin, int64_t panel_end) {
   run_panels<false>(job, panel_begin, panel_end);

@@ -180,6 +180,21 @@ void over_tokens(int64_t tokens, Run&& run) {
 
 }  // namespace
 
+void decode_fp8_pairs_avx512bf16vbmi(const uint8_t* codes, int64_t k_count, int64_t pair_rows, uint16_t* out) {
+  const Decoder d;
+  for (int64_t j = 0; j < pair_rows; ++j) {
+    const int64_t k = 2 * j;
+    const __m512i r0 = k < k_count ? _mm512_load_si512(codes + k * kPanel) : _mm512_setzero_si512();
+    const __m512i r1 = k + 1 < k_count ? _mm512_load_si512(codes + (k + 1) * kPanel) : _mm512_setzero_si512();
+    __m512bh v[4];
+    d.pairs(r0, r1, v);
+    __m512 lanes[4] = {reinterpret_cast<__m512>(v[0]), reinterpret_cast<__m512>(v[1]), reinterpret_cast<__m512>(v[2]),
+                       reinterpret_cast<__m512>(v[3])};
+    transpose_blocks(lanes);  // lanes[c]: the pairs of lanes 16c .. 16c + 15, in order
+    for (int c = 0; c < 4; ++c) _mm512_store_ps(reinterpret_cast<float*>(out + j * 2 * kPanel) + 16 * c, lanes[c]);
+  }
+}
+
 void run_panels_fp8_avx512bf16vbmi(const PanelJob& job, int64_t panel_begin, int64_t panel_end) {
   const PackedWeights& w = *job.w;
   const auto* x = static_cast<const uint16_t*>(job.activations);  // [T][k_padded] bf16, k_padded = round_up(K, 2)

@@ -45,6 +45,13 @@ void run_panels_int4_avx512bf16(const PanelJob& job, int64_t panel_begin, int64_
 // fp8 e4m3 x bf16 activations through byte tables and vdpbf16ps (both row loops), x86/packed_fp8_avx512bf16vbmi.cc;
 // the caller has checked has_avx512_bf16_vbmi_kernels().
 void run_panels_fp8_avx512bf16vbmi(const PanelJob& job, int64_t panel_begin, int64_t panel_end);
+// codes [k_count][64] (a panel's e4m3 rows from some k on) -> out [pair_rows][64][2] bf16 pairs (k 2j, 2j + 1 of
+// every lane, lane order: bf16's packed layout; the values times 2^-8 as the fp8 scales expect; k at or past
+// k_count zero). out 64-byte aligned. For the AMX fp8 kernel (expert_gemm_amx.cc), which cannot use VBMI.
+void decode_fp8_pairs_avx512bf16vbmi(const uint8_t* codes, int64_t k_count, int64_t pair_rows, uint16_t* out);
+// fp8 many rows on AMX tiles: each K group of 128 decoded once per panel (above), tdpbf16ps per 16-row block, the
+// group's sums times its scale added into f32 rows; x86/expert_gemm_amx.cc.
+void run_panels_fp8_amx(const PanelJob& job, int64_t panel_begin, int64_t panel_end);
 // The many-row GEMMs on AMX tiles (bf16 and W8A8), x86/expert_gemm_amx.cc: the caller has checked
 // has_amx_kernels() and request_amx_permission().
 void run_panels_bf16_amx(const PanelJob& job, int64_t panel_begin, int64_t panel_end);
