@@ -742,9 +742,10 @@ TEST(KernelIsa, NeverPicksAnIsaTheCpuOrOsLacks) {
 TEST(KernelIsa, WeightOnlyManyRowsMoveOffVdpbf16psOnAmxCpus) {
   for (WeightFormat f : {WeightFormat::kInt4, WeightFormat::kFP8E4M3}) {
     const Isa isa = kernels::kernel_isa(f);
-    const int64_t many = kernels::kWeightOnlyManyRowsFrom;
     const bool moves = isa == Isa::kAvx512Bf16 && cpu_features().has_amx_kernels();
-    const Isa to = f == WeightFormat::kFP8E4M3 && use_amx_kernels() ? Isa::kAmx : Isa::kAvx512;
+    const bool tiles = f == WeightFormat::kFP8E4M3 && moves && use_amx_kernels();
+    const Isa to = tiles ? Isa::kAmx : Isa::kAvx512;
+    const int64_t many = tiles ? kernels::kAmxFp8ManyRowsFrom : kernels::kWeightOnlyManyRowsFrom;
     EXPECT_EQ(kernels::isa_for_rows(f, isa, many), moves ? to : isa);
     EXPECT_EQ(kernels::isa_for_rows(f, isa, many - 1), isa);
     EXPECT_EQ(kernels::isa_for_rows(f, isa, 512, true), isa);  // the pin keeps the few-row loop and its ISA

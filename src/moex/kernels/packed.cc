@@ -883,9 +883,9 @@ RowKernel row_kernel(WeightFormat format, Isa isa, int64_t rows, bool batch_inva
 }  // namespace
 
 Isa isa_for_rows(WeightFormat format, Isa isa, int64_t rows, bool batch_invariant) {
+  if (fp8_many_rows_on_amx(format, isa)) isa = Isa::kAmx;  // fp8: tiles from kAmxFp8ManyRowsFrom rows
   const bool many = row_kernel(format, isa, rows, batch_invariant) == RowKernel::kManyRows;
   if (isa == Isa::kAmx) return many ? Isa::kAmx : below_amx(format);
-  if (many && fp8_many_rows_on_amx(format, isa)) return Isa::kAmx;
   return many && many_rows_on_fma(format, isa) ? Isa::kAvx512 : isa;
 }
 
