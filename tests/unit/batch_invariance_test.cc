@@ -58,13 +58,14 @@ TEST(BatchInvariance, OneFunctionPinsTheRowKernel) {
       EXPECT_EQ(kernels::expert_kernel_for_rows(WeightFormat::kInt8W8A8, rows, pin, Isa::kAmx), by_rows) << rows;
     }
   }
-  // fp8's tiles (isa kAmx on AMX CPUs) from kAmxFp8ManyRowsFrom rows; two summation orders, so the pin holds.
-  for (int64_t rows : {1, 7, 8, 15, 16, 512}) {
-    const RowKernel by_rows = rows >= kernels::kAmxFp8ManyRowsFrom ? RowKernel::kManyRows : RowKernel::kFewRows;
-    EXPECT_EQ(kernels::expert_kernel_for_rows(WeightFormat::kFP8E4M3, rows, false, Isa::kAmx), by_rows) << rows;
-    EXPECT_EQ(kernels::expert_kernel_for_rows(WeightFormat::kFP8E4M3, rows, true, Isa::kAmx),
-              kernels::kBatchInvariantRowKernel) << rows;
-  }
+  // fp8's and int4's tiles (isa kAmx on AMX CPUs) from kAmxWeightOnlyManyRowsFrom rows; two summation orders, so
+  // the pin holds.
+  for (WeightFormat format : {WeightFormat::kFP8E4M3, WeightFormat::kInt4})
+    for (int64_t rows : {1, 7, 8, 15, 16, 512}) {
+      const RowKernel by_rows = rows >= kernels::kAmxWeightOnlyManyRowsFrom ? RowKernel::kManyRows : RowKernel::kFewRows;
+      EXPECT_EQ(kernels::expert_kernel_for_rows(format, rows, false, Isa::kAmx), by_rows) << rows;
+      EXPECT_EQ(kernels::expert_kernel_for_rows(format, rows, true, Isa::kAmx), kernels::kBatchInvariantRowKernel) << rows;
+    }
 }
 
 kernels::QuantizedMatrix quantize(WeightFormat f, std::vector<float>& w, int64_t n, int64_t k) {

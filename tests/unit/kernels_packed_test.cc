@@ -718,13 +718,17 @@ TEST(KernelIsa, NeverPicksAnIsaTheCpuOrOsLacks) {
   EXPECT_EQ(kernels::usable_isas(WeightFormat::kInt8W8A8, amx),
             (std::vector<Isa>{Isa::kScalar, Isa::kAvx2, Isa::kAvx512Vnni, Isa::kAmx}));
   EXPECT_EQ(kernels::usable_isas(WeightFormat::kBF16, amx_os_off), (std::vector<Isa>{Isa::kScalar, Isa::kAvx2, Isa::kAvx512Bf16}));
-  // fp8 keeps its table kernel (VBMI) and adds tiles for its many-row loop; without VBMI no tiles either.
+  // fp8 keeps its table kernel (VBMI) and adds tiles for its many-row loop; without VBMI no tiles either. int4
+  // adds tiles beside its vdpbf16ps loop.
   CpuFeatures amx_vbmi = amx;
   amx_vbmi.avx512_vbmi = true;
   EXPECT_EQ(kernels::usable_isas(WeightFormat::kFP8E4M3, amx_vbmi),
             (std::vector<Isa>{Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16, Isa::kAmx}));
   EXPECT_EQ(kernels::usable_isas(WeightFormat::kFP8E4M3, amx), (std::vector<Isa>{Isa::kScalar, Isa::kAvx2, Isa::kAvx512}));
+  EXPECT_EQ(kernels::usable_isas(WeightFormat::kInt4, amx),
+            (std::vector<Isa>{Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16, Isa::kAmx}));
   EXPECT_TRUE(kernels::row_result_depends_on_row_count(WeightFormat::kFP8E4M3, Isa::kAmx));
+  EXPECT_TRUE(kernels::row_result_depends_on_row_count(WeightFormat::kInt4, Isa::kAmx));
   // On kAmx bf16 runs tiles for every call; W8A8 below kAmxManyRowsFrom rows runs its VNNI few-row loop.
   EXPECT_EQ(kernels::isa_for_rows(WeightFormat::kBF16, Isa::kAmx, 1), Isa::kAmx);
   EXPECT_EQ(kernels::isa_for_rows(WeightFormat::kBF16, Isa::kAmx, 512, true), Isa::kAmx);
@@ -735,17 +739,17 @@ TEST(KernelIsa, NeverPicksAnIsaTheCpuOrOsLacks) {
   EXPECT_FALSE(kernels::row_result_depends_on_row_count(WeightFormat::kInt8W8A8, Isa::kAmx));
 }
 
-// int4's and fp8's many-row calls leave vdpbf16ps on AMX CPUs (half vfmadd's rate there): int4 for the f32-FMA
-// kernels, fp8 for tiles where this process may use them (else FMA too, as under MOEX_ISA=avx512); their few-row
-// calls, and every call under the --batch-invariant pin, stay on vdpbf16ps. Elsewhere the row count never
+// int4's and fp8's many-row calls leave vdpbf16ps on AMX CPUs (half vfmadd's rate there): for tiles where this
+// process may use them, else (MOEX_ISA=avx512, a Linux that refuses the tile state) for the f32-FMA kernels; their
+// few-row calls, and every call under the --batch-invariant pin, stay on vdpbf16ps. Elsewhere the row count never
 // changes their ISA.
 TEST(KernelIsa, WeightOnlyManyRowsMoveOffVdpbf16psOnAmxCpus) {
   for (WeightFormat f : {WeightFormat::kInt4, WeightFormat::kFP8E4M3}) {
     const Isa isa = kernels::kernel_isa(f);
     const bool moves = isa == Isa::kAvx512Bf16 && cpu_features().has_amx_kernels();
-    const bool tiles = f == WeightFormat::kFP8E4M3 && moves && use_amx_kernels();
+    const bool tiles = moves && use_amx_kernels();
     const Isa to = tiles ? Isa::kAmx : Isa::kAvx512;
-    const int64_t many = tiles ? kernels::kAmxFp8ManyRowsFrom : kernels::kWeightOnlyManyRowsFrom;
+    const int64_t many = tiles ? kernels::kAmxWeightOnlyManyRowsFrom : kernels::kWeightOnlyManyRowsFrom;
     EXPECT_EQ(kernels::isa_for_rows(f, isa, many), moves ? to : isa);
     EXPECT_EQ(kernels::isa_for_rows(f, isa, many - 1), isa);
     EXPECT_EQ(kernels::isa_for_rows(f, isa, 512, true), isa);  // the pin keeps the few-row loop and its ISA

@@ -531,16 +531,17 @@ bool many_rows_on_fma(WeightFormat format, Isa isa) {
          cpu_features().has_amx_kernels();
 }
 
-// fp8's many-row calls go to tiles where this process may use them (use_amx_kernels: the CPU has AMX, Linux
-// granted the tile state, MOEX_ISA is not avx512): its codes decoded to bf16 pairs once per panel and K group,
-// then tdpbf16ps (expert_gemm_amx.cc), instead of the FMA loop above. The few-row loop stays the table one.
-bool fp8_many_rows_on_amx(WeightFormat format, Isa isa) {
-  return format == WeightFormat::kFP8E4M3 && isa == Isa::kAvx512Bf16 && use_amx_kernels();
+// fp8's and int4's many-row calls go to tiles where this process may use them (use_amx_kernels: the CPU has AMX,
+// Linux granted the tile state, MOEX_ISA is not avx512): their codes decoded to bf16 pairs once per panel and K
+// group, then tdpbf16ps (expert_gemm_amx.cc), instead of the FMA loop above. The few-row loops stay on vdpbf16ps.
+bool weight_only_many_rows_on_amx(WeightFormat format, Isa isa) {
+  return (format == WeightFormat::kFP8E4M3 || format == WeightFormat::kInt4) && isa == Isa::kAvx512Bf16 &&
+         use_amx_kernels();
 }
 }  // namespace
 
 bool row_result_depends_on_row_count(WeightFormat format, Isa isa) {
-  if (isa == Isa::kAmx) return format == WeightFormat::kFP8E4M3;  // (bf16: one loop; W8A8: exact sums)
+  if (isa == Isa::kAmx) return format == WeightFormat::kFP8E4M3 || format == WeightFormat::kInt4;  // (bf16: one loop; W8A8: exact)
   if (isa == Isa::kAvx512)
     return format == WeightFormat::kInt8 || format == WeightFormat::kInt4 || format == WeightFormat::kFP8E4M3;
   return (isa == Isa::kAvx512Bf16 && format == WeightFormat::kInt4) || many_rows_on_fma(format, isa);
@@ -554,8 +555,9 @@ std::vector<Isa> usable_isas(WeightFormat format, const CpuFeatures& cpu) {
     isas.push_back(Isa::kAvx512);
   if (best == Isa::kAmx) isas.push_back(below_amx(format));
   if (best != Isa::kScalar) isas.push_back(best);
-  if (format == WeightFormat::kFP8E4M3 && best == Isa::kAvx512Bf16 && cpu.has_amx_kernels())
-    isas.push_back(Isa::kAmx);  // its many-row loop (fp8_many_rows_on_amx)
+  if ((format == WeightFormat::kFP8E4M3 || format == WeightFormat::kInt4) && best == Isa::kAvx512Bf16 &&
+      cpu.has_amx_kernels())
+    isas.push_back(Isa::kAmx);  // their many-row loop (weight_only_many_rows_on_amx)
   return isas;
 }
 
@@ -883,7 +885,7 @@ RowKernel row_kernel(WeightFormat format, Isa isa, int64_t rows, bool batch_inva
 }  // namespace
 
 Isa isa_for_rows(WeightFormat format, Isa isa, int64_t rows, bool batch_invariant) {
-  if (fp8_many_rows_on_amx(format, isa)) isa = Isa::kAmx;  // fp8: tiles from kAmxFp8ManyRowsFrom rows
+  if (weight_only_many_rows_on_amx(format, isa)) isa = Isa::kAmx;  // tiles from kAmxWeightOnlyManyRowsFrom rows
   const bool many = row_kernel(format, isa, rows, batch_invariant) == RowKernel::kManyRows;
   if (isa == Isa::kAmx) return many ? Isa::kAmx : below_amx(format);
   return many && many_rows_on_fma(format, isa) ? Isa::kAvx512 : isa;
@@ -899,6 +901,8 @@ void run_panel_range(Isa isa, const PackedWeights& w, const x86::PanelJob& job, 
         job.many_rows ? x86::run_panels_bf16_amx(job, begin, end) : x86::run_panels_bf16_avx512bf16(job, begin, end);
       else if (w.format == WeightFormat::kFP8E4M3)
         job.many_rows ? x86::run_panels_fp8_amx(job, begin, end) : x86::run_panels_fp8_avx512bf16vbmi(job, begin, end);
+      else if (w.format == WeightFormat::kInt4)
+        job.many_rows ? x86::run_panels_int4_amx(job, begin, end) : x86::run_panels_int4_avx512bf16(job, begin, end);
       else
         job.many_rows ? x86::run_panels_w8a8_amx(job, begin, end) : x86::run_panels_w8a8_avx512vnni(job, begin, end);
       break;

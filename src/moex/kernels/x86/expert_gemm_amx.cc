@@ -223,34 +223,63 @@ void run_panels(const PanelJob& job, int64_t panel_begin, int64_t panel_end) {
   if (steps > 0) _tile_release();
 }
 
-// fp8 (e4m3 codes, one scale per 128 k of a panel): tdpbf16ps over the codes decoded to bf16 pairs, one K group
-// of 128 at a time (the scale's block). Per panel and group the codes are decoded once (16 KB, L1) and every
-// 16-row block runs its four k steps over them from zeroed C, then adds C times the group's scale into its f32
-// rows: the few-row loop's sums (per group, then scaled), in another order within a group. The activations are
-// the few-row loop's bf16 rows [T][k_padded], k_padded = round_up(K, 2): a last k step that would read past a
-// row takes its A tile from a zero-padded copy.
-constexpr int64_t kFp8Group = 128;
-constexpr int64_t kFp8GroupSteps = kFp8Group / 32;  // k steps of 32 (one A tile row of bf16) per group
+// The weight-only formats whose activations are bf16 (fp8: e4m3 codes, one scale per 128 k of a panel; int4:
+// codes 0..15, a scale and an offset per `group` k of a lane, w = q * scale + offset): tdpbf16ps over the codes
+// decoded to bf16 pairs, one K group (the scales' block) at a time. Per panel and group the codes are decoded
+// once (at most 16 KB, L1) and every 16-row block runs the group's k steps over them from zeroed C, then folds C
+// into its f32 rows: fp8 adds C times the group's scale; int4 adds C times the scale plus the offset times the
+// row's sum of the group's activations (job.group_sums: w = q * scale + offset, summed over the group). That is
+// each few-row loop's grouping; within a group tdpbf16ps adds a k pair in another order than vdpbf16ps (and
+// int4's few-row loop multiplies by q + 16), so the loops differ in last bits. The activations are the few-row
+// loops' bf16 rows [T][k_padded] (k_padded = K rounded to 2): a last k step that would read past a row's end
+// takes its A tile from a zero-padded copy.
+constexpr int64_t kMaxGroup = 128;
 
-void fp8_panels(const PanelJob& job, int64_t panel_begin, int64_t panel_end) {
+// int4's codes of one panel's pair rows [j0, j0 + pairs) (a lane's byte: q(2j) low nibble, q(2j + 1) high) as bf16
+// pairs in bf16's packed layout; rows past `valid` zero. The codes are small integers: exact in bf16.
+void decode_int4_pairs(const uint8_t* codes, int64_t valid, int64_t pairs, uint16_t* out) {
+  alignas(64) static const uint32_t kBf16Of[16] = {0x0000, 0x3f80, 0x4000, 0x4040, 0x4080, 0x40a0, 0x40c0, 0x40e0,
+                                                   0x4100, 0x4110, 0x4120, 0x4130, 0x4140, 0x4150, 0x4160, 0x4170};
+  const __m512i table = _mm512_load_si512(kBf16Of), low = _mm512_set1_epi32(15);
+  for (int64_t j = 0; j < pairs; ++j) {
+    for (int c = 0; c < 4; ++c) {  // lanes 16c .. 16c + 15
+      __m512i pair = _mm512_setzero_si512();
+      if (j < valid) {
+        const __m512i b = _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(codes + j * kPanel + 16 * c)));
+        const __m512i lo = _mm512_permutexvar_epi32(_mm512_and_si512(b, low), table);
+        const __m512i hi = _mm512_permutexvar_epi32(_mm512_srli_epi32(b, 4), table);
+        pair = _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
+      }
+      _mm512_store_si512(out + j * 2 * kPanel + 32 * c, pair);
+    }
+  }
+}
+
+template <WeightFormat kFormat>
+void weight_only_panels(const PanelJob& job, int64_t panel_begin, int64_t panel_end) {
+  constexpr bool kFp8 = kFormat == WeightFormat::kFP8E4M3;
   const PackedWeights& w = *job.w;
   const auto* x = static_cast<const uint8_t*>(job.activations);  // [T][k_padded] bf16
-  const int64_t tokens = job.tokens, K = w.cols, ldx = w.k_padded * 2, groups = (K + kFp8Group - 1) / kFp8Group;
-  thread_local std::vector<float> acc;  // [T][64] the panel's scaled sums
+  const int64_t tokens = job.tokens, K = w.cols, kp = w.k_padded, ldx = kp * 2;
+  const int64_t group = kFp8 ? 128 : w.group, groups = (K + group - 1) / group;
+  thread_local std::vector<float> acc;  // [T][64] the panel's folded sums
   if (acc.size() < static_cast<size_t>(tokens * kPanel)) acc.resize(tokens * kPanel);
-  alignas(64) uint16_t decoded[kFp8Group / 2 * kPanel * 2];  // [64 pairs][64 lanes][2]: one group, 16 KB
+  alignas(64) uint16_t decoded[kMaxGroup / 2 * kPanel * 2];  // [group / 2 pairs][64 lanes][2]: one group, <= 16 KB
   alignas(64) float part[kTileRows * kPanel];                  // one block's group sums [16][64]
   alignas(64) uint8_t a_tail[kTileRows * kStepBytes];          // a last k step's A rows, zero-padded
   const int rows = static_cast<int>(std::min<int64_t>(tokens, kTileRows));
   const int64_t blocks = (tokens + kTileRows - 1) / kTileRows;
   if (K > 0) configure(rows);
   for (int64_t panel = panel_begin; panel < panel_end; ++panel) {
-    const uint8_t* codes = w.data.as<const uint8_t>() + panel * K * kPanel;     // [K][64] e4m3
-    const float* scales = w.scales.as<const float>() + panel * groups * kPanel;  // [G][64], times 2^8
+    // fp8 [K][64] e4m3; int4 [kp / 2][64] bytes of two codes
+    const uint8_t* codes = w.data.as<const uint8_t>() + panel * (kFp8 ? K : kp / 2) * kPanel;
+    const float* scales = w.scales.as<const float>() + panel * groups * kPanel;  // [G][64] (fp8: times 2^8)
+    const float* offsets = kFp8 ? nullptr : w.offsets.as<const float>() + panel * groups * kPanel;  // [G][64]
     std::fill_n(acc.begin(), tokens * kPanel, 0.0f);
     for (int64_t g = 0; g < groups; ++g) {
-      const int64_t k0 = g * kFp8Group, kn = std::min(kFp8Group, K - k0), steps = (kn + 31) / 32;
-      decode_fp8_pairs_avx512bf16vbmi(codes + k0 * kPanel, kn, steps * 16, decoded);
+      const int64_t k0 = g * group, kn = std::min(group, K - k0), steps = (kn + 31) / 32;
+      if constexpr (kFp8) decode_fp8_pairs_avx512bf16vbmi(codes + k0 * kPanel, kn, steps * 16, decoded);
+      else decode_int4_pairs(codes + k0 / 2 * kPanel, (kn + 1) / 2, steps * 16, decoded);
       for (int64_t b = 0; b < blocks; ++b) {
         const int64_t t = std::min(b * kTileRows, tokens - rows);  // the last block ends at row T - 1
         _tile_zero(0);
@@ -281,13 +310,16 @@ void fp8_panels(const PanelJob& job, int64_t panel_begin, int64_t panel_end) {
         _tile_stored(2, part + 32, kPanel * 4);
         _tile_stored(3, part + 48, kPanel * 4);
         // A last block overlapping the one before adds only its rows the blocks before did not.
-        const int64_t first = b * kTileRows - t;
-        for (int64_t r = first; r < rows; ++r)
+        for (int64_t r = b * kTileRows - t; r < rows; ++r) {
+          const __m512 sum = kFp8 ? _mm512_setzero_ps() : _mm512_set1_ps(job.group_sums[(t + r) * groups + g]);
           for (int v = 0; v < 4; ++v) {
             float* out = acc.data() + (t + r) * kPanel + 16 * v;
-            const __m512 sc = _mm512_loadu_ps(scales + g * kPanel + 16 * v);
-            _mm512_storeu_ps(out, _mm512_fmadd_ps(_mm512_load_ps(part + r * kPanel + 16 * v), sc, _mm512_loadu_ps(out)));
+            __m512 y = _mm512_fmadd_ps(_mm512_load_ps(part + r * kPanel + 16 * v),
+                                       _mm512_loadu_ps(scales + g * kPanel + 16 * v), _mm512_loadu_ps(out));
+            if constexpr (!kFp8) y = _mm512_fmadd_ps(sum, _mm512_loadu_ps(offsets + g * kPanel + 16 * v), y);
+            _mm512_storeu_ps(out, y);
           }
+        }
       }
     }
     apply_epilogue(job.epilogue, w, panel, tokens, acc.data());
@@ -297,7 +329,13 @@ void fp8_panels(const PanelJob& job, int64_t panel_begin, int64_t panel_end) {
 
 }  // namespace
 
-void run_panels_fp8_amx(const PanelJob& job, int64_t panel_begin, int64_t panel_end) { fp8_panels(job, panel_begin, panel_end); }
+void run_panels_fp8_amx(const PanelJob& job, int64_t panel_begin, int64_t panel_end) {
+  weight_only_panels<WeightFormat::kFP8E4M3>(job, panel_begin, panel_end);
+}
+
+void run_panels_int4_amx(const PanelJob& job, int64_t panel_begin, int64_t panel_end) {
+  weight_only_panels<WeightFormat::kInt4>(job, panel_begin, panel_end);
+}
 
 void run_panels_bf16_amx(const PanelJob& job, int64_t panel_begin, int64_t panel_end) {
   run_panels<false>(job, panel_begin, panel_end);

@@ -49,9 +49,11 @@ void run_panels_fp8_avx512bf16vbmi(const PanelJob& job, int64_t panel_begin, int
 // every lane, lane order: bf16's packed layout; the values times 2^-8 as the fp8 scales expect; k at or past
 // k_count zero). out 64-byte aligned. For the AMX fp8 kernel (expert_gemm_amx.cc), which cannot use VBMI.
 void decode_fp8_pairs_avx512bf16vbmi(const uint8_t* codes, int64_t k_count, int64_t pair_rows, uint16_t* out);
-// fp8 many rows on AMX tiles: each K group of 128 decoded once per panel (above), tdpbf16ps per 16-row block, the
-// group's sums times its scale added into f32 rows; x86/expert_gemm_amx.cc.
+// fp8 and int4 (weight-only) many rows on AMX tiles: each K group decoded once per panel to bf16 pairs (fp8 through
+// the table above), tdpbf16ps per 16-row block, the group's sums folded in with its scale (and int4's offset times
+// job.group_sums) into f32 rows; x86/expert_gemm_amx.cc.
 void run_panels_fp8_amx(const PanelJob& job, int64_t panel_begin, int64_t panel_end);
+void run_panels_int4_amx(const PanelJob& job, int64_t panel_begin, int64_t panel_end);
 // The many-row GEMMs on AMX tiles (bf16 and W8A8), x86/expert_gemm_amx.cc: the caller has checked
 // has_amx_kernels() and request_amx_permission().
 void run_panels_bf16_amx(const PanelJob& job, int64_t panel_begin, int64_t panel_end);
