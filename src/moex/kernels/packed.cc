@@ -520,7 +520,8 @@ Isa below_amx(WeightFormat format) {
   return format == WeightFormat::kInt8W8A8 ? Isa::kAvx512Vnni : Isa::kAvx512Bf16;
 }
 
-// int4's and fp8's many-row calls on CPUs with AMX (Intel Xeons) run the f32-FMA kernels (kAvx512) instead of
+// int4's and fp8's many-row calls on CPUs with AMX (Intel Xeons) run tiles where this process may use them
+// (weight_only_many_rows_on_amx, below); else (MOEX_ISA=avx512, the tile state refused) the f32-FMA kernels (kAvx512) instead of
 // their vdpbf16ps ones: there vdpbf16ps runs at half the FLOP rate of vfmadd231ps (measured on such a Xeon:
 // 106-110 against 218 GFLOPS per core; Zen 4/5 run it at twice vfmadd's rate), and at many rows the dot products,
 // not the weight decode, bound the call: the FMA loops take 0.62-0.64x the time at 512 rows (int4-g128 and fp8,
