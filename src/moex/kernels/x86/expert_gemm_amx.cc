@@ -104,6 +104,20 @@ void start_c(int64_t s0, const uint8_t* c01, const uint8_t* c23, int64_t second)
   _tile_loadd(3, c23 + second + 64, kPanel * 4);
 }
 
+// One k step of a full panel against the A tile in tile 4: B tiles of lanes 0-15 .. 48-63 from b (a k step's 16
+// rows of 256 bytes) into C tiles 0-3.
+template <bool kInt8>
+inline void dot_step(const uint8_t* b) {
+  _tile_loadd(5, b, kLaneRowBytes);
+  MOEX_AMX_DOT(0, 4, 5);
+  _tile_loadd(6, b + 64, kLaneRowBytes);
+  MOEX_AMX_DOT(1, 4, 6);
+  _tile_loadd(7, b + 128, kLaneRowBytes);
+  MOEX_AMX_DOT(2, 4, 7);
+  _tile_loadd(5, b + 192, kLaneRowBytes);
+  MOEX_AMX_DOT(3, 4, 5);
+}
+
 // Up to 16 rows, k steps [s0, s1): c [rows][64] (4-byte elements) += x [rows][steps x 64 bytes] . panel [steps x
 // 16 rows][256 bytes]. Tiles: C 0-3 (lanes 0-15 .. 48-63), A 4, B 5-7 (5 holds lanes 0-15, then 48-63).
 template <bool kInt8>
@@ -112,16 +126,8 @@ void block16(const uint8_t* x, int64_t ldx, const uint8_t* panel, int64_t s0, in
   auto* out = static_cast<uint8_t*>(c);
   start_c(s0, out, out, 128);
   for (int64_t s = s0; s < s1; ++s) {
-    const uint8_t* b = panel + s * kStepPanelBytes;
     _tile_loadd(4, x + s * kStepBytes, ldx);
-    _tile_loadd(5, b, kLaneRowBytes);
-    MOEX_AMX_DOT(0, 4, 5);
-    _tile_loadd(6, b + 64, kLaneRowBytes);
-    MOEX_AMX_DOT(1, 4, 6);
-    _tile_loadd(7, b + 128, kLaneRowBytes);
-    MOEX_AMX_DOT(2, 4, 7);
-    _tile_loadd(5, b + 192, kLaneRowBytes);
-    MOEX_AMX_DOT(3, 4, 5);
+    dot_step<kInt8>(panel + s * kStepPanelBytes);
     prefetch.step(s - s0);
   }
   _tile_stored(0, out, kPanel * 4);
@@ -295,15 +301,7 @@ void weight_only_panels(const PanelJob& job, int64_t panel_begin, int64_t panel_
             for (int r = 0; r < rows; ++r) std::memcpy(a_tail + r * kStepBytes, x + (t + r) * ldx + k * 2, ldx - k * 2);
             _tile_loadd(4, a_tail, kStepBytes);
           }
-          const uint8_t* bt = reinterpret_cast<const uint8_t*>(decoded) + s * kStepPanelBytes;
-          _tile_loadd(5, bt, kLaneRowBytes);
-          _tile_dpbf16ps(0, 4, 5);
-          _tile_loadd(6, bt + 64, kLaneRowBytes);
-          _tile_dpbf16ps(1, 4, 6);
-          _tile_loadd(7, bt + 128, kLaneRowBytes);
-          _tile_dpbf16ps(2, 4, 7);
-          _tile_loadd(5, bt + 192, kLaneRowBytes);
-          _tile_dpbf16ps(3, 4, 5);
+          dot_step<false>(reinterpret_cast<const uint8_t*>(decoded) + s * kStepPanelBytes);
         }
         _tile_stored(0, part, kPanel * 4);
         _tile_stored(1, part + 16, kPanel * 4);
