@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <set>
 #include <thread>
 #include <vector>
@@ -88,6 +89,32 @@ TEST(DType, F8E4M3RoundTripsEveryCode) {
   EXPECT_EQ(f32_to_f8e4m3(1e6f), 0x7e);    // saturates
   EXPECT_EQ(f32_to_f8e4m3(-1e6f), 0xfe);
   EXPECT_EQ(f32_to_f8e4m3(-0.0f), 0x80);
+}
+
+// The branch-free conversion against the step-by-step definition: every float whose top 24 bits are given and
+// a pseudo-random low byte (2^24 values over every exponent, NaNs and infinities included), the ties between
+// neighbouring codes, and the ends of the subnormal range. A version that rounded ties away from zero, or let a
+// value past 448 through, fails here.
+TEST(DType, F8E4M3FastEqualsTheDefinition) {
+  uint32_t lcg = 1;
+  int64_t bad = 0;
+  for (uint32_t hi = 0; hi < (1u << 24); ++hi) {
+    lcg = lcg * 1664525u + 1013904223u;
+    const uint32_t bits = hi << 8 | (lcg >> 24);
+    float f;
+    std::memcpy(&f, &bits, 4);
+    if (f32_to_f8e4m3(f) != f32_to_f8e4m3_ref(f) && bad++ < 5)
+      ADD_FAILURE() << std::hex << "bits 0x" << bits << ": 0x" << int(f32_to_f8e4m3(f)) << " vs 0x" << int(f32_to_f8e4m3_ref(f));
+  }
+  EXPECT_EQ(bad, 0);
+  for (int v = 0; v < 0x7e; ++v) {
+    const float lo = f8e4m3_to_f32(static_cast<uint8_t>(v)), hi = f8e4m3_to_f32(static_cast<uint8_t>(v + 1));
+    for (const float f : {(lo + hi) / 2, -(lo + hi) / 2, std::nextafter((lo + hi) / 2, hi)})
+      EXPECT_EQ(f32_to_f8e4m3(f), f32_to_f8e4m3_ref(f)) << f;
+  }
+  for (const float f : {std::ldexp(1.0f, -10), std::ldexp(1.0f, -6), std::ldexp(0.9375f, -6), 448.0f, 464.0f, 465.0f,
+                        std::numeric_limits<float>::infinity(), std::numeric_limits<float>::denorm_min()})
+    EXPECT_EQ(f32_to_f8e4m3(f), f32_to_f8e4m3_ref(f)) << f;
 }
 
 TEST(DType, F8E4M3RoundsToNearest) {

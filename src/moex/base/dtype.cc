@@ -96,7 +96,7 @@ float f8e4m3_to_f32(uint8_t v) {
   return sign ? -value : value;
 }
 
-uint8_t f32_to_f8e4m3(float f) {
+uint8_t f32_to_f8e4m3_ref(float f) {
   const uint8_t sign = std::signbit(f) ? 0x80 : 0;
   if (std::isnan(f)) return static_cast<uint8_t>(sign | 0x7f);
   float a = std::fabs(f);

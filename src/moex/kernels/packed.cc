@@ -198,17 +198,28 @@ QuantizedMatrix quantize_fp8(const TensorView& w) {
   const int64_t row_blocks = (q.rows + 127) / 128, groups = q.groups();
   q.codes.resize(q.rows * q.cols);          // [rows, cols] e4m3
   q.scales.resize(row_blocks * groups);     // [ceil(rows/128), ceil(cols/128)]
+  const int64_t cols = q.cols;
   for_each_index(row_blocks, [&](int64_t rb) {
+    const int64_t r0 = rb * 128, r1 = std::min(q.rows, r0 + 128);
+    thread_local std::vector<float> block;  // [r1 - r0][cols]: the block's rows widened once
+    thread_local std::vector<float> buffer;
+    block.resize((r1 - r0) * cols);
+    for (int64_t r = r0; r < r1; ++r) std::copy_n(source_row(w, r, buffer), cols, block.data() + (r - r0) * cols);
     for (int64_t g = 0; g < groups; ++g) {
-      const int64_t r1 = std::min(q.rows, (rb + 1) * 128), c1 = std::min(q.cols, (g + 1) * 128);
-      float absmax = 0.0f;
-      for (int64_t r = rb * 128; r < r1; ++r)
-        for (int64_t c = g * 128; c < c1; ++c) absmax = std::max(absmax, std::fabs(read_f32(w, r, c)));
+      const int64_t c0 = g * 128, n = std::min(cols, c0 + 128) - c0;
+      float absmax = 0.0f;  // NaNs skipped, as abs_max does
+      for (int64_t r = r0; r < r1; ++r) absmax = std::max(absmax, abs_max(block.data() + (r - r0) * cols + c0, n));
       const float scale = absmax / kF8E4M3Max;
       q.scales[rb * groups + g] = scale;
-      for (int64_t r = rb * 128; r < r1; ++r)
-        for (int64_t c = g * 128; c < c1; ++c)
-          q.codes[r * q.cols + c] = f32_to_f8e4m3(scale > 0.0f ? read_f32(w, r, c) / scale : 0.0f);
+      for (int64_t r = r0; r < r1; ++r) {
+        const float* __restrict x = block.data() + (r - r0) * cols + c0;
+        uint8_t* __restrict out = q.codes.data() + r * cols + c0;  // restrict: a byte store may alias anything
+        if (scale > 0.0f) {
+          for (int64_t c = 0; c < n; ++c) out[c] = f32_to_f8e4m3(x[c] / scale);
+        } else {
+          for (int64_t c = 0; c < n; ++c) out[c] = f32_to_f8e4m3(0.0f);
+        }
+      }
     }
   });
   return q;
