@@ -25,12 +25,11 @@ PanelsWritten write_panels(const std::string& dir) {
   std::vector<TensorToWrite> tensors;
   std::vector<std::pair<size_t, int>> parts;  // per tensor: (matrix, buffer)
   for (size_t i = 0; i < panels.size(); ++i) {
-    for (int b = 0; b < 4; ++b) {
-      if (!PanelsFile::has_buffer(panels[i].layout.format, b)) continue;
-      kernels::PackedWeights layout = panels[i].layout;
+    for (int b = 0; b < kernels::PackedWeights::kBuffers; ++b) {
+      if (!kernels::PackedWeights::has_buffer(panels[i].layout.format, b)) continue;
       const DType dtype = PanelsFile::buffer_dtype(b);
       tensors.push_back({panels[i].name + PanelsFile::buffer_suffix(b), dtype,
-                         {static_cast<int64_t>(PanelsFile::buffer(layout, b).size / dtype_size(dtype))}});
+                         {static_cast<int64_t>(panels[i].layout.buffer(b).size / dtype_size(dtype))}});
       parts.emplace_back(i, b);
     }
   }
@@ -49,7 +48,7 @@ PanelsWritten write_panels(const std::string& dir) {
       packed = panels[matrix].pack();
       cached = matrix;
     }
-    const kernels::AlignedBytes& bytes = PanelsFile::buffer(packed, b);
+    const kernels::AlignedBytes& bytes = packed.buffer(b);
     MOEX_CHECK(begin + size <= bytes.size, tensors[index].name, " packs to ", bytes.size, " bytes");
     std::memcpy(dst, bytes.as<const uint8_t>() + begin, size);
   });

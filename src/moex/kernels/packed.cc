@@ -217,7 +217,7 @@ QuantizedMatrix quantize_fp8(const TensorView& w) {
         if (scale > 0.0f) {
           for (int64_t c = 0; c < n; ++c) out[c] = f32_to_f8e4m3(x[c] / scale);
         } else {
-          for (int64_t c = 0; c < n; ++c) out[c] = f32_to_f8e4m3(0.0f);
+          std::fill_n(out, n, f32_to_f8e4m3(0.0f));  // an all-zero block
         }
       }
     }
@@ -340,10 +340,8 @@ struct LaneSource {
 PackedWeights pack_lanes(const QuantizedMatrix& like, int64_t rows, bool gate_up,
                          const std::function<LaneSource(int64_t panel, int lane)>& source) {
   PackedWeights p = packed_layout(like.format, rows, like.cols, like.group, gate_up);
-  p.data.allocate(p.data.size);  // and the buffers of the format (zero-filled: padding lanes stay zero)
-  if (p.format != WeightFormat::kBF16) p.scales.allocate(p.scales.size);
-  if (p.format == WeightFormat::kInt4 || p.format == WeightFormat::kInt4W4A8) p.offsets.allocate(p.offsets.size);
-  if (p.format == WeightFormat::kInt8W8A8) p.col_sums.allocate(p.col_sums.size);
+  for (int b = 0; b < PackedWeights::kBuffers; ++b)  // zero-filled: padding lanes stay zero
+    if (PackedWeights::has_buffer(p.format, b)) p.buffer(b).allocate(p.buffer(b).size);
   const int64_t K = like.cols, P = p.panels, G = like.groups();
   const int64_t kp = p.k_padded;
   // Per panel: the lanes' rows first, then the panel written in its own order (k outer, lanes inner), so the

@@ -99,6 +99,17 @@ struct PackedWeights {
 
   int64_t rows_per_panel() const { return gate_up ? kPanel / 2 : kPanel; }
   size_t weight_bytes() const;  // bytes a pass over W reads (codes + scales): the roofline's numerator
+
+  // The buffers by index (0 data, 1 scales, 2 offsets, 3 col_sums), and whether `format` has buffer b (the
+  // layouts below): what pack() allocates and what a file of packed panels holds.
+  static constexpr int kBuffers = 4;
+  static bool has_buffer(WeightFormat format, int b) {
+    return b == 0 || (b == 1 && format != WeightFormat::kBF16) ||
+           (b == 2 && (format == WeightFormat::kInt4 || format == WeightFormat::kInt4W4A8)) ||
+           (b == 3 && format == WeightFormat::kInt8W8A8);
+  }
+  AlignedBytes& buffer(int b) { return b == 0 ? data : b == 1 ? scales : b == 2 ? offsets : col_sums; }
+  const AlignedBytes& buffer(int b) const { return const_cast<PackedWeights*>(this)->buffer(b); }
 };
 
 // The geometry pack() gives W [rows, cols] in `format` (panels, k_padded, and each buffer's size in bytes), with

@@ -10,21 +10,6 @@
 
 namespace moex {
 
-bool PanelsFile::has_buffer(kernels::WeightFormat format, int buffer) {
-  using kernels::WeightFormat;
-  switch (buffer) {
-    case 0: return true;
-    case 1: return format != WeightFormat::kBF16;
-    case 2: return format == WeightFormat::kInt4 || format == WeightFormat::kInt4W4A8;
-    default: return format == WeightFormat::kInt8W8A8;
-  }
-}
-
-kernels::AlignedBytes& PanelsFile::buffer(kernels::PackedWeights& w, int b) {
-  kernels::AlignedBytes* const buffers[4] = {&w.data, &w.scales, &w.offsets, &w.col_sums};
-  return *buffers[b];
-}
-
 DType PanelsFile::buffer_dtype(int buffer) {
   switch (buffer) {
     case 0: return DType::kU8;
@@ -85,8 +70,8 @@ std::shared_ptr<kernels::PackedWeights> PanelsFile::get(const std::string& name,
   auto out = std::make_shared<kernels::PackedWeights>(layout);
   // The mapping stays alive as long as any view into it: each buffer shares ownership of this object.
   const std::shared_ptr<const PanelsFile> self = shared_from_this();
-  for (int b = 0; b < 4; ++b) {
-    if (!has_buffer(layout.format, b)) continue;
+  for (int b = 0; b < kernels::PackedWeights::kBuffers; ++b) {
+    if (!kernels::PackedWeights::has_buffer(layout.format, b)) continue;
     const std::string tensor = name + buffer_suffix(b);
     auto it = file_.tensors().find(tensor);
     const auto fail = [&](const std::string& why) {
@@ -95,7 +80,7 @@ std::shared_ptr<kernels::PackedWeights> PanelsFile::get(const std::string& name,
     };
     if (it == file_.tensors().end()) fail("is missing");
     const TensorView& v = it->second;
-    kernels::AlignedBytes& bytes = buffer(*out, b);
+    kernels::AlignedBytes& bytes = out->buffer(b);
     const size_t want = bytes.size;
     if (v.dtype != buffer_dtype(b) || v.shape.rank != 1 || v.bytes() != want)
       fail("is " + std::string(dtype_name(v.dtype)) + " " + v.shape.str() + " (" + std::to_string(v.bytes()) +

@@ -48,12 +48,10 @@ class PanelsFile : public std::enable_shared_from_this<PanelsFile> {
   // dtype or size than the layout's, or misaligned.
   std::shared_ptr<kernels::PackedWeights> get(const std::string& name, const kernels::PackedWeights& layout) const;
 
-  // Buffer b of a packed matrix: 0 data, 1 scales, 2 offsets, 3 col_sums; whether `format` has it, the dtype it
-  // is written in, its tensor name's suffix, and the PackedWeights member.
-  static bool has_buffer(kernels::WeightFormat format, int buffer);
+  // Buffer b of a packed matrix (kernels::PackedWeights::buffer: 0 data, 1 scales, 2 offsets, 3 col_sums): the
+  // dtype it is written in and its tensor name's suffix.
   static DType buffer_dtype(int buffer);
   static const char* buffer_suffix(int buffer);
-  static kernels::AlignedBytes& buffer(kernels::PackedWeights& w, int b);
 
   explicit PanelsFile(const std::string& path) : file_(path) {}
 
