@@ -58,9 +58,9 @@ TEST(BatchInvariance, OneFunctionPinsTheRowKernel) {
       EXPECT_EQ(kernels::expert_kernel_for_rows(WeightFormat::kInt8W8A8, rows, pin, Isa::kAmx), by_rows) << rows;
     }
   }
-  // fp8's and int4's tiles (isa kAmx on AMX CPUs) from kAmxWeightOnlyManyRowsFrom rows; two summation orders, so
-  // the pin holds.
-  for (WeightFormat format : {WeightFormat::kFP8E4M3, WeightFormat::kInt4})
+  // fp8's, int4's and int8's tiles (isa kAmx on AMX CPUs) from kAmxWeightOnlyManyRowsFrom rows; two summation
+  // orders (int8: f32 activations against their bf16 split), so the pin holds.
+  for (WeightFormat format : {WeightFormat::kFP8E4M3, WeightFormat::kInt4, WeightFormat::kInt8})
     for (int64_t rows : {1, 7, 8, 15, 16, 512}) {
       const RowKernel by_rows = rows >= kernels::kAmxWeightOnlyManyRowsFrom ? RowKernel::kManyRows : RowKernel::kFewRows;
       EXPECT_EQ(kernels::expert_kernel_for_rows(format, rows, false, Isa::kAmx), by_rows) << rows;

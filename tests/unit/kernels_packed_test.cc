@@ -727,6 +727,11 @@ TEST(KernelIsa, NeverPicksAnIsaTheCpuOrOsLacks) {
   EXPECT_EQ(kernels::usable_isas(WeightFormat::kFP8E4M3, amx), (std::vector<Isa>{Isa::kScalar, Isa::kAvx2, Isa::kAvx512}));
   EXPECT_EQ(kernels::usable_isas(WeightFormat::kInt4, amx),
             (std::vector<Isa>{Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16, Isa::kAmx}));
+  // int8 (weight-only) adds tiles beside its f32-FMA loop.
+  EXPECT_EQ(kernels::usable_isas(WeightFormat::kInt8, amx),
+            (std::vector<Isa>{Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAmx}));
+  EXPECT_EQ(kernels::usable_isas(WeightFormat::kInt8, zen4), (std::vector<Isa>{Isa::kScalar, Isa::kAvx2, Isa::kAvx512}));
+  EXPECT_TRUE(kernels::row_result_depends_on_row_count(WeightFormat::kInt8, Isa::kAmx));
   EXPECT_TRUE(kernels::row_result_depends_on_row_count(WeightFormat::kFP8E4M3, Isa::kAmx));
   EXPECT_TRUE(kernels::row_result_depends_on_row_count(WeightFormat::kInt4, Isa::kAmx));
   // On kAmx bf16 runs tiles for every call; W8A8 below kAmxManyRowsFrom rows runs its VNNI few-row loop.
@@ -744,9 +749,11 @@ TEST(KernelIsa, NeverPicksAnIsaTheCpuOrOsLacks) {
 // few-row calls, and every call under the --batch-invariant pin, stay on vdpbf16ps. Elsewhere the row count never
 // changes their ISA.
 TEST(KernelIsa, WeightOnlyManyRowsMoveOffVdpbf16psOnAmxCpus) {
-  for (WeightFormat f : {WeightFormat::kInt4, WeightFormat::kFP8E4M3}) {
+  for (WeightFormat f : {WeightFormat::kInt4, WeightFormat::kFP8E4M3, WeightFormat::kInt8}) {
     const Isa isa = kernels::kernel_isa(f);
-    const bool moves = isa == Isa::kAvx512Bf16 && cpu_features().has_amx_kernels();
+    // int8's few-row loop is the f32-FMA one (kAvx512): only tiles move it.
+    const bool moves = f == WeightFormat::kInt8 ? isa == Isa::kAvx512 && cpu_features().has_amx_kernels() && use_amx_kernels()
+                                                : isa == Isa::kAvx512Bf16 && cpu_features().has_amx_kernels();
     const bool tiles = moves && use_amx_kernels();
     const Isa to = tiles ? Isa::kAmx : Isa::kAvx512;
     const int64_t many = tiles ? kernels::kAmxWeightOnlyManyRowsFrom : kernels::kWeightOnlyManyRowsFrom;

@@ -524,9 +524,9 @@ Isa kernel_isa(WeightFormat format) {
 }
 
 namespace {
-// The AVX-512 kernel that runs kAmx's few-row loop (and reads the same activations).
+// The AVX-512 kernel that runs kAmx's few-row loop (and but for int8 reads the same activations).
 Isa below_amx(WeightFormat format) {
-  return format == WeightFormat::kInt8W8A8 ? Isa::kAvx512Vnni : Isa::kAvx512Bf16;
+  return format == WeightFormat::kInt8W8A8 ? Isa::kAvx512Vnni : format == WeightFormat::kInt8 ? Isa::kAvx512 : Isa::kAvx512Bf16;
 }
 
 // int4's and fp8's many-row calls on CPUs with AMX (Intel Xeons) run tiles where this process may use them
@@ -544,14 +544,18 @@ bool many_rows_on_fma(WeightFormat format, Isa isa) {
 // fp8's and int4's many-row calls go to tiles where this process may use them (use_amx_kernels: the CPU has AMX,
 // Linux granted the tile state, MOEX_ISA is not avx512): their codes decoded to bf16 pairs once per panel and K
 // group, then tdpbf16ps (expert_gemm_amx.cc), instead of the FMA loop above. The few-row loops stay on vdpbf16ps.
+// int8's (weight-only) too: its few-row loop is f32 FMA (kAvx512); its tiles read the activations split into bf16
+// (hi, lo) pairs (x86/expert_gemm_amx.cc), near f32.
 bool weight_only_many_rows_on_amx(WeightFormat format, Isa isa) {
-  return (format == WeightFormat::kFP8E4M3 || format == WeightFormat::kInt4) && isa == Isa::kAvx512Bf16 &&
+  return (((format == WeightFormat::kFP8E4M3 || format == WeightFormat::kInt4) && isa == Isa::kAvx512Bf16) ||
+          (format == WeightFormat::kInt8 && isa == Isa::kAvx512)) &&
          use_amx_kernels();
 }
 }  // namespace
 
 bool row_result_depends_on_row_count(WeightFormat format, Isa isa) {
-  if (isa == Isa::kAmx) return format == WeightFormat::kFP8E4M3 || format == WeightFormat::kInt4;  // (bf16: one loop; W8A8: exact)
+  if (isa == Isa::kAmx)  // (bf16: one loop; W8A8: exact)
+    return format == WeightFormat::kFP8E4M3 || format == WeightFormat::kInt4 || format == WeightFormat::kInt8;
   if (isa == Isa::kAvx512)
     return format == WeightFormat::kInt8 || format == WeightFormat::kInt4 || format == WeightFormat::kFP8E4M3;
   return (isa == Isa::kAvx512Bf16 && format == WeightFormat::kInt4) || many_rows_on_fma(format, isa);
@@ -565,7 +569,8 @@ std::vector<Isa> usable_isas(WeightFormat format, const CpuFeatures& cpu) {
     isas.push_back(Isa::kAvx512);
   if (best == Isa::kAmx) isas.push_back(below_amx(format));
   if (best != Isa::kScalar) isas.push_back(best);
-  if ((format == WeightFormat::kFP8E4M3 || format == WeightFormat::kInt4) && best == Isa::kAvx512Bf16 &&
+  if ((((format == WeightFormat::kFP8E4M3 || format == WeightFormat::kInt4) && best == Isa::kAvx512Bf16) ||
+       (format == WeightFormat::kInt8 && best == Isa::kAvx512)) &&
       cpu.has_amx_kernels())
     isas.push_back(Isa::kAmx);  // their many-row loop (weight_only_many_rows_on_amx)
   return isas;
@@ -714,7 +719,7 @@ void run_scalar(const float* x, int64_t tokens, const PackedWeights& w, const x8
 // Activations as one ISA's kernel reads them: converted row by row (so callers may split rows across threads,
 // or convert the rows of several experts in one loop) and bound to a PanelJob from any first row.
 struct Activations {
-  std::vector<uint16_t> bf16;  // kAvx512Bf16 / kAmx: [T][k_padded]
+  std::vector<uint16_t> bf16;  // kAvx512Bf16 / kAmx: [T][k_padded]; int8 on kAmx: [T][split_row_stride(K)] (hi, lo) pairs
   std::vector<uint8_t> u8;     // kAvx512Vnni: [T][k_padded] q + 128 (W8A8), q as s8 bits (W4A8); kAvx2 W8A8 / W4A8: q
   std::vector<float> f32;      // kAvx512 / kAvx2 bf16, int4, fp8: [T][K] rounded to bf16
   std::vector<float> extra;    // W8A8: [T] token scales; W4A8: [T][groups] group scales; int4 on kAvx512Bf16
@@ -724,14 +729,20 @@ struct Activations {
   static bool quantized(const PackedWeights& w) {
     return w.format == WeightFormat::kInt8W8A8 || w.format == WeightFormat::kInt4W4A8;
   }
-  // kAmx's tiles read what the AVX-512 kernel of its few-row loop reads (bf16 rows, or W8A8's u8 codes).
-  static Isa reads_as(Isa isa, const PackedWeights& w) { return isa == Isa::kAmx ? below_amx(w.format) : isa; }
+  // kAmx's tiles read what the AVX-512 kernel of its few-row loop reads (bf16 rows, or W8A8's u8 codes), but for
+  // int8's, which read split pairs (its few-row loop reads the f32 rows as they are).
+  static Isa reads_as(Isa isa, const PackedWeights& w) {
+    return isa != Isa::kAmx || w.format == WeightFormat::kInt8 ? isa : below_amx(w.format);
+  }
 
   void size_for(Isa isa, const PackedWeights& w, int64_t tokens) {
     isa = reads_as(isa, w);
     const size_t kp = w.k_padded, groups = w.group ? (w.cols + w.group - 1) / w.group : 1;
     switch (isa) {
-      case Isa::kAmx:  // (reads_as: not reached)
+      case Isa::kAmx:  // int8 (reads_as)
+        if (bf16.size() < static_cast<size_t>(tokens * x86::split_row_stride(w.cols)))
+          bf16.resize(tokens * x86::split_row_stride(w.cols));
+        break;
       case Isa::kAvx512Bf16:
         if (bf16.size() < tokens * kp) bf16.resize(tokens * kp);
         if (w.format == WeightFormat::kInt4 && extra.size() < tokens * groups) extra.resize(tokens * groups);
@@ -761,7 +772,9 @@ struct Activations {
     isa = reads_as(isa, w);
     const int64_t K = w.cols, kp = w.k_padded;
     switch (isa) {
-      case Isa::kAmx:
+      case Isa::kAmx:  // int8 (reads_as)
+        x86::split_row_bf16_avx512bf16(x, K, bf16.data() + t * x86::split_row_stride(K));
+        break;
       case Isa::kAvx512Bf16: {
         uint16_t* row = bf16.data() + t * kp;
         x86::round_row_bf16_avx512bf16(x, K, kp, row);
@@ -835,6 +848,7 @@ struct Activations {
   static bool elementwise(Isa isa, const PackedWeights& w) {
     isa = reads_as(isa, w);
     if (isa == Isa::kAvx512 || isa == Isa::kAvx2) return w.format == WeightFormat::kInt8;  // int8 reads f32 x as it is
+    if (isa == Isa::kAmx) return true;  // int8's split pairs
     return isa == Isa::kAvx512Bf16 && (w.format == WeightFormat::kBF16 || w.format == WeightFormat::kFP8E4M3);
   }
   // Columns [c0, c1) of row x [K] into row t (elementwise(isa, w) only; c0 a multiple of 16); the range that
@@ -843,6 +857,10 @@ struct Activations {
     isa = reads_as(isa, w);
     if (isa == Isa::kAvx512 || isa == Isa::kAvx2) return;
     const int64_t K = w.cols, kp = w.k_padded;
+    if (isa == Isa::kAmx) {  // int8's split pairs
+      x86::split_row_bf16_avx512bf16(x + c0, c1 - c0, bf16.data() + t * x86::split_row_stride(K) + c0 * 2);
+      return;
+    }
     x86::round_row_bf16_avx512bf16(x + c0, c1 - c0, (c1 == K ? kp : c1) - c0, bf16.data() + t * kp + c0);
   }
   // The job reads `tokens` converted rows from row t0 (x: the unconverted rows, for kAvx512 int8).
@@ -850,7 +868,9 @@ struct Activations {
     isa = reads_as(isa, w);
     const int64_t kp = w.k_padded, groups = w.group ? (w.cols + w.group - 1) / w.group : 1;
     switch (isa) {
-      case Isa::kAmx:
+      case Isa::kAmx:  // int8 (reads_as)
+        job.activations = bf16.data() + t0 * x86::split_row_stride(w.cols);
+        break;
       case Isa::kAvx512Bf16:
         job.activations = bf16.data() + t0 * kp;
         if (w.format == WeightFormat::kInt4) job.group_sums = extra.data() + t0 * groups;
@@ -913,6 +933,8 @@ void run_panel_range(Isa isa, const PackedWeights& w, const x86::PanelJob& job, 
         job.many_rows ? x86::run_panels_fp8_amx(job, begin, end) : x86::run_panels_fp8_avx512bf16vbmi(job, begin, end);
       else if (w.format == WeightFormat::kInt4)
         job.many_rows ? x86::run_panels_int4_amx(job, begin, end) : x86::run_panels_int4_avx512bf16(job, begin, end);
+      else if (w.format == WeightFormat::kInt8)  // tiles for any row count: the rows are split pairs (reads_as)
+        x86::run_panels_int8_amx(job, begin, end);
       else
         job.many_rows ? x86::run_panels_w8a8_amx(job, begin, end) : x86::run_panels_w8a8_avx512vnni(job, begin, end);
       break;
@@ -1122,7 +1144,7 @@ void fused_experts(const ExpertRows* experts, int count, float* out, int64_t out
   if (isa == Isa::kAmx) MOEX_CHECK(request_amx_permission(), "Linux refused this process the AMX tile state");
   FusedPlan& plan = g_fused;  // names, not the thread_local, reach the threads
   // Each expert's rows run where expert_gate_up alone would run them (isa_for_rows by its own row count: on an
-  // AMX CPU int4's and fp8's many-row experts go to the FMA kernels, their few-row ones stay on vdpbf16ps), so
+  // AMX CPU int8's, int4's and fp8's many-row experts go to tiles, their few-row ones stay on FMA / vdpbf16ps), so
   // the pass equals the expert-by-expert kernels bit for bit. The buffers of both ISAs live in one Activations
   // (each row is converted once, for its expert's ISA); this also reads MOEX_ROW_KERNEL outside the region.
   plan.expert_isa.resize(count);

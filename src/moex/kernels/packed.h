@@ -163,7 +163,7 @@ enum class RowKernel : uint8_t { kFewRows, kManyRows };
 inline constexpr int64_t kManyRowsFrom = 12;            // bf16 / W8A8: the measured crossover (docs/kernels.md)
 inline constexpr int64_t kWeightOnlyManyRowsFrom = 16;  // int8 / fp8 / int4
 inline constexpr int64_t kAmxManyRowsFrom = 4;          // W8A8 on AMX (docs/kernels.md); bf16 on AMX: from 1
-inline constexpr int64_t kAmxWeightOnlyManyRowsFrom = 8;  // fp8's and int4's tiles on AMX CPUs (isa kAmx; docs/kernels.md)
+inline constexpr int64_t kAmxWeightOnlyManyRowsFrom = 8;  // fp8's, int4's and int8's tiles on AMX CPUs (isa kAmx; docs/kernels.md)
 inline constexpr RowKernel kBatchInvariantRowKernel = RowKernel::kFewRows;  // the pin (docs/serve.md: its cost)
 constexpr bool row_kernels_agree(WeightFormat format) {
   return format == WeightFormat::kBF16 || format == WeightFormat::kInt8W8A8 || format == WeightFormat::kInt4W4A8;
@@ -171,7 +171,7 @@ constexpr bool row_kernels_agree(WeightFormat format) {
 constexpr RowKernel expert_kernel_for_rows(WeightFormat format, int64_t rows, bool batch_invariant,
                                            Isa isa = Isa::kAvx512Bf16) {
   if (batch_invariant && !row_kernels_agree(format)) return kBatchInvariantRowKernel;
-  const int64_t from = (format == WeightFormat::kFP8E4M3 || format == WeightFormat::kInt4) && isa == Isa::kAmx
+  const int64_t from = (format == WeightFormat::kFP8E4M3 || format == WeightFormat::kInt4 || format == WeightFormat::kInt8) && isa == Isa::kAmx
                            ? kAmxWeightOnlyManyRowsFrom
                        : !row_kernels_agree(format)        ? kWeightOnlyManyRowsFrom
                        : isa != Isa::kAmx                 ? kManyRowsFrom

@@ -238,7 +238,10 @@ void run_panels(const PanelJob& job, int64_t panel_begin, int64_t panel_end) {
 // each few-row loop's grouping; within a group tdpbf16ps adds a k pair in another order than vdpbf16ps (and
 // int4's few-row loop multiplies by q + 16), so the loops differ in last bits. The activations are the few-row
 // loops' bf16 rows [T][k_padded] (k_padded = K rounded to 2): a last k step that would read past a row's end
-// takes its A tile from a zero-padded copy.
+// takes its A tile from a zero-padded copy. int8 (weight-only, one scale per lane) runs the same loop with one k
+// per pair: its f32 activations split into bf16 (hi, lo) pairs [T][K][2] against the codes as (w, w), so a row's
+// sums carry ~16 bits of each activation (relative error <= 2^-17), within the f32 path's tolerance, at twice the
+// tile work of a plain bf16 row; rounding the activations to bf16 instead would change int8's results by ~2^-9.
 constexpr int64_t kMaxGroup = 128;
 
 // int4's codes of one panel's pair rows [j0, j0 + pairs) (a lane's byte: q(2j) low nibble, q(2j + 1) high) as bf16
@@ -261,13 +264,35 @@ void decode_int4_pairs(const uint8_t* codes, int64_t valid, int64_t pairs, uint1
   }
 }
 
+// int8's codes of one panel's k rows [0, pairs) as bf16 pairs (w, w): one k per pair, against activations split
+// into (hi, lo) pairs; rows past `valid` zero. The codes (|q| <= 128) are exact in bf16: the top half of their f32.
+void decode_int8_pairs(const uint8_t* codes, int64_t valid, int64_t pairs, uint16_t* out) {
+  const __m512i top = _mm512_set1_epi32(static_cast<int32_t>(0xffff0000u));
+  for (int64_t j = 0; j < pairs; ++j) {
+    for (int c = 0; c < 4; ++c) {  // lanes 16c .. 16c + 15
+      __m512i pair = _mm512_setzero_si512();
+      if (j < valid) {
+        const __m512i q = _mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(codes + j * kPanel + 16 * c)));
+        const __m512i f = _mm512_and_si512(_mm512_castps_si512(_mm512_cvtepi32_ps(q)), top);
+        pair = _mm512_or_si512(f, _mm512_srli_epi32(f, 16));
+      }
+      _mm512_store_si512(out + j * 2 * kPanel + 32 * c, pair);
+    }
+  }
+}
+
 template <WeightFormat kFormat>
 void weight_only_panels(const PanelJob& job, int64_t panel_begin, int64_t panel_end) {
-  constexpr bool kFp8 = kFormat == WeightFormat::kFP8E4M3;
+  constexpr bool kFp8 = kFormat == WeightFormat::kFP8E4M3, kInt8 = kFormat == WeightFormat::kInt8;
+  // Bytes of an activation row per k: a bf16 (fp8, int4: two k per pair), or int8's (hi, lo) pair (one k per pair).
+  constexpr int64_t kRowBytesPerK = kInt8 ? 4 : 2, kPerStep = kStepBytes / kRowBytesPerK;
   const PackedWeights& w = *job.w;
-  const auto* x = static_cast<const uint8_t*>(job.activations);  // [T][k_padded] bf16
-  const int64_t tokens = job.tokens, K = w.cols, kp = w.k_padded, ldx = kp * 2;
-  const int64_t group = kFp8 ? 128 : w.group, groups = (K + group - 1) / group;
+  const auto* x = static_cast<const uint8_t*>(job.activations);  // [T][k_padded] bf16; int8 [T][K][2]
+  const int64_t tokens = job.tokens, K = w.cols, row_bytes = (kInt8 ? K : w.k_padded) * kRowBytesPerK;
+  const int64_t ldx = kInt8 ? split_row_stride(K) * 2 : row_bytes;  // bytes from one row to the next
+  // The K group: fp8's scale block; int4's group; int8 (one scale per lane) 64 k, so its decoded pairs fit as
+  // fp8's do.
+  const int64_t group = kFp8 ? 128 : kInt8 ? kMaxGroup / 2 : w.group, groups = (K + group - 1) / group;
   thread_local std::vector<float> acc;  // [T][64] the panel's folded sums
   if (acc.size() < static_cast<size_t>(tokens * kPanel)) acc.resize(tokens * kPanel);
   alignas(64) uint16_t decoded[kMaxGroup / 2 * kPanel * 2];  // [group / 2 pairs][64 lanes][2]: one group, <= 16 KB
@@ -276,15 +301,29 @@ void weight_only_panels(const PanelJob& job, int64_t panel_begin, int64_t panel_
   const int rows = static_cast<int>(std::min<int64_t>(tokens, kTileRows));
   const int64_t blocks = (tokens + kTileRows - 1) / kTileRows;
   if (K > 0) configure(rows);
+  // The codes of this call's panels are one run of memory, read group by group: the L2 prefetch keeps kLead bytes
+  // ahead of the decode (without it the decode waits on every group's lines: mini's gate_up at 16 rows took as
+  // long at any row count, ~32% of the read probe).
+  const int64_t code_bytes_per_k = kFormat == WeightFormat::kInt4 ? kPanel / 2 : kPanel;
+  const int64_t panel_code_bytes = (kFormat == WeightFormat::kInt4 ? w.k_padded : K) * code_bytes_per_k;
+  const auto* all_codes = reinterpret_cast<const char*>(w.data.as<const uint8_t>());
+  Prefetch prefetch{all_codes + panel_begin * panel_code_bytes, all_codes + panel_end * panel_code_bytes};
   for (int64_t panel = panel_begin; panel < panel_end; ++panel) {
-    // fp8 [K][64] e4m3; int4 [kp / 2][64] bytes of two codes
-    const uint8_t* codes = w.data.as<const uint8_t>() + panel * (kFp8 ? K : kp / 2) * kPanel;
-    const float* scales = w.scales.as<const float>() + panel * groups * kPanel;  // [G][64] (fp8: times 2^8)
-    const float* offsets = kFp8 ? nullptr : w.offsets.as<const float>() + panel * groups * kPanel;  // [G][64]
+    // fp8 and int8 [K][64] codes; int4 [k_padded / 2][64] bytes of two codes
+    const uint8_t* codes = w.data.as<const uint8_t>() + panel * (kFp8 || kInt8 ? K : w.k_padded / 2) * kPanel;
+    // [G][64] (fp8: times 2^8); int8 [64], the same for every group
+    const float* scales = w.scales.as<const float>() + panel * (kInt8 ? 1 : groups) * kPanel;
+    const int64_t scale_stride = kInt8 ? 0 : kPanel;
+    const float* offsets = kFormat != WeightFormat::kInt4 ? nullptr : w.offsets.as<const float>() + panel * groups * kPanel;  // [G][64]
     std::fill_n(acc.begin(), tokens * kPanel, 0.0f);
     for (int64_t g = 0; g < groups; ++g) {
-      const int64_t k0 = g * group, kn = std::min(group, K - k0), steps = (kn + 31) / 32;
+      const int64_t k0 = g * group, kn = std::min(group, K - k0), steps = (kn + kPerStep - 1) / kPerStep;
+      // Spread over the group's k steps of every block: a burst of a group's lines waits on the line fill buffers.
+      prefetch.first = all_codes + panel * panel_code_bytes + k0 * code_bytes_per_k + kLead;
+      prefetch.per_step = static_cast<double>(kn * code_bytes_per_k) / static_cast<double>(steps * blocks);
+      int64_t step_index = 0;
       if constexpr (kFp8) decode_fp8_pairs_avx512bf16vbmi(codes + k0 * kPanel, kn, steps * 16, decoded);
+      else if constexpr (kInt8) decode_int8_pairs(codes + k0 * kPanel, kn, steps * 16, decoded);
       else decode_int4_pairs(codes + k0 / 2 * kPanel, (kn + 1) / 2, steps * 16, decoded);
       for (int64_t b = 0; b < blocks; ++b) {
         const int64_t t = std::min(b * kTileRows, tokens - rows);  // the last block ends at row T - 1
@@ -293,15 +332,17 @@ void weight_only_panels(const PanelJob& job, int64_t panel_begin, int64_t panel_
         _tile_zero(2);
         _tile_zero(3);
         for (int64_t s = 0; s < steps; ++s) {
-          const int64_t k = k0 + 32 * s;  // this step's k; its A tile reads k .. k + 31 of each row
-          if ((k + 32) * 2 <= ldx) {
-            _tile_loadd(4, x + t * ldx + k * 2, ldx);
+          const int64_t k = k0 + kPerStep * s;  // this step's k; its A tile reads k .. k + kPerStep - 1 of each row
+          if ((k + kPerStep) * kRowBytesPerK <= row_bytes) {
+            _tile_loadd(4, x + t * ldx + k * kRowBytesPerK, ldx);
           } else {  // past the row's end: the row's tail, then zeros (zero weights there too)
             std::memset(a_tail, 0, sizeof a_tail);
-            for (int r = 0; r < rows; ++r) std::memcpy(a_tail + r * kStepBytes, x + (t + r) * ldx + k * 2, ldx - k * 2);
+            for (int r = 0; r < rows; ++r)
+              std::memcpy(a_tail + r * kStepBytes, x + (t + r) * ldx + k * kRowBytesPerK, row_bytes - k * kRowBytesPerK);
             _tile_loadd(4, a_tail, kStepBytes);
           }
           dot_step<false>(reinterpret_cast<const uint8_t*>(decoded) + s * kStepPanelBytes);
+          prefetch.step(++step_index);
         }
         _tile_stored(0, part, kPanel * 4);
         _tile_stored(1, part + 16, kPanel * 4);
@@ -309,12 +350,13 @@ void weight_only_panels(const PanelJob& job, int64_t panel_begin, int64_t panel_
         _tile_stored(3, part + 48, kPanel * 4);
         // A last block overlapping the one before adds only its rows the blocks before did not.
         for (int64_t r = b * kTileRows - t; r < rows; ++r) {
-          const __m512 sum = kFp8 ? _mm512_setzero_ps() : _mm512_set1_ps(job.group_sums[(t + r) * groups + g]);
+          constexpr bool kInt4 = kFormat == WeightFormat::kInt4;
+          const __m512 sum = kInt4 ? _mm512_set1_ps(job.group_sums[(t + r) * groups + g]) : _mm512_setzero_ps();
           for (int v = 0; v < 4; ++v) {
             float* out = acc.data() + (t + r) * kPanel + 16 * v;
             __m512 y = _mm512_fmadd_ps(_mm512_load_ps(part + r * kPanel + 16 * v),
-                                       _mm512_loadu_ps(scales + g * kPanel + 16 * v), _mm512_loadu_ps(out));
-            if constexpr (!kFp8) y = _mm512_fmadd_ps(sum, _mm512_loadu_ps(offsets + g * kPanel + 16 * v), y);
+                                       _mm512_loadu_ps(scales + g * scale_stride + 16 * v), _mm512_loadu_ps(out));
+            if constexpr (kInt4) y = _mm512_fmadd_ps(sum, _mm512_loadu_ps(offsets + g * kPanel + 16 * v), y);
             _mm512_storeu_ps(out, y);
           }
         }
@@ -329,6 +371,10 @@ void weight_only_panels(const PanelJob& job, int64_t panel_begin, int64_t panel_
 
 void run_panels_fp8_amx(const PanelJob& job, int64_t panel_begin, int64_t panel_end) {
   weight_only_panels<WeightFormat::kFP8E4M3>(job, panel_begin, panel_end);
+}
+
+void run_panels_int8_amx(const PanelJob& job, int64_t panel_begin, int64_t panel_end) {
+  weight_only_panels<WeightFormat::kInt8>(job, panel_begin, panel_end);
 }
 
 void run_panels_int4_amx(const PanelJob& job, int64_t panel_begin, int64_t panel_end) {

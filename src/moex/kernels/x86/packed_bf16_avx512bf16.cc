@@ -248,4 +248,15 @@ void round_row_bf16_avx512bf16(const float* x, int64_t k, int64_t k_padded, uint
   }
 }
 
+void split_row_bf16_avx512bf16(const float* x, int64_t k, uint16_t* out) {
+  for (int64_t i = 0; i < k; i += 16) {
+    const __mmask16 m = lane_mask(k - i);
+    const __m512 v = _mm512_maskz_loadu_ps(m, x + i);
+    const __m512i hi = _mm512_cvtepu16_epi32(reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v)));
+    const __m512 rest = _mm512_sub_ps(v, _mm512_castsi512_ps(_mm512_slli_epi32(hi, 16)));
+    const __m512i lo = _mm512_cvtepu16_epi32(reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(rest)));
+    _mm512_mask_storeu_epi32(out + 2 * i, m, _mm512_or_si512(hi, _mm512_slli_epi32(lo, 16)));
+  }
+}
+
 }  // namespace moex::kernels::x86

@@ -53,6 +53,9 @@ void decode_fp8_pairs_avx512bf16vbmi(const uint8_t* codes, int64_t k_count, int6
 // the table above), tdpbf16ps per 16-row block, the group's sums folded in with its scale (and int4's offset times
 // job.group_sums) into f32 rows; x86/expert_gemm_amx.cc.
 void run_panels_fp8_amx(const PanelJob& job, int64_t panel_begin, int64_t panel_end);
+// int8 (weight-only) likewise, over activations split into bf16 (hi, lo) pairs (split_row_bf16_avx512bf16) against
+// the codes as pairs (w, w): x . w to ~16 bits of x, the f32 path's result within its tolerance.
+void run_panels_int8_amx(const PanelJob& job, int64_t panel_begin, int64_t panel_end);
 void run_panels_int4_amx(const PanelJob& job, int64_t panel_begin, int64_t panel_end);
 // The many-row GEMMs on AMX tiles (bf16 and W8A8), x86/expert_gemm_amx.cc: the caller has checked
 // has_amx_kernels() and request_amx_permission().
@@ -65,6 +68,12 @@ void run_panels_int4_w4a8_avx512vnni(const PanelJob& job, int64_t panel_begin, i
 
 // x [k] f32 -> out [k_padded] bf16 (round to nearest even, zero tail).
 void round_row_bf16_avx512bf16(const float* x, int64_t k, int64_t k_padded, uint16_t* out);
+// x [k] f32 -> out [k][2] bf16 pairs (hi, lo): hi = x rounded to bf16, lo = what is left, rounded to bf16, so hi +
+// lo is x to ~16 bits (relative error <= 2^-17). int8's tiles read these against pairs (w, w): one k per pair.
+void split_row_bf16_avx512bf16(const float* x, int64_t k, uint16_t* out);
+// The row stride of those pairs in bf16 elements: 2 k and 64 bytes more, so a tile's 16 rows do not fall in one
+// L1 set (K = 1024: 4 KB apart without it, and the A tile loads missed L1).
+inline int64_t split_row_stride(int64_t k) { return 2 * k + 32; }
 // x [k] -> out [k_padded] u8 = quantize_activations_s8 + 128 (zero tail: 128); returns the scale.
 float quantize_row_u8_avx512(const float* x, int64_t k, int64_t k_padded, uint8_t* out);
 
