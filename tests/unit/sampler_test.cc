@@ -41,8 +41,9 @@ TEST(Sampler, GreedyIsTheFirstArgmax) {
   for (int i = 0; i < 3; ++i) EXPECT_EQ(sampler.sample(big.data(), 32000), expected);
 }
 
-// argmax against the one-line walk it replaces, on every length up to 70 (the 16-lane body and its tail) and the
-// vocabulary's, with ties, signed zeros, infinities and NaNs placed at random, and a NaN first (the walk keeps 0).
+// argmax against the one-line walk it replaces, on every length up to 70 (no whole block: the tail loop), around one
+// and two 256-logit blocks, and the vocabulary's, with ties, signed zeros, infinities and NaNs placed at random, and
+// a NaN first (the walk keeps 0).
 TEST(Sampler, ArgmaxIsTheWalksFirstLargest) {
   const auto walk = [](const std::vector<float>& x) {
     int best = 0;
@@ -52,7 +53,10 @@ TEST(Sampler, ArgmaxIsTheWalksFirstLargest) {
   };
   const float specials[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 3.0f};
   std::mt19937_64 rng(11);
-  for (int n = 1; n <= 70; ++n) {
+  std::vector<int> lengths;
+  for (int n = 1; n <= 70; ++n) lengths.push_back(n);
+  for (int n : {255, 256, 257, 511, 512, 513, 700}) lengths.push_back(n);  // whole 256-logit blocks and their tails
+  for (int n : lengths) {
     for (int trial = 0; trial < 40; ++trial) {
       std::vector<float> x(n);
       for (float& v : x) v = static_cast<float>(rng() % 7) - 3.0f;  // many ties
