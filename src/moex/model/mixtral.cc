@@ -187,15 +187,17 @@ void MixtralModel::forward(const StepInput& step, float* logits) {
 void MixtralModel::embed(const StepInput& step) {
   MOEX_ZONE(kEmbedding);
   const int64_t d = config_.hidden_size;
-  for (int64_t t = 0; t < step.num_tokens; ++t) {
-    float* row = hidden_.data() + t * d;
-    if (weights_.embed.dtype == DType::kBF16) {
-      const uint16_t* src = weights_.embed.as<const uint16_t>() + int64_t{step.tokens[t]} * d;
-      for (int64_t i = 0; i < d; ++i) row[i] = bf16_to_f32(src[i]);
-    } else {
-      std::memcpy(row, weights_.embed.as<const float>() + int64_t{step.tokens[t]} * d, d * sizeof(float));
+  parallel_for(step.num_tokens, 16, [&](int64_t begin, int64_t end) {  // a row of the table per token, from DRAM
+    for (int64_t t = begin; t < end; ++t) {
+      float* row = hidden_.data() + t * d;
+      if (weights_.embed.dtype == DType::kBF16) {
+        const uint16_t* src = weights_.embed.as<const uint16_t>() + int64_t{step.tokens[t]} * d;
+        for (int64_t i = 0; i < d; ++i) row[i] = bf16_to_f32(src[i]);
+      } else {
+        std::memcpy(row, weights_.embed.as<const float>() + int64_t{step.tokens[t]} * d, d * sizeof(float));
+      }
     }
-  }
+  });
 }
 
 void MixtralModel::attention_block(int layer, const StepInput& step) {
@@ -239,19 +241,25 @@ void MixtralModel::attention_block(int layer, const StepInput& step) {
   // RoPE, then write every token's K and V into its sequence's blocks before any token attends, so a
   // prefill chunk attends causally to itself through the cache.
   const kernels::PagedKvLayout& kv = kv_cache_.layout();
-  for (int64_t s = 0; s < step.num_seqs; ++s) {
-    const kernels::PagedAttentionSeq& seq = attn_seqs_[s];
-    // A prefill chunk's rows over the threads (each row its own positions in the cache).
+  const auto rope_and_write = [&](const kernels::PagedAttentionSeq& seq, int64_t t) {  // row t of sequence seq
+    const int32_t pos = positions_[t];
+    kernels::rope_apply(q_.data() + t * H * hd, H, hd, pos, rope_cos_.data(), rope_sin_.data());
+    kernels::rope_apply(k_.data() + t * KV * hd, KV, hd, pos, rope_cos_.data(), rope_sin_.data());
+    const float* k_row = k_.data() + t * KV * hd;
+    const float* v_row = v_.data() + t * KV * hd;
+    if (kv_cache_.f32()) kernels::paged_kv_write(kv, kv_cache_.f32(), layer, seq.block_table, pos, k_row, v_row);
+    else kernels::paged_kv_write(kv, kv_cache_.bf16(), layer, seq.block_table, pos, k_row, v_row);
+  };
+  if (step.num_seqs == 1) {  // a prefill chunk's rows over the threads (each row its own positions in the cache)
+    const kernels::PagedAttentionSeq& seq = attn_seqs_[0];
     parallel_for(seq.q_len, 32, [&](int64_t begin, int64_t end) {
-      for (int64_t t = seq.q_row + begin; t < seq.q_row + end; ++t) {
-        const int32_t pos = positions_[t];
-        kernels::rope_apply(q_.data() + t * H * hd, H, hd, pos, rope_cos_.data(), rope_sin_.data());
-        kernels::rope_apply(k_.data() + t * KV * hd, KV, hd, pos, rope_cos_.data(), rope_sin_.data());
-        const float* k_row = k_.data() + t * KV * hd;
-        const float* v_row = v_.data() + t * KV * hd;
-        if (kv_cache_.f32()) kernels::paged_kv_write(kv, kv_cache_.f32(), layer, seq.block_table, pos, k_row, v_row);
-        else kernels::paged_kv_write(kv, kv_cache_.bf16(), layer, seq.block_table, pos, k_row, v_row);
-      }
+      for (int64_t t = seq.q_row + begin; t < seq.q_row + end; ++t) rope_and_write(seq, t);
+    });
+  } else {  // the sequences over the threads (a decode batch: one row each; one region, not one per sequence)
+    parallel_for(step.num_seqs, 8, [&](int64_t begin, int64_t end) {
+      for (int64_t s = begin; s < end; ++s)
+        for (int64_t t = attn_seqs_[s].q_row; t < attn_seqs_[s].q_row + attn_seqs_[s].q_len; ++t)
+          rope_and_write(attn_seqs_[s], t);
     });
   }
   // attn_out [T, H*hd]: every sequence's rows attend to its positions [0, pos] through its block table.
