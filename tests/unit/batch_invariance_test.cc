@@ -49,13 +49,16 @@ TEST(BatchInvariance, OneFunctionPinsTheRowKernel) {
     }
   }
   // On AMX CPUs bf16 runs tiles for every row count (one loop: tdpbf16ps's order is not vdpbf16ps's, so the
-  // AVX-512 few-row loop is not used there); W8A8 from kAmxManyRowsFrom rows, exact either way. No pin for either.
+  // AVX-512 few-row loop is not used there); W8A8 from kAmxManyRowsFrom rows, W4A8 from kAmxW4A8ManyRowsFrom, exact
+  // either way (integer sums folded alike). No pin for any.
   using kernels::Isa;
   for (int64_t rows : {1, 3, 4, 5, 16, 512}) {
     const RowKernel by_rows = rows >= kernels::kAmxManyRowsFrom ? RowKernel::kManyRows : RowKernel::kFewRows;
     for (bool pin : {false, true}) {
       EXPECT_EQ(kernels::expert_kernel_for_rows(WeightFormat::kBF16, rows, pin, Isa::kAmx), RowKernel::kManyRows) << rows;
       EXPECT_EQ(kernels::expert_kernel_for_rows(WeightFormat::kInt8W8A8, rows, pin, Isa::kAmx), by_rows) << rows;
+      EXPECT_EQ(kernels::expert_kernel_for_rows(WeightFormat::kInt4W4A8, rows, pin, Isa::kAmx),
+                rows >= kernels::kAmxW4A8ManyRowsFrom ? RowKernel::kManyRows : RowKernel::kFewRows) << rows;
     }
   }
   // fp8's, int4's and int8's tiles (isa kAmx on AMX CPUs) from kAmxWeightOnlyManyRowsFrom rows; two summation

@@ -281,7 +281,10 @@ TEST_P(PackedMatmulTest, ManyRowGemmGivesTheFewRowLoopsBits) {
   if (!kernels::row_kernels_agree(f.format)) GTEST_SKIP() << "their two loops differ in the last bits (batch_invariant pins one)";
   if (kernels::kernel_isa(f.format, cpu_features(), true) == Isa::kScalar) GTEST_SKIP() << "no x86 kernel here";
   const Isa isa = kernels::kernel_isa(f.format);
-  const int64_t from = isa != Isa::kAmx ? kernels::kManyRowsFrom : f.format == WeightFormat::kBF16 ? 1 : kernels::kAmxManyRowsFrom;
+  const int64_t from = isa != Isa::kAmx                        ? kernels::kManyRowsFrom
+                       : f.format == WeightFormat::kBF16        ? 1
+                       : f.format == WeightFormat::kInt4W4A8    ? kernels::kAmxW4A8ManyRowsFrom
+                                                                : kernels::kAmxManyRowsFrom;
   ASSERT_EQ(kernels::expert_kernel_for_rows(f.format, from, false, isa), kernels::RowKernel::kManyRows);
   if (from > 1) ASSERT_EQ(kernels::expert_kernel_for_rows(f.format, from - 1, false, isa), kernels::RowKernel::kFewRows);
   // The AVX-512 GEMMs under an AMX kernel_isa still run under packed_matmul_on (against their own one-row calls).
@@ -696,14 +699,14 @@ TEST(KernelIsa, NeverPicksAnIsaTheCpuOrOsLacks) {
   EXPECT_EQ(kernels::kernel_isa(WeightFormat::kInt8, zen4_vbmi, true), Isa::kAvx512);
   CpuFeatures os_off = zen4;  // the CPU has it, the OS does not save ZMM state: the AVX2 kernels (YMM state) only
   os_off.os_avx512 = false;
-  CpuFeatures amx = zen4;  // AMX: tiles for bf16 and W8A8 (their few-row loops on AVX-512), the rest as on zen4
+  CpuFeatures amx = zen4;  // AMX: tiles for bf16, W8A8 and W4A8 (their few-row loops on AVX-512), the rest as on zen4
   amx.amx_tile = amx.amx_bf16 = amx.amx_int8 = amx.os_amx = true;
   for (WeightFormat f : all) {
     const std::string name(kernels::weight_format_name(f));
     EXPECT_EQ(kernels::kernel_isa(f, os_off, true), Isa::kAvx2) << name;
     EXPECT_EQ(kernels::kernel_isa(f, zen4, false), Isa::kScalar) << "MOEX_ISA=ref";
     EXPECT_EQ(kernels::kernel_isa(f, CpuFeatures{}, true), Isa::kScalar);
-    const bool tiles = f == WeightFormat::kBF16 || f == WeightFormat::kInt8W8A8;
+    const bool tiles = f == WeightFormat::kBF16 || f == WeightFormat::kInt8W8A8 || f == WeightFormat::kInt4W4A8;
     EXPECT_EQ(kernels::kernel_isa(f, amx, true), tiles ? Isa::kAmx : kernels::kernel_isa(f, zen4, true)) << name;
     EXPECT_EQ(kernels::usable_isas(f, os_off), (std::vector<Isa>{Isa::kScalar, Isa::kAvx2})) << name;
   }
@@ -716,6 +719,8 @@ TEST(KernelIsa, NeverPicksAnIsaTheCpuOrOsLacks) {
   EXPECT_EQ(kernels::usable_isas(WeightFormat::kBF16, amx),
             (std::vector<Isa>{Isa::kScalar, Isa::kAvx2, Isa::kAvx512Bf16, Isa::kAmx}));
   EXPECT_EQ(kernels::usable_isas(WeightFormat::kInt8W8A8, amx),
+            (std::vector<Isa>{Isa::kScalar, Isa::kAvx2, Isa::kAvx512Vnni, Isa::kAmx}));
+  EXPECT_EQ(kernels::usable_isas(WeightFormat::kInt4W4A8, amx),
             (std::vector<Isa>{Isa::kScalar, Isa::kAvx2, Isa::kAvx512Vnni, Isa::kAmx}));
   EXPECT_EQ(kernels::usable_isas(WeightFormat::kBF16, amx_os_off), (std::vector<Isa>{Isa::kScalar, Isa::kAvx2, Isa::kAvx512Bf16}));
   // fp8 keeps its table kernel (VBMI) and adds tiles for its many-row loop; without VBMI no tiles either. int4
@@ -740,6 +745,10 @@ TEST(KernelIsa, NeverPicksAnIsaTheCpuOrOsLacks) {
   EXPECT_EQ(kernels::isa_for_rows(WeightFormat::kInt8W8A8, Isa::kAmx, kernels::kAmxManyRowsFrom - 1), Isa::kAvx512Vnni);
   EXPECT_EQ(kernels::isa_for_rows(WeightFormat::kInt8W8A8, Isa::kAmx, kernels::kAmxManyRowsFrom), Isa::kAmx);
   EXPECT_EQ(kernels::isa_for_rows(WeightFormat::kInt8W8A8, Isa::kAmx, 512, true), Isa::kAmx);  // exact: no pin
+  EXPECT_EQ(kernels::isa_for_rows(WeightFormat::kInt4W4A8, Isa::kAmx, kernels::kAmxW4A8ManyRowsFrom - 1), Isa::kAvx512Vnni);
+  EXPECT_EQ(kernels::isa_for_rows(WeightFormat::kInt4W4A8, Isa::kAmx, kernels::kAmxW4A8ManyRowsFrom), Isa::kAmx);
+  EXPECT_EQ(kernels::isa_for_rows(WeightFormat::kInt4W4A8, Isa::kAmx, 512, true), Isa::kAmx);  // the same bits: no pin
+  EXPECT_FALSE(kernels::row_result_depends_on_row_count(WeightFormat::kInt4W4A8, Isa::kAmx));
   EXPECT_FALSE(kernels::row_result_depends_on_row_count(WeightFormat::kBF16, Isa::kAmx));
   EXPECT_FALSE(kernels::row_result_depends_on_row_count(WeightFormat::kInt8W8A8, Isa::kAmx));
 }

@@ -505,7 +505,8 @@ Isa kernel_isa(WeightFormat format, const CpuFeatures& cpu, bool x86_enabled) {
       return cpu.has_amx_kernels() ? Isa::kAmx : cpu.has_avx512_bf16_kernels() ? Isa::kAvx512Bf16 : avx2_or_scalar;
     case WeightFormat::kInt8W8A8:
       return cpu.has_amx_kernels() ? Isa::kAmx : cpu.has_avx512_vnni_kernels() ? Isa::kAvx512Vnni : avx2_or_scalar;
-    case WeightFormat::kInt4W4A8: return cpu.has_avx512_vnni_kernels() ? Isa::kAvx512Vnni : avx2_or_scalar;
+    case WeightFormat::kInt4W4A8:
+      return cpu.has_amx_kernels() ? Isa::kAmx : cpu.has_avx512_vnni_kernels() ? Isa::kAvx512Vnni : avx2_or_scalar;
     case WeightFormat::kInt4: return cpu.has_avx512_bf16_kernels() ? Isa::kAvx512Bf16 : Isa::kAvx512;
     case WeightFormat::kFP8E4M3: return cpu.has_avx512_bf16_vbmi_kernels() ? Isa::kAvx512Bf16 : Isa::kAvx512;
     case WeightFormat::kInt8: return Isa::kAvx512;
@@ -526,7 +527,8 @@ Isa kernel_isa(WeightFormat format) {
 namespace {
 // The AVX-512 kernel that runs kAmx's few-row loop (and but for int8 reads the same activations).
 Isa below_amx(WeightFormat format) {
-  return format == WeightFormat::kInt8W8A8 ? Isa::kAvx512Vnni : format == WeightFormat::kInt8 ? Isa::kAvx512 : Isa::kAvx512Bf16;
+  if (format == WeightFormat::kInt8W8A8 || format == WeightFormat::kInt4W4A8) return Isa::kAvx512Vnni;
+  return format == WeightFormat::kInt8 ? Isa::kAvx512 : Isa::kAvx512Bf16;
 }
 
 // int4's and fp8's many-row calls on CPUs with AMX (Intel Xeons) run tiles where this process may use them
@@ -935,6 +937,8 @@ void run_panel_range(Isa isa, const PackedWeights& w, const x86::PanelJob& job, 
         job.many_rows ? x86::run_panels_int4_amx(job, begin, end) : x86::run_panels_int4_avx512bf16(job, begin, end);
       else if (w.format == WeightFormat::kInt8)  // tiles for any row count: the rows are split pairs (reads_as)
         x86::run_panels_int8_amx(job, begin, end);
+      else if (w.format == WeightFormat::kInt4W4A8)
+        job.many_rows ? x86::run_panels_int4_w4a8_amx(job, begin, end) : x86::run_panels_int4_w4a8_avx512vnni(job, begin, end);
       else
         job.many_rows ? x86::run_panels_w8a8_amx(job, begin, end) : x86::run_panels_w8a8_avx512vnni(job, begin, end);
       break;

@@ -143,8 +143,8 @@ class WeightArena {
 };
 
 // Which code runs a format. Decided from the CPU (and MOEX_ISA=ref) only; never an ISA the CPU lacks.
-// kAmx (bf16 and W8A8 on a CPU with AMX) means: AMX tiles for the many-row loop (bf16: every call), the AVX-512
-// VNNI kernel for W8A8's few-row one.
+// kAmx (bf16, W8A8 and W4A8 on a CPU with AMX) means: AMX tiles for the many-row loop (bf16: every call), the
+// AVX-512 VNNI kernel for W8A8's and W4A8's few-row one.
 enum class Isa : uint8_t { kScalar, kAvx2, kAvx512, kAvx512Bf16, kAvx512Vnni, kAmx };
 
 // Which register-tile loop a call with `rows` rows (tokens) of one matrix in `format` runs. The few-row loop
@@ -156,13 +156,15 @@ enum class Isa : uint8_t { kScalar, kAvx2, kAvx512, kAvx512Bf16, kAvx512Vnni, kA
 // those, so a row's numbers do not depend on how many other rows share its call (its neighbours in the batch, the
 // rows of its expert). bf16 and W8A8 need no pin: bf16's two AVX-512 loops sum alike, and on AMX bf16 runs tiles
 // for every row count (one loop; tdpbf16ps sums a k pair in another order than vdpbf16ps, so the AVX-512 few-row
-// loop is not used there); W8A8's integer sums are exact on every loop; nor W4A8, which has one loop for every
-// row count (its integer group sums are exact and each row folds them in the same order). Every packed call
+// loop is not used there); W8A8's integer sums are exact on every loop; nor W4A8, whose VNNI loop serves every
+// row count but on AMX CPUs (tiles from kAmxW4A8ManyRowsFrom rows), where both loops sum each K group exactly in
+// integers and fold the groups with the same operations in the same order. Every packed call
 // decides here; `isa` is the format's kernel_isa.
 enum class RowKernel : uint8_t { kFewRows, kManyRows };
 inline constexpr int64_t kManyRowsFrom = 12;            // bf16 / W8A8: the measured crossover (docs/kernels.md)
 inline constexpr int64_t kWeightOnlyManyRowsFrom = 16;  // int8 / fp8 / int4
 inline constexpr int64_t kAmxManyRowsFrom = 4;          // W8A8 on AMX (docs/kernels.md); bf16 on AMX: from 1
+inline constexpr int64_t kAmxW4A8ManyRowsFrom = 6;      // W4A8 on AMX (docs/kernels.md)
 inline constexpr int64_t kAmxWeightOnlyManyRowsFrom = 8;  // fp8's, int4's and int8's tiles on AMX CPUs (isa kAmx; docs/kernels.md)
 inline constexpr RowKernel kBatchInvariantRowKernel = RowKernel::kFewRows;  // the pin (docs/serve.md: its cost)
 constexpr bool row_kernels_agree(WeightFormat format) {
@@ -176,6 +178,7 @@ constexpr RowKernel expert_kernel_for_rows(WeightFormat format, int64_t rows, bo
                        : !row_kernels_agree(format)        ? kWeightOnlyManyRowsFrom
                        : isa != Isa::kAmx                 ? kManyRowsFrom
                        : format == WeightFormat::kBF16    ? 1
+                       : format == WeightFormat::kInt4W4A8 ? kAmxW4A8ManyRowsFrom
                                                           : kAmxManyRowsFrom;
   return rows >= from ? RowKernel::kManyRows : RowKernel::kFewRows;
 }

@@ -1,5 +1,6 @@
 // The many-row GEMMs on AMX tiles: bf16 (tdpbf16ps) and W8A8 (tdpbusd), over the same panels the AVX-512
-// kernels read. Hand-written: oneDNN's AMX brgemm wants its own blocked layout and a reorder per call, and no
+// kernels read; below them the weight-only formats (int8, int4, fp8: their codes decoded per K group to bf16
+// pairs) and W4A8 (its nibbles split into u8 quads for tdpbsud). Hand-written: oneDNN's AMX brgemm wants its own blocked layout and a reorder per call, and no
 // Debian library runs tiles over these panels with a fused epilogue.
 //
 // Both panels have one geometry in bytes: a row of 64 lanes x 4 bytes per k step (a bf16 pair or an s8 quad),
@@ -367,7 +368,120 @@ void weight_only_panels(const PanelJob& job, int64_t panel_begin, int64_t panel_
   if (K > 0) _tile_release();
 }
 
+// W4A8 (int4 codes x s8 activation codes, a scale per token and K group) on int8 tiles: tdpbsud (A signed: the
+// activation codes; B unsigned: the weight codes 0..15). Per panel and K group the nibbles are split into u8 quads
+// in W8A8's panel layout (a k8 row of 64 lanes x 4 bytes -> its low nibbles, the quad 8j.., and its high ones, the
+// quad 8j + 4..: two ANDs and a shift per 64 bytes, far cheaper than the bf16 decode above), every 16-row block
+// sums the group's k steps from zeroed C in integers (exact), and the sums fold in with the VNNI loop's own
+// operations in its order (packed_w4a8_avx512vnni.cc: xs_g * (scale_g * sum + offset_g * sum_g(xq)), group by
+// group from zero), so a row's result is the few-row loop's to the bit. A group of 32 runs 32-k steps (the A tile
+// 32 bytes wide, B tiles 8 quad rows).
+void decode_w4a8_quads(const uint8_t* k8_rows, int64_t valid, int64_t pairs, uint8_t* out) {
+  const __m512i low = _mm512_set1_epi8(0x0f);
+  for (int64_t j = 0; j < pairs; ++j) {  // k8 row j -> quad rows 2j (low nibbles) and 2j + 1 (high nibbles)
+    for (int v = 0; v < 4; ++v) {
+      __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512();
+      if (j < valid) {
+        const __m512i b = _mm512_load_si512(k8_rows + j * kLaneRowBytes + 64 * v);
+        lo = _mm512_and_si512(b, low);
+        hi = _mm512_and_si512(_mm512_srli_epi16(b, 4), low);
+      }
+      _mm512_store_si512(out + 2 * j * kLaneRowBytes + 64 * v, lo);
+      _mm512_store_si512(out + (2 * j + 1) * kLaneRowBytes + 64 * v, hi);
+    }
+  }
+}
+
+void w4a8_panels(const PanelJob& job, int64_t panel_begin, int64_t panel_end) {
+  const PackedWeights& w = *job.w;
+  const auto* x = static_cast<const uint8_t*>(job.activations);  // [T][k_padded] s8 codes, zero tail
+  const int64_t tokens = job.tokens, K = w.cols, kp = w.k_padded, group = w.group, groups = (K + group - 1) / group;
+  const int64_t step_k = std::min<int64_t>(group, kStepBytes);  // k per tdpbsud: 64, or a group of 32
+  thread_local std::vector<float> acc;  // [T][64] the panel's folded sums
+  if (acc.size() < static_cast<size_t>(tokens * kPanel)) acc.resize(tokens * kPanel);
+  alignas(64) uint8_t decoded[kMaxGroup / 4 * kLaneRowBytes];  // [group / 4 quad rows][64 lanes][4]: <= 8 KB
+  alignas(64) int32_t part[kTileRows * kPanel];                 // one block's group sums [16][64]
+  alignas(64) uint8_t a_tail[kTileRows * kStepBytes];           // a last k step's A rows, zero-padded
+  const int rows = static_cast<int>(std::min<int64_t>(tokens, kTileRows));
+  const int64_t blocks = (tokens + kTileRows - 1) / kTileRows;
+  if (K > 0) {  // A: rows x step_k bytes; B: step_k / 4 quad rows x 64 bytes; C: rows x 16 s32
+    TileConfig c;
+    for (int i = 0; i < 8; ++i) {
+      c.colsb[i] = static_cast<uint16_t>(i == 4 ? step_k : 64);
+      c.rows[i] = static_cast<uint8_t>(i < 5 ? rows : step_k / 4);
+    }
+    _tile_loadconfig(&c);
+  }
+  const int64_t panel_code_bytes = kp / 2 * kPanel;  // [kp / 8][64][4]
+  const auto* all_codes = reinterpret_cast<const char*>(w.data.as<const uint8_t>());
+  Prefetch prefetch{all_codes + panel_begin * panel_code_bytes, all_codes + panel_end * panel_code_bytes};
+  for (int64_t panel = panel_begin; panel < panel_end; ++panel) {
+    const uint8_t* codes = w.data.as<const uint8_t>() + panel * panel_code_bytes;
+    const float* scales = w.scales.as<const float>() + panel * groups * kPanel;    // [G][64]
+    const float* offsets = w.offsets.as<const float>() + panel * groups * kPanel;  // [G][64]
+    std::fill_n(acc.begin(), tokens * kPanel, 0.0f);
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t k0 = g * group, kn = std::min(group, K - k0), steps = (kn + step_k - 1) / step_k;
+      prefetch.first = all_codes + panel * panel_code_bytes + k0 / 2 * kPanel + kLead;
+      prefetch.per_step = static_cast<double>(kn / 2 * kPanel) / static_cast<double>(steps * blocks);
+      int64_t step_index = 0;
+      decode_w4a8_quads(codes + k0 / 2 * kPanel, (kn + 7) / 8, steps * step_k / 8, decoded);
+      for (int64_t b = 0; b < blocks; ++b) {
+        const int64_t t = std::min(b * kTileRows, tokens - rows);  // the last block ends at row T - 1
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        for (int64_t s = 0; s < steps; ++s) {
+          const int64_t k = k0 + step_k * s;
+          if (k + step_k <= kp) {
+            _tile_loadd(4, x + t * kp + k, kp);
+          } else {  // past the row's end (k_padded is K rounded to 8): the row's tail, then zeros
+            std::memset(a_tail, 0, sizeof a_tail);
+            for (int r = 0; r < rows; ++r) std::memcpy(a_tail + r * kStepBytes, x + (t + r) * kp + k, kp - k);
+            _tile_loadd(4, a_tail, kStepBytes);
+          }
+          const uint8_t* bq = decoded + s * (step_k / 4) * kLaneRowBytes;
+          _tile_loadd(5, bq, kLaneRowBytes);
+          _tile_dpbsud(0, 4, 5);
+          _tile_loadd(6, bq + 64, kLaneRowBytes);
+          _tile_dpbsud(1, 4, 6);
+          _tile_loadd(7, bq + 128, kLaneRowBytes);
+          _tile_dpbsud(2, 4, 7);
+          _tile_loadd(5, bq + 192, kLaneRowBytes);
+          _tile_dpbsud(3, 4, 5);
+          prefetch.step(++step_index);
+        }
+        _tile_stored(0, part, kPanel * 4);
+        _tile_stored(1, part + 16, kPanel * 4);
+        _tile_stored(2, part + 32, kPanel * 4);
+        _tile_stored(3, part + 48, kPanel * 4);
+        // The VNNI loop's fold, operation for operation; a last block overlapping the one before adds only its
+        // new rows.
+        for (int64_t r = b * kTileRows - t; r < rows; ++r) {
+          const __m512 code_sum = _mm512_set1_ps(job.group_sums[(t + r) * groups + g]);
+          const __m512 act_scale = _mm512_set1_ps(job.token_scales[(t + r) * groups + g]);
+          for (int v = 0; v < 4; ++v) {
+            float* out = acc.data() + (t + r) * kPanel + 16 * v;
+            const __m512 group_sum =
+                _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(part + r * kPanel + 16 * v)),
+                                _mm512_loadu_ps(scales + g * kPanel + 16 * v),
+                                _mm512_mul_ps(_mm512_loadu_ps(offsets + g * kPanel + 16 * v), code_sum));
+            _mm512_storeu_ps(out, _mm512_fmadd_ps(group_sum, act_scale, _mm512_loadu_ps(out)));
+          }
+        }
+      }
+    }
+    apply_epilogue(job.epilogue, w, panel, tokens, acc.data());
+  }
+  if (K > 0) _tile_release();
+}
+
 }  // namespace
+
+void run_panels_int4_w4a8_amx(const PanelJob& job, int64_t panel_begin, int64_t panel_end) {
+  w4a8_panels(job, panel_begin, panel_end);
+}
 
 void run_panels_fp8_amx(const PanelJob& job, int64_t panel_begin, int64_t panel_end) {
   weight_only_panels<WeightFormat::kFP8E4M3>(job, panel_begin, panel_end);

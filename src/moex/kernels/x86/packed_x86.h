@@ -57,6 +57,9 @@ void run_panels_fp8_amx(const PanelJob& job, int64_t panel_begin, int64_t panel_
 // the codes as pairs (w, w): x . w to ~16 bits of x, the f32 path's result within its tolerance.
 void run_panels_int8_amx(const PanelJob& job, int64_t panel_begin, int64_t panel_end);
 void run_panels_int4_amx(const PanelJob& job, int64_t panel_begin, int64_t panel_end);
+// W4A8 many rows on AMX int8 tiles (tdpbsud over the nibbles split into u8 quads per K group), folded as the VNNI
+// loop folds: the same bits; x86/expert_gemm_amx.cc.
+void run_panels_int4_w4a8_amx(const PanelJob& job, int64_t panel_begin, int64_t panel_end);
 // The many-row GEMMs on AMX tiles (bf16 and W8A8), x86/expert_gemm_amx.cc: the caller has checked
 // has_amx_kernels() and request_amx_permission().
 void run_panels_bf16_amx(const PanelJob& job, int64_t panel_begin, int64_t panel_end);
