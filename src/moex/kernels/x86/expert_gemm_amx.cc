@@ -69,10 +69,15 @@ void configure(int rows) {
   _tile_loadconfig(&c);
 }
 
-// C += A . B on tiles; the tile numbers must be constants, hence a macro.
-#define MOEX_AMX_DOT(C, A, B)                  \
-  if constexpr (kInt8) _tile_dpbusd(C, A, B);  \
+// The tile dot products: tdpbf16ps (bf16 pairs), tdpbusd (A u8, B s8: W8A8), tdpbsud (A s8, B u8: W4A8).
+enum class TileDot : uint8_t { kBf16, kU8S8, kS8U8 };
+
+// C += A . B on tiles; the tile numbers must be constants, hence macros.
+#define MOEX_AMX_DOT_OF(KIND, C, A, B)                       \
+  if constexpr ((KIND) == TileDot::kU8S8) _tile_dpbusd(C, A, B);  \
+  else if constexpr ((KIND) == TileDot::kS8U8) _tile_dpbsud(C, A, B); \
   else _tile_dpbf16ps(C, A, B)
+#define MOEX_AMX_DOT(C, A, B) MOEX_AMX_DOT_OF(kInt8 ? TileDot::kU8S8 : TileDot::kBf16, C, A, B)
 
 // The L2 prefetch of a call's panels: a cursor that never passes `end` (this call's last byte) and, at a pass's
 // i-th k step, is moved up to first + i * per_step (at most kMaxLinesPerStep lines at a time, so a far target
@@ -83,6 +88,12 @@ struct Prefetch {
   const char* end;
   const char* first = nullptr;
   double per_step = 0;
+  // The weight-only and W4A8 loops: a K group's codes from `from`, `bytes` of them, read over `steps` k steps; the
+  // cursor is kept kLead ahead of them.
+  void group(const char* from, int64_t bytes, int64_t steps) {
+    first = from + kLead;
+    per_step = static_cast<double>(bytes) / static_cast<double>(steps);
+  }
   void step(int64_t i) {
     const char* target = std::min(first + static_cast<int64_t>(static_cast<double>(i) * per_step), end);
     for (int n = 0; n < kMaxLinesPerStep && cursor < target; ++n, cursor += 64) _mm_prefetch(cursor, _MM_HINT_T1);
@@ -91,12 +102,15 @@ struct Prefetch {
 
 // C's four tiles start at zero (the first slice, s0 == 0) or at the sums the c rows hold from the slices before:
 // tiles 0-1 at c01 (16 rows x 64 bytes each, row stride kPanel * 4), tiles 2-3 at c23 + second.
+[[gnu::always_inline]] inline void zero_c() {
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+}
 void start_c(int64_t s0, const uint8_t* c01, const uint8_t* c23, int64_t second) {
   if (s0 == 0) {
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
+    zero_c();
     return;
   }
   _tile_loadd(0, c01, kPanel * 4);
@@ -105,18 +119,45 @@ void start_c(int64_t s0, const uint8_t* c01, const uint8_t* c23, int64_t second)
   _tile_loadd(3, c23 + second + 64, kPanel * 4);
 }
 
-// One k step of a full panel against the A tile in tile 4: B tiles of lanes 0-15 .. 48-63 from b (a k step's 16
+// One k step of a full panel against the A tile in tile 4: B tiles of lanes 0-15 .. 48-63 from b (a k step's
 // rows of 256 bytes) into C tiles 0-3.
-template <bool kInt8>
-inline void dot_step(const uint8_t* b) {
+template <TileDot kDot>
+[[gnu::always_inline]] inline void dot_step_of(const uint8_t* b) {
   _tile_loadd(5, b, kLaneRowBytes);
-  MOEX_AMX_DOT(0, 4, 5);
+  MOEX_AMX_DOT_OF(kDot, 0, 4, 5);
   _tile_loadd(6, b + 64, kLaneRowBytes);
-  MOEX_AMX_DOT(1, 4, 6);
+  MOEX_AMX_DOT_OF(kDot, 1, 4, 6);
   _tile_loadd(7, b + 128, kLaneRowBytes);
-  MOEX_AMX_DOT(2, 4, 7);
+  MOEX_AMX_DOT_OF(kDot, 2, 4, 7);
   _tile_loadd(5, b + 192, kLaneRowBytes);
-  MOEX_AMX_DOT(3, 4, 5);
+  MOEX_AMX_DOT_OF(kDot, 3, 4, 5);
+}
+template <bool kInt8>
+[[gnu::always_inline]] inline void dot_step(const uint8_t* b) {
+  dot_step_of<kInt8 ? TileDot::kU8S8 : TileDot::kBf16>(b);
+}
+
+// C tiles 0-3 into rows [16][64] of 4-byte sums.
+[[gnu::always_inline]] inline void store_c(void* c) {
+  auto* out = static_cast<uint8_t*>(c);
+  _tile_stored(0, out, kPanel * 4);
+  _tile_stored(1, out + 64, kPanel * 4);
+  _tile_stored(2, out + 128, kPanel * 4);
+  _tile_stored(3, out + 192, kPanel * 4);
+}
+
+// The A tile (tile 4) of `rows` rows at x (ldx bytes apart) from byte k_byte on; a step that would read past a
+// row's row_bytes takes the rows' tails, then zeros, from a_tail [16][64] (out of line: once per K at most).
+[[gnu::noinline]] void load_a_tail(const uint8_t* x, int64_t ldx, int64_t row_bytes, int64_t k_byte, int rows,
+                                   uint8_t* a_tail) {
+  std::memset(a_tail, 0, kTileRows * kStepBytes);
+  for (int r = 0; r < rows; ++r) std::memcpy(a_tail + r * kStepBytes, x + r * ldx + k_byte, row_bytes - k_byte);
+  _tile_loadd(4, a_tail, kStepBytes);
+}
+[[gnu::always_inline]] inline void load_a(const uint8_t* x, int64_t ldx, int64_t row_bytes, int64_t k_byte,
+                                          int64_t step_bytes, int rows, uint8_t* a_tail) {
+  if (k_byte + step_bytes <= row_bytes) _tile_loadd(4, x + k_byte, ldx);
+  else load_a_tail(x, ldx, row_bytes, k_byte, rows, a_tail);
 }
 
 // Up to 16 rows, k steps [s0, s1): c [rows][64] (4-byte elements) += x [rows][steps x 64 bytes] . panel [steps x
@@ -131,10 +172,7 @@ void block16(const uint8_t* x, int64_t ldx, const uint8_t* panel, int64_t s0, in
     dot_step<kInt8>(panel + s * kStepPanelBytes);
     prefetch.step(s - s0);
   }
-  _tile_stored(0, out, kPanel * 4);
-  _tile_stored(1, out + 64, kPanel * 4);
-  _tile_stored(2, out + 128, kPanel * 4);
-  _tile_stored(3, out + 192, kPanel * 4);
+  store_c(out);
 }
 
 // 32 rows (two A tiles, rows x0 and x1), one half of the panel's lanes (32 lanes): c [rows][64] gains lanes
@@ -164,6 +202,7 @@ void block32_half(const uint8_t* x0, const uint8_t* x1, int64_t ldx, const uint8
   _tile_stored(3, out1 + 64, kPanel * 4);
 }
 #undef MOEX_AMX_DOT
+#undef MOEX_AMX_DOT_OF
 
 template <bool kInt8>
 void run_panels(const PanelJob& job, int64_t panel_begin, int64_t panel_end) {
@@ -320,35 +359,23 @@ void weight_only_panels(const PanelJob& job, int64_t panel_begin, int64_t panel_
     for (int64_t g = 0; g < groups; ++g) {
       const int64_t k0 = g * group, kn = std::min(group, K - k0), steps = (kn + kPerStep - 1) / kPerStep;
       // Spread over the group's k steps of every block: a burst of a group's lines waits on the line fill buffers.
-      prefetch.first = all_codes + panel * panel_code_bytes + k0 * code_bytes_per_k + kLead;
-      prefetch.per_step = static_cast<double>(kn * code_bytes_per_k) / static_cast<double>(steps * blocks);
+      prefetch.group(all_codes + panel * panel_code_bytes + k0 * code_bytes_per_k, kn * code_bytes_per_k, steps * blocks);
       int64_t step_index = 0;
       if constexpr (kFp8) decode_fp8_pairs_avx512bf16vbmi(codes + k0 * kPanel, kn, steps * 16, decoded);
       else if constexpr (kInt8) decode_int8_pairs(codes + k0 * kPanel, kn, steps * 16, decoded);
       else decode_int4_pairs(codes + k0 / 2 * kPanel, (kn + 1) / 2, steps * 16, decoded);
       for (int64_t b = 0; b < blocks; ++b) {
         const int64_t t = std::min(b * kTileRows, tokens - rows);  // the last block ends at row T - 1
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
+        zero_c();
         for (int64_t s = 0; s < steps; ++s) {
-          const int64_t k = k0 + kPerStep * s;  // this step's k; its A tile reads k .. k + kPerStep - 1 of each row
-          if ((k + kPerStep) * kRowBytesPerK <= row_bytes) {
-            _tile_loadd(4, x + t * ldx + k * kRowBytesPerK, ldx);
-          } else {  // past the row's end: the row's tail, then zeros (zero weights there too)
-            std::memset(a_tail, 0, sizeof a_tail);
-            for (int r = 0; r < rows; ++r)
-              std::memcpy(a_tail + r * kStepBytes, x + (t + r) * ldx + k * kRowBytesPerK, row_bytes - k * kRowBytesPerK);
-            _tile_loadd(4, a_tail, kStepBytes);
-          }
+          // This step's k; its A tile reads k .. k + kPerStep - 1 of each row (zeros past a row's end, where the
+          // weights are zero too).
+          const int64_t k = k0 + kPerStep * s;
+          load_a(x + t * ldx, ldx, row_bytes, k * kRowBytesPerK, kStepBytes, rows, a_tail);
           dot_step<false>(reinterpret_cast<const uint8_t*>(decoded) + s * kStepPanelBytes);
           prefetch.step(++step_index);
         }
-        _tile_stored(0, part, kPanel * 4);
-        _tile_stored(1, part + 16, kPanel * 4);
-        _tile_stored(2, part + 32, kPanel * 4);
-        _tile_stored(3, part + 48, kPanel * 4);
+        store_c(part);
         // A last block overlapping the one before adds only its rows the blocks before did not.
         for (int64_t r = b * kTileRows - t; r < rows; ++r) {
           constexpr bool kInt4 = kFormat == WeightFormat::kInt4;
@@ -422,40 +449,19 @@ void w4a8_panels(const PanelJob& job, int64_t panel_begin, int64_t panel_end) {
     std::fill_n(acc.begin(), tokens * kPanel, 0.0f);
     for (int64_t g = 0; g < groups; ++g) {
       const int64_t k0 = g * group, kn = std::min(group, K - k0), steps = (kn + step_k - 1) / step_k;
-      prefetch.first = all_codes + panel * panel_code_bytes + k0 / 2 * kPanel + kLead;
-      prefetch.per_step = static_cast<double>(kn / 2 * kPanel) / static_cast<double>(steps * blocks);
+      prefetch.group(all_codes + panel * panel_code_bytes + k0 / 2 * kPanel, kn / 2 * kPanel, steps * blocks);
       int64_t step_index = 0;
       decode_w4a8_quads(codes + k0 / 2 * kPanel, (kn + 7) / 8, steps * step_k / 8, decoded);
       for (int64_t b = 0; b < blocks; ++b) {
         const int64_t t = std::min(b * kTileRows, tokens - rows);  // the last block ends at row T - 1
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
+        zero_c();
         for (int64_t s = 0; s < steps; ++s) {
-          const int64_t k = k0 + step_k * s;
-          if (k + step_k <= kp) {
-            _tile_loadd(4, x + t * kp + k, kp);
-          } else {  // past the row's end (k_padded is K rounded to 8): the row's tail, then zeros
-            std::memset(a_tail, 0, sizeof a_tail);
-            for (int r = 0; r < rows; ++r) std::memcpy(a_tail + r * kStepBytes, x + (t + r) * kp + k, kp - k);
-            _tile_loadd(4, a_tail, kStepBytes);
-          }
-          const uint8_t* bq = decoded + s * (step_k / 4) * kLaneRowBytes;
-          _tile_loadd(5, bq, kLaneRowBytes);
-          _tile_dpbsud(0, 4, 5);
-          _tile_loadd(6, bq + 64, kLaneRowBytes);
-          _tile_dpbsud(1, 4, 6);
-          _tile_loadd(7, bq + 128, kLaneRowBytes);
-          _tile_dpbsud(2, 4, 7);
-          _tile_loadd(5, bq + 192, kLaneRowBytes);
-          _tile_dpbsud(3, 4, 5);
+          // k_padded is K rounded to 8: a last step may read past it (zeros)
+          load_a(x + t * kp, kp, kp, k0 + step_k * s, step_k, rows, a_tail);
+          dot_step_of<TileDot::kS8U8>(decoded + s * (step_k / 4) * kLaneRowBytes);
           prefetch.step(++step_index);
         }
-        _tile_stored(0, part, kPanel * 4);
-        _tile_stored(1, part + 16, kPanel * 4);
-        _tile_stored(2, part + 32, kPanel * 4);
-        _tile_stored(3, part + 48, kPanel * 4);
+        store_c(part);
         // The VNNI loop's fold, operation for operation; a last block overlapping the one before adds only its
         // new rows.
         for (int64_t r = b * kTileRows - t; r < rows; ++r) {
