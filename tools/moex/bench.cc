@@ -56,6 +56,13 @@ void MoEShapeFlags::check() const {
 
 int MoEShapeFlags::max_tokens() const { return tokens.empty() ? 1 : *std::max_element(tokens.begin(), tokens.end()); }
 
+namespace {
+double median(std::vector<double>& samples) {  // the middle sample (the upper one of an even count)
+  std::sort(samples.begin(), samples.end());
+  return samples[samples.size() / 2];
+}
+}  // namespace
+
 Timing measure_median(const TimingOptions& options, const std::function<void()>& fn) {
   // The warm-up pages in weights and sizes buffers; with sample_ms it also counts the calls per sample.
   const double warmup_start = wall_now();
@@ -76,8 +83,18 @@ Timing measure_median(const TimingOptions& options, const std::function<void()>&
     spent += samples.back();
   }
   if (samples.empty()) samples.push_back(warmup);
-  std::sort(samples.begin(), samples.end());
-  return {samples[samples.size() / 2] / calls_per_sample, static_cast<int>(samples.size())};
+  return {median(samples) / calls_per_sample, static_cast<int>(samples.size())};
+}
+
+Timing measure_median_reported(const TimingOptions& options, const std::function<double()>& fn) {
+  const double start = wall_now();
+  const double warmup_reported = fn();
+  const double warmup = wall_now() - start;
+  std::vector<double> samples;
+  while (static_cast<int>(samples.size()) < std::max(options.repeats, 1) && wall_now() - start + warmup < options.budget_s)
+    samples.push_back(fn());
+  if (samples.empty()) samples.push_back(warmup_reported);
+  return {median(samples), static_cast<int>(samples.size())};
 }
 
 }  // namespace moex::tools

@@ -35,6 +35,9 @@ struct Timing {
 };
 
 Timing measure_median(const TimingOptions& options, const std::function<void()>& fn);
+// The same warm-up, samples and budget, but each sample is the seconds fn() reports: the time of a part of what
+// it runs (generate()'s decode loop without its prompts). sample_ms and cpu_clock do not apply.
+Timing measure_median_reported(const TimingOptions& options, const std::function<double()>& fn);
 
 // The shape flags of the benches that route tokens through MoE layers (router, moe-layer): the token
 // counts T of the cells and the layer's geometry, Mixtral 8x7B's by default.

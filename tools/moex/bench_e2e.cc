@@ -193,15 +193,12 @@ std::vector<E2eRow> bench_format(const E2EFlags& f, const std::string& weights) 
     // decode loop: the steps' forward calls, sampling and bookkeeping), median over the runs. (The run's time less
     // a run with no steps, as before, put the prompts' ~0.5 s of noise into 8 steps of ~40 ms: b64 moved 58-72%.)
     const int n = f.batch_steps;
-    std::vector<double> decode_seconds;  // per run; the first is measure_median's warm-up
-    measure_median(timing, [&] {
+    const double decode_seconds = measure_median_reported(timing, [&] {
       const GenerationResult result = run(batch, 1, n + 1);
       MOEX_CHECK(result.decode_steps == n, "decode b", batch, ": ", result.decode_steps, " steps of ", n);
-      decode_seconds.push_back(result.decode_seconds);
-    });
-    if (decode_seconds.size() > 1) decode_seconds.erase(decode_seconds.begin());
-    std::sort(decode_seconds.begin(), decode_seconds.end());
-    const double seconds = std::max(decode_seconds[decode_seconds.size() / 2], 1e-9) / n;
+      return result.decode_seconds;
+    }).seconds;
+    const double seconds = std::max(decode_seconds, 1e-9) / n;
     // The last call was a decode step of the batch: its distinct experts per layer are what a step reads.
     add("decode b" + std::to_string(batch), batch, batch, seconds, dense_bytes + expert_bytes_read(*model),
         batch * flops_per_token(c, n / 2.0, true));

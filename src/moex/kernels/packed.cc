@@ -525,7 +525,7 @@ Isa kernel_isa(WeightFormat format) {
 }
 
 namespace {
-// The AVX-512 kernel that runs kAmx's few-row loop (and but for int8 reads the same activations).
+// The AVX-512 kernel that runs kAmx's few-row loop (the tiles read the activations it reads, but for int8's).
 Isa below_amx(WeightFormat format) {
   if (format == WeightFormat::kInt8W8A8 || format == WeightFormat::kInt4W4A8) return Isa::kAvx512Vnni;
   return format == WeightFormat::kInt8 ? Isa::kAvx512 : Isa::kAvx512Bf16;
@@ -543,21 +543,25 @@ bool many_rows_on_fma(WeightFormat format, Isa isa) {
          cpu_features().has_amx_kernels();
 }
 
-// fp8's and int4's many-row calls go to tiles where this process may use them (use_amx_kernels: the CPU has AMX,
-// Linux granted the tile state, MOEX_ISA is not avx512): their codes decoded to bf16 pairs once per panel and K
-// group, then tdpbf16ps (expert_gemm_amx.cc), instead of the FMA loop above. The few-row loops stay on vdpbf16ps.
-// int8's (weight-only) too: its few-row loop is f32 FMA (kAvx512); its tiles read the activations split into bf16
-// (hi, lo) pairs (x86/expert_gemm_amx.cc), near f32.
+// Whether a weight-only format whose few-row loop runs on `isa` has a many-row loop on AMX tiles (on a CPU with
+// them): fp8's and int4's beside their vdpbf16ps loops (fp8's decode needs VBMI: without it fp8 is on kAvx512 and
+// has none), int8's beside its f32-FMA loop (kAvx512).
+bool has_weight_only_tiles(WeightFormat format, Isa isa) {
+  return ((format == WeightFormat::kFP8E4M3 || format == WeightFormat::kInt4) && isa == Isa::kAvx512Bf16) ||
+         (format == WeightFormat::kInt8 && isa == Isa::kAvx512);
+}
+
+// Those many-row calls go to tiles where this process may use them (use_amx_kernels: the CPU has AMX, Linux
+// granted the tile state, MOEX_ISA is not avx512): their codes decoded to bf16 pairs once per panel and K group,
+// then tdpbf16ps (expert_gemm_amx.cc), instead of the FMA loop above; int8's tiles read the activations split into
+// bf16 (hi, lo) pairs, near f32. The few-row loops stay where they were.
 bool weight_only_many_rows_on_amx(WeightFormat format, Isa isa) {
-  return (((format == WeightFormat::kFP8E4M3 || format == WeightFormat::kInt4) && isa == Isa::kAvx512Bf16) ||
-          (format == WeightFormat::kInt8 && isa == Isa::kAvx512)) &&
-         use_amx_kernels();
+  return has_weight_only_tiles(format, isa) && use_amx_kernels();
 }
 }  // namespace
 
 bool row_result_depends_on_row_count(WeightFormat format, Isa isa) {
-  if (isa == Isa::kAmx)  // (bf16: one loop; W8A8: exact)
-    return format == WeightFormat::kFP8E4M3 || format == WeightFormat::kInt4 || format == WeightFormat::kInt8;
+  if (isa == Isa::kAmx) return !row_kernels_agree(format);  // the weight-only formats' tiles
   if (isa == Isa::kAvx512)
     return format == WeightFormat::kInt8 || format == WeightFormat::kInt4 || format == WeightFormat::kFP8E4M3;
   return (isa == Isa::kAvx512Bf16 && format == WeightFormat::kInt4) || many_rows_on_fma(format, isa);
@@ -571,9 +575,7 @@ std::vector<Isa> usable_isas(WeightFormat format, const CpuFeatures& cpu) {
     isas.push_back(Isa::kAvx512);
   if (best == Isa::kAmx) isas.push_back(below_amx(format));
   if (best != Isa::kScalar) isas.push_back(best);
-  if ((((format == WeightFormat::kFP8E4M3 || format == WeightFormat::kInt4) && best == Isa::kAvx512Bf16) ||
-       (format == WeightFormat::kInt8 && best == Isa::kAvx512)) &&
-      cpu.has_amx_kernels())
+  if (has_weight_only_tiles(format, best) && cpu.has_amx_kernels())
     isas.push_back(Isa::kAmx);  // their many-row loop (weight_only_many_rows_on_amx)
   return isas;
 }

@@ -173,9 +173,8 @@ constexpr bool row_kernels_agree(WeightFormat format) {
 constexpr RowKernel expert_kernel_for_rows(WeightFormat format, int64_t rows, bool batch_invariant,
                                            Isa isa = Isa::kAvx512Bf16) {
   if (batch_invariant && !row_kernels_agree(format)) return kBatchInvariantRowKernel;
-  const int64_t from = (format == WeightFormat::kFP8E4M3 || format == WeightFormat::kInt4 || format == WeightFormat::kInt8) && isa == Isa::kAmx
-                           ? kAmxWeightOnlyManyRowsFrom
-                       : !row_kernels_agree(format)        ? kWeightOnlyManyRowsFrom
+  const int64_t weight_only_from = isa == Isa::kAmx ? kAmxWeightOnlyManyRowsFrom : kWeightOnlyManyRowsFrom;
+  const int64_t from = !row_kernels_agree(format)        ? weight_only_from
                        : isa != Isa::kAmx                 ? kManyRowsFrom
                        : format == WeightFormat::kBF16    ? 1
                        : format == WeightFormat::kInt4W4A8 ? kAmxW4A8ManyRowsFrom

@@ -250,18 +250,20 @@ void MixtralModel::attention_block(int layer, const StepInput& step) {
     if (kv_cache_.f32()) kernels::paged_kv_write(kv, kv_cache_.f32(), layer, seq.block_table, pos, k_row, v_row);
     else kernels::paged_kv_write(kv, kv_cache_.bf16(), layer, seq.block_table, pos, k_row, v_row);
   };
-  if (step.num_seqs == 1) {  // a prefill chunk's rows over the threads (each row its own positions in the cache)
-    const kernels::PagedAttentionSeq& seq = attn_seqs_[0];
-    parallel_for(seq.q_len, 32, [&](int64_t begin, int64_t end) {
-      for (int64_t t = seq.q_row + begin; t < seq.q_row + end; ++t) rope_and_write(seq, t);
-    });
-  } else {  // the sequences over the threads (a decode batch: one row each; one region, not one per sequence)
-    parallel_for(step.num_seqs, 8, [&](int64_t begin, int64_t end) {
-      for (int64_t s = begin; s < end; ++s)
-        for (int64_t t = attn_seqs_[s].q_row; t < attn_seqs_[s].q_row + attn_seqs_[s].q_len; ++t)
-          rope_and_write(attn_seqs_[s], t);
-    });
-  }
+  // The step's rows over the threads in one region, whatever its sequences (a prefill chunk, a decode batch of one
+  // row each, or both): the sequences' rows are consecutive and in order (checked in forward), so a range of rows
+  // finds its first row's sequence by bisection and walks on.
+  const kernels::PagedAttentionSeq* seqs = attn_seqs_.data();
+  parallel_for(step.num_tokens, 16, [&](int64_t begin, int64_t end) {
+    if (begin >= end) return;
+    const kernels::PagedAttentionSeq* seq =
+        std::upper_bound(seqs, seqs + step.num_seqs, begin,
+                         [](int64_t row, const kernels::PagedAttentionSeq& q) { return row < q.q_row; }) - 1;
+    for (int64_t t = begin; t < end; ++t) {
+      while (t >= seq->q_row + seq->q_len) ++seq;
+      rope_and_write(*seq, t);
+    }
+  });
   // attn_out [T, H*hd]: every sequence's rows attend to its positions [0, pos] through its block table.
   if (kv_cache_.f32())
     kernels::paged_attention(kv, kv_cache_.f32(), layer, attn_seqs_.data(), step.num_seqs, q_.data(), H,
