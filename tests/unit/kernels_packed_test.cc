@@ -679,23 +679,24 @@ TEST(KernelIsa, NeverPicksAnIsaTheCpuOrOsLacks) {
   CpuFeatures zen4 = plain;
   zen4.avx512_bf16 = zen4.avx512_vnni = true;
   EXPECT_EQ(kernels::kernel_isa(WeightFormat::kBF16, zen4, true), Isa::kAvx512Bf16);
-  EXPECT_EQ(kernels::kernel_isa(WeightFormat::kInt4, zen4, true), Isa::kAvx512Bf16);
-  EXPECT_EQ(kernels::usable_isas(WeightFormat::kInt4, zen4),
-            (std::vector<Isa>{Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16}));
   EXPECT_EQ(kernels::usable_isas(WeightFormat::kBF16, zen4), (std::vector<Isa>{Isa::kScalar, Isa::kAvx2, Isa::kAvx512Bf16}));
   EXPECT_EQ(kernels::kernel_isa(WeightFormat::kInt8W8A8, zen4, true), Isa::kAvx512Vnni);
   EXPECT_EQ(kernels::kernel_isa(WeightFormat::kInt4W4A8, zen4, true), Isa::kAvx512Vnni);
   EXPECT_EQ(kernels::usable_isas(WeightFormat::kInt4W4A8, zen4), (std::vector<Isa>{Isa::kScalar, Isa::kAvx2, Isa::kAvx512Vnni}));
   EXPECT_EQ(kernels::usable_isas(WeightFormat::kInt8W8A8, zen4), (std::vector<Isa>{Isa::kScalar, Isa::kAvx2, Isa::kAvx512Vnni}));
-  // fp8's table decode needs VBMI beside BF16 (Cooper Lake has BF16 without it): the f32 AVX-512 path then.
-  EXPECT_EQ(kernels::kernel_isa(WeightFormat::kFP8E4M3, plain, true), Isa::kAvx512);
-  EXPECT_EQ(kernels::kernel_isa(WeightFormat::kFP8E4M3, zen4, true), Isa::kAvx512);
-  EXPECT_EQ(kernels::usable_isas(WeightFormat::kFP8E4M3, zen4), (std::vector<Isa>{Isa::kScalar, Isa::kAvx2, Isa::kAvx512}));
+  // fp8's table decode and int4's nibble placing need VBMI beside BF16 (Cooper Lake has BF16 without it): the f32
+  // AVX-512 path then.
   CpuFeatures zen4_vbmi = zen4;
   zen4_vbmi.avx512_vbmi = true;
-  EXPECT_EQ(kernels::kernel_isa(WeightFormat::kFP8E4M3, zen4_vbmi, true), Isa::kAvx512Bf16);
-  EXPECT_EQ(kernels::usable_isas(WeightFormat::kFP8E4M3, zen4_vbmi),
-            (std::vector<Isa>{Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16}));
+  for (WeightFormat f : {WeightFormat::kFP8E4M3, WeightFormat::kInt4}) {
+    const std::string name(kernels::weight_format_name(f));
+    EXPECT_EQ(kernels::kernel_isa(f, plain, true), Isa::kAvx512) << name;
+    EXPECT_EQ(kernels::kernel_isa(f, zen4, true), Isa::kAvx512) << name;
+    EXPECT_EQ(kernels::usable_isas(f, zen4), (std::vector<Isa>{Isa::kScalar, Isa::kAvx2, Isa::kAvx512})) << name;
+    EXPECT_EQ(kernels::kernel_isa(f, zen4_vbmi, true), Isa::kAvx512Bf16) << name;
+    EXPECT_EQ(kernels::usable_isas(f, zen4_vbmi),
+              (std::vector<Isa>{Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16})) << name;
+  }
   EXPECT_EQ(kernels::kernel_isa(WeightFormat::kInt8, zen4_vbmi, true), Isa::kAvx512);
   CpuFeatures os_off = zen4;  // the CPU has it, the OS does not save ZMM state: the AVX2 kernels (YMM state) only
   os_off.os_avx512 = false;
@@ -723,15 +724,15 @@ TEST(KernelIsa, NeverPicksAnIsaTheCpuOrOsLacks) {
   EXPECT_EQ(kernels::usable_isas(WeightFormat::kInt4W4A8, amx),
             (std::vector<Isa>{Isa::kScalar, Isa::kAvx2, Isa::kAvx512Vnni, Isa::kAmx}));
   EXPECT_EQ(kernels::usable_isas(WeightFormat::kBF16, amx_os_off), (std::vector<Isa>{Isa::kScalar, Isa::kAvx2, Isa::kAvx512Bf16}));
-  // fp8 keeps its table kernel (VBMI) and adds tiles for its many-row loop; without VBMI no tiles either. int4
-  // adds tiles beside its vdpbf16ps loop.
+  // fp8 and int4 keep their vdpbf16ps loops (VBMI) and add tiles for their many-row loops; without VBMI no tiles
+  // either.
   CpuFeatures amx_vbmi = amx;
   amx_vbmi.avx512_vbmi = true;
-  EXPECT_EQ(kernels::usable_isas(WeightFormat::kFP8E4M3, amx_vbmi),
-            (std::vector<Isa>{Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16, Isa::kAmx}));
-  EXPECT_EQ(kernels::usable_isas(WeightFormat::kFP8E4M3, amx), (std::vector<Isa>{Isa::kScalar, Isa::kAvx2, Isa::kAvx512}));
-  EXPECT_EQ(kernels::usable_isas(WeightFormat::kInt4, amx),
-            (std::vector<Isa>{Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16, Isa::kAmx}));
+  for (WeightFormat f : {WeightFormat::kFP8E4M3, WeightFormat::kInt4}) {
+    EXPECT_EQ(kernels::usable_isas(f, amx_vbmi),
+              (std::vector<Isa>{Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16, Isa::kAmx}));
+    EXPECT_EQ(kernels::usable_isas(f, amx), (std::vector<Isa>{Isa::kScalar, Isa::kAvx2, Isa::kAvx512}));
+  }
   // int8 (weight-only) adds tiles beside its f32-FMA loop.
   EXPECT_EQ(kernels::usable_isas(WeightFormat::kInt8, amx),
             (std::vector<Isa>{Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAmx}));

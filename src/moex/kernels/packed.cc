@@ -507,7 +507,7 @@ Isa kernel_isa(WeightFormat format, const CpuFeatures& cpu, bool x86_enabled) {
       return cpu.has_amx_kernels() ? Isa::kAmx : cpu.has_avx512_vnni_kernels() ? Isa::kAvx512Vnni : avx2_or_scalar;
     case WeightFormat::kInt4W4A8:
       return cpu.has_amx_kernels() ? Isa::kAmx : cpu.has_avx512_vnni_kernels() ? Isa::kAvx512Vnni : avx2_or_scalar;
-    case WeightFormat::kInt4: return cpu.has_avx512_bf16_kernels() ? Isa::kAvx512Bf16 : Isa::kAvx512;
+    case WeightFormat::kInt4:  // both decodes need VBMI (vpmultishiftqb, vpermt2b): else the f32-FMA loop
     case WeightFormat::kFP8E4M3: return cpu.has_avx512_bf16_vbmi_kernels() ? Isa::kAvx512Bf16 : Isa::kAvx512;
     case WeightFormat::kInt8: return Isa::kAvx512;
   }
@@ -544,8 +544,8 @@ bool many_rows_on_fma(WeightFormat format, Isa isa) {
 }
 
 // Whether a weight-only format whose few-row loop runs on `isa` has a many-row loop on AMX tiles (on a CPU with
-// them): fp8's and int4's beside their vdpbf16ps loops (fp8's decode needs VBMI: without it fp8 is on kAvx512 and
-// has none), int8's beside its f32-FMA loop (kAvx512).
+// them): fp8's and int4's beside their vdpbf16ps loops (their decodes need VBMI: without it they are on kAvx512 and
+// have none), int8's beside its f32-FMA loop (kAvx512).
 bool has_weight_only_tiles(WeightFormat format, Isa isa) {
   return ((format == WeightFormat::kFP8E4M3 || format == WeightFormat::kInt4) && isa == Isa::kAvx512Bf16) ||
          (format == WeightFormat::kInt8 && isa == Isa::kAvx512);
@@ -936,7 +936,7 @@ void run_panel_range(Isa isa, const PackedWeights& w, const x86::PanelJob& job, 
       else if (w.format == WeightFormat::kFP8E4M3)
         job.many_rows ? x86::run_panels_fp8_amx(job, begin, end) : x86::run_panels_fp8_avx512bf16vbmi(job, begin, end);
       else if (w.format == WeightFormat::kInt4)
-        job.many_rows ? x86::run_panels_int4_amx(job, begin, end) : x86::run_panels_int4_avx512bf16(job, begin, end);
+        job.many_rows ? x86::run_panels_int4_amx(job, begin, end) : x86::run_panels_int4_avx512bf16vbmi(job, begin, end);
       else if (w.format == WeightFormat::kInt8)  // tiles for any row count: the rows are split pairs (reads_as)
         x86::run_panels_int8_amx(job, begin, end);
       else if (w.format == WeightFormat::kInt4W4A8)
@@ -949,7 +949,7 @@ void run_panel_range(Isa isa, const PackedWeights& w, const x86::PanelJob& job, 
         x86::run_panels_bf16_many_avx512bf16(job, begin, end);
       else if (w.format == WeightFormat::kBF16) x86::run_panels_bf16_avx512bf16(job, begin, end);
       else if (w.format == WeightFormat::kFP8E4M3) x86::run_panels_fp8_avx512bf16vbmi(job, begin, end);
-      else x86::run_panels_int4_avx512bf16(job, begin, end);
+      else x86::run_panels_int4_avx512bf16vbmi(job, begin, end);
       break;
     case Isa::kAvx512Vnni:
       if (w.format == WeightFormat::kInt4W4A8) x86::run_panels_int4_w4a8_avx512vnni(job, begin, end);

@@ -29,14 +29,6 @@ namespace {
 constexpr int kMaxTile = 6;        // rows per register tile: 6 x 4 accumulators, 4 weight vectors, a broadcast
 constexpr int64_t kKBlock = 2048;  // k per pass: the panel's slice (256 KB) stays in L2 while the tiles pass
 
-inline __m512bh load_pairs(const uint16_t* p) { return reinterpret_cast<__m512bh>(_mm512_load_si512(p)); }
-
-inline __m512bh broadcast_pair(const uint16_t* p) {
-  int32_t pair;
-  std::memcpy(&pair, p, sizeof pair);
-  return reinterpret_cast<__m512bh>(_mm512_set1_epi32(pair));
-}
-
 // c [MT][64] (+)= x [MT][ldx] (bf16, k pairs from here) . w [pairs][64][2]; each k step moves
 // `prefetch` on by its share of the tile's lines (into L2).
 template <int MT>

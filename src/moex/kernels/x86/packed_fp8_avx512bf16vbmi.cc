@@ -81,12 +81,6 @@ struct Decoder {
   }
 };
 
-inline __m512bh broadcast_pair(const uint16_t* p) {
-  int32_t pair;
-  std::memcpy(&pair, p, sizeof pair);
-  return reinterpret_cast<__m512bh>(_mm512_set1_epi32(pair));
-}
-
 // Group g's scales [64] in the permuted order.
 inline void group_scales(const float* scales, int64_t g, __m512 s[4]) {
   for (int v = 0; v < 4; ++v) s[v] = _mm512_loadu_ps(scales + g * kPanel + 16 * v);

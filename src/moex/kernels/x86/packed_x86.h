@@ -41,7 +41,9 @@ void run_panels_bf16_avx512bf16(const PanelJob& job, int64_t panel_begin, int64_
 // The many-row GEMMs (expert_kernel_for_rows: kManyRows), in x86/expert_gemm_*.cc.
 void run_panels_bf16_many_avx512bf16(const PanelJob& job, int64_t panel_begin, int64_t panel_end);
 void run_panels_w8a8_many_avx512vnni(const PanelJob& job, int64_t panel_begin, int64_t panel_end);
-void run_panels_int4_avx512bf16(const PanelJob& job, int64_t panel_begin, int64_t panel_end);
+// int4 (weight-only) x bf16 activations through vdpbf16ps (both row loops; the decode uses VBMI),
+// x86/packed_int4_avx512bf16vbmi.cc; the caller has checked has_avx512_bf16_vbmi_kernels().
+void run_panels_int4_avx512bf16vbmi(const PanelJob& job, int64_t panel_begin, int64_t panel_end);
 // fp8 e4m3 x bf16 activations through byte tables and vdpbf16ps (both row loops), x86/packed_fp8_avx512bf16vbmi.cc;
 // the caller has checked has_avx512_bf16_vbmi_kernels().
 void run_panels_fp8_avx512bf16vbmi(const PanelJob& job, int64_t panel_begin, int64_t panel_end);

@@ -7,11 +7,21 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 #include "moex/kernels/x86/packed_x86.h"
 
 namespace moex::kernels::x86 {
 namespace {
+
+// bf16 pairs (the vdpbf16ps / tdpbf16ps operand; plain AVX-512 moves, so any file here may use them): 32 of them
+// from 64-byte-aligned p, and the pair at p (two activations) in every 32-bit lane.
+inline __m512bh load_pairs(const uint16_t* p) { return reinterpret_cast<__m512bh>(_mm512_load_si512(p)); }
+inline __m512bh broadcast_pair(const uint16_t* p) {
+  int32_t pair;
+  std::memcpy(&pair, p, sizeof pair);
+  return reinterpret_cast<__m512bh>(_mm512_set1_epi32(pair));
+}
 
 // The low n (0..16) lanes.
 inline __mmask16 lane_mask(int64_t n) {
