@@ -159,14 +159,16 @@ TEST(PackedMatmul, IntegerKernelsAtTheirExtremeCodesMatchTheReference) {
 }
 
 TEST(PackedMatmul, DispatchRunsKernelIsasChoice) {
-  // packed_matmul (no ISA given) is packed_matmul_on(kernel_isa(...)), and MOEX_ISA=ref means kScalar.
+  // packed_matmul (no ISA given) is packed_matmul_on(the ISA isa_for_rows picks from kernel_isa(...) for the call's
+  // rows: 5 rows of int4 are on AMX CPUs' tiles), and MOEX_ISA=ref means kScalar.
   const std::vector<float> w = random_floats(70 * 33, 3), x = random_floats(5 * 33, 4);
   const kernels::PackedWeights p = kernels::pack(kernels::quantize_int4(TensorView{const_cast<float*>(w.data()), DType::kF32, Shape{70, 33}}, 32, false));
   for (bool x86 : {false, true}) {
     set_use_x86_kernels(x86);
     std::vector<float> a(5 * 70), b(5 * 70);
     kernels::packed_matmul(x.data(), 5, p, a.data());
-    kernels::packed_matmul_on(kernels::kernel_isa(WeightFormat::kInt4), x.data(), 5, p, b.data());
+    kernels::packed_matmul_on(kernels::isa_for_rows(WeightFormat::kInt4, kernels::kernel_isa(WeightFormat::kInt4), 5),
+                              x.data(), 5, p, b.data());
     EXPECT_EQ(a, b);
     if (!x86) {
       EXPECT_EQ(kernels::kernel_isa(WeightFormat::kInt4), Isa::kScalar);
@@ -766,7 +768,7 @@ TEST(KernelIsa, WeightOnlyManyRowsMoveOffVdpbf16psOnAmxCpus) {
                                                 : isa == Isa::kAvx512Bf16 && cpu_features().has_amx_kernels();
     const bool tiles = moves && use_amx_kernels();
     const Isa to = tiles ? Isa::kAmx : Isa::kAvx512;
-    const int64_t many = tiles ? kernels::kAmxWeightOnlyManyRowsFrom : kernels::kWeightOnlyManyRowsFrom;
+    const int64_t many = tiles ? kernels::amx_weight_only_many_rows_from(f) : kernels::kWeightOnlyManyRowsFrom;
     EXPECT_EQ(kernels::isa_for_rows(f, isa, many), moves ? to : isa);
     EXPECT_EQ(kernels::isa_for_rows(f, isa, many - 1), isa);
     EXPECT_EQ(kernels::isa_for_rows(f, isa, 512, true), isa);  // the pin keeps the few-row loop and its ISA

@@ -919,7 +919,7 @@ RowKernel row_kernel(WeightFormat format, Isa isa, int64_t rows, bool batch_inva
 }  // namespace
 
 Isa isa_for_rows(WeightFormat format, Isa isa, int64_t rows, bool batch_invariant) {
-  if (weight_only_many_rows_on_amx(format, isa)) isa = Isa::kAmx;  // tiles from kAmxWeightOnlyManyRowsFrom rows
+  if (weight_only_many_rows_on_amx(format, isa)) isa = Isa::kAmx;  // tiles from amx_weight_only_many_rows_from rows
   const bool many = row_kernel(format, isa, rows, batch_invariant) == RowKernel::kManyRows;
   if (isa == Isa::kAmx) return many ? Isa::kAmx : below_amx(format);
   return many && many_rows_on_fma(format, isa) ? Isa::kAvx512 : isa;

@@ -165,7 +165,11 @@ inline constexpr int64_t kManyRowsFrom = 12;            // bf16 / W8A8: the meas
 inline constexpr int64_t kWeightOnlyManyRowsFrom = 16;  // int8 / fp8 / int4
 inline constexpr int64_t kAmxManyRowsFrom = 4;          // W8A8 on AMX (docs/kernels.md); bf16 on AMX: from 1
 inline constexpr int64_t kAmxW4A8ManyRowsFrom = 6;      // W4A8 on AMX (docs/kernels.md)
-inline constexpr int64_t kAmxWeightOnlyManyRowsFrom = 8;  // fp8's, int4's and int8's tiles on AMX CPUs (isa kAmx; docs/kernels.md)
+// fp8's, int4's and int8's tiles on AMX CPUs (isa kAmx): each format's measured crossover against its few-row loop
+// (docs/kernels.md): int4's decode costs the few-row loop most per row, int8's (f32 FMA, no decode) least.
+constexpr int64_t amx_weight_only_many_rows_from(WeightFormat format) {
+  return format == WeightFormat::kInt4 ? 3 : format == WeightFormat::kFP8E4M3 ? 5 : 8;
+}
 inline constexpr RowKernel kBatchInvariantRowKernel = RowKernel::kFewRows;  // the pin (docs/serve.md: its cost)
 constexpr bool row_kernels_agree(WeightFormat format) {
   return format == WeightFormat::kBF16 || format == WeightFormat::kInt8W8A8 || format == WeightFormat::kInt4W4A8;
@@ -173,7 +177,7 @@ constexpr bool row_kernels_agree(WeightFormat format) {
 constexpr RowKernel expert_kernel_for_rows(WeightFormat format, int64_t rows, bool batch_invariant,
                                            Isa isa = Isa::kAvx512Bf16) {
   if (batch_invariant && !row_kernels_agree(format)) return kBatchInvariantRowKernel;
-  const int64_t weight_only_from = isa == Isa::kAmx ? kAmxWeightOnlyManyRowsFrom : kWeightOnlyManyRowsFrom;
+  const int64_t weight_only_from = isa == Isa::kAmx ? amx_weight_only_many_rows_from(format) : kWeightOnlyManyRowsFrom;
   const int64_t from = !row_kernels_agree(format)        ? weight_only_from
                        : isa != Isa::kAmx                 ? kManyRowsFrom
                        : format == WeightFormat::kBF16    ? 1
