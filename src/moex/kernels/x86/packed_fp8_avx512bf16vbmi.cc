@@ -157,21 +157,6 @@ void decoded_tile(const uint16_t* x, int64_t ldx, const uint16_t* dec, const flo
   }
 }
 
-// Runs tile<MT> over the tokens in tiles of Full, the rest in one smaller tile.
-template <int Full, typename Run>
-void over_tokens(int64_t tokens, Run&& run) {
-  int64_t t = 0;
-  for (; t + Full <= tokens; t += Full) run.template operator()<Full>(t);
-  switch (tokens - t) {
-    case 5: if constexpr (Full > 5) run.template operator()<5>(t); break;
-    case 4: if constexpr (Full > 4) run.template operator()<4>(t); break;
-    case 3: if constexpr (Full > 3) run.template operator()<3>(t); break;
-    case 2: run.template operator()<2>(t); break;
-    case 1: run.template operator()<1>(t); break;
-    default: break;
-  }
-}
-
 }  // namespace
 
 void decode_fp8_pairs_avx512bf16vbmi(const uint8_t* codes, int64_t k_count, int64_t pair_rows, uint16_t* out) {

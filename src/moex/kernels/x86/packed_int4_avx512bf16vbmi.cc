@@ -129,16 +129,7 @@ void run_panels_int4_avx512bf16vbmi(const PanelJob& job, int64_t panel_begin, in
           int4_tile<MT, false>(x + t * kp, kp, w_panel, scales, offsets, sums, groups, w.group, k0, k1,
                                c.data() + t * kPanel, w_end);
       };
-      int64_t t = 0;
-      for (; t + kTokenTile <= tokens; t += kTokenTile) run.template operator()<kTokenTile>(t);
-      switch (tokens - t) {
-        case 5: run.template operator()<5>(t); break;
-        case 4: run.template operator()<4>(t); break;
-        case 3: run.template operator()<3>(t); break;
-        case 2: run.template operator()<2>(t); break;
-        case 1: run.template operator()<1>(t); break;
-        default: break;
-      }
+      over_tokens<kTokenTile>(tokens, run);
     }
     apply_epilogue(job.epilogue, w, panel, tokens, c.data());
   }

@@ -113,14 +113,7 @@ void run_panels_int4_w4a8_avx512vnni(const PanelJob& job, int64_t panel_begin, i
                groups, w.group, kp, c.data() + t * kPanel, w_end, i == 0,
                SpreadPrefetch{next_panel + first_line * 64, end_line - first_line, kp / 8});
     };
-    int64_t t = 0;
-    for (; t + kTokenTile <= tokens; t += kTokenTile) run.template operator()<kTokenTile>(t);
-    switch (tokens - t) {
-      case 3: run.template operator()<3>(t); break;
-      case 2: run.template operator()<2>(t); break;
-      case 1: run.template operator()<1>(t); break;
-      default: break;
-    }
+    over_tokens<kTokenTile>(tokens, run);
     apply_epilogue(job.epilogue, w, panel, tokens, c.data());
   }
 }

@@ -23,6 +23,22 @@ inline __m512bh broadcast_pair(const uint16_t* p) {
   return reinterpret_cast<__m512bh>(_mm512_set1_epi32(pair));
 }
 
+// Runs run.operator()<MT>(t) over the tokens in register tiles of Full (<= 6) rows, the rest in one smaller tile.
+template <int Full, typename Run>
+inline void over_tokens(int64_t tokens, Run&& run) {
+  static_assert(Full >= 2 && Full <= 6);
+  int64_t t = 0;
+  for (; t + Full <= tokens; t += Full) run.template operator()<Full>(t);
+  switch (tokens - t) {
+    case 5: if constexpr (Full > 5) run.template operator()<5>(t); break;
+    case 4: if constexpr (Full > 4) run.template operator()<4>(t); break;
+    case 3: if constexpr (Full > 3) run.template operator()<3>(t); break;
+    case 2: run.template operator()<2>(t); break;
+    case 1: run.template operator()<1>(t); break;
+    default: break;
+  }
+}
+
 // The low n (0..16) lanes.
 inline __mmask16 lane_mask(int64_t n) {
   return n >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << std::max<int64_t>(n, 0)) - 1);
