@@ -271,6 +271,33 @@ TEST_P(PackedMatmulTest, FusedGateUpAndRoutedDownMatchTheReference) {
   set_use_x86_kernels(true);
 }
 
+// int4's two vdpbf16ps loops (x86/packed_int4_avx512bf16vbmi.cc: decode below kWeightOnlyManyRowsFrom rows, a K
+// block decoded once above) run a row's K groups with the same operations in the same order, so T rows in one call
+// equal the same rows one call each, bit for bit, K over the 2048-k block included. (int4 still counts as a format
+// whose loops differ: on AMX CPUs its many rows run tiles, and under MOEX_ISA=avx512 there the f32-FMA loop.)
+TEST_P(PackedMatmulTest, Int4Vdpbf16psLoopsGiveARowTheSameBits) {
+  const FormatCase f = GetParam();
+  if (f.format != WeightFormat::kInt4) GTEST_SKIP() << "int4 only";
+  const std::vector<Isa> usable = kernels::usable_isas(f.format, cpu_features());
+  if (std::find(usable.begin(), usable.end(), Isa::kAvx512Bf16) == usable.end()) GTEST_SKIP() << "no AVX512-BF16 + VBMI";
+  const int threads_before = num_threads();
+  for (const auto& [tokens, n, k] : {Shape3{16, 67, 95}, Shape3{17, 130, 2051}, Shape3{23, 7, 4101}, Shape3{40, 70, 200}}) {
+    ASSERT_EQ(kernels::expert_kernel_for_rows(f.format, tokens, false, Isa::kAvx512Bf16), kernels::RowKernel::kManyRows);
+    const std::vector<float> x = random_floats(tokens * k, 51 + n), w = random_floats(n * k, 53 + k);
+    const kernels::PackedWeights packed = kernels::pack(quantize(f, w, n, k));
+    std::vector<float> y(tokens * n), y_rows(tokens * n);
+    for (int threads : {1, 2}) {
+      set_num_threads(threads);
+      kernels::packed_matmul_on(Isa::kAvx512Bf16, x.data(), tokens, packed, y.data());
+      for (int64_t t = 0; t < tokens; ++t)
+        kernels::packed_matmul_on(Isa::kAvx512Bf16, x.data() + t * k, 1, packed, y_rows.data() + t * n);
+      for (size_t j = 0; j < y.size(); ++j)
+        ASSERT_EQ(y[j], y_rows[j]) << f.name() << " T" << tokens << " N" << n << " K" << k << " " << j;
+    }
+  }
+  set_num_threads(threads_before);
+}
+
 // The many-row GEMM (kernels/x86/expert_gemm_*, from kManyRowsFrom rows; W8A8 on AMX from kAmxManyRowsFrom) sums
 // each lane's k in the few-row loop's order (bf16 on AVX-512) or exactly (W8A8, on VNNI and on AMX tiles): T rows in
 // one call equal, bit for bit, the same rows one call each (one row: the few-row loop; bf16 on AMX: a one-row tile
