@@ -196,6 +196,7 @@ def main():
         # Lists are parsed one way in every command: each item checked, the error naming it.
         ("bench_tokens_zero", "'0' is not a whole number in 1..", ["bench", "router", "--tokens", "1,0"]),
         ("bench_kernels_tokens_bad", "'x' is not a whole number", ["bench", "kernels", "--tokens", "x"]),
+        ("bench_kernels_cycle_mb_zero", "--cycle-mb: Value 0 not in range", ["bench", "kernels", "--cycle-mb", "0"]),
     ]
     # config_not_json: write broken JSON over the variant's config.
     with open(os.path.join(args.workdir, "nj", "config.json"), "w") as f:

@@ -24,6 +24,7 @@ struct KernelsFlags {
   std::vector<std::string> kernels = ::moex::kernels::KernelBenchOptions{}.kernels;
   int repeats = 5;
   size_t roofline_mb = 1024;
+  size_t cycle_mb = ::moex::kernels::KernelBenchOptions{}.cycle_mb;
   ThreadsFlags threads;
   bool cpu_clock = false;
   bool json = false;
@@ -40,6 +41,7 @@ void run_kernels(const KernelsFlags& f) {
   o.kernels = f.kernels;
   o.repeats = f.repeats;
   o.roofline_mb = f.roofline_mb;
+  o.cycle_mb = f.cycle_mb;
   o.cpu_clock = f.cpu_clock;
   const kernels::KernelBenchReport r = kernels::bench_kernels(o);
   if (f.json) {
@@ -97,6 +99,11 @@ void setup_kernels_bench(CLI::App& bench) {
   add_list_flag(cmd, "--kernels", flags->kernels, "w1, gate_up, down; moe, moe_unfused: 8 experts, top-2 routing, fused_experts against the expert-by-expert calls; attention, attention_portable: causal paged attention of a T-token prompt (bf16 KV), this CPU's vector tile against the portable one; attention_decode, attention_decode_portable: 16 sequences, one query each over a T-position context; dense: the as-stored bf16 matmul (attention projections, lm_head) on w1's shape, f32 activations");
   cmd->add_option("--repeats", flags->repeats, "Samples per cell (median reported)")->capture_default_str();
   cmd->add_option("--roofline-mb", flags->roofline_mb, "Read-probe buffer size")->capture_default_str();
+  cmd->add_option("--cycle-mb", flags->cycle_mb,
+                  "MB of weight copies the calls cycle through: above the L3 every call reads from DRAM; below the L2 "
+                  "(e.g. 1) the kernel's in-cache speed")
+      ->capture_default_str()
+      ->check(CLI::Range(size_t{1}, size_t{65536}));
   flags->threads.add_to(cmd);
   cmd->add_flag("--cpu-clock", flags->cpu_clock,
                 "Time on the thread's CPU clock (with --threads 1, when other processes load the machine)");

@@ -19,7 +19,7 @@ struct KernelBenchOptions {
   int repeats = 5;
   double sample_ms = 20;          // calls per sample: enough to last this long
   size_t roofline_mb = 1024;      // read-bandwidth probe buffer
-  size_t cycle_mb = 256;          // copies of the weights cycled so every call reads from DRAM, not L3
+  size_t cycle_mb = 256;          // copies of the weights cycled so every call reads from DRAM (above the L3's size)
   bool cpu_clock = false;         // time on the thread's CPU clock (one thread only): for a machine others load
 };
 
