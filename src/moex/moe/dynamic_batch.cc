@@ -94,10 +94,13 @@ void MoEDynamicBatch::plan(const int32_t* expert_ids, int64_t tokens) {
 }
 
 void MoEDynamicBatch::gather(const float* x, int64_t d, float* gathered) const {
-  const int64_t rows = static_cast<int64_t>(row_token_.size());
-  parallel_for(rows, kRowsPerTask, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r)
-      std::memcpy(gathered + r * d, x + int64_t{row_token_[r]} * d, d * sizeof(float));
+  gather(x, d, gathered, 0, static_cast<int64_t>(row_token_.size()));
+}
+
+void MoEDynamicBatch::gather(const float* x, int64_t d, float* gathered, int64_t row_begin, int64_t row_end) const {
+  parallel_for(row_end - row_begin, kRowsPerTask, [&](int64_t begin, int64_t end) {
+    for (int64_t r = row_begin + begin; r < row_begin + end; ++r)
+      std::memcpy(gathered + (r - row_begin) * d, x + int64_t{row_token_[r]} * d, d * sizeof(float));
   });
 }
 

@@ -48,6 +48,8 @@ class MoEDynamicBatch {
 
   // x [T, d] -> gathered [rows, d] in plan order. Threads split rows.
   void gather(const float* x, int64_t d, float* gathered) const;
+  // Plan rows [row_begin, row_end) only (one rank's experts): gathered [row_end - row_begin, d].
+  void gather(const float* x, int64_t d, float* gathered, int64_t row_begin, int64_t row_end) const;
   // out [T, d] = sum_j weight[t, j] * expert_out[row(t, j)], choices added in order j = 0..k-1;
   // `accumulate` adds onto out instead of overwriting it. Threads split tokens (the order per token is fixed).
   void combine(const float* expert_out, const float* expert_weights, int64_t tokens, int64_t d, float* out,
