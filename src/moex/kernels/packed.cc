@@ -723,7 +723,7 @@ void run_scalar(const float* x, int64_t tokens, const PackedWeights& w, const x8
 // Activations as one ISA's kernel reads them: converted row by row (so callers may split rows across threads,
 // or convert the rows of several experts in one loop) and bound to a PanelJob from any first row.
 struct Activations {
-  std::vector<uint16_t> bf16;  // kAvx512Bf16 / kAmx: [T][k_padded]; int8 on kAmx: [T][split_row_stride(K)] (hi, lo) pairs
+  std::vector<uint16_t> bf16;  // kAvx512Bf16 / kAmx: [T][k_padded]; int8 on kAmx: [T][split_row_stride(K)] hi and lo planes
   std::vector<uint8_t> u8;     // kAvx512Vnni: [T][k_padded] q + 128 (W8A8), q as s8 bits (W4A8); kAvx2 W8A8 / W4A8: q
   std::vector<float> f32;      // kAvx512 / kAvx2 bf16, int4, fp8: [T][K] rounded to bf16
   std::vector<float> extra;    // W8A8: [T] token scales; W4A8: [T][groups] group scales; int4 on kAvx512Bf16
@@ -734,7 +734,7 @@ struct Activations {
     return w.format == WeightFormat::kInt8W8A8 || w.format == WeightFormat::kInt4W4A8;
   }
   // kAmx's tiles read what the AVX-512 kernel of its few-row loop reads (bf16 rows, or W8A8's u8 codes), but for
-  // int8's, which read split pairs (its few-row loop reads the f32 rows as they are).
+  // int8's, which read split planes (its few-row loop reads the f32 rows as they are).
   static Isa reads_as(Isa isa, const PackedWeights& w) {
     return isa != Isa::kAmx || w.format == WeightFormat::kInt8 ? isa : below_amx(w.format);
   }
@@ -776,9 +776,11 @@ struct Activations {
     isa = reads_as(isa, w);
     const int64_t K = w.cols, kp = w.k_padded;
     switch (isa) {
-      case Isa::kAmx:  // int8 (reads_as)
-        x86::split_row_bf16_avx512bf16(x, K, bf16.data() + t * x86::split_row_stride(K));
+      case Isa::kAmx: {  // int8 (reads_as)
+        uint16_t* row = bf16.data() + t * x86::split_row_stride(K);
+        x86::split_row_bf16_avx512bf16(x, K, x86::split_plane(K), row, row + x86::split_plane(K));
         break;
+      }
       case Isa::kAvx512Bf16: {
         uint16_t* row = bf16.data() + t * kp;
         x86::round_row_bf16_avx512bf16(x, K, kp, row);
@@ -852,7 +854,7 @@ struct Activations {
   static bool elementwise(Isa isa, const PackedWeights& w) {
     isa = reads_as(isa, w);
     if (isa == Isa::kAvx512 || isa == Isa::kAvx2) return w.format == WeightFormat::kInt8;  // int8 reads f32 x as it is
-    if (isa == Isa::kAmx) return true;  // int8's split pairs
+    if (isa == Isa::kAmx) return true;  // int8's split planes
     return isa == Isa::kAvx512Bf16 && (w.format == WeightFormat::kBF16 || w.format == WeightFormat::kFP8E4M3);
   }
   // Columns [c0, c1) of row x [K] into row t (elementwise(isa, w) only; c0 a multiple of 16); the range that
@@ -861,8 +863,10 @@ struct Activations {
     isa = reads_as(isa, w);
     if (isa == Isa::kAvx512 || isa == Isa::kAvx2) return;
     const int64_t K = w.cols, kp = w.k_padded;
-    if (isa == Isa::kAmx) {  // int8's split pairs
-      x86::split_row_bf16_avx512bf16(x + c0, c1 - c0, bf16.data() + t * x86::split_row_stride(K) + c0 * 2);
+    if (isa == Isa::kAmx) {  // int8's split planes
+      uint16_t* row = bf16.data() + t * x86::split_row_stride(K) + c0;
+      const int64_t plane = x86::split_plane(K);
+      x86::split_row_bf16_avx512bf16(x + c0, c1 - c0, (c1 == K ? plane : c1) - c0, row, row + plane);
       return;
     }
     x86::round_row_bf16_avx512bf16(x + c0, c1 - c0, (c1 == K ? kp : c1) - c0, bf16.data() + t * kp + c0);
@@ -937,7 +941,7 @@ void run_panel_range(Isa isa, const PackedWeights& w, const x86::PanelJob& job, 
         job.many_rows ? x86::run_panels_fp8_amx(job, begin, end) : x86::run_panels_fp8_avx512bf16vbmi(job, begin, end);
       else if (w.format == WeightFormat::kInt4)
         job.many_rows ? x86::run_panels_int4_amx(job, begin, end) : x86::run_panels_int4_avx512bf16vbmi(job, begin, end);
-      else if (w.format == WeightFormat::kInt8)  // tiles for any row count: the rows are split pairs (reads_as)
+      else if (w.format == WeightFormat::kInt8)  // tiles for any row count: the rows are split planes (reads_as)
         x86::run_panels_int8_amx(job, begin, end);
       else if (w.format == WeightFormat::kInt4W4A8)
         job.many_rows ? x86::run_panels_int4_w4a8_amx(job, begin, end) : x86::run_panels_int4_w4a8_avx512vnni(job, begin, end);

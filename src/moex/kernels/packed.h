@@ -166,9 +166,9 @@ inline constexpr int64_t kWeightOnlyManyRowsFrom = 16;  // int8 / fp8 / int4
 inline constexpr int64_t kAmxManyRowsFrom = 4;          // W8A8 on AMX (docs/kernels.md); bf16 on AMX: from 1
 inline constexpr int64_t kAmxW4A8ManyRowsFrom = 6;      // W4A8 on AMX (docs/kernels.md)
 // fp8's, int4's and int8's tiles on AMX CPUs (isa kAmx): each format's measured crossover against its few-row loop
-// (docs/kernels.md): int4's decode costs the few-row loop most per row, int8's (f32 FMA, no decode) least.
+// (docs/kernels.md): int4's decode costs the few-row loop most per row; fp8 and int8 from 5.
 constexpr int64_t amx_weight_only_many_rows_from(WeightFormat format) {
-  return format == WeightFormat::kInt4 ? 3 : format == WeightFormat::kFP8E4M3 ? 5 : 8;
+  return format == WeightFormat::kInt4 ? 3 : 5;
 }
 inline constexpr RowKernel kBatchInvariantRowKernel = RowKernel::kFewRows;  // the pin (docs/serve.md: its cost)
 constexpr bool row_kernels_agree(WeightFormat format) {

@@ -59,12 +59,13 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {};
 };
 
-// Tiles 0-3 C (rows x 16 x 4 bytes), 4 A (rows x 64 bytes), 5-7 B (16 x 64 bytes).
-void configure(int rows) {
+// Tiles 0-3 C (rows x 16 x 4 bytes), 4 A (rows x 64 bytes), 5-7 B (16 x 64 bytes); with a_tiles = 2, 5 is a
+// second A tile (int8's split activations) and 6-7 B.
+void configure(int rows, int a_tiles = 1) {
   TileConfig c;
   for (int i = 0; i < 8; ++i) {
     c.colsb[i] = 64;
-    c.rows[i] = static_cast<uint8_t>(i < 5 ? rows : 16);
+    c.rows[i] = static_cast<uint8_t>(i < 4 + a_tiles ? rows : 16);
   }
   _tile_loadconfig(&c);
 }
@@ -278,10 +279,11 @@ void run_panels(const PanelJob& job, int64_t panel_begin, int64_t panel_end) {
 // each few-row loop's grouping; within a group tdpbf16ps adds a k pair in another order than vdpbf16ps (and
 // int4's few-row loop multiplies by q + 16), so the loops differ in last bits. The activations are the few-row
 // loops' bf16 rows [T][k_padded] (k_padded = K rounded to 2): a last k step that would read past a row's end
-// takes its A tile from a zero-padded copy. int8 (weight-only, one scale per lane) runs the same loop with one k
-// per pair: its f32 activations split into bf16 (hi, lo) pairs [T][K][2] against the codes as (w, w), so a row's
-// sums carry ~16 bits of each activation (relative error <= 2^-17), within the f32 path's tolerance, at twice the
-// tile work of a plain bf16 row; rounding the activations to bf16 instead would change int8's results by ~2^-9.
+// takes its A tile from a zero-padded copy. int8 (weight-only, one scale per lane) keeps ~16 bits of each f32
+// activation: its rows are split into two bf16 planes, hi = x rounded to bf16 and lo = the rest rounded
+// (split_row_bf16_avx512bf16: relative error <= 2^-17, within the f32 path's tolerance; rounding to bf16 alone
+// would change int8's results by ~2^-9), and every B tile of the decoded codes is loaded once for two dot
+// products, hi's and lo's, into the same C: twice a bf16 row's tile work, the decode and B loads of one.
 constexpr int64_t kMaxGroup = 128;
 
 // int4's codes of one panel's pair rows [j0, j0 + pairs) (a lane's byte: q(2j) low nibble, q(2j + 1) high) as bf16
@@ -304,35 +306,32 @@ void decode_int4_pairs(const uint8_t* codes, int64_t valid, int64_t pairs, uint1
   }
 }
 
-// int8's codes of one panel's k rows [0, pairs) as bf16 pairs (w, w): one k per pair, against activations split
-// into (hi, lo) pairs; rows past `valid` zero. The codes (|q| <= 128) are exact in bf16: the top half of their f32.
+// int8's codes of one panel's k rows [0, valid) ([K][64] bytes) as bf16 pairs (w(2j), w(2j + 1)) in bf16's packed
+// layout, `pairs` pair rows; k rows past `valid` zero. The codes (|q| <= 128) are exact in bf16: the top half of
+// their f32, whose low half is zero, so a pair is f32(w(2j + 1)) | f32(w(2j)) >> 16.
 void decode_int8_pairs(const uint8_t* codes, int64_t valid, int64_t pairs, uint16_t* out) {
-  const __m512i top = _mm512_set1_epi32(static_cast<int32_t>(0xffff0000u));
-  for (int64_t j = 0; j < pairs; ++j) {
-    for (int c = 0; c < 4; ++c) {  // lanes 16c .. 16c + 15
-      __m512i pair = _mm512_setzero_si512();
-      if (j < valid) {
-        const __m512i q = _mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(codes + j * kPanel + 16 * c)));
-        const __m512i f = _mm512_and_si512(_mm512_castps_si512(_mm512_cvtepi32_ps(q)), top);
-        pair = _mm512_or_si512(f, _mm512_srli_epi32(f, 16));
-      }
-      _mm512_store_si512(out + j * 2 * kPanel + 32 * c, pair);
-    }
-  }
+  const auto f32_bits = [&](int64_t k, int c) {
+    if (k >= valid) return _mm512_setzero_si512();
+    const __m512i q = _mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(codes + k * kPanel + 16 * c)));
+    return _mm512_castps_si512(_mm512_cvtepi32_ps(q));
+  };
+  for (int64_t j = 0; j < pairs; ++j)
+    for (int c = 0; c < 4; ++c)  // lanes 16c .. 16c + 15
+      _mm512_store_si512(out + j * 2 * kPanel + 32 * c,
+                         _mm512_or_si512(f32_bits(2 * j + 1, c), _mm512_srli_epi32(f32_bits(2 * j, c), 16)));
 }
 
 template <WeightFormat kFormat>
 void weight_only_panels(const PanelJob& job, int64_t panel_begin, int64_t panel_end) {
   constexpr bool kFp8 = kFormat == WeightFormat::kFP8E4M3, kInt8 = kFormat == WeightFormat::kInt8;
-  // Bytes of an activation row per k: a bf16 (fp8, int4: two k per pair), or int8's (hi, lo) pair (one k per pair).
-  constexpr int64_t kRowBytesPerK = kInt8 ? 4 : 2, kPerStep = kStepBytes / kRowBytesPerK;
+  constexpr int64_t kPerStep = kStepBytes / 2;  // k per step: an A tile row holds 32 bf16
   const PackedWeights& w = *job.w;
-  const auto* x = static_cast<const uint8_t*>(job.activations);  // [T][k_padded] bf16; int8 [T][K][2]
-  const int64_t tokens = job.tokens, K = w.cols, row_bytes = (kInt8 ? K : w.k_padded) * kRowBytesPerK;
+  // [T][k_padded] bf16; int8 [T][split_row_stride(K)]: the hi plane [split_plane(K)], then the lo plane
+  const auto* x = static_cast<const uint8_t*>(job.activations);
+  const int64_t tokens = job.tokens, K = w.cols, row_bytes = (kInt8 ? split_plane(K) : w.k_padded) * 2;
   const int64_t ldx = kInt8 ? split_row_stride(K) * 2 : row_bytes;  // bytes from one row to the next
-  // The K group: fp8's scale block; int4's group; int8 (one scale per lane) 64 k, so its decoded pairs fit as
-  // fp8's do.
-  const int64_t group = kFp8 ? 128 : kInt8 ? kMaxGroup / 2 : w.group, groups = (K + group - 1) / group;
+  // The K group: fp8's scale block; int4's group; int8 (one scale per lane) 128 k, as fp8's.
+  const int64_t group = kFp8 || kInt8 ? kMaxGroup : w.group, groups = (K + group - 1) / group;
   thread_local std::vector<float> acc;  // [T][64] the panel's folded sums
   if (acc.size() < static_cast<size_t>(tokens * kPanel)) acc.resize(tokens * kPanel);
   alignas(64) uint16_t decoded[kMaxGroup / 2 * kPanel * 2];  // [group / 2 pairs][64 lanes][2]: one group, <= 16 KB
@@ -340,7 +339,7 @@ void weight_only_panels(const PanelJob& job, int64_t panel_begin, int64_t panel_
   alignas(64) uint8_t a_tail[kTileRows * kStepBytes];          // a last k step's A rows, zero-padded
   const int rows = static_cast<int>(std::min<int64_t>(tokens, kTileRows));
   const int64_t blocks = (tokens + kTileRows - 1) / kTileRows;
-  if (K > 0) configure(rows);
+  if (K > 0) configure(rows, kInt8 ? 2 : 1);
   // The codes of this call's panels are one run of memory, read group by group: the L2 prefetch keeps kLead bytes
   // ahead of the decode (without it the decode waits on every group's lines: mini's gate_up at 16 rows took as
   // long at any row count, ~32% of the read probe).
@@ -371,8 +370,26 @@ void weight_only_panels(const PanelJob& job, int64_t panel_begin, int64_t panel_
           // This step's k; its A tile reads k .. k + kPerStep - 1 of each row (zeros past a row's end, where the
           // weights are zero too).
           const int64_t k = k0 + kPerStep * s;
-          load_a(x + t * ldx, ldx, row_bytes, k * kRowBytesPerK, kStepBytes, rows, a_tail);
-          dot_step<false>(reinterpret_cast<const uint8_t*>(decoded) + s * kStepPanelBytes);
+          const auto* bk = reinterpret_cast<const uint8_t*>(decoded) + s * kStepPanelBytes;
+          if constexpr (kInt8) {  // the planes are zero-padded to whole steps: no tail
+            _tile_loadd(4, x + t * ldx + k * 2, ldx);              // hi
+            _tile_loadd(5, x + t * ldx + row_bytes + k * 2, ldx);  // lo
+            _tile_loadd(6, bk, kLaneRowBytes);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_loadd(7, bk + 64, kLaneRowBytes);
+            _tile_dpbf16ps(1, 4, 7);
+            _tile_dpbf16ps(0, 5, 6);
+            _tile_dpbf16ps(1, 5, 7);
+            _tile_loadd(6, bk + 128, kLaneRowBytes);
+            _tile_dpbf16ps(2, 4, 6);
+            _tile_loadd(7, bk + 192, kLaneRowBytes);
+            _tile_dpbf16ps(3, 4, 7);
+            _tile_dpbf16ps(2, 5, 6);
+            _tile_dpbf16ps(3, 5, 7);
+          } else {
+            load_a(x + t * ldx, ldx, row_bytes, k * 2, kStepBytes, rows, a_tail);
+            dot_step<false>(bk);
+          }
           prefetch.step(++step_index);
         }
         store_c(part);

@@ -85,14 +85,14 @@ void round_row_bf16_avx512bf16(const float* x, int64_t k, int64_t k_padded, uint
   }
 }
 
-void split_row_bf16_avx512bf16(const float* x, int64_t k, uint16_t* out) {
-  for (int64_t i = 0; i < k; i += 16) {
-    const __mmask16 m = lane_mask(k - i);
-    const __m512 v = _mm512_maskz_loadu_ps(m, x + i);
-    const __m512i hi = _mm512_cvtepu16_epi32(reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v)));
-    const __m512 rest = _mm512_sub_ps(v, _mm512_castsi512_ps(_mm512_slli_epi32(hi, 16)));
-    const __m512i lo = _mm512_cvtepu16_epi32(reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(rest)));
-    _mm512_mask_storeu_epi32(out + 2 * i, m, _mm512_or_si512(hi, _mm512_slli_epi32(lo, 16)));
+void split_row_bf16_avx512bf16(const float* x, int64_t k, int64_t k_padded, uint16_t* hi, uint16_t* lo) {
+  for (int64_t i = 0; i < k_padded; i += 16) {
+    const __mmask16 in = lane_mask(k - i), out = lane_mask(k_padded - i);  // zeros from k to k_padded
+    const __m512 v = _mm512_maskz_loadu_ps(in, x + i);
+    const __m256bh h = _mm512_cvtneps_pbh(v);
+    const __m512 rest = _mm512_sub_ps(v, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(reinterpret_cast<__m256i>(h)), 16)));
+    _mm256_mask_storeu_epi16(hi + i, out, reinterpret_cast<__m256i>(h));
+    _mm256_mask_storeu_epi16(lo + i, out, reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(rest)));
   }
 }
 

@@ -73,12 +73,14 @@ void run_panels_int4_w4a8_avx512vnni(const PanelJob& job, int64_t panel_begin, i
 
 // x [k] f32 -> out [k_padded] bf16 (round to nearest even, zero tail).
 void round_row_bf16_avx512bf16(const float* x, int64_t k, int64_t k_padded, uint16_t* out);
-// x [k] f32 -> out [k][2] bf16 pairs (hi, lo): hi = x rounded to bf16, lo = what is left, rounded to bf16, so hi +
-// lo is x to ~16 bits (relative error <= 2^-17). int8's tiles read these against pairs (w, w): one k per pair.
-void split_row_bf16_avx512bf16(const float* x, int64_t k, uint16_t* out);
-// The row stride of those pairs in bf16 elements: 2 k and 64 bytes more, so a tile's 16 rows do not fall in one
+// x [k] f32 -> hi [k_padded], lo [k_padded] bf16 (zero tails): hi = x rounded to bf16, lo = what is left, rounded
+// to bf16, so hi + lo is x to ~16 bits (relative error <= 2^-17). int8's tiles read both planes against its codes.
+void split_row_bf16_avx512bf16(const float* x, int64_t k, int64_t k_padded, uint16_t* hi, uint16_t* lo);
+// A plane's length: K rounded to a tile step (32 bf16), so no step reads past it.
+inline int64_t split_plane(int64_t k) { return (k + 31) / 32 * 32; }
+// A split row's stride in bf16 elements: its two planes and 64 bytes more, so a tile's 16 rows do not fall in one
 // L1 set (K = 1024: 4 KB apart without it, and the A tile loads missed L1).
-inline int64_t split_row_stride(int64_t k) { return 2 * k + 32; }
+inline int64_t split_row_stride(int64_t k) { return 2 * split_plane(k) + 32; }
 // x [k] -> out [k_padded] u8 = quantize_activations_s8 + 128 (zero tail: 128); returns the scale.
 float quantize_row_u8_avx512(const float* x, int64_t k, int64_t k_padded, uint8_t* out);
 
