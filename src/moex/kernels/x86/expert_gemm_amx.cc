@@ -287,19 +287,21 @@ void run_panels(const PanelJob& job, int64_t panel_begin, int64_t panel_end) {
 constexpr int64_t kMaxGroup = 128;
 
 // int4's codes of one panel's pair rows [j0, j0 + pairs) (a lane's byte: q(2j) low nibble, q(2j + 1) high) as bf16
-// pairs in bf16's packed layout; rows past `valid` zero. The codes are small integers: exact in bf16.
+// pairs in bf16's packed layout; rows past `valid` zero. The codes are small integers: exact in bf16, looked up
+// in a table of 16 words (vpermw) by a dword per lane whose low word is the low nibble and high word the high one.
 void decode_int4_pairs(const uint8_t* codes, int64_t valid, int64_t pairs, uint16_t* out) {
-  alignas(64) static const uint32_t kBf16Of[16] = {0x0000, 0x3f80, 0x4000, 0x4040, 0x4080, 0x40a0, 0x40c0, 0x40e0,
-                                                   0x4100, 0x4110, 0x4120, 0x4130, 0x4140, 0x4150, 0x4160, 0x4170};
-  const __m512i table = _mm512_load_si512(kBf16Of), low = _mm512_set1_epi32(15);
+  alignas(64) static const uint16_t kBf16Of[32] = {
+      0x0000, 0x3f80, 0x4000, 0x4040, 0x4080, 0x40a0, 0x40c0, 0x40e0, 0x4100, 0x4110, 0x4120, 0x4130, 0x4140, 0x4150,
+      0x4160, 0x4170};  // (words 16-31 never indexed)
+  const __m512i table = _mm512_load_si512(kBf16Of), nibbles = _mm512_set1_epi32(0x000f000f);
   for (int64_t j = 0; j < pairs; ++j) {
     for (int c = 0; c < 4; ++c) {  // lanes 16c .. 16c + 15
       __m512i pair = _mm512_setzero_si512();
       if (j < valid) {
         const __m512i b = _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(codes + j * kPanel + 16 * c)));
-        const __m512i lo = _mm512_permutexvar_epi32(_mm512_and_si512(b, low), table);
-        const __m512i hi = _mm512_permutexvar_epi32(_mm512_srli_epi32(b, 4), table);
-        pair = _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
+        // (b | b << 12) & 0x000f000f: the high nibble moves to bits 16-19 (0xa8: (A | B) & C)
+        const __m512i index = _mm512_ternarylogic_epi32(b, _mm512_slli_epi32(b, 12), nibbles, 0xa8);
+        pair = _mm512_permutexvar_epi16(index, table);
       }
       _mm512_store_si512(out + j * 2 * kPanel + 32 * c, pair);
     }
