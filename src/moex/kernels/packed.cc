@@ -564,7 +564,8 @@ bool row_result_depends_on_row_count(WeightFormat format, Isa isa) {
   if (isa == Isa::kAmx) return !row_kernels_agree(format);  // the weight-only formats' tiles
   if (isa == Isa::kAvx512)
     return format == WeightFormat::kInt8 || format == WeightFormat::kInt4 || format == WeightFormat::kFP8E4M3;
-  return (isa == Isa::kAvx512Bf16 && format == WeightFormat::kInt4) || many_rows_on_fma(format, isa);
+  return many_rows_on_fma(format, isa);  // int4 / fp8 on kAvx512Bf16: two vdpbf16ps loops that agree, unless the
+                                        // many rows go to the f32-FMA loop (AMX CPUs without the tiles)
 }
 
 std::vector<Isa> usable_isas(WeightFormat format, const CpuFeatures& cpu) {
@@ -906,7 +907,9 @@ struct Activations {
 };
 
 // expert_kernel_for_rows, unless MOEX_ROW_KERNEL=few|many pins one loop for every call (read once; a
-// benchmark's A/B switch). --batch-invariant's pin wins over it for the formats whose loops differ.
+// benchmark's A/B switch). --batch-invariant's pin wins over it where the loops differ on this CPU
+// (row_result_depends_on_row_count); where they agree (int4 and fp8 on AVX512-BF16 CPUs without AMX) the flag
+// changes nothing and each call takes its faster loop.
 RowKernel row_kernel(WeightFormat format, Isa isa, int64_t rows, bool batch_invariant) {
   static const int pinned = [] {
     const char* v = std::getenv("MOEX_ROW_KERNEL");
@@ -915,9 +918,9 @@ RowKernel row_kernel(WeightFormat format, Isa isa, int64_t rows, bool batch_inva
                      "' (choose auto, few or many)");
     return s == "few" ? 0 : s == "many" ? 1 : -1;
   }();
-  if (batch_invariant && !row_kernels_agree(format)) return expert_kernel_for_rows(format, rows, true, isa);
+  if (batch_invariant && row_result_depends_on_row_count(format, isa)) return expert_kernel_for_rows(format, rows, true, isa);
   if (pinned >= 0) return pinned ? RowKernel::kManyRows : RowKernel::kFewRows;
-  return expert_kernel_for_rows(format, rows, batch_invariant, isa);
+  return expert_kernel_for_rows(format, rows, false, isa);
 }
 
 }  // namespace

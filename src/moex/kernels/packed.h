@@ -238,9 +238,11 @@ Isa kernel_isa(WeightFormat format);
 // The ISA a call of `rows` rows on `isa` (a kernel_isa) really runs: kAmx's few-row loop (W8A8) is AVX-512 VNNI.
 Isa isa_for_rows(WeightFormat format, Isa isa, int64_t rows, bool batch_invariant = false);
 // Whether format's kernel on isa has two row loops that sum in different orders, so that without the
-// --batch-invariant pin a row's result depends on how many rows its call has: the weight-only AVX-512
-// kernels (int8 / int4 / fp8 on kAvx512, int4 on kAvx512Bf16). The others have one order (bf16: one loop's on
-// AMX, two that agree on AVX-512; W8A8 and W4A8's exact sums, fp8's table kernel, the AVX2 and scalar loops).
+// --batch-invariant pin a row's result depends on how many rows its call has: the weight-only tiles and f32-FMA
+// kernels (int8 / int4 / fp8 on kAmx and kAvx512; int4 / fp8 on kAvx512Bf16 only on AMX CPUs, which send their
+// many rows to tiles or the f32-FMA loop). The others have one order (bf16: one loop's on AMX, two that agree on
+// AVX-512; W8A8 and W4A8's exact sums; int4's and fp8's two vdpbf16ps loops; the AVX2 and scalar loops). The pin
+// applies exactly where this is true.
 bool row_result_depends_on_row_count(WeightFormat format, Isa isa);
 // Every ISA this CPU can run a format on: kernel_isa's choice and the ones below it (kScalar always).
 std::vector<Isa> usable_isas(WeightFormat format, const CpuFeatures& cpu);

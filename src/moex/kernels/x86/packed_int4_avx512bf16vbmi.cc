@@ -4,8 +4,8 @@
 // decodes as it streams the panel, MT up to 6, so up to 6 rows read and decode each panel once. Many rows
 // (prefill on CPUs without AMX): a K block is decoded once into L2 and the 6-row tiles read it. Both run a row's
 // K groups with the same operations in the same order and fold each into c, so a row gets the same bits from
-// either (PackedMatmulTest.Int4Vdpbf16psLoopsGiveARowTheSameBits); row_result_depends_on_row_count still counts
-// int4 as differing, which its AMX tiles and the f32-FMA loop do.
+// either (PackedMatmulTest.Int4Vdpbf16psLoopsGiveARowTheSameBits), and on CPUs without AMX int4 needs no
+// --batch-invariant pin (row_result_depends_on_row_count); on AMX CPUs its many rows go to tiles or f32 FMAs.
 // VBMI for the decode's vpmultishiftqb: the caller has checked has_avx512_bf16_vbmi_kernels().
 #include <immintrin.h>
 

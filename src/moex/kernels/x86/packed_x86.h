@@ -55,8 +55,8 @@ void decode_fp8_pairs_avx512bf16vbmi(const uint8_t* codes, int64_t k_count, int6
 // the table above), tdpbf16ps per 16-row block, the group's sums folded in with its scale (and int4's offset times
 // job.group_sums) into f32 rows; x86/expert_gemm_amx.cc.
 void run_panels_fp8_amx(const PanelJob& job, int64_t panel_begin, int64_t panel_end);
-// int8 (weight-only) likewise, over activations split into bf16 (hi, lo) pairs (split_row_bf16_avx512bf16) against
-// the codes as pairs (w, w): x . w to ~16 bits of x, the f32 path's result within its tolerance.
+// int8 (weight-only) likewise, over activations split into two bf16 planes, hi and lo (split_row_bf16_avx512bf16),
+// each against the codes as bf16 pairs: x . w to ~16 bits of x, the f32 path's result within its tolerance.
 void run_panels_int8_amx(const PanelJob& job, int64_t panel_begin, int64_t panel_end);
 void run_panels_int4_amx(const PanelJob& job, int64_t panel_begin, int64_t panel_end);
 // W4A8 many rows on AMX int8 tiles (tdpbsud over the nibbles split into u8 quads per K group), folded as the VNNI
