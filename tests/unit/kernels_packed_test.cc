@@ -23,6 +23,7 @@
 #include "moex/kernels/bench_kernels.h"
 #include "moex/kernels/packed.h"
 #include "moex/kernels/probe.h"
+#include "moex/kernels/x86/packed_x86.h"
 #include "test_util.h"
 
 namespace moex {
@@ -615,6 +616,35 @@ TEST(Quantizers, RoundHalfToEvenAsNearbyint) {
       kernels::quantize_int4(TensorView{small.data(), DType::kF32, Shape{1, 32}}, 32, true, WeightFormat::kInt4);
   EXPECT_EQ(q4.scales[0], 1.0f);
   for (int c = 0; c < 32; ++c) EXPECT_EQ(q4.codes[c], static_cast<uint8_t>(std::nearbyint(small[c]) + 8)) << c;
+}
+
+// quantize_fp8's AVX-512 row (f32_to_f8e4m3_row_avx512) gives f32_to_f8e4m3(x / scale)'s codes: over a 2^24-value
+// sample of every exponent (NaNs, infinities, subnormals, the ties) for a few scales, row lengths not a multiple
+// of 16. A lane that rounded or saturated otherwise, or a tail that wrote past n, fails here.
+TEST(Quantizers, Fp8RowOnAvx512EqualsTheScalarCodes) {
+  if (!use_x86_kernels()) GTEST_SKIP() << "no AVX-512 kernels here";
+  constexpr int64_t kRow = 4093;
+  std::vector<float> x(kRow);
+  std::vector<uint8_t> out(kRow + 16);
+  uint32_t lcg = 7;
+  int64_t bad = 0;
+  for (const float scale : {1.0f, 0.37f, 3.0e-3f, 2.5e4f}) {
+    for (uint32_t hi = 0; hi < (1u << 24); hi += kRow) {
+      for (int64_t i = 0; i < kRow; ++i) {
+        lcg = lcg * 1664525u + 1013904223u;
+        const uint32_t bits = (hi + static_cast<uint32_t>(i)) << 8 | (lcg >> 24);
+        std::memcpy(&x[i], &bits, 4);
+      }
+      const int64_t n = kRow - (hi & 15);
+      std::fill(out.begin(), out.end(), uint8_t{0xa5});
+      kernels::x86::f32_to_f8e4m3_row_avx512(x.data(), n, scale, out.data());
+      for (int64_t i = 0; i < n; ++i)
+        if (out[i] != f32_to_f8e4m3(x[i] / scale) && bad++ < 5)
+          ADD_FAILURE() << "x " << x[i] << " scale " << scale << ": " << int(out[i]) << " vs " << int(f32_to_f8e4m3(x[i] / scale));
+      for (int64_t i = n; i < kRow + 16; ++i) ASSERT_EQ(out[i], 0xa5) << "wrote past n at " << i;
+    }
+  }
+  EXPECT_EQ(bad, 0);
 }
 
 TEST(PackedMatmul, BF16WeightsFromTheCheckpointKeepTheirBits) {

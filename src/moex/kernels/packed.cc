@@ -214,7 +214,9 @@ QuantizedMatrix quantize_fp8(const TensorView& w) {
       for (int64_t r = r0; r < r1; ++r) {
         const float* __restrict x = block.data() + (r - r0) * cols + c0;
         uint8_t* __restrict out = q.codes.data() + r * cols + c0;  // restrict: a byte store may alias anything
-        if (scale > 0.0f) {
+        if (scale > 0.0f && use_x86_kernels()) {
+          x86::f32_to_f8e4m3_row_avx512(x, n, scale, out);
+        } else if (scale > 0.0f) {
           for (int64_t c = 0; c < n; ++c) out[c] = f32_to_f8e4m3(x[c] / scale);
         } else {
           std::fill_n(out, n, f32_to_f8e4m3(0.0f));  // an all-zero block

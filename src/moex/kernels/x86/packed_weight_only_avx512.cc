@@ -269,4 +269,32 @@ float quantize_row_u8_avx512(const float* x, int64_t k, int64_t k_padded, uint8_
   return absmax > 0.0f ? absmax / 127.0f : 0.0f;
 }
 
+// out[i] = f32_to_f8e4m3(x[i] / scale) (base/dtype.h), 16 at a time: the same float operations on the same values,
+// so the same codes; quantize_fp8's loop over a checkpoint (through baseline x86-64 code, 4 lanes) was ~45% of
+// an fp8 load.
+void f32_to_f8e4m3_row_avx512(const float* x, int64_t n, float scale, uint8_t* out) {
+  const __m512 vscale = _mm512_set1_ps(scale), min_normal = _mm512_set1_ps(0.015625f), max = _mm512_set1_ps(448.0f);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = lane_mask(n - i);
+    const __m512i bits = _mm512_castps_si512(_mm512_div_ps(_mm512_maskz_loadu_ps(m, x + i), vscale));
+    const __m512i sign = _mm512_and_si512(_mm512_srli_epi32(bits, 24), _mm512_set1_epi32(0x80));
+    const __m512i abs_bits = _mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff));
+    const __m512 a = _mm512_castsi512_ps(abs_bits);
+    __m512i e = _mm512_sub_epi32(_mm512_srli_epi32(abs_bits, 23), _mm512_set1_epi32(127));
+    e = _mm512_min_epi32(_mm512_max_epi32(e, _mm512_set1_epi32(-6)), _mm512_set1_epi32(8));
+    const __m512 magic = _mm512_castsi512_ps(_mm512_or_si512(
+        _mm512_slli_epi32(_mm512_add_epi32(e, _mm512_set1_epi32(-3 + 23 + 127)), 23), _mm512_set1_epi32(1 << 22)));
+    const __m512 q = _mm512_sub_ps(_mm512_add_ps(a, magic), magic);
+    const __m512i normal = _mm512_sub_epi32(
+        _mm512_and_si512(_mm512_srli_epi32(_mm512_castps_si512(q), 20), _mm512_set1_epi32(0x7ff)), _mm512_set1_epi32(120 << 3));
+    const __mmask16 small = _mm512_cmp_ps_mask(q, min_normal, _CMP_LT_OQ);
+    const __m512i sub = _mm512_cvttps_epu32(_mm512_mul_ps(_mm512_maskz_mov_ps(small, q), _mm512_set1_ps(512.0f)));
+    __m512i code = _mm512_mask_blend_epi32(small, normal, sub);
+    const __mmask16 saturate = _mm512_cmp_ps_mask(q, max, _CMP_GE_OQ) | _mm512_cmp_ps_mask(a, max, _CMP_GE_OQ);
+    code = _mm512_mask_blend_epi32(saturate, code, _mm512_set1_epi32(0x7e));
+    code = _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q), code, _mm512_set1_epi32(0x7f));
+    _mm_mask_storeu_epi8(out + i, m, _mm512_cvtepi32_epi8(_mm512_or_si512(sign, code)));
+  }
+}
+
 }  // namespace moex::kernels::x86

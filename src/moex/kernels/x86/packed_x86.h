@@ -83,5 +83,7 @@ inline int64_t split_plane(int64_t k) { return (k + 31) / 32 * 32; }
 inline int64_t split_row_stride(int64_t k) { return 2 * split_plane(k) + 32; }
 // x [k] -> out [k_padded] u8 = quantize_activations_s8 + 128 (zero tail: 128); returns the scale.
 float quantize_row_u8_avx512(const float* x, int64_t k, int64_t k_padded, uint8_t* out);
+// out[i] = f32_to_f8e4m3(x[i] / scale) for i < n, the same codes (quantize_fp8's loop).
+void f32_to_f8e4m3_row_avx512(const float* x, int64_t n, float scale, uint8_t* out);
 
 }  // namespace moex::kernels::x86
