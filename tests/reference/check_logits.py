@@ -30,6 +30,9 @@ def main():
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--decode", type=int, default=16)
     p.add_argument("--tol", type=float, default=1e-3)
+    p.add_argument("--s16-tol", type=float, default=None,
+                   help="the tolerance instead where the engine runs int8 on s16 activation codes (quantize_ref.py): "
+                        "an activation whose f32 and f64 values round to neighbouring codes moves by absmax/32767")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--moex-args", default="", help="extra flags for moex logits")
     p.add_argument("--ref-args", default="", help="extra flags for mixtral_ref.py")
@@ -55,6 +58,12 @@ def main():
     launcher = [] if args.ranks == 1 else ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(args.ranks)]
     run([*launcher, args.moex, "logits", "--model", model, "--ids", ids, "--decode", str(args.decode), "--out", ours,
          "--tokens-out", ours_tok, *args.moex_args.split()])
+    # int8's activations as this engine's kernels take them (quantize_ref.py: s16 codes on VNNI CPUs without AMX).
+    sys.path.insert(0, HERE)
+    import quantize_ref
+    os.environ["MOEX_REF_INT8_ACTIVATIONS"] = quantize_ref.engine_int8_activations(args.moex)
+    if args.s16_tol is not None and os.environ["MOEX_REF_INT8_ACTIVATIONS"] == "s16":
+        args.tol = args.s16_tol
     run([sys.executable, os.path.join(HERE, reference), "--model", model, "--ids", ids, "--decode",
          str(args.decode), "--out", theirs, "--tokens-out", theirs_tok, *args.ref_args.split()])
 

@@ -101,7 +101,14 @@ def main():
     p.add_argument("--prompt-len", type=int, default=24)
     p.add_argument("--decode", type=int, default=8)
     p.add_argument("--tol", type=float, required=True)
+    p.add_argument("--s16-tol", type=float, default=None,
+                   help="the tolerance instead where the engine runs int8 on s16 activation codes (quantize_ref.py): "
+                        "an activation whose f32 and f64 values round to neighbouring codes moves by absmax/32767")
     args = p.parse_args()
+    # int8's activations as this engine's kernels take them (quantize_ref.py: s16 codes on VNNI CPUs without AMX).
+    os.environ["MOEX_REF_INT8_ACTIVATIONS"] = quantize_ref.engine_int8_activations(args.moex)
+    if args.s16_tol is not None and os.environ["MOEX_REF_INT8_ACTIVATIONS"] == "s16":
+        args.tol = args.s16_tol
 
     model = os.path.join(args.workdir, "model")
     quant = os.path.join(args.workdir, "quantized")

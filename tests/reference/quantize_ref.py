@@ -7,7 +7,10 @@ dequantized weights are returned in float64 for the reference's float64 forward 
 
   bf16   w rounded to bf16 (round-half-even); activations rounded to bf16 before each product
   int8   per output row: scale = absmax / 127, q = clamp(rne(w * (127 / absmax)), -127, 127), w' = q * scale;
-         activations f32 (weight-only)
+         activations f32 (weight-only); where the engine runs int8 on s16 codes (`moex info`: int8=avx512vnni,
+         VNNI CPUs without AMX) each token's K groups of 128 become s16 codes first: scale = absmax / 32767,
+         q = clamp(rne(x * (32767 / absmax)), -32767, 32767) (int16_token_groups; the drivers ask `moex info`
+         and set MOEX_REF_INT8_ACTIVATIONS=s16 for the reference, engine_int8_activations)
   int8-w8a8  weights as int8; activations per token (row): scale = absmax / 127, q = clamp(rne(x * (127 / absmax)),
          -127, 127), x' = q * scale (vpdpbusd sums the codes exactly)
   int4   per output row and group of G input columns, symmetric: the range includes 0, scale = max(-lo, hi) / 7,
@@ -17,6 +20,8 @@ dequantized weights are returned in float64 for the reference's float64 forward 
   fp8    per 128x128 block: scale = absmax / 448, w' = e4m3(w / scale) * scale (e4m3: round-half-even to
          3 mantissa bits, subnormals below 2^-6, saturating at 448); activations f32
 """
+import os
+
 import numpy as np
 import torch
 
@@ -59,6 +64,28 @@ def int8_token_groups(x, group):
     for c0 in range(0, x.shape[-1], group):
         out[..., c0:c0 + group] = int8_tokens(x[..., c0:c0 + group])
     return out
+
+
+def int16_token_groups(x, group=128):
+    """int8's activations on VNNI CPUs without AMX: each token's columns c0..c0+group as s16 codes with the
+    group's absmax / 32767 scale (x86/packed_int8_avx512vnni.cc), in x's dtype."""
+    out = torch.empty_like(x)
+    for c0 in range(0, x.shape[-1], group):
+        x32 = _f32(x[..., c0:c0 + group])
+        absmax = x32.abs().amax(dim=-1, keepdim=True)
+        inv = torch.where(absmax > 0, torch.tensor(32767.0, dtype=torch.float32) / absmax, torch.zeros_like(absmax))
+        q = torch.clamp(torch.round(x32 * inv), -32767, 32767)
+        scale = absmax / torch.tensor(32767.0, dtype=torch.float32)
+        out[..., c0:c0 + group] = (q.double() * scale.double()).to(x.dtype)
+    return out
+
+
+def engine_int8_activations(moex, env=None):
+    """'s16' where the engine (binary `moex`, under env) runs int8 on s16 activation codes, else 'f32': from the
+    packed kernels line of `moex info` (int8=avx512vnni)."""
+    import subprocess
+    info = subprocess.run([moex, "info"], capture_output=True, text=True, check=True, env=env).stdout
+    return "s16" if "int8=avx512vnni" in info else "f32"
 
 
 def int4_groups(w, group):
@@ -123,6 +150,8 @@ def activation_rounding(fmt, group=128):
         return int8_tokens
     if fmt == "int4-w4a8":
         return lambda x: int8_token_groups(x, group)
+    if fmt == "int8" and os.environ.get("MOEX_REF_INT8_ACTIVATIONS", "f32") == "s16":
+        return int16_token_groups
     return lambda x: x
 
 

@@ -6,6 +6,7 @@
 
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -80,6 +81,26 @@ std::vector<double> magnitudes(const std::vector<float>& x, int64_t tokens, cons
   return m;
 }
 
+// int8's VNNI kernel (x86/packed_int8_avx512vnni.cc, CPUs with VNNI and no AMX) reads x as s16 codes per token and
+// K group of kInt8ActivationGroup: an activation is off by at most half a step, absmax_g / 65534, so an output by at
+// most sum_k |w_nk| absmax_g(k) / 65534 beyond the f32 path's rounding (its tolerance adds this bound).
+std::vector<double> s16_activation_error(const std::vector<float>& x, int64_t tokens, const QuantizedMatrix& w) {
+  const int64_t K = w.cols, G = kernels::x86::kInt8ActivationGroup;
+  std::vector<double> e(tokens * w.rows);
+  for (int64_t t = 0; t < tokens; ++t) {
+    std::vector<double> half_step(K);
+    for (int64_t g0 = 0; g0 < K; g0 += G) {
+      double absmax = 0;
+      for (int64_t k = g0; k < std::min(K, g0 + G); ++k) absmax = std::max(absmax, std::fabs(double(x[t * K + k])));
+      for (int64_t k = g0; k < std::min(K, g0 + G); ++k) half_step[k] = absmax / 65534 * (1 + 1e-6);
+    }
+    for (int64_t n = 0; n < w.rows; ++n)
+      for (int64_t k = 0; k < K; ++k) e[t * w.rows + n] += std::fabs(w.weight(n, k)) * half_step[k];
+  }
+  return e;
+}
+bool int8_on_s16_codes(WeightFormat format, Isa isa) { return format == WeightFormat::kInt8 && isa == Isa::kAvx512Vnni; }
+
 struct Shape3 {
   int64_t tokens, n, k;
 };
@@ -95,10 +116,10 @@ const Shape3 kShapes[] = {{0, 5, 7},   {2, 5, 0},   {1, 1, 1},     {1, 65, 33}, 
                           {17, 67, 1100}, {32, 9, 300}, {16, 5, 2100}, {40, 33, 2100}, {70, 9, 8300}, {35, 5, 0}};
 
 void expect_close(const std::vector<float>& actual, const std::vector<float>& expected, const std::vector<double>& mag,
-                  double rel, const std::string& what) {
+                  double rel, const std::string& what, const std::vector<double>* extra = nullptr) {
   ASSERT_EQ(actual.size(), expected.size());
   for (size_t i = 0; i < actual.size(); ++i)
-    ASSERT_NEAR(actual[i], expected[i], rel * mag[i % mag.size()] + 1e-6) << what << " at " << i;
+    ASSERT_NEAR(actual[i], expected[i], rel * mag[i % mag.size()] + 1e-6 + (extra ? (*extra)[i] : 0.0)) << what << " at " << i;
 }
 
 class PackedMatmulTest : public ::testing::TestWithParam<FormatCase> {};
@@ -113,6 +134,7 @@ TEST_P(PackedMatmulTest, EveryPathThisCpuRunsMatchesTheReference) {
     const kernels::PackedWeights packed = kernels::pack(q);
     std::vector<double> mag = magnitudes(x, tokens, q);
     if (mag.empty()) mag.push_back(0);
+    const std::vector<double> s16_error = s16_activation_error(x, tokens, q);
     for (bool accumulate : {false, true}) {
       std::vector<float> expected(tokens * n, 0.25f);
       kernels::ref::matmul(x.data(), tokens, q, expected.data(), accumulate);
@@ -122,7 +144,8 @@ TEST_P(PackedMatmulTest, EveryPathThisCpuRunsMatchesTheReference) {
         const std::string what = f.name() + " " + std::string(kernels::isa_name(isa)) + " T" + std::to_string(tokens) + " N" +
                                  std::to_string(n) + " K" + std::to_string(k) + (accumulate ? " +=" : " =");
         // W8A8 sums integers: the same codes give the same float; the others differ in summation order only.
-        expect_close(actual, expected, mag, f.format == WeightFormat::kInt8W8A8 ? 1e-6 : 2e-6 * std::sqrt(double(k)), what);
+        expect_close(actual, expected, mag, f.format == WeightFormat::kInt8W8A8 ? 1e-6 : 2e-6 * std::sqrt(double(k)), what,
+                     int8_on_s16_codes(f.format, isa) ? &s16_error : nullptr);
       }
     }
   }
@@ -257,19 +280,77 @@ TEST_P(PackedMatmulTest, FusedGateUpAndRoutedDownMatchTheReference) {
     for (int64_t t = 0; t < tokens; ++t)
       for (int64_t n = 0; n < hidden; ++n)
         tol_out[rows[t] * stride + n] += rel * std::fabs(route[t]) * mag_down[t * hidden + n] + 1e-6 * std::fabs(out_ref[rows[t] * stride + n]);
+    // int8 on s16 codes: each half's own activation error on top (s16_activation_error).
+    std::vector<double> tol_h_x86 = tol_h, tol_out_x86 = tol_out;
+    if (int8_on_s16_codes(f.format, kernels::kernel_isa(f.format, cpu_features(), true))) {
+      const std::vector<double> e_gate = s16_activation_error(x, tokens, q1), e_up = s16_activation_error(x, tokens, q3),
+                                e_down = s16_activation_error(h_ref, tokens, q2);
+      for (int64_t i = 0; i < tokens * inter; ++i) {
+        const double g = gate[i], silu = g / (1 + std::exp(-g));
+        tol_h_x86[i] += 1.1 * std::fabs(up[i]) * e_gate[i] + std::fabs(silu) * e_up[i];
+      }
+      for (int64_t t = 0; t < tokens; ++t)
+        for (int64_t n = 0; n < hidden; ++n) tol_out_x86[rows[t] * stride + n] += std::fabs(route[t]) * e_down[t * hidden + n];
+    }
     for (bool x86 : {false, true}) {
       if (x86 && kernels::kernel_isa(f.format, cpu_features(), true) == Isa::kScalar) continue;
       set_use_x86_kernels(x86);
+      const std::vector<double>& tol_h_here = x86 ? tol_h_x86 : tol_h;
+      const std::vector<double>& tol_out_here = x86 ? tol_out_x86 : tol_out;
       const std::string what = f.name() + (x86 ? " x86" : " scalar") + " T" + std::to_string(tokens);
       std::vector<float> h(tokens * inter, -1.0f), out = base;
       kernels::expert_gate_up(x.data(), tokens, p13, h.data());
-      for (size_t i = 0; i < h.size(); ++i) ASSERT_NEAR(h[i], h_ref[i], tol_h[i]) << what << " h " << i;
+      for (size_t i = 0; i < h.size(); ++i) ASSERT_NEAR(h[i], h_ref[i], tol_h_here[i]) << what << " h " << i;
       // Down from the reference's h, so only this step's error is measured.
       kernels::expert_down_accumulate(h_ref.data(), tokens, p2, route.data(), rows.data(), out.data(), stride);
-      for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], out_ref[i], tol_out[i]) << what << " out " << i;
+      for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], out_ref[i], tol_out_here[i]) << what << " out " << i;
     }
   }
   set_use_x86_kernels(true);
+}
+
+// int8 on VNNI (x86/packed_int8_avx512vnni.cc) against a scalar model of its arithmetic, bit for bit: each K group of
+// kInt8ActivationGroup quantized to s16 codes, the group's integer sum exact, folded c = fma(float(sum), scale, c)
+// group after group, times the row's scale. Token counts on both row loops (decode in registers below
+// kWeightOnlyManyRowsFrom rows, a decoded K block of 1024 above), K odd, ragged against the group and the block.
+TEST(PackedMatmul, Int8OnVnniEqualsItsScalarModelBitForBit) {
+  if (!int8_on_s16_codes(WeightFormat::kInt8, kernels::kernel_isa(WeightFormat::kInt8, cpu_features(), true)))
+    GTEST_SKIP() << "int8 runs s16 codes only on VNNI CPUs without AMX";
+  const int64_t G = kernels::x86::kInt8ActivationGroup;
+  for (const auto& [tokens, n, K] : std::vector<Shape3>{{1, 67, 33}, {3, 64, 130}, {5, 9, 1025}, {7, 70, 2051},
+                                                       {13, 67, 255}, {16, 5, 1100}, {17, 67, 2051}, {40, 9, 300}}) {
+    std::vector<float> x = random_floats(tokens * K, 31 + K), w = random_floats(n * K, 32 + n);
+    x[0] = 0.0f;
+    if (K > G) std::fill(x.begin() + G, x.begin() + 2 * G, 0.0f);  // an all-zero group: scale 0
+    const QuantizedMatrix q = kernels::quantize_int8(TensorView{w.data(), DType::kF32, Shape{n, K}}, WeightFormat::kInt8);
+    std::vector<float> expected(tokens * n);
+    for (int64_t t = 0; t < tokens; ++t) {
+      std::vector<int32_t> codes(K);
+      std::vector<float> scales;
+      for (int64_t g0 = 0; g0 < K; g0 += G) {
+        const int64_t g1 = std::min(K, g0 + G);
+        float absmax = 0.0f;
+        for (int64_t k = g0; k < g1; ++k) absmax = std::max(absmax, std::fabs(x[t * K + k]));
+        const float inv = absmax > 0.0f ? 32767.0f / absmax : 0.0f;
+        for (int64_t k = g0; k < g1; ++k)
+          codes[k] = static_cast<int32_t>(std::clamp(std::nearbyint(x[t * K + k] * inv), -32767.0f, 32767.0f));
+        scales.push_back(absmax > 0.0f ? absmax / 32767.0f : 0.0f);
+      }
+      for (int64_t r = 0; r < n; ++r) {
+        float c = 0.0f;
+        for (int64_t g0 = 0; g0 < K; g0 += G) {
+          int64_t sum = 0;
+          for (int64_t k = g0; k < std::min(K, g0 + G); ++k) sum += int64_t{codes[k]} * static_cast<int8_t>(q.codes[r * K + k]);
+          c = std::fma(static_cast<float>(sum), scales[g0 / G], c);
+        }
+        expected[t * n + r] = c * q.scales[r];
+      }
+    }
+    std::vector<float> actual(tokens * n);
+    kernels::packed_matmul_on(Isa::kAvx512Vnni, x.data(), tokens, kernels::pack(q), actual.data());
+    for (size_t i = 0; i < actual.size(); ++i)
+      ASSERT_EQ(actual[i], expected[i]) << "T" << tokens << " N" << n << " K" << K << " at " << i;
+  }
 }
 
 // int4's two vdpbf16ps loops (x86/packed_int4_avx512bf16vbmi.cc: decode below kWeightOnlyManyRowsFrom rows, a K
@@ -756,7 +837,10 @@ TEST(KernelIsa, NeverPicksAnIsaTheCpuOrOsLacks) {
     EXPECT_EQ(kernels::usable_isas(f, zen4_vbmi),
               (std::vector<Isa>{Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16})) << name;
   }
-  EXPECT_EQ(kernels::kernel_isa(WeightFormat::kInt8, zen4_vbmi, true), Isa::kAvx512);
+  // int8 on VNNI without AMX: s16 activation codes and vpdpwssd; the f32-FMA loop beside it.
+  EXPECT_EQ(kernels::kernel_isa(WeightFormat::kInt8, zen4_vbmi, true), Isa::kAvx512Vnni);
+  EXPECT_EQ(kernels::kernel_isa(WeightFormat::kInt8, plain, true), Isa::kAvx512);
+  EXPECT_FALSE(kernels::row_result_depends_on_row_count(WeightFormat::kInt8, Isa::kAvx512Vnni));
   CpuFeatures os_off = zen4;  // the CPU has it, the OS does not save ZMM state: the AVX2 kernels (YMM state) only
   os_off.os_avx512 = false;
   CpuFeatures amx = zen4;  // AMX: tiles for bf16, W8A8 and W4A8 (their few-row loops on AVX-512), the rest as on zen4
@@ -767,7 +851,11 @@ TEST(KernelIsa, NeverPicksAnIsaTheCpuOrOsLacks) {
     EXPECT_EQ(kernels::kernel_isa(f, zen4, false), Isa::kScalar) << "MOEX_ISA=ref";
     EXPECT_EQ(kernels::kernel_isa(f, CpuFeatures{}, true), Isa::kScalar);
     const bool tiles = f == WeightFormat::kBF16 || f == WeightFormat::kInt8W8A8 || f == WeightFormat::kInt4W4A8;
-    EXPECT_EQ(kernels::kernel_isa(f, amx, true), tiles ? Isa::kAmx : kernels::kernel_isa(f, zen4, true)) << name;
+    // int8 on AMX CPUs: the f32-FMA few-row loop (its many rows on tiles), not zen4's s16 codes.
+    EXPECT_EQ(kernels::kernel_isa(f, amx, true), tiles                       ? Isa::kAmx
+                                                 : f == WeightFormat::kInt8 ? Isa::kAvx512
+                                                                            : kernels::kernel_isa(f, zen4, true))
+        << name;
     EXPECT_EQ(kernels::usable_isas(f, os_off), (std::vector<Isa>{Isa::kScalar, Isa::kAvx2})) << name;
   }
   EXPECT_FALSE(os_off.has_avx512_kernels());
@@ -795,7 +883,8 @@ TEST(KernelIsa, NeverPicksAnIsaTheCpuOrOsLacks) {
   // int8 (weight-only) adds tiles beside its f32-FMA loop.
   EXPECT_EQ(kernels::usable_isas(WeightFormat::kInt8, amx),
             (std::vector<Isa>{Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAmx}));
-  EXPECT_EQ(kernels::usable_isas(WeightFormat::kInt8, zen4), (std::vector<Isa>{Isa::kScalar, Isa::kAvx2, Isa::kAvx512}));
+  EXPECT_EQ(kernels::usable_isas(WeightFormat::kInt8, zen4),
+            (std::vector<Isa>{Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Vnni}));
   EXPECT_TRUE(kernels::row_result_depends_on_row_count(WeightFormat::kInt8, Isa::kAmx));
   EXPECT_TRUE(kernels::row_result_depends_on_row_count(WeightFormat::kFP8E4M3, Isa::kAmx));
   EXPECT_TRUE(kernels::row_result_depends_on_row_count(WeightFormat::kInt4, Isa::kAmx));
@@ -943,6 +1032,7 @@ TEST(BenchKernels, OneRowPerFormatKernelAndTokenCountWithConsistentRates) {
     const bool int8_activations = row.format.find("w8a8") != std::string::npos || row.format.find("w4a8") != std::string::npos;
     const double peak = row.isa == "amx"                          ? (int8_activations ? r.amx_int8_peak : r.amx_bf16_peak).per_second
                         : row.isa == "avx512bf16"                 ? r.bf16_peak.per_second
+                        : row.isa == "avx512vnni" && row.format == "int8" ? r.vnni_peak.per_second / 2  // vpdpwssd
                         : row.isa == "avx512vnni"                 ? r.vnni_peak.per_second
                         : row.isa == "avx2" && int8_activations   ? r.maddubs_peak.per_second
                         : row.isa == "avx512" || row.isa == "avx2" ? r.fma_peak.per_second

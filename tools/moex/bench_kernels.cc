@@ -82,7 +82,8 @@ void run_kernels(const KernelsFlags& f) {
                 row.gb_per_s, row.gflops, row.pct_read_roofline, peak, row.pct_roofline);
   }
   std::printf("%%read: weight bytes per second over the read probe (decode's roofline); %%peak: FLOP/s over the "
-              "probe of the kernel's dot-product instruction (isa avx512bf16: vdpbf16ps, avx512vnni: vpdpbusd, amx: "
+              "probe of the kernel's dot-product instruction (isa avx512bf16: vdpbf16ps, avx512vnni: vpdpbusd (int8: half of "
+              "it, vpdpwssd's two products per lane at vpdpbusd's rate), amx: "
               "tdpbf16ps (bf16) or tdpbusd (int8-w8a8), avx2 "
               "int8-w8a8 / int4-w4a8: vpmaddubsw, other avx512 and avx2: vfmadd231ps);\n"
               "%%roof: the batched roofline max(bytes / read, FLOPs / peak) over the time taken.\n");

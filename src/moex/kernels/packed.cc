@@ -521,7 +521,8 @@ Isa kernel_isa(WeightFormat format, const CpuFeatures& cpu, bool x86_enabled) {
       return cpu.has_amx_kernels() ? Isa::kAmx : cpu.has_avx512_vnni_kernels() ? Isa::kAvx512Vnni : avx2_or_scalar;
     case WeightFormat::kInt4:  // both decodes need VBMI (vpmultishiftqb, vpermt2b): else the f32-FMA loop
     case WeightFormat::kFP8E4M3: return cpu.has_avx512_bf16_vbmi_kernels() ? Isa::kAvx512Bf16 : Isa::kAvx512;
-    case WeightFormat::kInt8: return Isa::kAvx512;
+    case WeightFormat::kInt8:  // AMX CPUs: the f32-FMA few-row loop beside tiles (weight_only_many_rows_on_amx)
+      return !cpu.has_amx_kernels() && cpu.has_avx512_vnni_kernels() ? Isa::kAvx512Vnni : Isa::kAvx512;
   }
   return Isa::kScalar;
 }
@@ -586,6 +587,7 @@ std::vector<Isa> usable_isas(WeightFormat format, const CpuFeatures& cpu) {
   if (best != Isa::kAvx2 && has_avx2_kernel(format, cpu)) isas.push_back(Isa::kAvx2);  // tested on AVX-512 CPUs too
   if ((format == WeightFormat::kInt4 || format == WeightFormat::kFP8E4M3) && best == Isa::kAvx512Bf16)
     isas.push_back(Isa::kAvx512);
+  if (format == WeightFormat::kInt8 && best == Isa::kAvx512Vnni) isas.push_back(Isa::kAvx512);  // the f32-FMA loop
   if (best == Isa::kAmx) isas.push_back(below_amx(format));
   if (best != Isa::kScalar) isas.push_back(best);
   if (has_weight_only_tiles(format, best) && cpu.has_amx_kernels())
@@ -738,6 +740,7 @@ void run_scalar(const float* x, int64_t tokens, const PackedWeights& w, const x8
 struct Activations {
   std::vector<uint16_t> bf16;  // kAvx512Bf16 / kAmx: [T][k_padded]; int8 on kAmx: [T][split_row_stride(K)] hi and lo planes
   std::vector<uint8_t> u8;     // kAvx512Vnni: [T][k_padded] q + 128 (W8A8), q as s8 bits (W4A8); kAvx2 W8A8 / W4A8: q
+  std::vector<int16_t> s16;    // kAvx512Vnni int8: [T][int8_activation_stride(K)] s16 codes (scales in extra)
   std::vector<float> f32;      // kAvx512 / kAvx2 bf16, int4, fp8: [T][K] rounded to bf16
   std::vector<float> extra;    // W8A8: [T] token scales; W4A8: [T][groups] group scales; int4 on kAvx512Bf16
                                // and kAvx2: [T][groups] group sums
@@ -765,6 +768,12 @@ struct Activations {
         if (w.format == WeightFormat::kInt4 && extra.size() < tokens * groups) extra.resize(tokens * groups);
         break;
       case Isa::kAvx512Vnni:
+        if (w.format == WeightFormat::kInt8) {
+          const size_t n = tokens * x86::int8_activation_stride(w.cols), g = tokens * x86::int8_activation_groups(w.cols);
+          if (s16.size() < n) s16.resize(n);
+          if (extra.size() < g) extra.resize(g);
+          break;
+        }
         if (u8.size() < tokens * kp) u8.resize(tokens * kp);
         if (extra.size() < tokens * groups) extra.resize(tokens * groups);  // groups is 1 but for W4A8
         if (w.format == WeightFormat::kInt4W4A8 && code_sums.size() < tokens * groups) code_sums.resize(tokens * groups);
@@ -809,6 +818,11 @@ struct Activations {
         break;
       }
       case Isa::kAvx512Vnni: {
+        if (w.format == WeightFormat::kInt8) {
+          x86::quantize_row_s16_avx512(x, K, s16.data() + t * x86::int8_activation_stride(K),
+                                       extra.data() + t * x86::int8_activation_groups(K));
+          break;
+        }
         uint8_t* row = u8.data() + t * kp;
         if (w.format != WeightFormat::kInt4W4A8) {
           extra[t] = x86::quantize_row_u8_avx512(x, K, kp, row);
@@ -897,6 +911,11 @@ struct Activations {
         if (w.format == WeightFormat::kInt4) job.group_sums = extra.data() + t0 * groups;
         break;
       case Isa::kAvx512Vnni:
+        if (w.format == WeightFormat::kInt8) {
+          job.activations = s16.data() + t0 * x86::int8_activation_stride(w.cols);
+          job.token_scales = extra.data() + t0 * x86::int8_activation_groups(w.cols);
+          break;
+        }
         job.activations = u8.data() + t0 * kp;
         job.token_scales = extra.data() + t0 * groups;
         if (w.format == WeightFormat::kInt4W4A8) job.group_sums = code_sums.data() + t0 * groups;
@@ -972,6 +991,7 @@ void run_panel_range(Isa isa, const PackedWeights& w, const x86::PanelJob& job, 
       break;
     case Isa::kAvx512Vnni:
       if (w.format == WeightFormat::kInt4W4A8) x86::run_panels_int4_w4a8_avx512vnni(job, begin, end);
+      else if (w.format == WeightFormat::kInt8) x86::run_panels_int8_avx512vnni(job, begin, end);
       else if (job.many_rows) x86::run_panels_w8a8_many_avx512vnni(job, begin, end);
       else x86::run_panels_w8a8_avx512vnni(job, begin, end);
       break;

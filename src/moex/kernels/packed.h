@@ -163,6 +163,9 @@ enum class Isa : uint8_t { kScalar, kAvx2, kAvx512, kAvx512Bf16, kAvx512Vnni, kA
 enum class RowKernel : uint8_t { kFewRows, kManyRows };
 inline constexpr int64_t kManyRowsFrom = 12;            // bf16 / W8A8: the measured crossover (docs/kernels.md)
 inline constexpr int64_t kWeightOnlyManyRowsFrom = 16;  // int8 / fp8 / int4
+// int8 on VNNI without AMX (s16 codes, x86/packed_int8_avx512vnni.cc): its few-row loop decodes in registers and
+// keeps up with the decoded-block loop to 32 rows (docs/kernels.md); both give the same bits.
+inline constexpr int64_t kInt8VnniManyRowsFrom = 32;
 inline constexpr int64_t kAmxManyRowsFrom = 4;          // W8A8 on AMX (docs/kernels.md); bf16 on AMX: from 1
 inline constexpr int64_t kAmxW4A8ManyRowsFrom = 6;      // W4A8 on AMX (docs/kernels.md)
 // fp8's, int4's and int8's tiles on AMX CPUs (isa kAmx): each format's measured crossover against its few-row loop
@@ -177,7 +180,9 @@ constexpr bool row_kernels_agree(WeightFormat format) {
 constexpr RowKernel expert_kernel_for_rows(WeightFormat format, int64_t rows, bool batch_invariant,
                                            Isa isa = Isa::kAvx512Bf16) {
   if (batch_invariant && !row_kernels_agree(format)) return kBatchInvariantRowKernel;
-  const int64_t weight_only_from = isa == Isa::kAmx ? amx_weight_only_many_rows_from(format) : kWeightOnlyManyRowsFrom;
+  const int64_t weight_only_from = isa == Isa::kAmx ? amx_weight_only_many_rows_from(format)
+                                   : format == WeightFormat::kInt8 && isa == Isa::kAvx512Vnni ? kInt8VnniManyRowsFrom
+                                                                                               : kWeightOnlyManyRowsFrom;
   const int64_t from = !row_kernels_agree(format)        ? weight_only_from
                        : isa != Isa::kAmx                 ? kManyRowsFrom
                        : format == WeightFormat::kBF16    ? 1

@@ -20,7 +20,8 @@ struct Epilogue {
 struct PanelJob {
   const void* activations = nullptr;  // bf16 u16 [T][k_padded] | f32 [T][cols] | W8A8 u8 (q + 128) [T][k_padded]
                                       // | W8A8 / W4A8 on AVX2 and W4A8 on VNNI: s8 q [T][k_padded]
-  const float* token_scales = nullptr;  // W8A8: [T] activation scales; W4A8: [T][groups], one per token and K group
+  const float* token_scales = nullptr;  // W8A8: [T] activation scales; W4A8: [T][groups], one per token and K group;
+                                        // int8 on VNNI: [T][int8_activation_groups(K)]
   const float* group_sums = nullptr;    // int4 on BF16 and AVX2: [T][groups] sums of the bf16 activations per K group;
                                         // W4A8: [T][groups] sums of the s8 activation codes per K group
   int64_t tokens = 0;
@@ -67,6 +68,16 @@ void run_panels_int4_w4a8_amx(const PanelJob& job, int64_t panel_begin, int64_t 
 void run_panels_bf16_amx(const PanelJob& job, int64_t panel_begin, int64_t panel_end);
 void run_panels_w8a8_amx(const PanelJob& job, int64_t panel_begin, int64_t panel_end);
 void run_panels_weight_only_avx512(const PanelJob& job, int64_t panel_begin, int64_t panel_end);  // int8/int4/fp8
+// int8 (weight-only) x s16 activation codes per token and K group through vpdpwssd, on VNNI CPUs without AMX (both
+// row loops, the same bits), x86/packed_int8_avx512vnni.cc. Its activations: quantize_row_s16_avx512.
+void run_panels_int8_avx512vnni(const PanelJob& job, int64_t panel_begin, int64_t panel_end);
+inline constexpr int64_t kInt8ActivationGroup = 128;  // k per activation scale (and per exact integer sum)
+inline int64_t int8_activation_groups(int64_t k) { return (k + kInt8ActivationGroup - 1) / kInt8ActivationGroup; }
+// A row of s16 codes: K rounded up to 32 (64-byte rows; a k pair never reads past its row), zero tail.
+inline int64_t int8_activation_stride(int64_t k) { return (k + 31) / 32 * 32; }
+// x [k] -> out [int8_activation_stride(k)] s16 codes, scales [int8_activation_groups(k)]: per K group of
+// kInt8ActivationGroup, scale = absmax / 32767, q = round-to-nearest-even(x * (32767 / absmax)) within +-32767.
+void quantize_row_s16_avx512(const float* x, int64_t k, int16_t* out, float* scales);
 void run_panels_w8a8_avx512vnni(const PanelJob& job, int64_t panel_begin, int64_t panel_end);
 // int4 codes x s8 activations (kInt4W4A8): one loop for every row count, in x86/packed_w4a8_avx512vnni.cc.
 void run_panels_int4_w4a8_avx512vnni(const PanelJob& job, int64_t panel_begin, int64_t panel_end);
