@@ -16,7 +16,7 @@
 // multiplies c at the end.
 //
 // Two row loops, one order: the few-row loop decodes each k pair of the panel in registers inside its token
-// tile (up to 4 tokens); the many-row loop decodes a K block of the panel once into s16 pairs (128 KB, kept in L2)
+// tile (up to 6 tokens); the many-row loop decodes a K block of the panel once into s16 pairs (128 KB, kept in L2)
 // and runs tiles of 5-6 tokens over it. Both fold the same exact sums in the same order, so a row's result does
 // not depend on the other rows of its call (no --batch-invariant pin), and both equal the scalar model of this
 // arithmetic in the tests bit for bit.
@@ -36,7 +36,7 @@ namespace moex::kernels::x86 {
 namespace {
 
 constexpr int64_t kGroup = kInt8ActivationGroup;
-constexpr int kFewTile = 4;                // 16 sums, 4 decoded weight vectors and the decode's temporaries
+constexpr int kFewTile = 6;                // 24 sums, 4 decoded weight vectors; a k pair decoded once per 6 tokens
 constexpr int kManyTile = 6;               // 24 sums, 4 weight vectors, a broadcast
 constexpr int64_t kManyKBlock = 1024;      // k per decoded block: [512 pairs][64][2] s16 = 128 KB; a multiple of kGroup
 static_assert(kManyKBlock % kGroup == 0 && kGroup % 2 == 0);
