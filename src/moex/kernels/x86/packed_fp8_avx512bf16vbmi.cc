@@ -88,10 +88,12 @@ inline void group_scales(const float* scales, int64_t g, __m512 s[4]) {
 }
 
 // c [MT][64] (permuted order) += x [MT][ldx] (bf16, k0..k1) . the fp8 panel [K][64]; k0 on a group boundary.
-// Rows past K (an odd K's last pair) read as zero codes.
+// Rows past K (an odd K's last pair) read as zero codes. With `store`, the decoded pairs also go to store
+// [(k1 - k0)/2][4][16][2] (decoded_tile's block): the many-row loop's first tile decodes its block this way, so the
+// decode's shuffles overlap that tile's dot products instead of running in a pass of their own.
 template <int MT>
 void few_tile(const uint16_t* x, int64_t ldx, const uint8_t* w, int64_t K, const float* scales, const Decoder& d,
-              int64_t k0, int64_t k1, float* c, const void* w_end) {
+              int64_t k0, int64_t k1, float* c, const void* w_end, uint16_t* store = nullptr) {
   for (int64_t g0 = k0; g0 < k1; g0 += kGroup) {
     const int64_t g1 = std::min(k1, g0 + kGroup);
     __m512 part[MT][4];
@@ -103,6 +105,9 @@ void few_tile(const uint16_t* x, int64_t ldx, const uint8_t* w, int64_t K, const
       const __m512i r1 = k + 1 < K ? _mm512_load_si512(w + (k + 1) * kPanel) : _mm512_setzero_si512();
       __m512bh wv[4];
       d.pairs(r0, r1, wv);
+      if (store)
+        for (int v = 0; v < 4; ++v)
+          _mm512_store_si512(store + (k - k0) * kPanel + 32 * v, reinterpret_cast<__m512i>(wv[v]));
       for (int t = 0; t < MT; ++t) {
         const __m512bh xv = broadcast_pair(x + t * ldx + k);
         for (int v = 0; v < 4; ++v) part[t][v] = _mm512_dpbf16_ps(part[t][v], xv, wv[v]);
@@ -198,13 +203,14 @@ void run_panels_fp8_avx512bf16vbmi(const PanelJob& job, int64_t panel_begin, int
     } else {
       for (int64_t k0 = 0; k0 < kp; k0 += kKBlock) {
         const int64_t k1 = std::min(kp, k0 + kKBlock);
-        for (int64_t k = k0; k < k1; k += 2) {
-          const __m512i r0 = _mm512_load_si512(w_panel + k * kPanel);
-          const __m512i r1 = k + 1 < K ? _mm512_load_si512(w_panel + (k + 1) * kPanel) : _mm512_setzero_si512();
-          __m512bh wv[4];
-          d.pairs(r0, r1, wv);
-          for (int v = 0; v < 4; ++v)
-            _mm512_store_si512(decoded.get() + (k - k0) * kPanel + 32 * v, reinterpret_cast<__m512i>(wv[v]));
+        // The first (up to) 4 rows decode the block as they go and store it for the rest.
+        const int64_t first = std::min<int64_t>(tokens, kFewTokenTile);
+        switch (first) {
+          case 4: few_tile<4>(x, kp, w_panel, K, scales, d, k0, k1, c.data(), w_end, decoded.get()); break;
+          case 3: few_tile<3>(x, kp, w_panel, K, scales, d, k0, k1, c.data(), w_end, decoded.get()); break;
+          case 2: few_tile<2>(x, kp, w_panel, K, scales, d, k0, k1, c.data(), w_end, decoded.get()); break;
+          case 1: few_tile<1>(x, kp, w_panel, K, scales, d, k0, k1, c.data(), w_end, decoded.get()); break;
+          default: break;
         }
         // What the next block decodes, pulled from DRAM into L2 while the tiles run over this one (else the
         // decode below waits on every line: at 16 rows gate_up took 1.2x the time without it, Zen 5 class):
@@ -213,7 +219,8 @@ void run_panels_fp8_avx512bf16vbmi(const PanelJob& job, int64_t panel_begin, int
         const uint8_t* next = k1 < kp ? w_panel + k1 * kPanel : panel + 1 < panel_end ? w_panel + K * kPanel : nullptr;
         const int64_t next_lines = next ? std::min(kKBlock, K - next_k0) : 0;
         int64_t lines_done = 0;
-        over_tokens<kManyTokenTile>(tokens, [&]<int MT>(int64_t t) {
+        over_tokens<kManyTokenTile>(tokens - first, [&]<int MT>(int64_t t) {
+          t += first;
           const int64_t lines = std::max<int64_t>(0, next_lines - lines_done);
           decoded_tile<MT>(x + t * kp, kp, decoded.get(), scales, k0, k1, c.data() + t * kPanel,
                            reinterpret_cast<const char*>(next) + lines_done * 64, lines);
