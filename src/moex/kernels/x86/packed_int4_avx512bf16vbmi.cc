@@ -51,10 +51,13 @@ inline void int4_pairs(const uint8_t* row, __m512bh wv[4]) {
 // 16 + q sum in registers (MT x 4 of them) and fold into c (which stays in L1). kDecoded: w is the K block k0..
 // decoded by int4_pairs (bf16 [(k1-k0)/2][64][2], prefill); else the panel's codes [kp/2][64], decoded here once
 // per k pair for all MT rows (decode). Both run the same operations in the same order, so a row's sums do not
-// depend on which loop ran it nor on its tile's other rows.
+// depend on which loop ran it nor on its tile's other rows. With `store` (codes only), the decoded pairs also go to
+// store [(k1-k0)/2][64][2]: the many-row loop's first tile decodes its K block this way, so the decode overlaps that
+// tile's dot products instead of running in a pass of its own.
 template <int MT, bool kDecoded>
 void int4_tile(const uint16_t* x, int64_t ldx, const void* w, const float* scales, const float* offsets,
-               const float* sums, int64_t ld_sums, int64_t group, int64_t k0, int64_t k1, float* c, const void* w_end) {
+               const float* sums, int64_t ld_sums, int64_t group, int64_t k0, int64_t k1, float* c, const void* w_end,
+               uint16_t* store = nullptr) {
   for (int64_t g0 = k0; g0 < k1; g0 += group) {
     const int64_t g1 = std::min(k1, g0 + group), g = g0 / group;
     __m512 part[MT][4];
@@ -69,6 +72,8 @@ void int4_tile(const uint16_t* x, int64_t ldx, const void* w, const float* scale
         const uint8_t* row = static_cast<const uint8_t*>(w) + (k / 2) * kPanel;
         prefetch_ahead(row, w_end, 1);
         int4_pairs(row, wv);
+        if (store)
+          for (int v = 0; v < 4; ++v) _mm512_store_si512(store + (k - k0) * kPanel + 32 * v, reinterpret_cast<__m512i>(wv[v]));
       }
       for (int t = 0; t < MT; ++t) {
         const __m512bh xv = broadcast_pair(x + t * ldx + k);
@@ -112,16 +117,10 @@ void run_panels_int4_avx512bf16vbmi(const PanelJob& job, int64_t panel_begin, in
     // Prefill: K blocks (kKBlock, a multiple of every group size), each decoded once; decode: the whole K.
     for (int64_t k0 = 0; k0 < kp; k0 += prefill ? kKBlock : kp) {
       const int64_t k1 = prefill ? std::min(kp, k0 + kKBlock) : kp;
-      if (prefill) {
-        for (int64_t k = k0; k < k1; k += 2) {
-          __m512bh wv[4];
-          prefetch_ahead(w_panel + (k / 2) * kPanel, w_end, 1);
-          int4_pairs(w_panel + (k / 2) * kPanel, wv);
-          for (int v = 0; v < 4; ++v)
-            _mm512_store_si512(decoded.get() + (k - k0) * kPanel + 32 * v, reinterpret_cast<__m512i>(wv[v]));
-        }
-      }
+      // Prefill: the first tile (up to 6 rows) decodes the block from the codes and stores it for the others.
+      const int64_t first = prefill ? std::min<int64_t>(tokens, kTokenTile) : 0;
       const auto run = [&]<int MT>(int64_t t) {
+        t += first;
         const float* sums = job.group_sums + t * groups;
         if (prefill)
           int4_tile<MT, true>(x + t * kp, kp, decoded.get(), scales, offsets, sums, groups, w.group, k0, k1,
@@ -130,7 +129,20 @@ void run_panels_int4_avx512bf16vbmi(const PanelJob& job, int64_t panel_begin, in
           int4_tile<MT, false>(x + t * kp, kp, w_panel, scales, offsets, sums, groups, w.group, k0, k1,
                                c.data() + t * kPanel, w_end);
       };
-      over_tokens<kTokenTile>(tokens, run);
+      const auto decode_first = [&]<int MT>() {
+        int4_tile<MT, false>(x, kp, w_panel, scales, offsets, job.group_sums, groups, w.group, k0, k1, c.data(), w_end,
+                             decoded.get());
+      };
+      switch (first) {
+        case 6: decode_first.template operator()<6>(); break;
+        case 5: decode_first.template operator()<5>(); break;
+        case 4: decode_first.template operator()<4>(); break;
+        case 3: decode_first.template operator()<3>(); break;
+        case 2: decode_first.template operator()<2>(); break;
+        case 1: decode_first.template operator()<1>(); break;
+        default: break;
+      }
+      over_tokens<kTokenTile>(tokens - first, run);
     }
     apply_epilogue(job.epilogue, w, panel, tokens, c.data());
   }
