@@ -951,6 +951,8 @@ RowKernel row_kernel(WeightFormat format, Isa isa, int64_t rows, bool batch_inva
   }();
   if (batch_invariant && row_result_depends_on_row_count(format, isa)) return expert_kernel_for_rows(format, rows, true, isa);
   if (pinned >= 0) return pinned ? RowKernel::kManyRows : RowKernel::kFewRows;
+  if (isa == Isa::kAvx512Bf16 && format == WeightFormat::kFP8E4M3 && !many_rows_on_fma(format, isa))
+    return rows >= kFp8Vdpbf16psManyRowsFrom ? RowKernel::kManyRows : RowKernel::kFewRows;
   return expert_kernel_for_rows(format, rows, false, isa);
 }
 

@@ -166,6 +166,11 @@ inline constexpr int64_t kWeightOnlyManyRowsFrom = 16;  // int8 / fp8 / int4
 // int8 on VNNI without AMX (s16 codes, x86/packed_int8_avx512vnni.cc): its few-row loop decodes in registers and
 // keeps up with the decoded-block loop to 32 rows (docs/kernels.md); both give the same bits.
 inline constexpr int64_t kInt8VnniManyRowsFrom = 32;
+// fp8 on its vdpbf16ps loops on CPUs without AMX (Zen 4/5): the many-row loop decodes its K block inside its first
+// token tile, so it wins from 5 rows (bench kernels on Zen 4, docs/kernels.md; int4's, measured likewise, gained
+// nothing in bench e2e below kWeightOnlyManyRowsFrom). Its two loops give the same bits, so this moves no result.
+// (row_kernel in packed.cc applies it; on AMX CPUs fp8's many rows go to tiles or the f32-FMA loop.)
+inline constexpr int64_t kFp8Vdpbf16psManyRowsFrom = 5;
 inline constexpr int64_t kAmxManyRowsFrom = 4;          // W8A8 on AMX (docs/kernels.md); bf16 on AMX: from 1
 inline constexpr int64_t kAmxW4A8ManyRowsFrom = 6;      // W4A8 on AMX (docs/kernels.md)
 // fp8's, int4's and int8's tiles on AMX CPUs (isa kAmx): each format's measured crossover against its few-row loop
