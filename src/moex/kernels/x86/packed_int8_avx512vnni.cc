@@ -17,9 +17,9 @@
 //
 // Two row loops, one order: the few-row loop decodes each k pair of the panel in registers inside its token
 // tile (up to 6 tokens); the many-row loop decodes a K block of the panel once into s16 pairs (128 KB, kept in L2)
-// and runs tiles of 5-6 tokens over it. Both fold the same exact sums in the same order, so a row's result does
-// not depend on the other rows of its call (no --batch-invariant pin), and both equal the scalar model of this
-// arithmetic in the tests bit for bit.
+// and runs balanced tiles of 5-6 tokens over it (over_tokens_balanced). Both fold the same exact sums in the same
+// order, so a row's result does not depend on the other rows of its call (no --batch-invariant pin), and both equal
+// the scalar model of this arithmetic in the tests bit for bit.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -37,7 +37,6 @@ namespace {
 
 constexpr int64_t kGroup = kInt8ActivationGroup;
 constexpr int kFewTile = 6;                // 24 sums, 4 decoded weight vectors; a k pair decoded once per 6 tokens
-constexpr int kManyTile = 6;               // 24 sums, 4 weight vectors, a broadcast
 constexpr int64_t kManyKBlock = 1024;      // k per decoded block: [512 pairs][64][2] s16 = 128 KB; a multiple of kGroup
 static_assert(kManyKBlock % kGroup == 0 && kGroup % 2 == 0);
 
@@ -148,9 +147,6 @@ void run_panels_int8_avx512vnni(const PanelJob& job, int64_t panel_begin, int64_
   static const Interleave il;
   const int8_t* w_all = w.data.as<const int8_t>();
   const int8_t* w_end = w_all + panel_end * K * kPanel;  // this call's panels end
-  // Balanced tiles for the many-row loop: `tiles` of `base` rows, the first `longer` of them one more.
-  const int64_t tiles = (tokens + kManyTile - 1) / kManyTile, base = tokens / std::max<int64_t>(tiles, 1),
-                longer = tokens - base * tiles;
   for (int64_t panel = panel_begin; panel < panel_end; ++panel) {
     const int8_t* w_panel = w_all + panel * K * kPanel;  // s8 [K][64]
     std::fill_n(c.begin(), tokens * kPanel, 0.0f);
@@ -170,23 +166,9 @@ void run_panels_int8_avx512vnni(const PanelJob& job, int64_t panel_begin, int64_
           for (int v = 0; v < 4; ++v) _mm512_store_si512(block + (k - k0) * kPanel + 32 * v, pair[v]);
         }
         const BlockPairs pairs{block, k0};
-        int64_t t = 0;
-        for (int64_t i = 0; i < tiles; ++i) {
-          const int mt = static_cast<int>(base + (i < longer ? 1 : 0));
-          const int16_t* xt = x + t * ldx;
-          const float* xs = job.token_scales + t * groups;
-          float* ct = c.data() + t * kPanel;
-          switch (mt) {
-            case 6: tile<6>(xt, ldx, xs, groups, pairs, k0, k1, ct); break;
-            case 5: tile<5>(xt, ldx, xs, groups, pairs, k0, k1, ct); break;
-            case 4: tile<4>(xt, ldx, xs, groups, pairs, k0, k1, ct); break;
-            case 3: tile<3>(xt, ldx, xs, groups, pairs, k0, k1, ct); break;
-            case 2: tile<2>(xt, ldx, xs, groups, pairs, k0, k1, ct); break;
-            case 1: tile<1>(xt, ldx, xs, groups, pairs, k0, k1, ct); break;
-            default: break;
-          }
-          t += mt;
-        }
+        over_tokens_balanced(tokens, [&]<int MT>(int64_t t) {
+          tile<MT>(x + t * ldx, ldx, job.token_scales + t * groups, groups, pairs, k0, k1, c.data() + t * kPanel);
+        });
       }
     }
     const float* row_scale = w.scales.as<const float>() + panel * kPanel;

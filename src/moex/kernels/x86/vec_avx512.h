@@ -23,6 +23,27 @@ inline __m512bh broadcast_pair(const uint16_t* p) {
   return reinterpret_cast<__m512bh>(_mm512_set1_epi32(pair));
 }
 
+// Runs run.operator()<MT>(t) over the tokens in balanced register tiles: ceil(T / 6) tiles of 5 or 6 rows (fewer for
+// T < 6), never a 1- or 2-row tail whose weight loads feed only a few dot products.
+template <typename Run>
+inline void over_tokens_balanced(int64_t tokens, Run&& run) {
+  const int64_t tiles = (tokens + 5) / 6, base = tokens / std::max<int64_t>(tiles, 1), longer = tokens - base * tiles;
+  int64_t t = 0;
+  for (int64_t i = 0; i < tiles; ++i) {
+    const int64_t mt = base + (i < longer ? 1 : 0);
+    switch (mt) {
+      case 6: run.template operator()<6>(t); break;
+      case 5: run.template operator()<5>(t); break;
+      case 4: run.template operator()<4>(t); break;
+      case 3: run.template operator()<3>(t); break;
+      case 2: run.template operator()<2>(t); break;
+      case 1: run.template operator()<1>(t); break;
+      default: break;
+    }
+    t += mt;
+  }
+}
+
 // Runs run.operator()<MT>(t) over the tokens in register tiles of Full (<= 6) rows, the rest in one smaller tile.
 template <int Full, typename Run>
 inline void over_tokens(int64_t tokens, Run&& run) {
