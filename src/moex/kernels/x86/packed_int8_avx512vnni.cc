@@ -16,10 +16,10 @@
 // multiplies c at the end.
 //
 // Two row loops, one order: the few-row loop decodes each k pair of the panel in registers inside its token
-// tile (up to 6 tokens); the many-row loop decodes a K block of the panel once into s16 pairs (128 KB, kept in L2)
-// and runs balanced tiles of 5-6 tokens over it (over_tokens_balanced). Both fold the same exact sums in the same
-// order, so a row's result does not depend on the other rows of its call (no --batch-invariant pin), and both equal
-// the scalar model of this arithmetic in the tests bit for bit.
+// tile (up to 6 tokens); the many-row loop decodes a K block of the panel once into s16 pairs (128 KB, kept in L2),
+// in its first token tile as that tile goes, and runs balanced tiles of 5-6 tokens over it (over_tokens_balanced).
+// Both fold the same exact sums in the same order, so a row's result does not depend on the other rows of its call
+// (no --batch-invariant pin), and both equal the scalar model of this arithmetic in the tests bit for bit.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -82,10 +82,14 @@ struct PanelPairs {
   const int8_t* panel;  // s8 [K][64]
   int64_t K;
   const void* end;  // the call's last weight byte (prefetch_ahead)
+  int16_t* store = nullptr;  // the many-row loop's first tile: the decoded pairs also go to its block from store_k0
+  int64_t store_k0 = 0;
   void get(int64_t k, __m512i w[4]) const {
     const int8_t* row = panel + k * kPanel;
     prefetch_ahead(row, end, 2);
     decode_pair(il, row, k + 1 < K ? row + kPanel : nullptr, w);
+    if (store)
+      for (int v = 0; v < 4; ++v) _mm512_store_si512(store + (k - store_k0) * kPanel + 32 * v, w[v]);
   }
 };
 struct BlockPairs {
@@ -159,14 +163,17 @@ void run_panels_int8_avx512vnni(const PanelJob& job, int64_t panel_begin, int64_
       int16_t* block = block_buffer();
       for (int64_t k0 = 0; k0 < K; k0 += kManyKBlock) {
         const int64_t k1 = std::min(K, k0 + kManyKBlock);
-        const PanelPairs panel_pairs{il, w_panel, K, w_end};
-        for (int64_t k = k0; k < k1; k += 2) {  // decode the block once
-          __m512i pair[4];
-          panel_pairs.get(k, pair);
-          for (int v = 0; v < 4; ++v) _mm512_store_si512(block + (k - k0) * kPanel + 32 * v, pair[v]);
-        }
+        // The first tile (up to 6 rows) decodes the block from the codes as it goes and stores it for the others,
+        // so the decode overlaps its dot products (as fp8's and int4's many-row loops do).
+        const int64_t first = std::min<int64_t>(tokens, kFewTile);
+        const PanelPairs decode_and_store{il, w_panel, K, w_end, block, k0};
+        over_tokens<kFewTile>(first, [&]<int MT>(int64_t t) {
+          tile<MT>(x + t * ldx, ldx, job.token_scales + t * groups, groups, decode_and_store, k0, k1,
+                   c.data() + t * kPanel);
+        });
         const BlockPairs pairs{block, k0};
-        over_tokens_balanced(tokens, [&]<int MT>(int64_t t) {
+        over_tokens_balanced(tokens - first, [&]<int MT>(int64_t t) {
+          t += first;
           tile<MT>(x + t * ldx, ldx, job.token_scales + t * groups, groups, pairs, k0, k1, c.data() + t * kPanel);
         });
       }
