@@ -205,13 +205,9 @@ void run_panels_fp8_avx512bf16vbmi(const PanelJob& job, int64_t panel_begin, int
         const int64_t k1 = std::min(kp, k0 + kKBlock);
         // The first (up to) 4 rows decode the block as they go and store it for the rest.
         const int64_t first = std::min<int64_t>(tokens, kFewTokenTile);
-        switch (first) {
-          case 4: few_tile<4>(x, kp, w_panel, K, scales, d, k0, k1, c.data(), w_end, decoded.get()); break;
-          case 3: few_tile<3>(x, kp, w_panel, K, scales, d, k0, k1, c.data(), w_end, decoded.get()); break;
-          case 2: few_tile<2>(x, kp, w_panel, K, scales, d, k0, k1, c.data(), w_end, decoded.get()); break;
-          case 1: few_tile<1>(x, kp, w_panel, K, scales, d, k0, k1, c.data(), w_end, decoded.get()); break;
-          default: break;
-        }
+        over_tokens<kFewTokenTile>(first, [&]<int MT>(int64_t) {  // one tile: first <= kFewTokenTile
+          few_tile<MT>(x, kp, w_panel, K, scales, d, k0, k1, c.data(), w_end, decoded.get());
+        });
         // What the next block decodes, pulled from DRAM into L2 while the tiles run over this one (else the
         // decode below waits on every line: at 16 rows gate_up took 1.2x the time without it, Zen 5 class):
         // this panel's next K block, else the next panel's first; one 64-byte line of codes per k.

@@ -129,19 +129,10 @@ void run_panels_int4_avx512bf16vbmi(const PanelJob& job, int64_t panel_begin, in
           int4_tile<MT, false>(x + t * kp, kp, w_panel, scales, offsets, sums, groups, w.group, k0, k1,
                                c.data() + t * kPanel, w_end);
       };
-      const auto decode_first = [&]<int MT>() {
+      over_tokens<kTokenTile>(first, [&]<int MT>(int64_t) {  // one tile: first <= kTokenTile
         int4_tile<MT, false>(x, kp, w_panel, scales, offsets, job.group_sums, groups, w.group, k0, k1, c.data(), w_end,
                              decoded.get());
-      };
-      switch (first) {
-        case 6: decode_first.template operator()<6>(); break;
-        case 5: decode_first.template operator()<5>(); break;
-        case 4: decode_first.template operator()<4>(); break;
-        case 3: decode_first.template operator()<3>(); break;
-        case 2: decode_first.template operator()<2>(); break;
-        case 1: decode_first.template operator()<1>(); break;
-        default: break;
-      }
+      });
       over_tokens<kTokenTile>(tokens - first, run);
     }
     apply_epilogue(job.epilogue, w, panel, tokens, c.data());
