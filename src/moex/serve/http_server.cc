@@ -15,6 +15,7 @@
 
 #include "moex/base/error.h"
 #include "moex/runtime/stop_strings.h"
+#include "moex/serve/http_connections.h"
 #include "moex/serve/openai.h"
 
 namespace moex::serve {
@@ -173,27 +174,6 @@ int find_descriptor(Match match) {
   return -1;
 }
 
-// The socket of a request's connection, found by its address pair: cpp-httplib 0.11 (Debian 12's) does
-// not hand it to a handler, and a non-streamed handler has no write that could fail when the client goes.
-// -1 when not found (the request then runs to its end, as before).
-int connection_socket(const httplib::Request& req) {
-  return find_descriptor([&](int fd) {
-    sockaddr_storage local{}, peer{};
-    socklen_t ll = sizeof(local), pl = sizeof(peer);
-    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0 ||
-        getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0)
-      return false;
-    char lhost[NI_MAXHOST], lport[NI_MAXSERV], phost[NI_MAXHOST], pport[NI_MAXSERV];
-    if (getnameinfo(reinterpret_cast<sockaddr*>(&local), ll, lhost, sizeof(lhost), lport, sizeof(lport),
-                    NI_NUMERICHOST | NI_NUMERICSERV) != 0 ||
-        getnameinfo(reinterpret_cast<sockaddr*>(&peer), pl, phost, sizeof(phost), pport, sizeof(pport),
-                    NI_NUMERICHOST | NI_NUMERICSERV) != 0)
-      return false;
-    return req.remote_addr == phost && std::to_string(req.remote_port) == pport &&
-           std::to_string(req.local_port) == lport;
-  });
-}
-
 // Debian's cpp-httplib 0.11 is a compiled library whose listen() asks for a backlog of 5 connections
 // (CPPHTTPLIB_LISTEN_BACKLOG, fixed when the library was built): 200 clients connecting at once overflowed it
 // (231 TcpExtListenOverflows in one run of serve.openai_client), the kernel dropped their SYNs, and clients
@@ -216,17 +196,14 @@ void widen_listen_backlog(int port) {
   if (fd >= 0) ::listen(fd, SOMAXCONN);
 }
 
-// True when the peer of `fd` has closed (or reset) its connection.
-bool peer_closed(int fd) {
-  if (fd < 0) return false;
-  pollfd p{fd, static_cast<short>(POLLIN | POLLRDHUP), 0};
-  if (poll(&p, 1, 0) <= 0) return false;
-  if (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) return true;
-  char byte;
-  return recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 0;  // readable with nothing to read: EOF
-}
-
 std::string sse(const json& j) { return "data: " + j.dump() + "\n\n"; }
+
+// Compares a secret in a time that does not depend on where the strings first differ.
+bool constant_time_equal(const std::string& a, const std::string& b) {
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i % std::max<size_t>(b.size(), 1)]);
+  return diff == 0;
+}
 
 }  // namespace
 
@@ -234,16 +211,25 @@ HttpServer::HttpServer(Engine& engine, const Tokenizer& tokenizer, const ServerO
     : engine_(engine),
       tokenizer_(tokenizer),
       options_(options),
-      server_(std::make_unique<httplib::Server>()),
-      created_(static_cast<int64_t>(std::time(nullptr))) {
-  const int threads = options.http_threads;
-  server_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  server_->set_payload_max_length(8 << 20);  // 8 MB: larger bodies get 413
+      created_(static_cast<int64_t>(std::time(nullptr))),
+      longest_token_bytes_(longest_token_bytes(tokenizer)) {
+  ConnectionPolicy policy;
+  policy.authorized = [key = options.api_key, open_metrics = !options.metrics_require_key](const http::RequestHead& head) {
+    // Open without the key: /health, and /metrics unless --metrics-require-key (as vLLM). The raw path is
+    // compared, so an encoded spelling of an open path needs the key too.
+    const std::string_view path = head.path();
+    if (key.empty() || path == "/health" || (open_metrics && path == "/metrics")) return true;
+    const std::string* given = head.find("Authorization");
+    return given && constant_time_equal(*given, "Bearer " + key);
+  };
+  policy.error_json = [](int status, const std::string& message) { return error_body(api_error(status, message)).dump(); };
+  policy.http_threads = options.http_threads;
   // Idle keep-alive connections outlive the client's (Node: 4 s), so a client never sends on one the server
-  // is closing; each holds a pool thread while open.
-  server_->set_keep_alive_timeout(10);
+  // is closing; the poller holds them, not a worker.
+  policy.keep_alive_timeout_sec = 10;
+  server_ = make_connection_server(std::move(policy));
+  server_->set_payload_max_length(http::kMaxBodyBytes);  // the framing refuses larger bodies first
   server_->set_keep_alive_max_count(1 << 20);
-  server_->set_read_timeout(30);
   server_->set_write_timeout(30);
   routes();
 }
@@ -290,24 +276,6 @@ void HttpServer::stop() { server_->stop(); }
 
 void HttpServer::routes() {
   httplib::Server& s = *server_;
-  // --api-key guards every /v1/ path. A request without a body is refused before routing; one with a body
-  // only once its body is read (in its handler, or the 404 of an unknown path): cpp-httplib runs the
-  // pre-routing handler before reading the body, and a body left unread on a kept-alive connection would be
-  // parsed as the start of the next request (Node 18's fetch reuses the connection: its next request got
-  // 400 or 414, or no answer).
-  const std::string key = options_.api_key;
-  const auto authorized = [key](const httplib::Request& req) {
-    return key.empty() || req.path.rfind("/v1/", 0) != 0 || req.get_header_value("Authorization") == "Bearer " + key;
-  };
-  const auto refuse = [](httplib::Response& res) {
-    send_error(res, api_error(401, "Incorrect or missing API key: send 'Authorization: Bearer <key>'"));
-  };
-  s.set_pre_routing_handler([authorized, refuse](const httplib::Request& req, httplib::Response& res) {
-    const bool has_body = req.has_header("Transfer-Encoding") || std::strtoull(req.get_header_value("Content-Length").c_str(), nullptr, 10) > 0;
-    if (authorized(req) || has_body) return httplib::Server::HandlerResponse::Unhandled;
-    refuse(res);
-    return httplib::Server::HandlerResponse::Handled;
-  });
   s.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
     std::string what = "unknown error";
     try {
@@ -318,9 +286,8 @@ void HttpServer::routes() {
     }
     send_error(res, api_error(500, "internal error: " + what, "internal_server_error"));
   });
-  s.set_error_handler([authorized, refuse](const httplib::Request& req, httplib::Response& res) {
+  s.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
-    if (res.status == 404 && !authorized(req)) return refuse(res);
     const std::string message = res.status == 404   ? "no route " + req.method + " " + req.path
                                 : res.status == 413 ? "the request body is too large (8 MB at most)"
                                                     : "HTTP error " + std::to_string(res.status);
@@ -338,14 +305,13 @@ void HttpServer::routes() {
     res.set_content(json{{"object", "list"}, {"data", json::array({model})}}.dump(), "application/json");
   });
 
-  const auto completions = [this, authorized, refuse](bool chat) {
-    return [this, chat, authorized, refuse](const httplib::Request& req, httplib::Response& res) {
-      if (!authorized(req)) return refuse(res);
+  const auto completions = [this](bool chat) {
+    return [this, chat](const httplib::Request& req, httplib::Response& res) {
       ApiRequest request;
       std::shared_ptr<RequestStream> stream;
       try {
         request = parse_request(req.body, chat, tokenizer_, options_.model_name, engine_.options().max_model_len,
-                                options_.chat_template);
+                                options_.chat_template, longest_token_bytes_);
         stream = engine_.submit(request.generation);
       } catch (const ApiError& e) {
         return send_error(res, e);
@@ -361,7 +327,7 @@ void HttpServer::routes() {
                                             static_cast<int64_t>(std::time(nullptr)), options_.model_name);
       if (!c->request.stream) {
         // Between the 50 ms waits, a client that has gone away cancels its request (at the engine's next step).
-        const int fd = connection_socket(req);
+        const int fd = connection_socket();
         std::string text;
         while (!c->done) {
           text += c->next();

@@ -19,7 +19,8 @@ namespace moex::serve {
 struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 8000;             // 0: any free port (port() tells which)
-  std::string api_key;         // non-empty: /v1/* need "Authorization: Bearer <key>"
+  std::string api_key;         // non-empty: every path but /health and /metrics needs "Authorization: Bearer <key>"
+  bool metrics_require_key = false;  // /metrics too
   std::string model_name;      // what /v1/models lists and requests may name
   int http_threads = 64;
   const ChatTemplate* chat_template = nullptr;  // the model's; null: chat requests get a 400
@@ -44,6 +45,7 @@ class HttpServer {
   std::unique_ptr<httplib::Server> server_;
   int port_ = 0;
   int64_t created_;  // unix time of start-up (the model's "created")
+  int64_t longest_token_bytes_;  // openai.h: prompts longer in bytes than the context can hold are refused
 };
 
 }  // namespace moex::serve

@@ -120,9 +120,23 @@ std::string message_text(const json& content, size_t index) {
   return text;
 }
 
+[[noreturn]] void too_long(const std::string& param, int64_t max_model_len, size_t bytes, int64_t max_bytes) {
+  bad(param, "This model's maximum context length is " + std::to_string(max_model_len) + " tokens. However, your " +
+                 (param == "prompt" ? "prompt" : "messages' text") + " is " + std::to_string(bytes) +
+                 " bytes, more than that many tokens can hold (" + std::to_string(max_bytes) +
+                 " bytes). Please reduce the length of the prompt.");
+}
+
 }  // namespace
 
-std::vector<int32_t> chat_prompt(const json& messages, const ChatTemplate& chat_template, const Tokenizer& tokenizer) {
+int64_t longest_token_bytes(const Tokenizer& tokenizer) {
+  size_t longest = 0;
+  for (int id = 0; id < tokenizer.vocab_size(); ++id) longest = std::max(longest, tokenizer.decode({id}).size());
+  return static_cast<int64_t>(longest) + 1;
+}
+
+std::vector<int32_t> chat_prompt(const json& messages, const ChatTemplate& chat_template, const Tokenizer& tokenizer,
+                                 int64_t max_model_len, int64_t longest_token_bytes) {
   if (!messages.is_array() || messages.empty()) bad("messages", "'messages' must be a non-empty array");
   std::vector<ChatMessage> turns;
   for (size_t i = 0; i < messages.size(); ++i) {
@@ -139,6 +153,12 @@ std::vector<int32_t> chat_prompt(const json& messages, const ChatTemplate& chat_
       bad(param + ".role", "'" + param + ".role' must be system, user or assistant, got '" + role + "'");
     turns.push_back(ChatMessage{role, message_text(m["content"], i)});
   }
+  if (longest_token_bytes > 0) {
+    size_t bytes = 0;
+    for (const ChatMessage& t : turns) bytes += t.content.size();
+    if (bytes > static_cast<size_t>(max_model_len * longest_token_bytes))
+      too_long("messages", max_model_len, bytes, max_model_len * longest_token_bytes);
+  }
   // The template decides what a conversation may look like (Mixtral's raises on roles that do not alternate).
   std::string rendered;
   try {
@@ -151,7 +171,7 @@ std::vector<int32_t> chat_prompt(const json& messages, const ChatTemplate& chat_
 }
 
 ApiRequest parse_request(const std::string& body, bool chat, const Tokenizer& tokenizer, const std::string& served_model,
-                         int64_t max_model_len, const ChatTemplate* chat_template) {
+                         int64_t max_model_len, const ChatTemplate* chat_template, int64_t longest_token_bytes) {
   if (!nesting_within(body, 32)) bad("", "the request body nests JSON deeper than 32 levels");
   const json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) bad("", "the request body is not valid JSON");
@@ -203,23 +223,27 @@ ApiRequest parse_request(const std::string& body, bool chat, const Tokenizer& to
   }
   get_string(j, "user");
 
-  // The prompt.
+  // The prompt. A text longer in bytes than the context can hold is refused before it is tokenized.
   std::vector<int32_t>& prompt = r.generation.prompt;
+  const int64_t max_bytes = longest_token_bytes > 0 ? max_model_len * longest_token_bytes : 0;
+  const auto encode_text = [&](const std::string& text) {
+    if (max_bytes > 0 && text.size() > static_cast<size_t>(max_bytes)) too_long("prompt", max_model_len, text.size(), max_bytes);
+    const std::vector<int> ids = tokenizer.encode(text, /*add_bos=*/true);
+    prompt.assign(ids.begin(), ids.end());
+  };
   if (chat) {
     if (!j.contains("messages")) bad("messages", "'messages' is required");
     if (!chat_template)
       bad("messages", "this model has no chat template (tokenizer_config.json has no \"chat_template\"): "
                       "use /v1/completions, or start the server with --chat-template FILE");
-    prompt = chat_prompt(j["messages"], *chat_template, tokenizer);
+    prompt = chat_prompt(j["messages"], *chat_template, tokenizer, max_model_len, longest_token_bytes);
   } else {
     if (!j.contains("prompt")) bad("prompt", "'prompt' is required");
     const json& p = j["prompt"];
     if (p.is_string()) {
-      const std::vector<int> ids = tokenizer.encode(p.get<std::string>(), /*add_bos=*/true);
-      prompt.assign(ids.begin(), ids.end());
+      encode_text(p.get_ref<const std::string&>());
     } else if (p.is_array() && p.size() == 1 && p[0].is_string()) {
-      const std::vector<int> ids = tokenizer.encode(p[0].get<std::string>(), /*add_bos=*/true);
-      prompt.assign(ids.begin(), ids.end());
+      encode_text(p[0].get_ref<const std::string&>());
     } else if (p.is_array() && !p.empty() && p[0].is_number_integer()) {
       for (const json& t : p) {
         if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > std::numeric_limits<int32_t>::max())

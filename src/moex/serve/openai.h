@@ -39,16 +39,26 @@ struct ApiRequest {
 // Rejects JSON nested deeper than `max_depth` (before parsing, so a hostile body cannot exhaust the stack).
 bool nesting_within(const std::string& body, int max_depth);
 
+// The most input bytes one token can stand for: its text's length, plus one for the leading space a
+// SentencePiece piece ("\u2581the") carries and a lone decode drops. Bytes over max_model_len times this
+// cannot fit the context (unless the tokenizer's normalizer folds runs of white space).
+int64_t longest_token_bytes(const Tokenizer& tokenizer);
+
 // Parses and checks a request body. Throws ApiError (400 for malformed JSON, wrong types, unknown fields,
 // values out of range; 404 for another model's name). `served_model` is the name /v1/models lists.
 // `chat_template`: the model's (null: it has none, and a chat request is a 400, as vLLM answers).
+// `longest_token_bytes` > 0: a prompt text (or messages' text) longer than max_model_len times it is refused
+// before it is tokenized, so the time and memory a request costs are bounded by the context, not the body.
 ApiRequest parse_request(const std::string& body, bool chat, const Tokenizer& tokenizer, const std::string& served_model,
-                         int64_t max_model_len, const ChatTemplate* chat_template = nullptr);
+                         int64_t max_model_len, const ChatTemplate* chat_template = nullptr,
+                         int64_t longest_token_bytes = 0);
 
 // The prompt ids of a chat request's `messages`: checked (roles, text content), rendered by the template
 // and encoded (its bos / eos text as their ids). The template's raise_exception is a 400 naming 'messages'.
+// `longest_token_bytes` > 0: messages whose text adds up to more than max_model_len times it are refused
+// before rendering, as parse_request's prompt.
 std::vector<int32_t> chat_prompt(const nlohmann::json& messages, const ChatTemplate& chat_template,
-                                 const Tokenizer& tokenizer);
+                                 const Tokenizer& tokenizer, int64_t max_model_len = 0, int64_t longest_token_bytes = 0);
 
 // logprobs objects. `text` is each token's text (what the detokenizer gave for it), `offset` the completion
 // text's length before each token.
