@@ -1,6 +1,7 @@
 // `moex serve`: an OpenAI-compatible HTTP server over the continuous-batching engine (src/moex/serve).
 #include <malloc.h>
 #include <signal.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -77,6 +78,13 @@ void run_serve(ServeFlags flags) {
   // buffer's size and later ones would stay in the HTTP threads' arenas after the request (measured: six
   // 8 MB prompts left ~300 MB resident).
   mallopt(M_MMAP_THRESHOLD, 1 << 20);
+  // Each client connection is a descriptor: the soft limit (often 1024) raised to the hard one, as nginx's
+  // worker_rlimit_nofile, so a thousand idle clients do not shut everyone else out.
+  rlimit files{};
+  if (getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+    files.rlim_cur = files.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &files);
+  }
   const ParallelPlan& plan = model->options().plan;
   // Rank 0 owns HTTP and the scheduler(s). Attention TP: every rank runs rank 0's step. Attention DP: rank 0
   // keeps a scheduler per rank and sends each rank its own sub-step (serve/step_sync.h).

@@ -5,6 +5,7 @@
 #include <netdb.h>
 #include <poll.h>
 #include <sys/epoll.h>
+#include <sys/resource.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -80,16 +81,16 @@ class Connection final : public httplib::Stream {
       const int ready = poll(&p, 1, std::min(millis_until(deadline), 100));
       if (ready < 0 && errno != EINTR) return Fill::kClosed;
       if (ready > 0) {
-        const int got = read_available(64 << 10);
-        if (got < 0) return Fill::kClosed;
-        if (got > 0) return Fill::kData;
+        if (read_available(64 << 10) > 0) return Fill::kData;
+        if (ended_) return Fill::kClosed;
       } else if (Clock::now() >= deadline) {
         return Fill::kTimeout;
       }
     }
   }
-  // Appends what the socket has now (at most `cap` bytes); the count, or -1 at its end or an error.
-  int read_available(size_t cap) {
+  // Appends what the socket has now (at most `cap` bytes) and returns the count; at the end of the
+  // client's bytes (or an error) sets ended(). A client may send a request and then close its side.
+  size_t read_available(size_t cap) {
     char buf[16 << 10];
     size_t total = 0;
     while (total < cap) {
@@ -102,11 +103,13 @@ class Connection final : public httplib::Stream {
       } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
         break;
       } else {
-        return -1;
+        ended_ = true;
+        break;
       }
     }
-    return static_cast<int>(total);
+    return total;
   }
+  bool ended() const { return ended_; }
 
   std::string& inbox() { return inbox_; }  // read, not yet framed
   void serve(std::string request) {
@@ -176,6 +179,7 @@ class Connection final : public httplib::Stream {
   int fd_;
   int write_timeout_ms_;
   const std::atomic<bool>* stopping_;
+  bool ended_ = false;
   std::string inbox_;
   std::string request_;
   size_t pos_ = 0;
@@ -281,13 +285,12 @@ class Poller {
         const auto it = held_.find(fd);
         if (it == held_.end()) continue;  // the wake-up, or gone
         ConnectionPtr c = it->second;
-        if (c->read_available(policy_.max_head_bytes + 1) < 0) {
-          release(fd);  // the client closed (a half-sent head has nobody to answer)
-          continue;
-        }
+        c->read_available(policy_.max_head_bytes + 1);
         if (ready(*c)) {
           release(fd);  // before a worker has it (and may hand it back)
           dispatch_(std::move(c));
+        } else if (c->ended()) {
+          release(fd);  // the client closed: a half-sent head has nobody to answer
         }
       }
       // Deadlines: an idle connection is closed, a head that is late gets a 408 (best effort: a short
@@ -334,6 +337,11 @@ class PoolWithPoller final : public httplib::ThreadPool {
 class ConnectionServer final : public httplib::Server {
  public:
   explicit ConnectionServer(ConnectionPolicy policy) : policy_(std::move(policy)) {
+    // Past the process's descriptor limit accept() fails and cpp-httplib retries every millisecond, so
+    // nobody gets in: refuse with a 503 before that, leaving room for the model's and the engine's files.
+    rlimit files{};
+    if (getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur != RLIM_INFINITY)
+      policy_.max_connections = static_cast<int>(std::min<rlim_t>(policy_.max_connections, std::max<rlim_t>(files.rlim_cur, 128) - 64));
     new_task_queue = [this] {
       pool_ = new PoolWithPoller(*this, policy_);
       return pool_;

@@ -27,7 +27,7 @@ struct ConnectionPolicy {
   int head_timeout_sec = 30;       // from a head's first byte to its last (408 after)
   int body_timeout_sec = 60;       // for a whole body (408 after); each read also within head_timeout_sec
   int keep_alive_timeout_sec = 10;  // an idle connection is closed after this
-  int max_connections = 4096;       // beyond it a new connection gets a 503 and is closed
+  int max_connections = 4096;       // beyond it (or the descriptor limit less 64) a new connection gets a 503
   int http_threads = 64;            // the workers
   std::function<bool(const http::RequestHead&)> authorized;  // false: 401 before the body is read
   std::function<std::string(int status, const std::string& message)> error_json;  // an error's JSON body
