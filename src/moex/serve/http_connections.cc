@@ -3,6 +3,8 @@
 #include <fcntl.h>
 #include <httplib.h>
 #include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/epoll.h>
 #include <sys/resource.h>
@@ -359,6 +361,10 @@ class ConnectionServer final : public httplib::Server {
   // Called by cpp-httplib's accept loop (on a worker) for each new connection: the poller takes it.
   bool process_and_close_socket(socket_t sock) override {
     fcntl(sock, F_SETFL, fcntl(sock, F_GETFL) | O_NONBLOCK);
+    // Streamed tokens are small writes a few milliseconds apart: Nagle's algorithm would hold each behind
+    // the previous one's acknowledgement (which the client may delay).
+    const int one = 1;
+    setsockopt(sock, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     auto c = std::make_shared<Connection>(sock, static_cast<int>(write_timeout_sec_ * 1000), pool_->poller.stopping());
     if (open_connections.load() > policy_.max_connections) {
       c->send_all(http::error_response(503, policy_.error_json(503, "too many open connections: retry later")));
