@@ -7,8 +7,9 @@
 //                                                             (PATH: a model folder, or the tokenizer file)
 // CASES.json: {"texts": [{"text": "..."} or {"hex": "ff41"}], "id_lists": [[1, 2, 3], ...]}.
 // OUT.json: per text "ids" (add special tokens), "ids_plain" (without), "decoded" (ids decoded, specials
-// skipped), "roundtrip" (ids_plain decoded), and, for a tokenizer.json, "decoded_keep" (specials kept); per id list "decoded" likewise. Text
-// comes back as hex so that no JSON layer changes a byte.
+// skipped), "roundtrip" (ids_plain decoded), and, for a tokenizer.json, "decoded_keep" (specials kept); per id list "decoded" likewise,
+// and for a tokenizer.json "decoded_tokenizers" (JsonTokenizer with `tokenizers`' rule for byte runs that are not
+// UTF-8, where moex::Tokenizer keeps SentencePiece's). Text comes back as hex so that no JSON layer changes a byte.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -142,7 +143,10 @@ int run(int argc, char** argv) {
     for (const json& list : cases["id_lists"]) {
       const std::vector<int> ids = list.get<std::vector<int>>();
       json r = {{"decoded", to_hex(tokenizer.decode(ids))}};
-      if (json_tokenizer) r["decoded_keep"] = to_hex(json_tokenizer->decode(ids, false));
+      if (json_tokenizer) {
+        r["decoded_keep"] = to_hex(json_tokenizer->decode(ids, false));
+        r["decoded_tokenizers"] = to_hex(json_tokenizer->decode(ids, true));
+      }
       out["id_lists"].push_back(r);
     }
     write(argv[4], out.dump() + "\n");

@@ -213,6 +213,30 @@ TEST(ChatTemplate, EncodeTurnsSpecialTokensIntoTheirIds) {
 namespace moex {
 namespace {
 
+// Qwen2's layout (as gen-model writes it for qwen2_moe, qwen3_moe and dots1): tokenizer_config.json's
+// bos_token is null, so a template's bos_token is empty and "<s>" a user writes is text, as HF renders and
+// tokenizes it; eos_token is its id.
+TEST(ChatTemplate, NullBosTokenIsNoToken) {
+  const auto dir = std::filesystem::temp_directory_path() / ("moex_chat_template_qwen_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  const TrainedByteLevelBpe trained = train_byte_level_bpe(qwen2_tokenizer_options(600));
+  std::ofstream(dir / "tokenizer.json") << trained.tokenizer_json;
+  std::ofstream(dir / "tokenizer_config.json") << trained.tokenizer_config_json;
+  std::ofstream(dir / "t.jinja") << "{{ bos_token }}|{{ eos_token }}|{{ messages[0]['content'] }}";
+  const Tokenizer tok = Tokenizer::for_model(dir.string());
+  ASSERT_EQ(tok.bos_id(), -1);
+  const ChatTemplate t = ChatTemplate::load(dir.string(), (dir / "t.jinja").string());
+  const std::string eos = nlohmann::json::parse(trained.tokenizer_config_json)["eos_token"].get<std::string>();
+  ASSERT_EQ(tok.eos_id(), trained.id_of(eos));
+  const std::string text = t.render(msgs({{"user", "a <s> b"}}));
+  EXPECT_EQ(text, "|" + eos + "|a <s> b");
+  std::vector<int> expect = tok.encode("|", false);
+  expect.push_back(tok.eos_id());
+  for (int id : tok.encode("|a <s> b", false)) expect.push_back(id);
+  EXPECT_EQ(t.encode(tok, text), expect);
+  std::filesystem::remove_all(dir);
+}
+
 TEST(ChatTemplate, GenModelWritesMixtralsTemplate) {
   const nlohmann::json config = nlohmann::json::parse(llama_tokenizer_config_json(4096));
   ASSERT_TRUE(config.contains("chat_template"));

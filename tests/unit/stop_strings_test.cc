@@ -17,23 +17,27 @@
 namespace moex {
 namespace {
 
-const Tokenizer& test_tokenizer() {
-  static const Tokenizer* tokenizer = [] {
+// A trained SentencePiece tokenizer (libsentencepiece), or (json) the tokenizer.json converted from it as
+// Hugging Face's Mixtral ships it (MoEX's own decoder chain).
+const Tokenizer& test_tokenizer(bool json = false) {
+  static const Tokenizer* tokenizers[2] = {};
+  if (!tokenizers[0]) {
     // One file per process: ctest may run several of these tests at once.
     const auto path = std::filesystem::temp_directory_path() /
-                      ("moex_stop_strings_test_tokenizer_" + std::to_string(getpid()) + ".model");
+                      ("moex_stop_strings_test_tokenizer_" + std::to_string(getpid()));
     const TrainedTokenizer trained = train_builtin_tokenizer(2000);
-    std::ofstream(path, std::ios::binary) << trained.model_proto;
-    auto* tokenizer = new Tokenizer(path.string());
-    std::filesystem::remove(path);
-    return tokenizer;
-  }();
-  return *tokenizer;
+    std::ofstream(path.string() + ".model", std::ios::binary) << trained.model_proto;
+    std::ofstream(path.string() + ".json", std::ios::binary) << mixtral_tokenizer_json(trained.model_proto);
+    tokenizers[0] = new Tokenizer(path.string() + ".model");
+    tokenizers[1] = new Tokenizer(path.string() + ".json");
+    std::filesystem::remove(path.string() + ".model");
+    std::filesystem::remove(path.string() + ".json");
+  }
+  return *tokenizers[json];
 }
 
-// Streams `generated` after `prompt` and checks every delta against the decode of the whole sequence.
-void check_stream(const std::vector<int>& prompt, const std::vector<int>& generated) {
-  const Tokenizer& tok = test_tokenizer();
+// Streams `generated` after `prompt` and returns the text the deltas add up to (each delta valid UTF-8).
+std::string stream(const Tokenizer& tok, const std::vector<int>& prompt, const std::vector<int>& generated) {
   IncrementalDetokenizer detok(tok, prompt);
   std::string streamed;
   for (int id : generated) {
@@ -41,7 +45,13 @@ void check_stream(const std::vector<int>& prompt, const std::vector<int>& genera
     EXPECT_TRUE(is_valid_utf8(delta)) << "delta of id " << id;
     streamed += delta;
   }
-  streamed += detok.flush();
+  return streamed + detok.flush();
+}
+
+// Streams `generated` after `prompt` and checks every delta against the decode of the whole sequence.
+void check_stream(const std::vector<int>& prompt, const std::vector<int>& generated) {
+  const Tokenizer& tok = test_tokenizer();
+  const std::string streamed = stream(tok, prompt, generated);
   std::vector<int> all = prompt;
   all.insert(all.end(), generated.begin(), generated.end());
   const std::string whole = tok.decode(all), prompt_text = tok.decode(prompt);
@@ -108,6 +118,34 @@ TEST(IncrementalDetokenizer, RandomIdsMatchTheWholeDecode) {
     std::vector<int> ids;
     for (int i = 0; i < 40; ++i) ids.push_back(rng() % 4 == 0 ? bytes(rng) : any(rng));
     check_stream(tok.encode("prompt text", true), ids);
+  }
+}
+
+// tokenizer.json's ByteFallback decoder streams the text libsentencepiece gives the whole sequence: bytes
+// that form characters as text, each other byte as U+FFFD (ids 3..258 are the byte pieces <0x00>..<0xFF>).
+TEST(IncrementalDetokenizer, TokenizerJsonStreamsWhatSentencePieceDecodes) {
+  const Tokenizer &sp = test_tokenizer(false), &json = test_tokenizer(true);
+  ASSERT_EQ(json.file().substr(json.file().size() - 5), ".json");
+  const std::vector<int> prompt = sp.encode("prompt text", true);
+  ASSERT_EQ(json.encode("prompt text", true), prompt);
+  const auto check = [&](const std::vector<int>& ids) {
+    std::vector<int> all = prompt;
+    all.insert(all.end(), ids.begin(), ids.end());
+    const std::string whole = sp.decode(all), prompt_text = sp.decode(prompt);
+    ASSERT_EQ(whole.compare(0, prompt_text.size(), prompt_text), 0);
+    EXPECT_EQ(json.decode(all), whole);
+    EXPECT_EQ(stream(json, prompt, ids), whole.substr(prompt_text.size()));
+  };
+  // 'E' '*' form feed, then a lead byte that nothing completes; a character cut by a printable byte.
+  check({3 + 0x45, 3 + 0x2A, 3 + 0x0C, 3 + 0xC3});
+  check({3 + 0xE8, 3 + 0x43, 3 + 0x34, sp.encode("ght", false).back()});
+  check({3 + 0xE4, 3 + 0xBD, 3 + 0x41, 3 + 0xC3, 3 + 0xA9});
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int> any(3, sp.vocab_size() - 1), bytes(3, 3 + 0xFF);
+  for (int trial = 0; trial < 100; ++trial) {
+    std::vector<int> ids;
+    for (int i = 0; i < 30; ++i) ids.push_back(rng() % 2 ? bytes(rng) : any(rng));
+    check(ids);
   }
 }
 

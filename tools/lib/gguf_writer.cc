@@ -16,6 +16,7 @@
 #include "moex/base/small_file.h"
 #include "moex/model/config.h"
 #include "moex/model/safetensors.h"
+#include "moex/runtime/chat_template.h"
 #include "moex/runtime/tokenizer_json.h"
 
 namespace moex::tools {
@@ -413,6 +414,10 @@ std::string convert_to_gguf(const std::string& model_dir, const std::string& pat
     w.add_bool("tokenizer.ggml.add_eos_token", false);
     w.add_bool("tokenizer.ggml.add_space_prefix", true);
   }
+
+  // The chat template as llama.cpp's converter copies it (the "default" one of a list of named templates).
+  if (const std::string chat = ChatTemplate::shipped_source(model_dir); !chat.empty())
+    w.add_string("tokenizer.chat_template", chat);
 
   std::map<GgmlType, int> written;
   // A 2-D weight of `cols` per row in `type`, or the fallback when its rows do not hold whole blocks.

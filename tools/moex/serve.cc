@@ -56,9 +56,10 @@ void run_serve(ServeFlags flags) {
   if (flags.max_model_len > 0) flags.model.max_seq_len = flags.max_model_len;
   flags.model.max_step_tokens = static_cast<int>(flags.max_batch_tokens);
   flags.model.kv_cache_gb = flags.kv_cache_gb;
-  Tokenizer tokenizer(flags.model.model_dir + "/tokenizer.model");
-  // The chat template: --chat-template FILE, else the checkpoint's; one that does not parse stops start-up
-  // (exit 2). A model with none serves /v1/completions only: chat requests get a 400 (as vLLM).
+  const Tokenizer tokenizer = Tokenizer::for_model(flags.model.model_dir);  // as generate: .gguf, tokenizer.json, tokenizer.model
+  // The chat template: --chat-template FILE, else the checkpoint's (tokenizer_config.json, a .gguf's
+  // tokenizer.chat_template); one that does not parse stops start-up (exit 2). A model with none serves
+  // /v1/completions only: chat requests get a 400 (as vLLM).
   std::unique_ptr<ChatTemplate> chat_template;
   if (!flags.chat_template.empty() || ChatTemplate::model_has_template(flags.model.model_dir))
     chat_template = std::make_unique<ChatTemplate>(ChatTemplate::load(flags.model.model_dir, flags.chat_template));
@@ -92,8 +93,8 @@ void run_serve(ServeFlags flags) {
     serve::run_step_worker(*model->options().comm, *model, flags.max_num_seqs);
     return;
   }
-  MOEX_CHECK_INPUT(tokenizer.vocab_size() <= model->config().vocab_size, "tokenizer.model has ",
-                   tokenizer.vocab_size(), " pieces but config.json's vocab_size is ", model->config().vocab_size);
+  MOEX_CHECK_INPUT(tokenizer.vocab_size() <= model->config().vocab_size, tokenizer.describe(),
+                   " has more tokens than config.json's vocab_size ", model->config().vocab_size);
   serve::ServerOptions so;
   so.model_name = flags.served_model_name.empty()
                       ? std::filesystem::path(flags.model.model_dir).lexically_normal().filename().string()
@@ -167,7 +168,7 @@ void setup_serve(CLI::App& app) {
                   "Require 'Authorization: Bearer KEY' on every path but /health (and /metrics, see below)")
       ->each([flags](const std::string&) { flags->api_key_given = true; });
   cmd->add_flag("--metrics-require-key", flags->metrics_require_key, "/metrics needs the API key too");
-  cmd->add_option("--served-model-name", flags->served_model_name, "The model's name in the API (default: the folder's)");
+  cmd->add_option("--served-model-name", flags->served_model_name, "The model's name in the API (default: the folder's or the .gguf file's name)");
   cmd->add_option("--chat-template", flags->chat_template,
                   "Jinja chat template file (default: tokenizer_config.json's chat_template)");
   cmd->add_flag("--no-prefix-caching", flags->no_prefix_caching, "Do not reuse the KV blocks of shared prefixes");

@@ -11,6 +11,7 @@
 
 #include "moex/base/error.h"
 #include "moex/base/small_file.h"
+#include "moex/model/gguf.h"
 #include "moex/runtime/tokenizer.h"
 
 namespace moex {
@@ -1024,8 +1025,9 @@ std::vector<int> ChatTemplate::encode(const Tokenizer& tokenizer, const std::str
   std::vector<int> ids;
   size_t pos = 0;
   while (pos < rendered.size()) {
-    size_t bos = bos_token_.empty() ? std::string::npos : rendered.find(bos_token_, pos);
-    size_t eos = eos_token_.empty() ? std::string::npos : rendered.find(eos_token_, pos);
+    // A token the tokenizer lacks (a template's "<s>" on a vocabulary without BOS) stays text.
+    size_t bos = bos_token_.empty() || tokenizer.bos_id() < 0 ? std::string::npos : rendered.find(bos_token_, pos);
+    size_t eos = eos_token_.empty() || tokenizer.eos_id() < 0 ? std::string::npos : rendered.find(eos_token_, pos);
     const size_t next = std::min(bos, eos);
     const std::string text = rendered.substr(pos, next == std::string::npos ? std::string::npos : next - pos);
     if (!text.empty()) {
@@ -1039,68 +1041,113 @@ std::vector<int> ChatTemplate::encode(const Tokenizer& tokenizer, const std::str
   return ids;
 }
 
-ChatTemplate ChatTemplate::load(const std::string& model_dir, const std::string& chat_template_file) {
-  const std::string config_path = model_dir + "/tokenizer_config.json";
-  nlohmann::json config = nlohmann::json::object();
-  std::string bos = "<s>", eos = "</s>";
-  const auto token_text = [](const nlohmann::json& t, const std::string& dflt) {
-    if (t.is_string()) return t.get<std::string>();
-    if (t.is_object() && t.contains("content") && t["content"].is_string()) return t["content"].get<std::string>();
-    return dflt;
-  };
-  const bool has_config = std::filesystem::exists(config_path);
-  if (has_config) {
-    try {
-      config = nlohmann::json::parse(read_small_file(config_path, 16 << 20));
-    } catch (const nlohmann::json::exception& e) {
-      throw_error(ErrorKind::kInvalidInput, config_path + ": not valid JSON: " + e.what());
-    }
-    MOEX_CHECK_INPUT(config.is_object(), config_path, ": not a JSON object");
-    if (config.contains("bos_token")) bos = token_text(config["bos_token"], bos);
-    if (config.contains("eos_token")) eos = token_text(config["eos_token"], eos);
+namespace {
+
+// What a model ships for its chat: the template as stored (null: none; a string, or HF's list of named
+// templates), where it is read from, and the text of its BOS / EOS tokens ("" for none), which templates
+// write as bos_token / eos_token.
+struct ShippedTemplate {
+  nlohmann::json chat_template;
+  std::string where, bos = "<s>", eos = "</s>";
+};
+
+// A folder's tokenizer_config.json. Absent bos_token / eos_token keep Mixtral's; null is no such token
+// (as Qwen's bos_token).
+ShippedTemplate folder_template(const std::string& model_dir) {
+  ShippedTemplate t;
+  t.where = model_dir + "/tokenizer_config.json";
+  if (!std::filesystem::exists(t.where)) return t;
+  nlohmann::json config;
+  try {
+    config = nlohmann::json::parse(read_small_file(t.where, 16 << 20));
+  } catch (const nlohmann::json::exception& e) {
+    throw_error(ErrorKind::kInvalidInput, t.where + ": not valid JSON: " + e.what());
   }
+  MOEX_CHECK_INPUT(config.is_object(), t.where, ": not a JSON object");
+  for (auto [key, out] : {std::pair{"bos_token", &t.bos}, std::pair{"eos_token", &t.eos}}) {
+    const auto it = config.find(key);
+    if (it == config.end()) continue;
+    if (it->is_null()) *out = "";
+    else if (it->is_string()) *out = it->get<std::string>();
+    else if (it->is_object() && it->contains("content") && (*it)["content"].is_string()) *out = (*it)["content"].get<std::string>();
+  }
+  if (config.contains("chat_template")) t.chat_template = config["chat_template"];
+  return t;
+}
+
+// A .gguf file's metadata: tokenizer.chat_template (llama.cpp's converter copies tokenizer_config.json's
+// there), and the vocabulary's tokens at the BOS / EOS ids the model's config gives.
+ShippedTemplate gguf_template(const std::string& path) {
+  const GgufFile file(path);
+  const GgufContents& g = file.contents();
+  ShippedTemplate t;
+  t.where = path;
+  if (const GgufValue* v = g.find("tokenizer.chat_template")) {
+    MOEX_CHECK_INPUT(v->type == GgufType::kString, path, ": tokenizer.chat_template must be a string");
+    t.chat_template = v->s;
+  }
+  const ModelConfig c = gguf_model_config(g, path);
+  const GgufValue* tokens = g.find("tokenizer.ggml.tokens");  // gguf_model_config checked it
+  const auto token = [&](int id) {
+    return tokens && id >= 0 && static_cast<uint64_t>(id) < tokens->strings.size() ? std::string(tokens->strings[id]) : "";
+  };
+  t.bos = c.has_bos ? token(c.bos_token_id) : "";
+  t.eos = token(c.eos_token_id);
+  return t;
+}
+
+ShippedTemplate shipped_template(const std::string& model) {
+  return is_gguf_path(model) ? gguf_template(model) : folder_template(model);
+}
+
+// The template's source: a string, or from HF's list of named templates the one named "default" (what
+// apply_chat_template takes when none is asked for).
+std::string template_source(const ShippedTemplate& shipped) {
+  const nlohmann::json* t = &shipped.chat_template;
+  if (t->is_array()) {
+    const nlohmann::json* chosen = nullptr;
+    for (const nlohmann::json& named : *t) {
+      MOEX_CHECK_INPUT(named.is_object() && named.contains("name") && named["name"].is_string() &&
+                           named.contains("template") && named["template"].is_string(),
+                       shipped.where, ": \"chat_template\" as a list holds {\"name\": string, \"template\": string}");
+      if (named["name"] == "default") chosen = &named["template"];
+    }
+    MOEX_CHECK_INPUT(chosen != nullptr, shipped.where,
+                     ": \"chat_template\" lists named templates but none named \"default\": pass --chat-template FILE");
+    t = chosen;
+  }
+  MOEX_CHECK_INPUT(t->is_string(), shipped.where, ": \"chat_template\" must be a string or a list of named templates");
+  return t->get<std::string>();
+}
+
+}  // namespace
+
+ChatTemplate ChatTemplate::load(const std::string& model, const std::string& chat_template_file) {
+  const ShippedTemplate shipped = shipped_template(model);
   std::string source;
   std::string where;
   if (!chat_template_file.empty()) {
     source = read_small_file(chat_template_file, 1 << 20);
     where = chat_template_file;
   } else {
-    MOEX_CHECK_INPUT(has_config && config.contains("chat_template"), "the model has no chat template (",
-                     config_path, " has no \"chat_template\"): pass --chat-template FILE");
-    const nlohmann::json* t = &config["chat_template"];
-    if (t->is_array()) {  // named templates: HF's apply_chat_template takes "default" when none is asked for
-      const nlohmann::json* chosen = nullptr;
-      for (const nlohmann::json& named : *t) {
-        MOEX_CHECK_INPUT(named.is_object() && named.contains("name") && named["name"].is_string() &&
-                             named.contains("template") && named["template"].is_string(),
-                         config_path, ": \"chat_template\" as a list holds {\"name\": string, \"template\": string}");
-        if (named["name"] == "default") chosen = &named["template"];
-      }
-      MOEX_CHECK_INPUT(chosen != nullptr, config_path,
-                       ": \"chat_template\" lists named templates but none named \"default\": pass --chat-template FILE");
-      t = chosen;
-    }
-    MOEX_CHECK_INPUT(t->is_string(), config_path, ": \"chat_template\" must be a string or a list of named templates");
-    source = t->get<std::string>();
-    where = config_path;
+    MOEX_CHECK_INPUT(!shipped.chat_template.is_null(), "the model has no chat template (", shipped.where,
+                     is_gguf_path(model) ? " has no tokenizer.chat_template" : " has no \"chat_template\"",
+                     "): pass --chat-template FILE");
+    source = template_source(shipped);
+    where = shipped.where;
   }
   try {
-    return ChatTemplate(source, bos, eos);
+    return ChatTemplate(source, shipped.bos, shipped.eos);
   } catch (const Error& e) {
     throw_error(ErrorKind::kInvalidInput, where + ": " + e.what());
   }
 }
 
-bool ChatTemplate::model_has_template(const std::string& model_dir) {
-  const std::string config_path = model_dir + "/tokenizer_config.json";
-  if (!std::filesystem::exists(config_path)) return false;
-  nlohmann::json config;
-  try {
-    config = nlohmann::json::parse(read_small_file(config_path, 16 << 20));
-  } catch (const nlohmann::json::exception& e) {
-    throw_error(ErrorKind::kInvalidInput, config_path + ": not valid JSON: " + e.what());
-  }
-  return config.is_object() && config.contains("chat_template") && !config["chat_template"].is_null();
+std::string ChatTemplate::shipped_source(const std::string& model) {
+  const ShippedTemplate shipped = shipped_template(model);
+  return shipped.chat_template.is_null() ? std::string() : template_source(shipped);
 }
+
+bool ChatTemplate::model_has_template(const std::string& model) { return !shipped_template(model).chat_template.is_null(); }
 
 }  // namespace moex

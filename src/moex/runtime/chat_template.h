@@ -41,12 +41,16 @@ class ChatTemplate {
   ChatTemplate(ChatTemplate&&) noexcept;
   ChatTemplate& operator=(ChatTemplate&&) noexcept;
 
-  // The model's template: `chat_template_file` when non-empty, else tokenizer_config.json's
-  // `chat_template` in `model_dir` (bos/eos tokens from the same file): a string, or HF's list of named
-  // templates [{"name", "template"}], of which "default" is used. No template is an error.
-  static ChatTemplate load(const std::string& model_dir, const std::string& chat_template_file = "");
-  // Whether `model_dir`'s tokenizer_config.json has a `chat_template` (what load() would read).
-  static bool model_has_template(const std::string& model_dir);
+  // The template of a --model: `chat_template_file` when non-empty, else what the model ships. A folder:
+  // tokenizer_config.json's `chat_template`, a string or HF's list of named templates [{"name",
+  // "template"}], of which "default" is used; bos_token / eos_token from the same file (null: none). A
+  // .gguf file: its metadata's tokenizer.chat_template; bos / eos the vocabulary's tokens at its BOS / EOS
+  // ids. No template is an error.
+  static ChatTemplate load(const std::string& model, const std::string& chat_template_file = "");
+  // Whether the model ships a template (what load() would read without a file).
+  static bool model_has_template(const std::string& model);
+  // The source of the template the model ships, unparsed ("" when none): what `moex convert` copies.
+  static std::string shipped_source(const std::string& model);
 
   // The prompt text. `add_generation_prompt`: end with the assistant's turn opening (ChatML's
   // "<|im_start|>assistant\n"; the [INST] format has none). A template's raise_exception (roles that do

@@ -201,7 +201,7 @@ std::vector<int> Tokenizer::encode(const std::string& text, bool add_special) co
 }
 
 std::string Tokenizer::decode(const std::vector<int>& ids) const {
-  if (json_) return json_->decode(ids, /*skip_special_tokens=*/true);
+  if (json_) return json_->decode(ids, /*skip_special_tokens=*/true, ByteRuns::kSentencePiece);
   std::vector<int> known;
   for (int id : ids)
     if (id >= 0 && id < processor_->GetPieceSize()) known.push_back(id);

@@ -47,7 +47,10 @@ class Tokenizer {
   // add_special: what Hugging Face's add_special_tokens=True adds: for tokenizer.model the BOS piece, for
   // tokenizer.json its post-processor (Llama's "<s>" template; byte-level BPE usually adds nothing).
   std::vector<int> encode(const std::string& text, bool add_special) const;
-  // Special tokens are left out (skip_special_tokens); ids that name no token are skipped.
+  // Special tokens are left out (skip_special_tokens); ids that name no token are skipped. Byte pieces
+  // ("<0xE8>") that form UTF-8 characters print as them and each other byte as U+FFFD, from tokenizer.json
+  // too (SentencePiece's rule, where `tokenizers` writes U+FFFD for every piece of such a run): the text a
+  // stream of deltas (runtime/stop_strings) adds up to, and what the same ids give from tokenizer.model.
   std::string decode(const std::vector<int>& ids) const;
   int vocab_size() const;
   int bos_id() const { return bos_id_; }  // -1 when the tokenizer has none

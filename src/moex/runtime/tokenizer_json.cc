@@ -665,11 +665,11 @@ struct Decoder {
   int64_t start = 0, stop = 0;     // Strip
   bool prepend = true;             // Metaspace: the first token's leading space came from the prefix
 
-  void apply(std::vector<std::string>* tokens) const {
+  void apply(std::vector<std::string>* tokens, ByteRuns byte_runs) const {
     std::vector<std::string>& t = *tokens;
     switch (kind) {
       case kSequence:
-        for (const Decoder& d : children) d.apply(tokens);
+        for (const Decoder& d : children) d.apply(tokens, byte_runs);
         return;
       case kByteLevel: {
         // Each token back to bytes through the byte-level map; a token with a character outside the map
@@ -701,6 +701,12 @@ struct Decoder {
           if (pending_tokens == 0) return;
           if (sanitize_utf8(pending) == pending) {
             out.push_back(pending);
+          } else if (byte_runs == ByteRuns::kSentencePiece) {
+            for (size_t i = 0, prefix; i < pending.size();) {
+              const size_t len = utf8_sequence_length(pending, i, &prefix);
+              out.push_back(len ? pending.substr(i, len) : kReplacementChar);
+              i += len ? len : 1;
+            }
           } else {
             for (size_t i = 0; i < pending_tokens; ++i) out.push_back(kReplacementChar);
           }
@@ -1118,7 +1124,7 @@ std::vector<int> JsonTokenizer::encode(std::string_view text, bool add_special_t
   return ids;
 }
 
-std::string JsonTokenizer::decode(const std::vector<int>& ids, bool skip_special_tokens) const {
+std::string JsonTokenizer::decode(const std::vector<int>& ids, bool skip_special_tokens, ByteRuns byte_runs) const {
   const Impl& m = *impl_;
   std::vector<std::string> tokens;
   for (int id : ids) {
@@ -1135,7 +1141,7 @@ std::string JsonTokenizer::decode(const std::vector<int>& ids, bool skip_special
     for (size_t i = 0; i < tokens.size(); ++i) out += (i ? " " : "") + tokens[i];
     return out;
   }
-  m.decoder->apply(&tokens);
+  m.decoder->apply(&tokens, byte_runs);
   std::string out;
   for (const std::string& t : tokens) out += t;
   return out;

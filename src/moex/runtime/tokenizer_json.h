@@ -20,6 +20,15 @@
 
 namespace moex {
 
+// How the ByteFallback decoder writes a run of byte tokens ("<0xE8>" "<0x43>") that is not valid UTF-8 as
+// a whole.
+enum class ByteRuns {
+  kTokenizers,     // as `tokenizers` does: every token of the run becomes U+FFFD (the fast tokenizer's text)
+  kSentencePiece,  // as SentencePiece's DecodeIds (the slow tokenizer): the bytes that form a character print
+                   // as it, each other byte as one U+FFFD. Decoding more ids then only adds text after what a
+                   // shorter decode gave (up to a last, unfinished character), which streaming relies on.
+};
+
 class JsonTokenizer {
  public:
   // Parses the text of a tokenizer.json; `origin` names it in errors. Throws Error(kInvalidInput).
@@ -30,7 +39,9 @@ class JsonTokenizer {
   // only when add_special_tokens.
   std::vector<int> encode(std::string_view text, bool add_special_tokens) const;
   // `tokenizers`' decode(ids, skip_special_tokens); ids that name no token are skipped, as it does.
-  std::string decode(const std::vector<int>& ids, bool skip_special_tokens) const;
+  // `byte_runs` changes only runs of byte tokens that are not UTF-8 (see ByteRuns).
+  std::string decode(const std::vector<int>& ids, bool skip_special_tokens,
+                     ByteRuns byte_runs = ByteRuns::kTokenizers) const;
   int vocab_size() const;                        // highest id + 1, added tokens included
   int token_to_id(std::string_view token) const;  // -1 when absent (added tokens first, then the model's)
   const std::string& model_kind() const;         // "byte-level BPE" or "SentencePiece-style BPE", for messages
