@@ -55,12 +55,13 @@ void StagingDir::publish(const std::filesystem::path& out) {
   path_.clear();
 }
 
-std::filesystem::path prepare_output_dir(const std::string& flag_value, bool force, const std::string& command) {
+std::filesystem::path prepare_output_dir(const std::string& flag_value, bool force) {
   namespace fs = std::filesystem;
-  fs::path out = fs::absolute(flag_value).lexically_normal();
+  std::error_code ec;
+  fs::path out = fs::absolute(flag_value, ec).lexically_normal();
+  MOEX_CHECK_INPUT(!ec, "--out '", flag_value, "': ", ec.message());
   if (!out.has_filename()) out = out.parent_path();  // "dir/"
   MOEX_CHECK_INPUT(out.has_parent_path() && out != out.root_path(), "--out: '", flag_value, "' cannot be a model folder");
-  std::error_code ec;
   fs::create_directories(out.parent_path(), ec);
   MOEX_CHECK_INPUT(!ec && fs::is_directory(out.parent_path()), "--out: cannot create directory ",
                    out.parent_path().string(), ": ", ec ? ec.message() : "a file of that name exists");
@@ -70,7 +71,8 @@ std::filesystem::path prepare_output_dir(const std::string& flag_value, bool for
     MOEX_CHECK_INPUT(::access(out.c_str(), W_OK) == 0, "--out: directory ", flag_value, " is not writable");
     MOEX_CHECK_INPUT(force || fs::is_empty(out), "--out: ", flag_value, " is not empty (it holds ",
                      fs::is_empty(out) ? std::string() : fs::directory_iterator(out)->path().filename().string(),
-                     "...): pass --force to replace it with the ", command, " output, or choose an empty or new folder");
+                     "...): pass --force to replace the model in it (its other files are kept), or choose an empty or "
+                     "new folder");
   }
   return out;
 }

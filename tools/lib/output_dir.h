@@ -27,7 +27,7 @@ class StagingDir {
 
 // The checks before writing a model folder `flag_value` (the --out flag): its parent is created, it must be
 // a writable directory or missing, and when it holds files, `force` is needed. Returns the absolute path to
-// publish to (a symlink to a folder resolved, so the link is kept). `command` names the command in errors.
-std::filesystem::path prepare_output_dir(const std::string& flag_value, bool force, const std::string& command);
+// publish to (a symlink to a folder resolved, so the link is kept).
+std::filesystem::path prepare_output_dir(const std::string& flag_value, bool force);
 
 }  // namespace moex

@@ -15,6 +15,7 @@
 #include "moex/base/threads.h"
 #include "tools/lib/gguf_writer.h"
 #include "tools/moex/command.h"
+#include "tools/moex/flags.h"
 
 namespace moex::tools {
 namespace {
@@ -64,7 +65,7 @@ void setup_convert(CLI::App& app) {
   auto* cmd = app.add_subcommand("convert", "Write a Hugging Face model folder as a llama.cpp GGUF file");
   cmd->add_option("--model", options->model, "Hugging Face model folder (config.json, safetensors, tokenizer.model)")
       ->required();
-  cmd->add_option("--out", options->out, "The .gguf file to write (written beside, then renamed)")->required();
+  add_output_flag(cmd, "--out", options->out, "The .gguf file to write (written beside, then renamed)")->required();
   cmd->add_option("--type", options->type,
                   "Weight matrices: f32 | f16 | bf16 | q8_0 | q4_0 | q4_K (norms and the router stay f32; rows that "
                   "are not whole blocks fall back to q8_0, then f16)")

@@ -222,9 +222,9 @@ void setup_logits(CLI::App& app) {
   flags->model.add_to(cmd);
   add_list_flag(cmd, "--ids", flags->ids, "Prompt token ids")->required()->check(whole_number_in(0, INT32_MAX));
   cmd->add_option("--decode", flags->decode_steps, "Greedy decode steps after the prompt")->capture_default_str();
-  cmd->add_option("--out", flags->out, "Output .npy file: float32 [positions, vocab]")->required();
-  cmd->add_option("--tokens-out", flags->tokens_out, "Also write the greedy tokens, one per line");
-  cmd->add_option("--stats-out", flags->stats_out, "Also write the prompt pass's per-layer MoE load and drops (JSON)");
+  add_output_flag(cmd, "--out", flags->out, "Output .npy file: float32 [positions, vocab]")->required();
+  add_output_flag(cmd, "--tokens-out", flags->tokens_out, "Also write the greedy tokens, one per line");
+  add_output_flag(cmd, "--stats-out", flags->stats_out, "Also write the prompt pass's per-layer MoE load and drops (JSON)");
   cmd->callback([flags] { run_logits(*flags); });
 }
 MOEX_REGISTER_COMMAND(setup_logits);

@@ -120,7 +120,7 @@ void run_tune_comm(const TuneCommFlags& flags) {
 void setup_tune_comm(CLI::App& app) {
   auto flags = std::make_shared<TuneCommFlags>();
   auto* cmd = app.add_subcommand("tune-comm", "Measure collective algorithms and save auto's tuning table");
-  cmd->add_option("--out", flags->out,
+  add_output_flag(cmd, "--out", flags->out,
                   "JSON table to write, merged with what it holds (default: the table auto reads, " +
                       comm::default_tuning_path() + ")");
   add_list_flag(cmd, "--dtypes", flags->dtypes, "Payload dtypes to tune (f32, bf16, fp8)")
