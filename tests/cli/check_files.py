@@ -239,7 +239,7 @@ sys.exit(0 if got == want else 3)
     check(open(keep, "rb").read() == b"the user's earlier result",
           "a run whose --tokens-out failed leaves --out as it was (outputs are renamed in only when all are written)")
     one_line_error("--stats-out /dev/full", logits(single, keep, "--stats-out", "/dev/full"), "/dev/full")
-    check(not [n for n in os.listdir(work) if ".tmp-" in n], "no temporary output files are left behind")
+    check(not [n for n in os.listdir(work) if "-tmp-" in n], "no temporary output files are left behind")
     rc, out, _ = logits(single, "/dev/stdout")
     check(rc == 0 and out.startswith(b"\x93NUMPY"), "--out /dev/stdout still writes the .npy to stdout")
     rc, _, _ = logits(single, keep, "--tokens-out", os.path.join(work, "tokens.txt"))

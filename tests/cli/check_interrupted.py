@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""An interrupted `moex gen-model --force` leaves the old model and nothing else.
+"""An interrupted `moex gen-model --force` (or convert) leaves the old output and nothing else.
 
 Drives the real binary: a small model is being written over a tiny one when the test sends a signal. The
 writer is stopped (SIGSTOP) once a shard file exists in its staging folder beside --out, signalled, then
@@ -8,7 +8,8 @@ continued, so the signal lands mid-write however fast the machine is. Checks, ag
     staging folder is gone and --out holds the old model byte for byte;
   * SIGKILL: the staging folder stays (nothing can remove it then); the next run writing the same --out
     removes it and says so, and leaves alone a look-alike folder that no run of moex provably made;
-  * a run does not touch the staging folder of a concurrent run writing the same --out, which completes.
+  * a run does not touch the staging folder of a concurrent run writing the same --out, which completes;
+  * the writers of one file (here convert) stage the same way: SIGTERM leaves the old file and no folder.
 """
 import argparse
 import glob
@@ -51,38 +52,38 @@ def main():
     slow = [moex, "gen-model", "--preset", "small", "--layers", "12", "--threads", "1", "--seed", "2",
             "--max-shard-size", "4MB", "--out", out, "--force"]
 
-    def staging():
-        return glob.glob(out + ".gen-model-tmp-*")
+    def staging(target=out):
+        return glob.glob(target + ".*-tmp-*")
 
     def stopped(pid):
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] in "Tt"
 
-    def catch_writing():
-        """A slow --force run, stopped (SIGSTOP) with a shard file in its staging folder: (process, folder)."""
-        before = set(staging())
-        victim = subprocess.Popen(slow, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    def catch_writing(argv, target, needle):
+        """A run, stopped (SIGSTOP) with a file named like `needle` in its staging folder: (process, folder)."""
+        before = set(staging(target))
+        victim = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         deadline = time.time() + 60
         while time.time() < deadline and victim.poll() is None:
-            for folder in set(staging()) - before:
+            for folder in set(staging(target)) - before:
                 try:
-                    if any("safetensors" in n for n in os.listdir(folder)):
+                    if any(needle in n for n in os.listdir(folder)):
                         victim.send_signal(signal.SIGSTOP)
                         while victim.poll() is None and not stopped(victim.pid):
                             time.sleep(0.001)
                         if victim.poll() is None and os.path.isdir(folder):
                             return victim, folder
-                except FileNotFoundError:
+                except OSError:  # gone, or a file (a writer that does not stage in a folder)
                     pass
             time.sleep(0.001)
         victim.kill()
         victim.communicate()
         return None, None
 
-    def start_writing():
+    def start_writing(argv=slow, target=out, needle="safetensors"):
         """catch_writing, given a few tries: on a loaded machine a run may finish between two looks."""
         for _ in range(5):
-            victim, folder = catch_writing()
+            victim, folder = catch_writing(argv, target, needle)
             if victim is not None:
                 return victim, folder
         return None, None
@@ -150,6 +151,20 @@ def main():
         check(victim.returncode == 0,
               f"and the running one completes (exit {victim.returncode}, stderr {err.strip()!r})")
         check(not staging(), f"no staging folder is left ({staging()})")
+
+    # The writers of one file stage the same way: convert's .gguf, interrupted mid-write.
+    gguf = os.path.join(work, "model.gguf")
+    subprocess.run([moex, "convert", "--model", out, "--out", gguf], check=True, capture_output=True)
+    old_gguf = open(gguf, "rb").read()
+    victim, folder = start_writing([moex, "convert", "--model", out, "--out", gguf, "--type", "q4_K", "--force"],
+                                   gguf, "")
+    if check(victim is not None, "convert --force was caught with its staging folder"):
+        victim.send_signal(signal.SIGTERM)
+        victim.send_signal(signal.SIGCONT)
+        _, err = victim.communicate(timeout=60)
+        check(victim.returncode == -signal.SIGTERM and folder in err and not staging(gguf),
+              f"convert: SIGTERM removes its staging folder (returncode {victim.returncode}, stderr {err.strip()!r})")
+        check(open(gguf, "rb").read() == old_gguf, "convert: --out holds the old .gguf byte for byte")
 
     print(f"{len(FAILURES)} failed" if FAILURES else "all passed")
     sys.exit(1 if FAILURES else 0)

@@ -90,6 +90,7 @@ const char* signal_name(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGT
   std::string removed;
   std::error_code ec;
   for (const fs::path& folder : s.folders) {
+    if (!fs::exists(folder, ec)) continue;  // inside one removed before it (quantize's panels.moex)
     // The command's threads may still create files in it until the process ends.
     for (int pass = 0; pass < 100 && fs::exists(folder, ec); ++pass) remove_staging(folder);
     removed += (removed.empty() ? "; removed the unfinished " : ", ") + folder.string();
@@ -217,7 +218,7 @@ bool make_marker(const fs::path& folder, int* fd) {
 
 }  // namespace
 
-StagingDir::StagingDir(const fs::path& out, const std::string& tag) {
+StagingDir::StagingDir(const fs::path& out, const std::string& tag, Output output) {
   watch_signals();
   std::lock_guard<std::mutex> lock(staged().mutex);
   remove_stale_beside(out);
@@ -231,6 +232,7 @@ StagingDir::StagingDir(const fs::path& out, const std::string& tag) {
   }
   path_ = pattern;
   staged().folders.push_back(path_);
+  if (output == Output::kFile) return;
   // mkdtemp makes it private (0700); the model folder gets the old folder's mode, or the umask's.
   struct stat old {};
   const mode_t mask = ::umask(0);
@@ -288,6 +290,32 @@ void StagingDir::publish(const fs::path& out) {
   // path_ holds the old output now: marked, so that a run killed while removing it leaves a provable folder.
   make_marker(path_, &marker_fd_);
   remove_locked();
+}
+
+void StagingDir::publish_file(const std::string& name, const fs::path& out) {
+  std::lock_guard<std::mutex> lock(staged().mutex);
+  const fs::path file = path_ / name;
+  MOEX_CHECK_INPUT(::rename(file.c_str(), out.c_str()) == 0, "cannot rename ", file.string(), " to ", out.string(),
+                   ": ", std::strerror(errno));
+  remove_locked();
+}
+
+namespace {
+fs::path link_target(const fs::path& out) {
+  std::error_code ec;
+  return fs::is_symlink(out, ec) && fs::is_regular_file(out, ec) ? fs::canonical(out, ec) : out;
+}
+}  // namespace
+
+StagingFile::StagingFile(const fs::path& out, const std::string& tag)
+    : out_(link_target(out)),
+      dir_(out_, tag, StagingDir::Output::kFile),
+      path_((dir_.path() / out_.filename()).string()) {}
+
+void StagingFile::publish() {
+  struct stat old {};
+  if (::stat(out_.c_str(), &old) == 0 && S_ISREG(old.st_mode)) ::chmod(path_.c_str(), old.st_mode & 07777);
+  dir_.publish_file(out_.filename().string(), out_);
 }
 
 fs::path prepare_output_dir(const std::string& flag_value, bool force) {

@@ -14,6 +14,7 @@
 #include "moex/base/error.h"
 #include "moex/comm/communicator.h"
 #include "tools/lib/measure.h"
+#include "tools/lib/output_dir.h"
 #include "moex/comm/selector.h"
 #include "tools/moex/command.h"
 #include "tools/moex/flags.h"
@@ -112,7 +113,9 @@ void run_tune_comm(const TuneCommFlags& flags) {
     const auto dir = std::filesystem::path(out).parent_path();
     std::error_code error;
     if (!dir.empty()) std::filesystem::create_directories(dir, error);
-    merged.save(out);
+    StagingFile staged(out, "tune-comm");  // a run cut short leaves the old table whole
+    merged.save(staged.path());
+    staged.publish();
     std::printf("wrote %s (%zu entries for %d ranks)\n", out.c_str(), table.entries().size(), p);
   }
 }
