@@ -75,15 +75,20 @@ def as_float(dtype, blob):
     return np.frombuffer(blob, dtype=np.float32)
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__)
+def moex_and_fresh_workdir(doc):
+    """The --moex binary and the --workdir, emptied: the arguments of the tests here."""
+    p = argparse.ArgumentParser(description=doc)
     p.add_argument("--moex", required=True)
     p.add_argument("--workdir", required=True)
     args = p.parse_args()
-    moex = os.path.abspath(args.moex)
     work = os.path.abspath(args.workdir)
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
+    return os.path.abspath(args.moex), work
+
+
+def main():
+    moex, work = moex_and_fresh_workdir(__doc__)
     shard = ["--max-shard-size", "300KB"]  # tiny is ~1.3 MB: 5 shards
 
     def gen(out, seed, *extra):

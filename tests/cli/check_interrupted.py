@@ -11,7 +11,6 @@ continued, so the signal lands mid-write however fast the machine is. Checks, ag
   * a run does not touch the staging folder of a concurrent run writing the same --out, which completes;
   * the writers of one file (here convert) stage the same way: SIGTERM leaves the old file and no folder.
 """
-import argparse
 import glob
 import os
 import shutil
@@ -20,30 +19,11 @@ import subprocess
 import sys
 import time
 
-FAILURES = []
-
-
-def check(ok, what):
-    print(("ok    " if ok else "FAIL  ") + what)
-    if not ok:
-        FAILURES.append(what)
-    return ok
-
-
-def snapshot(folder):
-    return {n: open(os.path.join(folder, n), "rb").read() for n in sorted(os.listdir(folder))
-            if os.path.isfile(os.path.join(folder, n))}
+from check_files import FAILURES, check, moex_and_fresh_workdir, snapshot
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--moex", required=True)
-    p.add_argument("--workdir", required=True)
-    args = p.parse_args()
-    moex = os.path.abspath(args.moex)
-    work = os.path.abspath(args.workdir)
-    shutil.rmtree(work, ignore_errors=True)
-    os.makedirs(work)
+    moex, work = moex_and_fresh_workdir(__doc__)
     out = os.path.join(work, "model")
     subprocess.run([moex, "gen-model", "--preset", "tiny", "--seed", "1", "--out", out], check=True,
                    capture_output=True)
