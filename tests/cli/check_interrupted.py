@@ -93,9 +93,8 @@ def main():
         victim.kill()
         victim.communicate()
         check(os.path.isdir(killed), "SIGKILL: the staging folder is left (nothing can remove it then)")
-        dead = subprocess.Popen(["true"])
-        dead.wait()
-        lookalike = f"{out}.gen-model-tmp-{dead.pid}-AbC123"  # named as a dead run's, but no marker
+        dead_pid = int(open("/proc/sys/kernel/pid_max").read())  # pids are below it: never a live process
+        lookalike = f"{out}.gen-model-tmp-{dead_pid}-AbC123"  # named as a dead run's, but no marker
         os.makedirs(lookalike)
         with open(os.path.join(lookalike, "notes.txt"), "w") as f:
             f.write("the user's own file\n")
