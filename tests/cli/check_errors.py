@@ -185,6 +185,14 @@ def main():
         ("seed_negative", "--seed", ["generate", "--model", good, "--prompt", "hi", "--seed", "-1"]),
         ("seed_past_uint64", "--seed", ["generate", "--model", good, "--prompt", "hi", "--seed", "18446744073709551616"]),
         ("gen_model_seed_negative", "--seed", ["gen-model", "--preset", "tiny", "--out", "gs", "--seed", "-1"]),
+        # An empty output path is a usage error in every command that writes one (tune-comm's cache kept here).
+        ("gen_model_out_empty", "--out: the path is empty", ["gen-model", "--preset", "tiny", "--out", ""]),
+        ("quantize_out_empty", "--out: the path is empty", ["quantize", "--model", good, "--weights", "int8", "--out", ""]),
+        ("convert_out_empty", "--out: the path is empty", ["convert", "--model", good, "--out", ""]),
+        ("logits_out_empty", "--out: the path is empty", ["logits", "--model", good, "--ids", "1", "--out", ""]),
+        ("logits_tokens_out_empty", "--tokens-out: the path is empty", ["logits", "--model", good, "--ids", "1", "--out", "x.npy", "--tokens-out", ""]),
+        ("logits_stats_out_empty", "--stats-out: the path is empty", ["logits", "--model", good, "--ids", "1", "--out", "x.npy", "--stats-out", ""]),
+        ("tune_comm_out_empty", "--out: the path is empty", ["tune-comm", "--out", "", "--max-bytes", "64K", "--iters", "1"], {"MOEX_CACHE_DIR": args.workdir}),
         # One spelling of dtypes (f32, as the comm library, tuning tables and gen-model --dtype spell it).
         ("comm_dtype_fp32", "{f32,bf16,fp8}", ["logits", "--model", good, "--ids", "1", "--comm-dtype", "fp32", "--out", "x.npy"]),
         ("bench_router_skew_past_max", "--router-skew", ["bench", "moe-layer", "--hidden", "64", "--intermediate", "64", "--layers", "1", "--tokens", "1", "--router-skew", "17"]),

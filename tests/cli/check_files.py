@@ -75,15 +75,20 @@ def as_float(dtype, blob):
     return np.frombuffer(blob, dtype=np.float32)
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__)
+def moex_and_fresh_workdir(doc):
+    """The --moex binary and the --workdir, emptied: the arguments of the tests here."""
+    p = argparse.ArgumentParser(description=doc)
     p.add_argument("--moex", required=True)
     p.add_argument("--workdir", required=True)
     args = p.parse_args()
-    moex = os.path.abspath(args.moex)
     work = os.path.abspath(args.workdir)
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
+    return os.path.abspath(args.moex), work
+
+
+def main():
+    moex, work = moex_and_fresh_workdir(__doc__)
     shard = ["--max-shard-size", "300KB"]  # tiny is ~1.3 MB: 5 shards
 
     def gen(out, seed, *extra):
@@ -239,7 +244,7 @@ sys.exit(0 if got == want else 3)
     check(open(keep, "rb").read() == b"the user's earlier result",
           "a run whose --tokens-out failed leaves --out as it was (outputs are renamed in only when all are written)")
     one_line_error("--stats-out /dev/full", logits(single, keep, "--stats-out", "/dev/full"), "/dev/full")
-    check(not [n for n in os.listdir(work) if ".tmp-" in n], "no temporary output files are left behind")
+    check(not [n for n in os.listdir(work) if "-tmp-" in n], "no temporary output files are left behind")
     rc, out, _ = logits(single, "/dev/stdout")
     check(rc == 0 and out.startswith(b"\x93NUMPY"), "--out /dev/stdout still writes the .npy to stdout")
     rc, _, _ = logits(single, keep, "--tokens-out", os.path.join(work, "tokens.txt"))

@@ -10,6 +10,7 @@
 #include "moex/model/panels_file.h"
 #include "moex/model/safetensors.h"
 #include "moex/model/weights.h"
+#include "tools/lib/output_dir.h"
 #include "tools/lib/safetensors_writer.h"
 
 namespace moex {
@@ -42,7 +43,8 @@ PanelsWritten write_panels(const std::string& dir) {
   plan.shards[0].file_name = kPanelsFileName;
   size_t cached = SIZE_MAX;  // a matrix's buffers are adjacent in the file (names sorted): packed once
   kernels::PackedWeights packed;
-  write_safetensors(dir, tensors, plan, [&](size_t index, uint64_t begin, uint8_t* dst, uint64_t size) {
+  StagingFile staged(fs::path(dir) / kPanelsFileName, "panels");
+  write_safetensors(fs::path(staged.path()).parent_path().string(), tensors, plan, [&](size_t index, uint64_t begin, uint8_t* dst, uint64_t size) {
     const auto [matrix, b] = parts[index];
     if (matrix != cached) {
       packed = panels[matrix].pack();
@@ -54,7 +56,8 @@ PanelsWritten write_panels(const std::string& dir) {
   });
   // Out of the page cache: the first load reads it back in 2 MB folios (MappedFile::advise_huge_pages); the
   // writes left it in smaller ones.
-  MappedFile::drop_cache((fs::path(dir) / kPanelsFileName).string());
+  MappedFile::drop_cache(staged.path());
+  staged.publish();
   return {plan.shards[0].file_size, panels.size()};
 }
 

@@ -14,8 +14,8 @@ struct PanelsWritten {
 };
 
 // `dir` holds a quantized checkpoint (config.json with a quantization_config, its safetensors). The file is
-// written under a temporary name and renamed over panels.moex (an existing one is replaced by a new inode),
-// then evicted from the page cache so that the first load reads it in 2 MB folios. Throws Error(kInvalidInput)
+// staged beside panels.moex and renamed over it (tools/lib/output_dir.h: an existing one is replaced by a new
+// inode), evicted from the page cache so that the first load reads it in 2 MB folios. Throws Error(kInvalidInput)
 // naming the problem (not quantized, nothing stored quantized, a file that cannot be written).
 PanelsWritten write_panels(const std::string& dir);
 

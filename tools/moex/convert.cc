@@ -1,20 +1,19 @@
 // `moex convert --model DIR --out FILE.gguf [--type T] [--force]`: a Hugging Face folder (any family) written as
-// the GGUF file llama.cpp's converter would write (tools/lib/gguf_writer.h). The file is written under a
-// temporary name beside --out and renamed when complete, so an interrupted run leaves --out as it was, and a
-// reader that has the old file mapped keeps its bytes (a new inode replaces it).
+// the GGUF file llama.cpp's converter would write (tools/lib/gguf_writer.h). The file is written in a folder
+// beside --out and renamed when complete (tools/lib/output_dir.h), so an interrupted run leaves --out as it
+// was, and a reader that has the old file mapped keeps its bytes (a new inode replaces it).
 #include <sys/stat.h>
-#include <unistd.h>
 
-#include <cerrno>
 #include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
 #include <memory>
 
 #include "moex/base/threads.h"
 #include "tools/lib/gguf_writer.h"
+#include "tools/lib/output_dir.h"
 #include "tools/moex/command.h"
+#include "tools/moex/flags.h"
 
 namespace moex::tools {
 namespace {
@@ -37,23 +36,9 @@ void run_convert(const ConvertOptions& o) {
     MOEX_CHECK_INPUT(o.force, "--out ", o.out, " exists: pass --force to replace it");
   }
   const auto start = std::chrono::steady_clock::now();
-  std::string tmp = o.out + ".convert-tmp-XXXXXX";
-  const int fd = ::mkstemp(tmp.data());
-  MOEX_CHECK_INPUT(fd >= 0, "--out: cannot create a file next to ", o.out, ": ", std::strerror(errno));
-  const mode_t mask = ::umask(0);
-  ::umask(mask);
-  ::fchmod(fd, 0666 & ~mask);  // mkstemp makes it private; the result gets the umask's mode as any new file
-  ::close(fd);
-  struct Remove {  // the temporary file goes away on every error
-    std::string path;
-    ~Remove() {
-      if (!path.empty()) ::unlink(path.c_str());
-    }
-  } remove{tmp};
-  const std::string summary = convert_to_gguf(o.model, tmp, type);
-  MOEX_CHECK_INPUT(std::rename(tmp.c_str(), o.out.c_str()) == 0, "cannot rename ", tmp, " to ", o.out, ": ",
-                   std::strerror(errno));
-  remove.path.clear();
+  StagingFile staged(o.out, "convert");
+  const std::string summary = convert_to_gguf(o.model, staged.path(), type);
+  staged.publish();
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf("wrote %s (%.1f MB, %s tensors) in %.1f s\n", o.out.c_str(), fs::file_size(o.out) / 1e6, summary.c_str(),
               seconds);
@@ -64,7 +49,7 @@ void setup_convert(CLI::App& app) {
   auto* cmd = app.add_subcommand("convert", "Write a Hugging Face model folder as a llama.cpp GGUF file");
   cmd->add_option("--model", options->model, "Hugging Face model folder (config.json, safetensors, tokenizer.model)")
       ->required();
-  cmd->add_option("--out", options->out, "The .gguf file to write (written beside, then renamed)")->required();
+  add_output_flag(cmd, "--out", options->out, "The .gguf file to write (written beside, then renamed)")->required();
   cmd->add_option("--type", options->type,
                   "Weight matrices: f32 | f16 | bf16 | q8_0 | q4_0 | q4_K (norms and the router stay f32; rows that "
                   "are not whole blocks fall back to q8_0, then f16)")

@@ -30,6 +30,12 @@ comm::Communicator& CommFlags::world() const {
   return comm::world();
 }
 
+CLI::Option* add_output_flag(CLI::App* cmd, const std::string& name, std::string& path, const std::string& help) {
+  const CLI::Validator not_empty(
+      [](std::string& text) { return text.empty() ? std::string("the path is empty") : std::string(); }, "PATH");
+  return cmd->add_option(name, path, help)->check(not_empty);
+}
+
 CLI::Validator whole_number_in(int64_t lo, int64_t hi) {
   return CLI::Validator(
       [lo, hi](std::string& text) {

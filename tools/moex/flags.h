@@ -47,6 +47,9 @@ struct ParallelFlags {
 // let 2^64 wrap to 0.
 CLI::Option* add_seed_flag(CLI::App* cmd, uint64_t& seed, const std::string& help);
 
+// A flag naming a file or folder to write (--out, --tokens-out, ...): an empty value is a usage error.
+CLI::Option* add_output_flag(CLI::App* cmd, const std::string& name, std::string& path, const std::string& help);
+
 // Each value (each item of a list) a whole number in lo..hi; the error names the item and the range (CLI11's
 // own range checks print the bounds as doubles).
 CLI::Validator whole_number_in(int64_t lo, int64_t hi);

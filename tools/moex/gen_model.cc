@@ -154,25 +154,8 @@ void run_gen_model(const GenModelOptions& o) {
   const uint64_t max_shard = parse_byte_size(o.max_shard_size, "--max-shard-size");
 
   namespace fs = std::filesystem;
-  fs::path out = fs::absolute(o.out).lexically_normal();
-  if (!out.has_filename()) out = out.parent_path();  // "dir/"
-  MOEX_CHECK_INPUT(out.has_parent_path() && out != out.root_path(), "--out: '", o.out, "' cannot be a model folder");
-  std::error_code ec;
-  fs::create_directories(out.parent_path(), ec);
-  MOEX_CHECK_INPUT(!ec && fs::is_directory(out.parent_path()), "--out: cannot create directory ",
-                   out.parent_path().string(), ": ", ec ? ec.message() : "a file of that name exists");
-  if (fs::is_symlink(out) && fs::is_directory(out)) out = fs::canonical(out);  // swap the folder, keep the link
-  const bool out_exists = fs::exists(out);
-  std::vector<std::string> keep;
-  if (out_exists) {
-    MOEX_CHECK_INPUT(fs::is_directory(out), "--out: ", o.out, " exists and is not a directory");
-    MOEX_CHECK_INPUT(::access(out.c_str(), W_OK) == 0, "--out: directory ", o.out, " is not writable");
-    if (!fs::is_empty(out)) {
-      MOEX_CHECK_INPUT(o.force, "--out: ", o.out, " is not empty (it holds ", fs::directory_iterator(out)->path().filename().string(),
-                       "...): pass --force to replace the model in it, or choose an empty or new folder");
-      keep = files_to_keep(out);
-    }
-  }
+  const fs::path out = prepare_output_dir(o.out, o.force);
+  const std::vector<std::string> keep = fs::exists(out) ? files_to_keep(out) : std::vector<std::string>();
 
   const SyntheticModel model(config, o.seed, o.router_skew, dtype);
   const SafetensorsPlan plan = plan_safetensors(model.tensors(), max_shard, model.checkpoint_id());
@@ -289,7 +272,7 @@ void setup_gen_model(CLI::App& app) {
                   "tiny | small | mini | mixtral-8x7b | qwen2-moe-tiny | qwen2-moe-a2.7b | qwen3-moe-tiny | qwen3-moe-mini | "
                   "qwen3-30b-a3b | olmoe-tiny | olmoe-1b-7b | dots1-tiny | dots-llm1")
       ->required();
-  cmd->add_option("--out", options->out,
+  add_output_flag(cmd, "--out", options->out,
                   "Output directory (created if missing; must be empty unless --force). The model is written into a "
                   "folder next to it and moved in when complete")
       ->required();

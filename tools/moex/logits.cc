@@ -1,8 +1,6 @@
 // `moex logits`: logits of every prompt position, then of N greedy decode steps, as float32 .npy
 // [positions, vocab]; the interface other engines (and the PyTorch reference) are checked against.
-#include <fcntl.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <cerrno>
 #include <cmath>
@@ -19,6 +17,7 @@
 #include "moex/runtime/generation.h"
 #include "moex/runtime/npy.h"
 #include "moex/runtime/sampler.h"
+#include "tools/lib/output_dir.h"
 #include "tools/moex/command.h"
 #include "tools/moex/model_flags.h"
 
@@ -34,46 +33,36 @@ struct LogitsFlags {
   std::string stats_out;
 };
 
-// Where one result goes. A regular file (or a new name) is written under a temporary name beside it and
-// renamed over it once complete, so a failed or interrupted write never leaves half a file under the user's
-// name; anything else (a device such as /dev/stdout or /dev/null, a pipe, a symlink) is written in place.
+// Where one result goes. A regular file (or a new name) is staged beside it and renamed over it once
+// complete (tools/lib/output_dir.h), so a failed or interrupted write never leaves half a file under the
+// user's name; anything else (a device such as /dev/stdout or /dev/null, a pipe, a symlink) is written in place.
 class OutputFile {
  public:
   OutputFile(std::string path, std::string flag) : path_(std::move(path)), flag_(std::move(flag)) {
     struct stat st {};
-    const bool exists = ::lstat(path_.c_str(), &st) == 0;
-    if (exists && !S_ISREG(st.st_mode)) return;
-    const std::filesystem::path target(path_);
-    const std::string dir = target.has_parent_path() ? target.parent_path().string() : ".";
-    std::string pattern = dir + "/." + target.filename().string() + ".tmp-XXXXXX";
-    const int fd = ::mkstemp(pattern.data());
-    MOEX_CHECK_INPUT(fd >= 0, flag_, ": cannot write ", path_, ": ", std::strerror(errno));
-    const mode_t mask = ::umask(0);
-    ::umask(mask);
-    ::fchmod(fd, exists ? (st.st_mode & 07777) : (0666 & ~mask));  // mkstemp's 0600 is not what a new file gets
-    ::close(fd);
-    partial_ = pattern;
+    if (::lstat(path_.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) return;
+    named([&] { staged_ = std::make_unique<StagingFile>(path_, "logits"); });
   }
-  ~OutputFile() {
-    if (!partial_.empty()) ::unlink(partial_.c_str());
-  }
-  // Runs `write` on the path to write now; a failure names the user's path.
+  // Runs `write` on the path to write now.
   void write(const std::function<void(const std::string&)>& write) {
+    named([&] { write(staged_ ? staged_->path() : path_); });
+  }
+  void commit() {
+    if (staged_) named([&] { staged_->publish(); });
+  }
+
+ private:
+  // A failure names the flag and the user's path.
+  void named(const std::function<void()>& step) {
     try {
-      write(partial_.empty() ? path_ : partial_);
+      step();
     } catch (const Error& e) {
       throw Error(e.kind(), flag_ + ": cannot write " + path_ + " (" + e.what() + ")");
     }
   }
-  void commit() {
-    if (partial_.empty()) return;
-    MOEX_CHECK_INPUT(::rename(partial_.c_str(), path_.c_str()) == 0, flag_, ": cannot write ", path_, ": ",
-                     std::strerror(errno));
-    partial_.clear();
-  }
 
- private:
-  std::string path_, flag_, partial_;
+  std::string path_, flag_;
+  std::unique_ptr<StagingFile> staged_;
 };
 
 void write_text_file(const std::string& path, const std::string& text) {
@@ -222,9 +211,9 @@ void setup_logits(CLI::App& app) {
   flags->model.add_to(cmd);
   add_list_flag(cmd, "--ids", flags->ids, "Prompt token ids")->required()->check(whole_number_in(0, INT32_MAX));
   cmd->add_option("--decode", flags->decode_steps, "Greedy decode steps after the prompt")->capture_default_str();
-  cmd->add_option("--out", flags->out, "Output .npy file: float32 [positions, vocab]")->required();
-  cmd->add_option("--tokens-out", flags->tokens_out, "Also write the greedy tokens, one per line");
-  cmd->add_option("--stats-out", flags->stats_out, "Also write the prompt pass's per-layer MoE load and drops (JSON)");
+  add_output_flag(cmd, "--out", flags->out, "Output .npy file: float32 [positions, vocab]")->required();
+  add_output_flag(cmd, "--tokens-out", flags->tokens_out, "Also write the greedy tokens, one per line");
+  add_output_flag(cmd, "--stats-out", flags->stats_out, "Also write the prompt pass's per-layer MoE load and drops (JSON)");
   cmd->callback([flags] { run_logits(*flags); });
 }
 MOEX_REGISTER_COMMAND(setup_logits);

@@ -95,7 +95,7 @@ void run_quantize(const QuantizeOptions& o) {
   const QuantScheme& scheme = config.quantization.schemes.at(0);
   const WeightStore store(o.model_dir);
 
-  const fs::path out = prepare_output_dir(o.out, o.force, "quantize");
+  const fs::path out = prepare_output_dir(o.out, o.force);
   std::error_code ec;
   MOEX_CHECK_INPUT(!fs::equivalent(out, fs::path(o.model_dir), ec), "--out ", o.out,
                    " is the --model folder: write the quantized checkpoint to another folder");
@@ -263,7 +263,7 @@ void setup_quantize(CLI::App& app) {
   o->group_size_option = cmd->add_option("--group-size", o->group_size, "int4: weights per scale along K (32 | 64 | 128)")
                              ->capture_default_str()
                              ->check(CLI::IsMember({32, 64, 128}));
-  cmd->add_option("--out", o->out,
+  add_output_flag(cmd, "--out", o->out,
                   "Output folder (created if missing; must be empty unless --force). Written next to it and moved in "
                   "when complete")
       ->required();

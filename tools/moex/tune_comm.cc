@@ -14,6 +14,7 @@
 #include "moex/base/error.h"
 #include "moex/comm/communicator.h"
 #include "tools/lib/measure.h"
+#include "tools/lib/output_dir.h"
 #include "moex/comm/selector.h"
 #include "tools/moex/command.h"
 #include "tools/moex/flags.h"
@@ -112,7 +113,9 @@ void run_tune_comm(const TuneCommFlags& flags) {
     const auto dir = std::filesystem::path(out).parent_path();
     std::error_code error;
     if (!dir.empty()) std::filesystem::create_directories(dir, error);
-    merged.save(out);
+    StagingFile staged(out, "tune-comm");  // a run cut short leaves the old table whole
+    merged.save(staged.path());
+    staged.publish();
     std::printf("wrote %s (%zu entries for %d ranks)\n", out.c_str(), table.entries().size(), p);
   }
 }
@@ -120,7 +123,7 @@ void run_tune_comm(const TuneCommFlags& flags) {
 void setup_tune_comm(CLI::App& app) {
   auto flags = std::make_shared<TuneCommFlags>();
   auto* cmd = app.add_subcommand("tune-comm", "Measure collective algorithms and save auto's tuning table");
-  cmd->add_option("--out", flags->out,
+  add_output_flag(cmd, "--out", flags->out,
                   "JSON table to write, merged with what it holds (default: the table auto reads, " +
                       comm::default_tuning_path() + ")");
   add_list_flag(cmd, "--dtypes", flags->dtypes, "Payload dtypes to tune (f32, bf16, fp8)")
