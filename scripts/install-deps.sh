@@ -3,7 +3,7 @@
 set -euo pipefail
 pkgs=(cmake g++ make pkg-config libgtest-dev libgmock-dev libbenchmark-dev libopenmpi-dev openmpi-bin
       nlohmann-json3-dev libcli11-dev libsentencepiece-dev python3-torch python3-numpy gnuplot-nox clang
-      libclang-rt-14-dev libpcre2-dev libutf8proc-dev python3-sentencepiece
+      libclang-rt-14-dev libpcre2-dev libutf8proc-dev libxxhash-dev python3-sentencepiece
       libcpp-httplib-dev python3-jinja2 python3-prometheus-client)
 missing=()
 # Node.js and npm (the openai client, HF tokenizers and llama.cpp in the tests): Debian's, unless a node is already there.

@@ -26,6 +26,15 @@ def logits(ids="1,2,3"):
     return ["logits", "--ids", ids, "--decode", "2"]
 
 
+SERVE = ["serve", "--port", "0"]
+EP = ["--moe-parallel", "ep", "--attn-parallel", "dp"]  # how a quantized checkpoint loads on several ranks
+
+
+def other_weights(tensor, rank=1):
+    """The line naming the first tensor (in name order) whose bytes differ, with both digests."""
+    return rf"rank {rank} differs from rank 0: {tensor} content is XXH3 [0-9a-f]{{16}}, rank 0 has XXH3 [0-9a-f]{{16}}$"
+
+
 # case -> (rank 0's args, rank 1's args, expected exit code, expected message lines as regexes)
 # "{tiny}" etc. are model folders made in setup(); each rank's arguments follow the binary.
 CASES = {
@@ -67,6 +76,27 @@ CASES = {
                    [r"rank 1 differs from rank 0: --ids is 1,2,4, rank 0 has 1,2,3"]),
     "differ_env": (logits() + ["--model", "{tiny}"], ["-x", "MOEX_COMM_ALGO=allreduce=ring"] + logits() + ["--model", "{tiny}"],
                    2, [r"rank 1 differs from rank 0: MOEX_COMM_ALGO is allreduce=ring, rank 0 has \(not set\)"]),
+    # Same config, shapes and tokenizer, other weights (gen-model's seed): only the weights' bytes tell, and each
+    # TP rank would compute with its own half of every expert. Each command that loads a model refuses to start.
+    "differ_weights": (GEN + ["--model", "{tiny}"], GEN + ["--model", "{tiny2}"], 2,
+                       [other_weights(r"tensor lm_head\.weight")]),
+    "differ_weights_logits": (logits() + ["--model", "{tiny}"], logits() + ["--model", "{tiny2}"], 2,
+                              [other_weights(r"tensor lm_head\.weight")]),
+    # Exits instead of serving (a server that started would be killed by the timeout: "hung").
+    "differ_weights_serve": (SERVE + ["--model", "{tiny}"], SERVE + ["--model", "{tiny2}"], 2,
+                             [other_weights(r"tensor lm_head\.weight")]),
+    # Quantized checkpoints of the two (codes and panels.moex), loaded under EP with whole attention.
+    "differ_quantized_weights": (logits() + EP + ["--model", "{q1}"], logits() + EP + ["--model", "{q2}"], 2,
+                                 [other_weights(r"tensor lm_head\.weight")]),
+    # The same codes, one byte of panels.moex changed: the panels are what the load maps.
+    "differ_panels": (logits() + EP + ["--model", "{q1}"], logits() + EP + ["--model", "{q1panels}"], 2,
+                      [other_weights(r"panels\.moex tensor \S+\.data")]),
+    "differ_gguf_weights": (GEN + ["--model", "{gguf1}"], GEN + ["--model", "{gguf2}"], 2,
+                            [other_weights(r"tensor blk\.0\.attn_k\.weight")]),
+    # Formats chosen at load are flags, compared as every flag is.
+    "differ_weights_flag": (logits() + ["--model", "{tiny}", "--weights", "int8"],
+                            logits() + ["--model", "{tiny}", "--weights", "bf16"], 2,
+                            [r"rank 1 differs from rank 0: --weights is bf16, rank 0 has int8"]),
 }
 
 
@@ -107,17 +137,37 @@ def check_failure(proc, elapsed, code, patterns, shm_before):
     return failures
 
 
-def setup(moex, root):
+def setup(moex, root, needed):
+    """The model folders every case may name, and those of `needed` that only some cases name."""
     folders = {}
 
-    def gen(name, *extra):
-        path = os.path.join(root, name)
-        subprocess.run([moex, "gen-model", "--preset", "tiny", "--seed", "1", "--out", path, *extra], check=True,
-                       capture_output=True)
-        folders[name] = path
-        return path
+    def run(*args):
+        subprocess.run([moex, *args], check=True, capture_output=True)
 
-    tiny = gen("tiny")
+    def gen(seed, *extra):
+        return lambda path: run("gen-model", "--preset", "tiny", "--seed", seed, *extra, "--out", path)
+
+    makers = {
+        "tiny": gen("1"),
+        "tiny2": gen("2"),  # same config, shapes and tokenizer; other weights
+        "sharded": gen("1", "--max-shard-size", "300KB"),  # tiny's weights in four shards
+        "q1": lambda path: run("quantize", "--model", make("tiny"), "--weights", "int8", "--out", path),
+        "q2": lambda path: run("quantize", "--model", make("tiny2"), "--weights", "int8", "--out", path),
+        "q1panels": lambda path: (shutil.copytree(make("q1"), path), flip_data_byte(os.path.join(path, "panels.moex"))),
+        "gguf1": lambda path: run("convert", "--model", make("tiny"), "--out", path),
+        "gguf2": lambda path: run("convert", "--model", make("tiny2"), "--out", path),
+    }
+
+    def make(name):
+        if name not in folders:
+            folders[name] = os.path.join(root, name + (".gguf" if name.startswith("gguf") else ""))
+            makers[name](folders[name])
+        return folders[name]
+
+    tiny = make("tiny")
+    for name in needed:  # the others only for the cases that name them (a moex run or two each)
+        if name in makers:
+            make(name)
     folders["missing"] = os.path.join(root, "no-such-folder")
     for name in ("badcfg", "trunc", "badtok", "copy", "wider"):
         folders[name] = os.path.join(root, name)
@@ -137,14 +187,27 @@ def setup(moex, root):
     return folders
 
 
-def mpmd(moex, rank0, rank1, folders):
-    fill = lambda args: [a.format(**folders) for a in args]
-    a, b = fill(rank0), fill(rank1)
-    pre_b = []
-    while b and b[0] == "-x":  # mpirun options of rank 1's part
-        pre_b += b[:2]
-        b = b[2:]
-    return MPIRUN + ["-np", "1", moex] + a + [":", "-np", "1"] + pre_b + [moex] + b
+def flip_data_byte(path):
+    """Changes one byte of a safetensors file's first tensor, leaving its header (and so its shapes) alone."""
+    with open(path, "r+b") as f:
+        header = int.from_bytes(f.read(8), "little")
+        f.seek(8 + header + 100)
+        byte = f.read(1)[0]
+        f.seek(8 + header + 100)
+        f.write(bytes([byte ^ 0x40]))
+
+
+def mpmd(moex, folders, *ranks):
+    """One mpirun of one rank per argument list (rank 0's, rank 1's, ...); a list may start with "-x VAR=..."."""
+    command = MPIRUN
+    for i, args in enumerate(ranks):
+        args = [a.format(**folders) for a in args]
+        options = []
+        while args and args[0] == "-x":  # mpirun options of this rank's part
+            options += args[:2]
+            args = args[2:]
+        command = command + ([":"] if i else []) + ["-np", "1"] + options + [moex] + args
+    return command
 
 
 def main():
@@ -173,28 +236,50 @@ def main():
         shm_entries = lambda: set(os.listdir(private))
 
     with tempfile.TemporaryDirectory() as root:
-        folders = setup(args.moex, root)
+        named = " ".join(sum(CASES.get(args.case, ([], []))[:2], []))
+        needed = re.findall(r"\{(\w+)\}", named) + {"same_model_other_path": ["sharded"],
+                                                       "four_ranks_two_copies": ["tiny2"]}.get(args.case, [])
+        folders = setup(args.moex, root, needed)
         before = shm_entries()
         if args.case == "same_model_other_path":
-            # Same content under two paths is the same model: runs, and gives rank 0's logits of one path.
+            # Same content under two paths, or in other shards (the weights' bytes are compared per tensor), is the
+            # same model: runs, and gives the logits of rank 0's folder alone.
+            others = ("tiny", "copy", "sharded")
             outs = []
-            for other in ("tiny", "copy"):
+            for other in others:
                 out = os.path.join(root, f"{other}.npy")
-                cmd = mpmd(args.moex, logits() + ["--model", "{tiny}", "--out", out],
-                           logits() + ["--model", "{" + other + "}", "--out", out], folders)
+                cmd = mpmd(args.moex, folders, logits() + ["--model", "{tiny}", "--out", out],
+                           logits() + ["--model", "{" + other + "}", "--out", out])
                 proc, elapsed = run_job(cmd, env)
                 print(proc.stdout + proc.stderr)
                 if proc.returncode != 0:
                     sys.exit(f"FAIL: exit {proc.returncode} with model folders tiny and {other}")
                 with open(out, "rb") as f:
                     outs.append(f.read())
-            if outs[0] != outs[1]:
-                sys.exit("FAIL: the logits differ between the same model under one path and under two")
+            for other, out in zip(others[1:], outs[1:]):
+                if out != outs[0]:
+                    sys.exit(f"FAIL: the logits differ between the same model in tiny alone and in tiny and {other}")
             if shm_entries() - before:
                 sys.exit(f"FAIL: left in /dev/shm: {sorted(shm_entries() - before)}")
             print("PASS")
             return
-        if args.case.startswith("fault_"):
+        if args.case == "four_ranks_two_copies":
+            # Ranks 0 to 2 map one folder and share out its hashing (each hashes every third piece); rank 3 maps a
+            # copy and hashes it whole: their digests agree only if the shares are put together right. The same
+            # model runs; other weights on rank 3 are named as rank 3's.
+            job = lambda *names: mpmd(args.moex, folders, *[logits() + ["--model", "{" + name + "}", "--out",
+                                                                       os.path.join(root, "l.npy")] for name in names])
+            info = dict(env, MOEX_LOG_LEVEL="2")  # which share of its copy each rank hashed
+            proc, elapsed = run_job(job("tiny", "tiny", "tiny", "copy"), info)
+            print(proc.stdout + proc.stderr)
+            if proc.returncode != 0:
+                sys.exit(f"FAIL: exit {proc.returncode} with model folders tiny, tiny, tiny and copy")
+            shares = re.findall(r"moex: hashed (1/\d+) of the weights", proc.stderr)
+            if sorted(shares) != ["1/1", "1/3", "1/3", "1/3"]:
+                sys.exit(f"FAIL: the ranks hashed {shares} of their copies, expected 1/3 on ranks 0-2 and 1/1 on rank 3")
+            cmd = job("tiny", "tiny", "tiny", "tiny2")
+            code, patterns = 2, [other_weights(r"tensor lm_head\.weight", rank=3)]
+        elif args.case.startswith("fault_"):
             mode = args.case[len("fault_"):]
             cmd = MPIRUN + ["-np", "3", args.fault_test, mode, "shm"]
             code = 2
@@ -205,7 +290,7 @@ def main():
             if rank0[0] == "logits":
                 rank0 = rank0 + ["--out", os.path.join(root, "l0.npy")]
                 rank1 = rank1 + ["--out", os.path.join(root, "l0.npy")]
-            cmd = mpmd(args.moex, rank0, rank1, folders)
+            cmd = mpmd(args.moex, folders, rank0, rank1)
         print(" ".join(cmd))
         proc, elapsed = run_job(cmd, env)
         failures = check_failure(proc, elapsed, code, patterns, before)

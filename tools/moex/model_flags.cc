@@ -1,64 +1,19 @@
 #include "tools/moex/model_flags.h"
 
 #include <cmath>
-#include <cstdio>
-#include <functional>
-
-#include <nlohmann/json.hpp>
 
 #include "moex/base/error.h"
-#include "moex/base/small_file.h"
 #include "moex/base/system_memory.h"
 #include "moex/base/threads.h"
-#include "moex/comm/job.h"
 #include "moex/comm/selector.h"
 #include "moex/model/gguf.h"
 #include "moex/model/safetensors.h"
 #include "moex/model/weights.h"
 #include "moex/runtime/run_memory.h"
-#include "moex/runtime/tokenizer.h"
 #include "tools/lib/synthetic.h"
+#include "tools/moex/model_check.h"
 
 namespace moex::tools {
-
-// What makes two model folders the same model for a multi-rank run: config.json as the engine reads it,
-// the tensor index (name, dtype, shape: not the weight bytes, which would mean reading the whole checkpoint)
-// and the tokenizer, whose ids every rank computes for itself.
-comm::Description describe_model(const std::string& model_dir) {
-  comm::Description out;
-  if (is_gguf_path(model_dir)) {  // the metadata as the engine reads it, the tensor infos, the vocabulary
-    const GgufFile file(model_dir);
-    const nlohmann::json config = nlohmann::json::parse(model_config_to_json(gguf_model_config(file.contents(), model_dir)));
-    for (const auto& [key, value] : config.items()) out.emplace_back("GGUF config " + key, value.dump());
-    for (const GgufTensorInfo& t : file.contents().tensors) {
-      std::string dims;
-      for (uint64_t n : t.ne) dims += " " + std::to_string(n);
-      out.emplace_back("tensor " + t.name, ggml_type_name(t.type) + dims);
-    }
-    const GgufValue* kind = file.contents().find("tokenizer.ggml.model");
-    const std::string vocab = kind && kind->type == GgufType::kString && kind->s == "gpt2"
-                                  ? gguf_byte_level_tokenizer_json(file.contents(), model_dir)
-                                  : gguf_sentencepiece_proto(file.contents(), model_dir);
-    char digest[48];
-    std::snprintf(digest, sizeof(digest), "%zu bytes, hash %016zx", vocab.size(), std::hash<std::string>{}(vocab));
-    out.emplace_back("GGUF vocabulary", digest);
-    return out;
-  }
-  const nlohmann::json config = nlohmann::json::parse(model_config_to_json(load_model_config(model_dir + "/config.json")));
-  for (const auto& [key, value] : config.items()) out.emplace_back("config.json " + key, value.dump());
-  const WeightStore store(model_dir);
-  for (const auto& [name, tensor] : store.tensors())
-    out.emplace_back("tensor " + name, std::string(dtype_name(tensor.dtype)) + " " + tensor.shape.str());
-  // The file Tokenizer reads (tokenizer.json, else tokenizer.model) and tokenizer_config.json (BOS / EOS).
-  for (const std::string& tokenizer_path : {Tokenizer::file_in(model_dir), model_dir + "/tokenizer_config.json"}) {
-    if (!is_regular_file(tokenizer_path)) continue;  // a missing or odd tokenizer is the tokenizer loader's error to give
-    const std::string bytes = read_small_file(tokenizer_path, kMaxTokenizerFileBytes);
-    char digest[32];
-    std::snprintf(digest, sizeof(digest), "%zu bytes, hash %016zx", bytes.size(), std::hash<std::string>{}(bytes));
-    out.emplace_back(tokenizer_path.substr(model_dir.size() + 1), digest);
-  }
-  return out;
-}
 
 void ModelFlags::add_to(CLI::App* cmd) {
   cmd->add_option("--model", model_dir, "Hugging Face model folder (config.json + safetensors), or a llama.cpp .gguf file")->required();
@@ -152,8 +107,9 @@ void pin_batch_invariant_allreduce() {
 std::unique_ptr<MixtralModel> ModelFlags::load(int batch) const {
   ThreadsFlags::apply();
   comm::Communicator& comm = world();
-  // Every rank must load the same model (same content; the path may differ): a mismatch is one error.
-  if (comm.size() > 1) comm::check_same_on_all_ranks(comm, [&] { return describe_model(model_dir); });
+  // Every rank must load the same model (same content; the path may differ): a mismatch is one error. One rank
+  // has nothing to compare with: it pays nothing.
+  if (comm.size() > 1) check_same_model(comm, model_dir);
   const ModelConfig config = load_checkpoint_config(model_dir);
   MOEX_CHECK_INPUT(max_seq_len > 0, "--max-seq-len ", max_seq_len, " must be positive");
   MOEX_CHECK_INPUT(max_seq_len <= config.max_position_embeddings, "--max-seq-len ", max_seq_len,

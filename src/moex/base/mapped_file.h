@@ -31,9 +31,14 @@ class MappedFile {
   static void drop_cache(const std::string& path);
   size_t size() const { return size_; }
   const std::string& path() const { return path_; }
+  // The file as the kernel knew it when it was mapped: "device:inode:size:mtime". Two mappings made under
+  // one running kernel with the same identity map one file, so they hold the same bytes. Empty when fstat
+  // failed.
+  const std::string& identity() const { return identity_; }
 
  private:
   std::string path_;
+  std::string identity_;
   const uint8_t* data_ = nullptr;
   size_t size_ = 0;
 };

@@ -91,6 +91,7 @@ class GgufFile {
   const GgufContents& contents() const { return contents_; }
   const std::string& path() const { return file_.path(); }
   size_t size() const { return file_.size(); }
+  const MappedFile& mapping() const { return file_; }
 
  private:
   MappedFile file_;

@@ -193,6 +193,13 @@ const TensorView& WeightStore::get(const std::string& name) const {
   return it->second;
 }
 
+std::vector<const MappedFile*> WeightStore::mappings() const {
+  if (gguf_) return {&gguf_->file->mapping()};
+  std::vector<const MappedFile*> out;
+  for (const auto& f : files_) out.push_back(&f->mapping());
+  return out;
+}
+
 size_t WeightStore::file_bytes() const {
   size_t total = 0;
   for (const auto& f : files_) total += f->size();

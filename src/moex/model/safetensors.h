@@ -50,6 +50,8 @@ class WeightStore {
   bool contains(const std::string& name) const { return tensors_.count(name) != 0; }
   const std::map<std::string, TensorView>& tensors() const { return tensors_; }
   size_t file_bytes() const;
+  // The files the tensors lie in: the shards by name (or model.safetensors), or the .gguf.
+  std::vector<const MappedFile*> mappings() const;
   // The moex_checkpoint_id its files carry (gen-model's, quantize's); empty for files without one and GGUF.
   const std::string& checkpoint_id() const { return checkpoint_id_; }
   // FNV-1a (64-bit) over each file's name and header (the 8 length bytes and the JSON: every tensor's name,
