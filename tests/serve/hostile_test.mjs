@@ -4,52 +4,20 @@
 // - a prompt longer in bytes than the context can hold is refused before it is tokenized, with bounded memory;
 // - pipelined requests are answered in order; bad Content-Length values are a 400 at once;
 // - /health and /metrics without a key, and --metrics-require-key; `--api-key ""` is a start-up error;
-// - a burst of 300 requests against --max-num-seqs 4 --max-waiting 4 gets only 200s and 429s.
+// - a burst of 300 requests against --max-num-seqs 4 --max-waiting 4 gets only 200s and 429s;
+// - SIGTERM right after start-up stops the server (cpp-httplib ignores a stop before it listens).
 import assert from 'node:assert/strict';
-import { spawn, spawnSync, execFileSync } from 'node:child_process';
-import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { spawnSync, execFileSync } from 'node:child_process';
+import { readFileSync } from 'node:fs';
 import { connect } from 'node:net';
-import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { check, finish, startServer as start, stopServer, workFolder } from './harness.mjs';
 
 const moex = process.argv[2];
 assert.ok(moex, 'usage: node hostile_test.mjs MOEX_BINARY');
-const work = mkdtempSync(join(tmpdir(), 'moex-hostile-test-'));
-const model = join(work, 'tiny');
+const model = join(workFolder('moex-hostile-test-'), 'tiny');
 execFileSync(moex, ['gen-model', '--preset', 'tiny', '--seed', '7', '--out', model], { stdio: 'ignore' });
-
-const servers = [];
-function startServer(args) {
-  return new Promise((resolve, reject) => {
-    const child = spawn(moex, ['serve', '--model', model, '--port', '0', '--threads', '1', ...args],
-                        { stdio: ['ignore', 'pipe', 'inherit'] });
-    servers.push(child);
-    let out = '';
-    child.stdout.on('data', (d) => {
-      out += d.toString();
-      const m = out.match(/listening on (http:\/\/127\.0\.0\.1:(\d+)) \(([^;]*);/);
-      if (m) resolve({ child, url: m[1], port: Number(m[2]), access: m[3] });
-    });
-    child.on('exit', (code) => reject(new Error(`moex serve exited with ${code}: ${out}`)));
-  });
-}
-process.on('exit', () => {
-  for (const s of servers) if (s.exitCode === null) s.kill('SIGKILL');
-  rmSync(work, { recursive: true, force: true });
-});
-for (const sig of ['SIGINT', 'SIGTERM']) process.on(sig, () => process.exit(1));  // ctest's timeout: no orphans
-
-let failures = 0;
-async function check(name, fn) {
-  const start = Date.now();
-  try {
-    await fn();
-    console.log(`ok - ${name} (${Date.now() - start} ms)`);
-  } catch (e) {
-    failures++;
-    console.log(`not ok - ${name}\n${e.stack}`);
-  }
-}
+const startServer = (args) => start(moex, model, args);
 
 // The server's resident memory in MB (its pid's VmRSS).
 const rssMB = (child) => Number(readFileSync(`/proc/${child.pid}/status`, 'utf8').match(/VmRSS:\s+(\d+)/)[1]) / 1024;
@@ -212,7 +180,7 @@ await check('a burst of 300 requests against 4 running + 4 waiting: only 200 and
   assert.equal(after.status, 200);
 });
 
-main.child.kill('SIGTERM');
+await stopServer(main);
 
 await check('--metrics-require-key: /metrics needs the key, /health does not; it needs --api-key', async () => {
   const s = await startServer(['--api-key', KEY, '--metrics-require-key', '--max-num-seqs', '1', '--max-batch-tokens', '64']);
@@ -220,14 +188,21 @@ await check('--metrics-require-key: /metrics needs the key, /health does not; it
   assert.equal((await fetch(`${s.url}/metrics`)).status, 401);
   assert.equal((await fetch(`${s.url}/metrics`, { headers: auth })).status, 200);
   assert.equal((await fetch(`${s.url}/health`)).status, 200);
-  s.child.kill('SIGTERM');
+  await stopServer(s);
   const r = spawnSync(moex, ['serve', '--model', model, '--port', '0', '--threads', '1', '--metrics-require-key'],
                       { encoding: 'utf8', timeout: 20000 });
   assert.equal(r.status, 2, r.stderr);
   const open = await startServer(['--max-num-seqs', '1', '--max-batch-tokens', '64']);
   assert.match(open.access, /no API key/);
-  open.child.kill('SIGTERM');
+  await stopServer(open);
 });
 
-console.log(failures === 0 ? 'all hostile-client checks passed' : `${failures} check(s) failed`);
-process.exit(failures === 0 ? 0 : 1);
+await check('SIGTERM as soon as the start-up line is out: the server exits 0 (x3)', async () => {
+  for (let i = 0; i < 3; i++) {
+    const s = await startServer(['--max-num-seqs', '1', '--max-batch-tokens', '64']);
+    const end = await Promise.race([stopServer(s), new Promise((r) => setTimeout(() => r('timeout'), 10000))]);
+    assert.deepEqual(end, { code: 0, signal: null }, `run ${i}`);
+  }
+});
+
+finish('hostile-client checks');

@@ -12,6 +12,7 @@
 #include <ctime>
 #include <exception>
 #include <filesystem>
+#include <thread>
 
 #include "moex/base/error.h"
 #include "moex/runtime/stop_strings.h"
@@ -271,8 +272,24 @@ void HttpServer::bind() {
   widen_listen_backlog(port_);
 }
 
-void HttpServer::run() { server_->listen_after_bind(); }
-void HttpServer::stop() { server_->stop(); }
+// cpp-httplib's stop() does nothing until listen_after_bind() has begun, so a signal in the moment between
+// start-up and listening was lost (and the server ran on). run() and stop() each set their flag, then read
+// the other's (sequentially consistent, so at least one sees the other): a run() that sees the stop does not
+// listen; a stop() that sees the run repeats cpp-httplib's stop() until run() has returned.
+void HttpServer::run() {
+  run_started_ = true;
+  if (!stop_requested_) server_->listen_after_bind();
+  run_returned_ = true;
+}
+
+void HttpServer::stop() {
+  stop_requested_ = true;
+  if (!run_started_) return;
+  while (!run_returned_) {
+    server_->stop();
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
 
 void HttpServer::routes() {
   httplib::Server& s = *server_;

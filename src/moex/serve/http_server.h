@@ -3,6 +3,7 @@
 // request's tokens as they come (SSE when streaming). A client that goes away (mid-stream, or while a
 // non-streamed request waits) is cancelled.
 #pragma once
+#include <atomic>
 #include <memory>
 #include <string>
 
@@ -33,7 +34,8 @@ class HttpServer {
   // Binds (Error(kInvalidInput) when the address cannot be bound); then port() is the bound port.
   void bind();
   int port() const { return port_; }
-  // Serves until stop() (from another thread or a signal handler's watcher).
+  // Serves until stop() (from another thread or a signal handler's watcher; a stop() before run() makes
+  // run() return at once).
   void run();
   void stop();
 
@@ -46,6 +48,7 @@ class HttpServer {
   int port_ = 0;
   int64_t created_;  // unix time of start-up (the model's "created")
   int64_t longest_token_bytes_;  // openai.h: prompts longer in bytes than the context can hold are refused
+  std::atomic<bool> run_started_{false}, run_returned_{false}, stop_requested_{false};
 };
 
 }  // namespace moex::serve
