@@ -11,21 +11,15 @@
 // it (ChatML, Mixtral's [INST]); a model without a template answers chat with a 400. A GGUF gives the text
 // of the folder it was converted from.
 import assert from 'node:assert/strict';
-import { spawn, execFileSync } from 'node:child_process';
-import { cpSync, mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { execFileSync } from 'node:child_process';
+import { cpSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import OpenAI from 'openai';
+import { check, finish, startServer as start, stopServer, workFolder } from './harness.mjs';
 
 const moex = process.argv[2];
 assert.ok(moex, 'usage: node serve_families.mjs MOEX_BINARY');
-const work = mkdtempSync(join(tmpdir(), 'moex-serve-families-'));
-const children = new Set();
-process.on('exit', () => {
-  for (const c of children) c.kill('SIGKILL');
-  rmSync(work, { recursive: true, force: true });
-});
-for (const sig of ['SIGINT', 'SIGTERM']) process.on(sig, () => process.exit(1));  // ctest's timeout: no orphans
+const work = workFolder('moex-serve-families-');
 
 const run = (args) => execFileSync(moex, args, { stdio: ['ignore', 'pipe', 'inherit'] }).toString();
 const path = (name) => join(work, name);
@@ -53,31 +47,10 @@ const models = [
   { name: 'qwen3-moe-tiny.gguf', chat: 'chatml', same: 'qwen3-moe-tiny' },
 ];
 
-function startServer(model) {
-  return new Promise((resolve, reject) => {
-    const child = spawn(moex, ['serve', '--model', model, '--port', '0', '--threads', '1', '--max-num-seqs', '4',
-                               '--max-model-len', '256'], { stdio: ['ignore', 'pipe', 'inherit'] });
-    children.add(child);
-    let out = '';
-    child.stdout.on('data', (d) => {
-      out += d.toString();
-      const m = out.match(/listening on (http:\/\/127\.0\.0\.1:\d+)/);
-      if (m) resolve({ child, url: m[1], banner: out });
-    });
-    child.on('exit', (code) => {
-      children.delete(child);
-      reject(new Error(`moex serve --model ${model} exited with ${code}: ${out}`));
-    });
-  });
-}
+const startServer = (model) => start(moex, model, ['--max-num-seqs', '4', '--max-model-len', '256']);
 
-// SIGTERM now; the exit (code 0) is awaited at the end: the server first waits out the client's idle
-// keep-alive connections (up to 10 s), which the next model's checks need not wait for.
+// SIGTERM now; the exits (code 0) are checked at the end.
 const stopped = [];
-function stopServer(server) {
-  stopped.push(new Promise((resolve) => server.child.on('exit', (code, signal) => resolve({ code, signal }))));
-  server.child.kill('SIGTERM');
-}
 
 // `moex generate` greedy with the server's KV cache type: the new ids and the text after the prompt.
 function generate(model, prompt, n) {
@@ -101,66 +74,61 @@ async function streamText(stream, piece) {
   return { text, finish, role };
 }
 
-let failures = 0;
 const texts = {};
-const started = Date.now();
 for (const m of models) {
   const model = path(m.name);
   const prompt = m.prompt ?? 'Once upon a time';
-  let server;
-  try {
-    server = await startServer(model);
-    const client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: 'unused', maxRetries: 0 });
-    assert.match(server.banner, new RegExp(`chat template ${m.chat ?? 'none'};`));
-    assert.deepEqual((await client.models.list()).data.map((x) => x.id), [m.name]);
+  let want;
+  await check(m.name, async () => {
+    const server = await startServer(model);
+    try {
+      const client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: 'unused', maxRetries: 0 });
+      assert.match(server.banner, new RegExp(`chat template ${m.chat ?? 'none'};`));
+      assert.deepEqual((await client.models.list()).data.map((x) => x.id), [m.name]);
 
-    const n = 8;
-    const want = generate(model, prompt, n);
-    const r = await client.completions.create({ model: m.name, prompt, max_tokens: n, temperature: 0, ignore_eos: true,
-                                               logprobs: 0, return_tokens_as_token_ids: true });
-    const ids = r.choices[0].logprobs.tokens.map((t) => Number(t.replace(/^token_id:/, '')));
-    assert.deepEqual(ids, want.ids, 'completion ids vs moex generate');
-    assert.equal(r.choices[0].text, want.text, 'completion text vs moex generate');
-    assert.equal(r.choices[0].finish_reason, 'length');
-    texts[m.name] = r.choices[0].text;
-    if (m.same) assert.equal(texts[m.name], texts[m.same], `${m.name} vs ${m.same}`);
-    const s = await streamText(await client.completions.create({ model: m.name, prompt, max_tokens: n, temperature: 0,
-                                                                 ignore_eos: true, stream: true }), (c) => c.text);
-    assert.equal(s.text, want.text, 'streamed completion');
-    assert.equal(s.finish, 'length');
+      const n = 8;
+      want = generate(model, prompt, n);
+      const r = await client.completions.create({ model: m.name, prompt, max_tokens: n, temperature: 0, ignore_eos: true,
+                                                 logprobs: 0, return_tokens_as_token_ids: true });
+      const ids = r.choices[0].logprobs.tokens.map((t) => Number(t.replace(/^token_id:/, '')));
+      assert.deepEqual(ids, want.ids, 'completion ids vs moex generate');
+      assert.equal(r.choices[0].text, want.text, 'completion text vs moex generate');
+      assert.equal(r.choices[0].finish_reason, 'length');
+      texts[m.name] = r.choices[0].text;
+      if (m.same) assert.equal(texts[m.name], texts[m.same], `${m.name} vs ${m.same}`);
+      const s = await streamText(await client.completions.create({ model: m.name, prompt, max_tokens: n, temperature: 0,
+                                                                   ignore_eos: true, stream: true }), (c) => c.text);
+      assert.equal(s.text, want.text, 'streamed completion');
+      assert.equal(s.finish, 'length');
 
-    const content = 'Tell me a story.';
-    const messages = [{ role: 'user', content }];
-    if (m.chat) {
-      const c = await client.chat.completions.create({ model: m.name, messages, max_tokens: 6, temperature: 0,
-                                                       ignore_eos: true });
-      const plain = await client.completions.create({ model: m.name, prompt: rendered[m.chat](content), max_tokens: 6,
-                                                      temperature: 0, ignore_eos: true });
-      assert.equal(c.choices[0].message.role, 'assistant');
-      assert.equal(c.choices[0].message.content, plain.choices[0].text, 'chat vs the rendered prompt as a completion');
-      assert.equal(c.usage.prompt_tokens, plain.usage.prompt_tokens);
-      const cs = await streamText(await client.chat.completions.create({ model: m.name, messages, max_tokens: 6,
-                                                                         temperature: 0, ignore_eos: true, stream: true }),
-                                  (x) => x.delta.content);
-      assert.equal(cs.text, c.choices[0].message.content, 'streamed chat');
-      assert.equal(cs.role, 'assistant');
-      assert.equal(cs.finish, 'length');
-    } else {
-      await assert.rejects(client.chat.completions.create({ model: m.name, messages, max_tokens: 4 }),
-                           (e) => e.status === 400, 'chat without a template: 400');
+      const content = 'Tell me a story.';
+      const messages = [{ role: 'user', content }];
+      if (m.chat) {
+        const c = await client.chat.completions.create({ model: m.name, messages, max_tokens: 6, temperature: 0,
+                                                         ignore_eos: true });
+        const plain = await client.completions.create({ model: m.name, prompt: rendered[m.chat](content), max_tokens: 6,
+                                                        temperature: 0, ignore_eos: true });
+        assert.equal(c.choices[0].message.role, 'assistant');
+        assert.equal(c.choices[0].message.content, plain.choices[0].text, 'chat vs the rendered prompt as a completion');
+        assert.equal(c.usage.prompt_tokens, plain.usage.prompt_tokens);
+        const cs = await streamText(await client.chat.completions.create({ model: m.name, messages, max_tokens: 6,
+                                                                           temperature: 0, ignore_eos: true, stream: true }),
+                                    (x) => x.delta.content);
+        assert.equal(cs.text, c.choices[0].message.content, 'streamed chat');
+        assert.equal(cs.role, 'assistant');
+        assert.equal(cs.finish, 'length');
+      } else {
+        await assert.rejects(client.chat.completions.create({ model: m.name, messages, max_tokens: 4 }),
+                             (e) => e.status === 400, 'chat without a template: 400');
+      }
+    } finally {
+      stopped.push(stopServer(server));
     }
-    console.log(`ok - ${m.name}: ${JSON.stringify(want.text)} (ids ${want.ids.join(' ')})`);
-  } catch (e) {
-    failures++;
-    console.log(`not ok - ${m.name}\n${e.stack}`);
-  } finally {
-    if (server) stopServer(server);
-  }
+  });
+  if (want) console.log(`# ${m.name}: ${JSON.stringify(want.text)} (ids ${want.ids.join(' ')})`);
 }
-for (const [i, exit] of (await Promise.all(stopped)).entries()) {
-  if (exit.code === 0) continue;
-  failures++;
-  console.log(`not ok - server ${i} ended with ${JSON.stringify(exit)} after SIGTERM`);
-}
-console.log(`${failures ? 'FAIL' : 'ok'}: ${models.length} models in ${((Date.now() - started) / 1000).toFixed(1)} s`);
-process.exit(failures ? 1 : 0);
+await check('every server exits 0 on SIGTERM', async () => {
+  for (const [i, exit] of (await Promise.all(stopped)).entries())
+    assert.deepEqual(exit, { code: 0, signal: null }, `server ${i}`);
+});
+finish(`checks of ${models.length} models`);

@@ -6,46 +6,22 @@
 // the server still answers; prefix caching (cached tokens reported, fewer prompt tokens computed, same output as
 // without the cache).
 import assert from 'node:assert/strict';
-import { spawn, execFileSync } from 'node:child_process';
-import { cpSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { execFileSync } from 'node:child_process';
+import { cpSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { connect } from 'node:net';
-import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import OpenAI from 'openai';
+import { check, finish, startServer as start, workFolder } from './harness.mjs';
 
 const moex = process.argv[2];
 const mpirun = process.argv[3];
 assert.ok(moex, 'usage: node serve_test.mjs MOEX_BINARY');
-const work = mkdtempSync(join(tmpdir(), 'moex-serve-test-'));
+const work = workFolder('moex-serve-test-');
 const model = join(work, 'tiny');
 execFileSync(moex, ['gen-model', '--preset', 'tiny', '--seed', '7', '--out', model], { stdio: 'ignore' });
 
-const servers = [];
-function startServer(args, ranks = 1, modelDir = model, extraEnv = {}) {
-  return new Promise((resolve, reject) => {
-    const serve = ['serve', '--model', modelDir, '--port', '0', '--threads', '1', ...args];
-    const env = { ...process.env, OMPI_MCA_mpi_yield_when_idle: '1', OMPI_MCA_btl_vader_single_copy_mechanism: 'none',
-                  ...extraEnv };
-    const child = ranks === 1
-      ? spawn(moex, serve, { stdio: ['ignore', 'pipe', 'inherit'] })
-      : spawn(mpirun, ['--allow-run-as-root', '--oversubscribe', '-np', String(ranks), moex, ...serve],
-              { stdio: ['ignore', 'pipe', 'inherit'], env });
-    servers.push(child);
-    let out = '';
-    child.stdout.on('data', (d) => {
-      out += d.toString();
-      const m = out.match(/listening on (http:\/\/127\.0\.0\.1:(\d+))/);
-      if (m) resolve({ child, url: m[1] });
-    });
-    child.on('exit', (code) => reject(new Error(`moex serve exited with ${code}: ${out}`)));
-  });
-}
-function stopAll() {
-  for (const s of servers) if (s.exitCode === null) s.kill('SIGTERM');
-}
-process.on('exit', () => { stopAll(); rmSync(work, { recursive: true, force: true }); });
-for (const sig of ['SIGINT', 'SIGTERM']) process.on(sig, () => process.exit(1));  // ctest's timeout: no orphans
+const startServer = (args, ranks = 1, modelDir = model, env = {}) => start(moex, modelDir, args, { ranks, mpirun, env });
 
 // GET /metrics, parsed: value('moex:name{label="v"}') is the sample of that name whose labels include the
 // given ones (every sample also carries model_name).
@@ -66,17 +42,6 @@ async function metrics(url) {
     return hit.value;
   };
   return { value, text };
-}
-
-let failures = 0;
-async function check(name, fn) {
-  try {
-    await fn();
-    console.log(`ok - ${name}`);
-  } catch (e) {
-    failures++;
-    console.log(`not ok - ${name}\n${e.stack}`);
-  }
 }
 
 const KEY = 'test-key';
@@ -703,6 +668,4 @@ if (mpirun) {
   });
 }
 
-stopAll();
-console.log(failures ? `${failures} check(s) failed` : 'all checks passed');
-process.exit(failures ? 1 : 0);
+finish();
