@@ -84,8 +84,10 @@ std::vector<std::pair<int, std::string>> exchange(Communicator& comm, int code, 
   return out;
 }
 
-// "rank 1 differs from rank 0: --seed is 2, rank 0 has 1", or "" when equal.
+}  // namespace
+
 std::string first_difference(int rank, const Description& mine, const Description& reference) {
+  if (mine == reference) return "";
   auto find = [](const Description& d, const std::string& name) -> const std::string* {
     for (const auto& [key, value] : d)
       if (key == name) return &value;
@@ -103,10 +105,14 @@ std::string first_difference(int rank, const Description& mine, const Descriptio
     if (std::string d = differ(name); !d.empty()) return d;
   for (const auto& [name, value] : mine)
     if (std::string d = differ(name); !d.empty()) return d;
-  return "";
+  // The same names and values in another order (or one name twice): say where the order differs.
+  for (size_t i = 0; i < std::min(mine.size(), reference.size()); ++i)
+    if (mine[i] != reference[i])
+      return ::moex::detail::concat("rank ", rank, " differs from rank 0 in order: its item ", i + 1, " is ", mine[i].first,
+                                    ", rank 0's is ", reference[i].first);
+  return ::moex::detail::concat("rank ", rank, " differs from rank 0: ", mine.size(), " items, rank 0 has ",
+                                reference.size());
 }
-
-}  // namespace
 
 void check_same_on_all_ranks(Communicator& comm, const std::function<Description()>& describe) {
   int code = 0;

@@ -36,6 +36,11 @@ using Description = std::vector<std::pair<std::string, std::string>>;
 // that differs ("rank 1 differs from rank 0: --seed is 2, rank 0 has 1"; exit 2).
 void check_same_on_all_ranks(Communicator& comm, const std::function<Description()>& describe);
 
+// The line check_same_on_all_ranks prints for two descriptions that differ: the first name whose value
+// differs or is missing on one side ("rank 1 differs from rank 0: --seed is 2, rank 0 has 1"), else where
+// the order of the same items differs, else their counts; "" when equal.
+std::string first_difference(int rank, const Description& mine, const Description& reference);
+
 // True in a job of several MPI ranks (after MPI init, before finalize): an error must go through abort_job.
 bool in_multi_rank_job();
 
