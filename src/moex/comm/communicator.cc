@@ -45,14 +45,26 @@ inline void backoff(uint64_t spins) {
   }
 }
 
+std::string this_host_name() {
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0) return "localhost";
+  return name;
+}
+
 // A size-1 group that never touches MPI: what a rank started without mpirun gets.
 class SelfCommunicator final : public Communicator {
  public:
+  SelfCommunicator() {
+    const int key = 0;
+    const std::string name = this_host_name();
+    topology_ = make_topology({&key, 1}, {&name, 1});
+  }
   int rank() const override { return 0; }
   int size() const override { return 1; }
   std::string_view backend() const override { return "self"; }
   std::unique_ptr<Communicator> split(int, int) override { return std::make_unique<SelfCommunicator>(); }
   void barrier() override {}
+  const Topology& topology() const override { return topology_; }
   void* alloc_registered(size_t bytes) override {
     buffers_.push_back(std::make_unique<std::byte[]>(std::max<size_t>(bytes, 1)));
     return buffers_.back().get();
@@ -95,9 +107,28 @@ class SelfCommunicator final : public Communicator {
     throw_error(ErrorKind::kInternal, ::moex::detail::concat("rank ", peer, " does not exist in a group of 1 rank"));
   }
   std::vector<std::unique_ptr<std::byte[]>> buffers_;
+  Topology topology_;
 };
 
 }  // namespace
+
+Communicator& Communicator::intra_host() {
+  make_host_levels();
+  return *intra_host_;
+}
+
+Communicator& Communicator::inter_host() {
+  make_host_levels();
+  return *inter_host_;
+}
+
+void Communicator::make_host_levels() {
+  if (intra_host_) return;
+  const Topology& t = topology();
+  const int host = t.host_of_rank[rank()];
+  intra_host_ = split(host, rank());
+  inter_host_ = split(t.local_rank[rank()], host);
+}
 
 // ---------------------------------------------------------------------------------------------------
 // start-up and shutdown
@@ -202,6 +233,37 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm) : comm_(comm) {
   MPI_Comm_size(node_comm_, &node_size);
   all_on_one_node_ = node_size == size_;
   scratch_.resize(4);
+  find_topology();
+}
+
+// Every rank contributes its node's lowest rank (node rank 0, as the split above orders by rank: found
+// locally by translating groups) and its host name; one all-gather gives every rank the whole map.
+void MpiCommunicator::find_topology() {
+  MPI_Group node_group, group;
+  MPI_Comm_group(node_comm_, &node_group);
+  MPI_Comm_group(comm_, &group);
+  const int node_root = 0;
+  int key = 0;
+  MPI_Group_translate_ranks(node_group, 1, &node_root, group, &key);
+  MPI_Group_free(&node_group);
+  MPI_Group_free(&group);
+  struct Entry {
+    int key;
+    char name[MPI_MAX_PROCESSOR_NAME + 1];
+  };
+  Entry own{key, {}};
+  int length = 0;
+  MPI_Get_processor_name(own.name, &length);
+  std::vector<Entry> all(size_);
+  stats_ = CollectiveStats{"topology"};
+  check(MPI_Allgather(&own, sizeof(Entry), MPI_BYTE, all.data(), sizeof(Entry), MPI_BYTE, comm_), "MPI_Allgather");
+  std::vector<int> keys;
+  std::vector<std::string> names;
+  for (const Entry& e : all) {
+    keys.push_back(e.key);
+    names.emplace_back(e.name, strnlen(e.name, MPI_MAX_PROCESSOR_NAME));
+  }
+  topology_ = make_topology(keys, names);
 }
 
 MpiCommunicator::~MpiCommunicator() {
