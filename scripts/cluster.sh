@@ -7,7 +7,8 @@
 #   scripts/cluster.sh down [N]                              remove every host of the prefix, its veths and the
 #                                                            bridge (idempotent; N, if given, is only checked)
 #   scripts/cluster.sh hostfile [--slots S]                  print an mpirun hostfile naming the hosts
-#   scripts/cluster.sh mpirun ARGS...                        mpirun across the hosts (hostfile, agent, MCA settings)
+#   scripts/cluster.sh mpirun ARGS...                        mpirun across the hosts (hostfile, agent, MCA settings);
+#                                                            its hostfile, one slot per host, is /run/moex-cluster/PREFIX.hosts
 #   scripts/cluster.sh status                                list the hosts with their addresses and shaping
 # Options (before mpirun's own arguments they come from the environment only):
 #   --prefix P   (MOEX_CLUSTER_PREFIX, default moex-h)      hosts P0, P1, ...; bridge Pbr; root-side veths P0b, ...
@@ -55,6 +56,12 @@ for octet in ${subnet//./ }; do
   [ "$octet" -le 255 ] || die "--subnet '$subnet': $octet is not an octet"
 done
 bridge=${prefix}br
+# Written by up, removed by down: the hostfile of `cluster.sh mpirun` lives as long as the hosts do.
+state_dir=/run/moex-cluster
+hosts_file=$state_dir/$prefix.hosts
+# `ip netns add` bind-mounts /run/netns onto itself, and the mount outlives the namespaces. When up made it (it
+# did not exist), down unmounts it again once no namespace at all is left; one that was there stays.
+netns_marker=$state_dir/made-run-netns
 
 need_root() {
   [ "$(id -u)" -eq 0 ] || die "$cmd needs root (network namespaces, veth pairs and a bridge)"
@@ -80,6 +87,13 @@ down() {
     ip link delete "$h" 2>/dev/null || true
   done
   ! ip link show "$bridge" >/dev/null 2>&1 || ip link delete "$bridge" type bridge
+  rm -f "$hosts_file"
+  if [ -e "$netns_marker" ] && [ -z "$(ip netns list 2>/dev/null)" ]; then
+    ! mountpoint -q /run/netns || umount /run/netns
+    rmdir /run/netns 2>/dev/null || true
+    rm -f "$netns_marker"
+  fi
+  rmdir "$state_dir" 2>/dev/null || true
 }
 
 # Bytes a tbf bucket needs for RATE: what the rate moves in 4 ms (one tick at HZ=250), at least 64 KB.
@@ -114,6 +128,8 @@ up() {
   if ip -o addr show 2>/dev/null | grep -q " inet ${subnet//./\\.}\."; then
     die "subnet $subnet.0/24 is in use on this machine: choose another --subnet"
   fi
+  mkdir -p "$state_dir"
+  [ -e /run/netns ] || : > "$netns_marker"
   # A half-made cluster is removed again: up either makes all N hosts or nothing.
   trap 'echo "cluster.sh: up failed; removing what it made" >&2; down' ERR
   ip link add "$bridge" type bridge
@@ -134,6 +150,7 @@ up() {
       shape "${h}b"    # bridge -> host
     fi
   done
+  hostfile > "$hosts_file"
   trap - ERR
   echo "cluster.sh: $n host(s) ${prefix}0..$prefix$((n - 1)) on $subnet.0/24 (bridge $bridge, $subnet.254)${rate:+, links shaped to $rate (burst $burst bytes)}"
 }
@@ -157,11 +174,9 @@ case "$cmd" in
     done ;;
   mpirun)
     need_root
-    file=$(mktemp /tmp/moex-hostfile.XXXXXX)
-    trap 'rm -f "$file"' EXIT
-    hostfile > "$file"
+    [ -f "$hosts_file" ] || die "no hosts of prefix $prefix: run '$0 up N' first"
     # The settings and why: docs/comm.md, "Running across hosts".
-    mpirun --allow-run-as-root --oversubscribe --hostfile "$file" \
+    exec mpirun --allow-run-as-root --oversubscribe --hostfile "$hosts_file" \
       --mca plm_rsh_agent "$here/cluster-agent.sh" --mca routed direct \
       --mca btl tcp,self,vader --mca btl_tcp_if_include "$subnet.0/24" --mca oob_tcp_if_include "$subnet.0/24" \
       --mca oob_tcp_keepalive_time 4 --mca oob_tcp_keepalive_intvl 2 --mca oob_tcp_keepalive_probes 3 \
