@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "moex/base/dtype.h"
+#include "moex/base/error.h"
 #include "moex/comm/communicator.h"
 #include "moex/comm/selector.h"
 
@@ -265,6 +266,15 @@ void test_host_levels(Communicator& comm, int expected_hosts) {
   if (t.uniform()) {
     inter.allreduce(&x, 1, CommDType::kF32, AllreduceAlgo::kRing);
     EXPECT(x == static_cast<float>(p * (p + 1) / 2), "two-level sum %f, expected %d", x, p * (p + 1) / 2);
+  }
+  if (t.hosts() > 1) {  // shm across hosts: an input error on every rank, before anything is sent
+    bool refused = false;
+    try {
+      comm.allreduce(&x, 1, CommDType::kF32, AllreduceAlgo::kShm);
+    } catch (const moex::Error& e) {
+      refused = e.kind() == moex::ErrorKind::kInvalidInput;
+    }
+    EXPECT(refused, "the shm all-reduce across %d hosts was not refused as an input error", t.hosts());
   }
 }
 
