@@ -7,7 +7,8 @@ over the bridge. Checks that
   - `moex logits` with TP and with EP across the hosts equals one rank's (the tolerance and greedy-token check
     of tests/parallel/check_plans.py);
   - a job ends in bounded time with one line naming what failed when one host's rank is killed (mpirun's
-    line naming the host), stops alive (SIGSTOP: the comm watchdog's, MOEX_COMM_TIMEOUT over TCP), or its
+    line naming the host), stops alive (SIGSTOP: the comm watchdog's, MOEX_COMM_TIMEOUT over TCP, naming the
+    host it waits for), or its
     host's link goes down (OpenMPI's lost-daemon message naming the host, from the TCP keepalive that
     cluster.sh mpirun sets);
   - nothing is left behind: no namespace, bridge, veth or address of the test's prefix.
@@ -294,9 +295,11 @@ def run_checks(moex, collectives_test, root):
                            rf"process rank 1 with PID \d+ on node {PREFIX}1 exited on signal 9", ENV)
     check(not problems, f"a rank killed on {PREFIX}1 ends the job; mpirun names the host", problems)
 
-    problems = failing_job(long_job, signal_rank(signal.SIGSTOP), r"^moex: error: .*waited " + COMM_TIMEOUT_S +
-                           r" s with no progress from its peers", ENV)
-    check(not problems, f"a rank stopped alive on {PREFIX}1 ends the job; the comm watchdog's line", problems)
+    problems = failing_job(long_job, signal_rank(signal.SIGSTOP), r"^moex: error: .*on host " + PREFIX + "0 waited " +
+                           COMM_TIMEOUT_S + r" s with no progress from its peers \(still waiting for rank 1 on host " +
+                           PREFIX + r"1\)", ENV)
+    check(not problems, f"a rank stopped alive on {PREFIX}1 ends the job; the comm watchdog's line names the host",
+          problems)
 
     def cut_link():
         subprocess.run(["ip", "-n", PREFIX + "1", "link", "set", "eth0", "down"], check=True)

@@ -313,7 +313,9 @@ P2PRequest MpiCommunicator::isend(const void* data, size_t bytes, int peer, int 
   MPI_Request request;
   check(MPI_Isend(data, static_cast<int>(bytes), MPI_BYTE, peer, tag, comm_, &request), "MPI_Isend");
   stats_.bytes_sent += bytes;
-  return from_mpi(request);
+  P2PRequest out = from_mpi(request);
+  out.peer = peer;
+  return out;
 }
 
 P2PRequest MpiCommunicator::irecv(void* data, size_t bytes, int peer, int tag) {
@@ -321,7 +323,9 @@ P2PRequest MpiCommunicator::irecv(void* data, size_t bytes, int peer, int tag) {
   MPI_Request request;
   check(MPI_Irecv(data, static_cast<int>(bytes), MPI_BYTE, peer, tag, comm_, &request), "MPI_Irecv");
   stats_.bytes_received += bytes;
-  return from_mpi(request);
+  P2PRequest out = from_mpi(request);
+  out.peer = peer;
+  return out;
 }
 
 void MpiCommunicator::wait_all(std::span<P2PRequest> requests) {
@@ -343,13 +347,31 @@ void MpiCommunicator::wait_all(std::span<P2PRequest> requests) {
     backoff(spins);
     if ((spins & 1023) == 1023 && steady_now_ns() - start > limit_ns) {
       throw_comm_error(::moex::detail::concat(
-          stats_.operation, ": rank ", rank_, " of ", size_, " waited ", comm_timeout_seconds(),
-          " s with no progress from its peers; a rank has died or stopped calling collectives in the same "
-          "order (MOEX_COMM_TIMEOUT sets the limit)"));
+          stats_.operation, ": rank ", rank_, " of ", size_, " on host ", topology_.host_names[topology_.host_of_rank[rank_]],
+          " waited ", comm_timeout_seconds(), " s with no progress from its peers", pending_peers(requests, handles),
+          "; a rank has died, stopped or lost its link, or ranks called collectives in different orders "
+          "(MOEX_COMM_TIMEOUT sets the limit)"));
     }
   }
   stats_.wait_ns += steady_now_ns() - start;
   for (auto& request : requests) request = from_mpi(MPI_REQUEST_NULL);
+}
+
+// " (still waiting for rank 1 on host moex-h1, ...)": the peers of the requests not yet complete (MPI_Testall
+// left them all in place), or "" when those are a collective's, whose peers MPI does not say.
+std::string MpiCommunicator::pending_peers(std::span<const P2PRequest> requests, MPI_Request* handles) const {
+  std::vector<int> peers;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    int done = 1;
+    MPI_Request_get_status(handles[i], &done, MPI_STATUS_IGNORE);
+    if (!done && requests[i].peer >= 0 && std::find(peers.begin(), peers.end(), requests[i].peer) == peers.end())
+      peers.push_back(requests[i].peer);
+  }
+  std::string out;
+  for (int peer : peers)
+    out += ::moex::detail::concat(out.empty() ? " (still waiting for " : ", ", "rank ", peer, " on host ",
+                                  topology_.host_names[topology_.host_of_rank[peer]]);
+  return out.empty() ? out : out + ")";
 }
 
 void MpiCommunicator::wait_collective(MPI_Request request) {

@@ -20,6 +20,7 @@ namespace moex::comm {
 // One outstanding point-to-point transfer; opaque so this header does not need mpi.h.
 struct P2PRequest {
   uint64_t opaque = 0;
+  int peer = -1;  // the group rank at the other end (-1: a collective's): a wait that times out names its host
 };
 
 class Communicator {

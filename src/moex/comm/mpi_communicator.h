@@ -9,6 +9,8 @@
 
 #include <chrono>
 #include <memory>
+#include <span>
+#include <string>
 #include <vector>
 
 #include "moex/comm/codec.h"
@@ -125,6 +127,7 @@ class MpiCommunicator final : public Communicator {
   Topology topology_;
 
   void find_topology();
+  std::string pending_peers(std::span<const P2PRequest> requests, MPI_Request* handles) const;
 };
 
 // Marks that a comm error happened: finalize() then aborts the job instead of waiting for dead peers.
