@@ -247,7 +247,8 @@ void test_host_levels(Communicator& comm, int expected_hosts) {
   const uint64_t own = hash_bytes(map.data(), map.size());
   std::vector<uint64_t> all(p);
   comm.allgather(&own, sizeof(own), all.data());
-  for (int j = 0; j < p; ++j) EXPECT(all[j] == own, "rank %d sees another host map than rank %d: %s", j, r, map.c_str());
+  for (int j = 0; j < p; ++j)
+    EXPECT(all[j] == own, "rank %d sees another host map than rank %d: %s", j, r, map.c_str());
   const int host = t.host_of_rank[r];
   Communicator& intra = comm.intra_host();
   Communicator& inter = comm.inter_host();

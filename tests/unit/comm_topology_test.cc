@@ -24,6 +24,7 @@ TEST(CommTopology, HostsAreNumberedByTheirLowestRankAndLocalRanksFollowRankOrder
   EXPECT_EQ(t.ranks_per_host, (std::vector<int>{3, 3}));
   EXPECT_TRUE(t.uniform());
   EXPECT_EQ(t.ranks_on_host(1), (std::vector<int>{1, 3, 5}));
+  EXPECT_EQ(t.host_name_of(3), "b");
   EXPECT_EQ(describe_topology(t), (std::vector<std::string>{"host 0 a: ranks 0,2,4", "host 1 b: ranks 1,3,5"}));
 }
 

@@ -347,8 +347,8 @@ void MpiCommunicator::wait_all(std::span<P2PRequest> requests) {
     backoff(spins);
     if ((spins & 1023) == 1023 && steady_now_ns() - start > limit_ns) {
       throw_comm_error(::moex::detail::concat(
-          stats_.operation, ": rank ", rank_, " of ", size_, " on host ", topology_.host_names[topology_.host_of_rank[rank_]],
-          " waited ", comm_timeout_seconds(), " s with no progress from its peers", pending_peers(requests, handles),
+          stats_.operation, ": rank ", rank_, " of ", size_, " on host ", topology_.host_name_of(rank_), " waited ",
+          comm_timeout_seconds(), " s with no progress from its peers", pending_peers(requests, handles),
           "; a rank has died, stopped or lost its link, or ranks called collectives in different orders "
           "(MOEX_COMM_TIMEOUT sets the limit)"));
     }
@@ -370,7 +370,7 @@ std::string MpiCommunicator::pending_peers(std::span<const P2PRequest> requests,
   std::string out;
   for (int peer : peers)
     out += ::moex::detail::concat(out.empty() ? " (still waiting for " : ", ", "rank ", peer, " on host ",
-                                  topology_.host_names[topology_.host_of_rank[peer]]);
+                                  topology_.host_name_of(peer));
   return out.empty() ? out : out + ")";
 }
 

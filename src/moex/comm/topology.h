@@ -22,6 +22,7 @@ struct Topology {
   // every host, which a two-level collective needs.
   bool uniform() const;
   std::vector<int> ranks_on_host(int host) const;  // rank order
+  const std::string& host_name_of(int rank) const { return host_names[host_of_rank[rank]]; }
 };
 
 // node_key[r]: equal exactly for the ranks that share rank r's host (e.g. the group rank of its node's
