@@ -1,5 +1,6 @@
 // Multi-rank tests of every collective algorithm; run under mpirun with 1..8 ranks (tests/mpi/CMakeLists.txt).
-// Every algorithm x dtype x count (0, 1, p-1, p+1, not divisible by p, one-shot and multi-segment shm sizes).
+// Every algorithm x dtype x count (0, 1, p-1, p+1, not divisible by p, one-shot and multi-segment shm sizes),
+// and the rank -> host map with its intra-host and inter-host groups.
 // fp32 integer data must be exact; bf16 and fp8 errors are bounded; all ranks must end bit-identical.
 #include <malloc.h>
 #include <unistd.h>
@@ -7,12 +8,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "moex/base/dtype.h"
+#include "moex/base/error.h"
 #include "moex/comm/communicator.h"
 #include "moex/comm/selector.h"
 
@@ -221,13 +224,74 @@ void test_groups_and_async(Communicator& comm) {
            static_cast<unsigned long long>(sent_fp8), static_cast<unsigned long long>(sent_bf16));
 }
 
+// The rank -> host map agrees on every rank and with the two levels made from it: intra_host() holds this
+// host's ranks, inter_host() one rank per host, and summing over one level then the other sums over all.
+// expected_hosts < 0: any number (mpirun on one machine gives 1 host).
+// Failures summed over the ranks; rank 0 prints the count. The exit code of every rank.
+int report(Communicator& comm) {
+  int failures = g_failures, total = 0;
+  std::vector<int> all(comm.size());
+  comm.allgather(&failures, sizeof(int), all.data());
+  for (int f : all) total += f;
+  if (comm.rank() == 0) std::printf("comm_collectives_test: %d ranks, %d failures\n", comm.size(), total);
+  return total == 0 ? 0 : 1;
+}
+
+void test_host_levels(Communicator& comm, int expected_hosts) {
+  const int p = comm.size(), r = comm.rank();
+  const Topology& t = comm.topology();
+  EXPECT(t.ranks() == p, "topology has %d ranks, group %d", t.ranks(), p);
+  if (expected_hosts >= 0) EXPECT(t.hosts() == expected_hosts, "%d hosts, expected %d", t.hosts(), expected_hosts);
+  std::string map;
+  for (const std::string& line : describe_topology(t)) map += line + ";";
+  const uint64_t own = hash_bytes(map.data(), map.size());
+  std::vector<uint64_t> all(p);
+  comm.allgather(&own, sizeof(own), all.data());
+  for (int j = 0; j < p; ++j)
+    EXPECT(all[j] == own, "rank %d sees another host map than rank %d: %s", j, r, map.c_str());
+  const int host = t.host_of_rank[r];
+  Communicator& intra = comm.intra_host();
+  Communicator& inter = comm.inter_host();
+  EXPECT(intra.size() == t.ranks_per_host[host] && intra.rank() == t.local_rank[r], "intra-host group %d of %d",
+         intra.rank(), intra.size());
+  EXPECT(intra.topology().hosts() == 1, "the intra-host group spans %d hosts", intra.topology().hosts());
+  EXPECT(inter.topology().hosts() == inter.size(), "the inter-host group has %d ranks on %d hosts", inter.size(),
+         inter.topology().hosts());
+  if (t.uniform()) EXPECT(inter.size() == t.hosts() && inter.rank() == host, "inter-host group %d of %d, host %d",
+                          inter.rank(), inter.size(), host);
+  float x = static_cast<float>(r + 1);
+  intra.allreduce(&x, 1, CommDType::kF32, AllreduceAlgo::kRing);
+  float from_host = 0;  // what the host's ranks hold: the same on each
+  for (int j : t.ranks_on_host(host)) from_host += static_cast<float>(j + 1);
+  EXPECT(x == from_host, "intra-host sum %f, expected %f", x, from_host);
+  if (t.uniform()) {
+    inter.allreduce(&x, 1, CommDType::kF32, AllreduceAlgo::kRing);
+    EXPECT(x == static_cast<float>(p * (p + 1) / 2), "two-level sum %f, expected %d", x, p * (p + 1) / 2);
+  }
+  if (t.hosts() > 1) {  // shm across hosts: an input error on every rank, before anything is sent
+    bool refused = false;
+    try {
+      comm.allreduce(&x, 1, CommDType::kF32, AllreduceAlgo::kShm);
+    } catch (const moex::Error& e) {
+      refused = e.kind() == moex::ErrorKind::kInvalidInput;
+    }
+    EXPECT(refused, "the shm all-reduce across %d hosts was not refused as an input error", t.hosts());
+  }
+}
+
 }  // namespace
 
-int main() {
+// Arguments: none runs every test; `levels HOSTS` only the host map and its two levels, expecting HOSTS hosts:
+// what a run across hosts adds to the runs on one machine.
+int main(int argc, char** argv) {
   try {
     Communicator& comm = init();
     g_rank = comm.rank();
     const int p = comm.size();
+    if (argc == 3 && std::string_view(argv[1]) == "levels") {
+      test_host_levels(comm, std::atoi(argv[2]));
+      return report(comm);
+    }
     test_init_leaves_the_allocator_alone();
     const std::vector<size_t> counts = {0, 1, static_cast<size_t>(std::max(p - 1, 1)), static_cast<size_t>(p + 1),
                                         1000 * static_cast<size_t>(p) + 3, 128 * static_cast<size_t>(p) + 5,
@@ -250,12 +314,8 @@ int main() {
     test_allreduce(comm, AllreduceAlgo::kAuto, CommDType::kF32, 4099, true);
     test_other_collectives(comm);
     test_groups_and_async(comm);
-    int failures = g_failures, total = 0;
-    std::vector<int> all(p);
-    comm.allgather(&failures, sizeof(int), all.data());
-    for (int f : all) total += f;
-    if (comm.rank() == 0) std::printf("comm_collectives_test: %d ranks, %d failures\n", p, total);
-    return total == 0 ? 0 : 1;
+    test_host_levels(comm, -1);
+    return report(comm);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "rank %d: error: %s\n", g_rank, e.what());
     return 3;

@@ -102,8 +102,13 @@ void run_bench_comm(const BenchCommFlags& flags) {
 
   std::vector<std::string> algos;
   if (flags.algos.empty()) {
-    if (is_allreduce) for (auto a : comm::all_allreduce_algos()) algos.emplace_back(comm::algo_name(a));
-    else for (auto a : comm::all_alltoall_algos()) algos.emplace_back(comm::algo_name(a));
+    if (is_allreduce) {
+      // shm only where every rank shares one host (across hosts, asking for it is an error).
+      for (auto a : comm::all_allreduce_algos())
+        if (a != comm::AllreduceAlgo::kShm || world.topology().hosts() == 1) algos.emplace_back(comm::algo_name(a));
+    } else {
+      for (auto a : comm::all_alltoall_algos()) algos.emplace_back(comm::algo_name(a));
+    }
   } else {
     size_t pos = 0;
     while (pos <= flags.algos.size()) {

@@ -1,9 +1,11 @@
-// `moex info`: what this machine offers MoEX (ISA, threads, which kernels run).
+// `moex info`: what this machine offers MoEX (ISA, threads, which kernels run) and, under mpirun, which
+// ranks share a host. Rank 0 prints for the job; the others print nothing (the same lines once).
 #include <cstdio>
 #include <string>
 
 #include "moex/base/cpu.h"
 #include "moex/base/threads.h"
+#include "moex/comm/communicator.h"
 #include "moex/kernels/packed.h"
 #include "tools/moex/command.h"
 
@@ -14,6 +16,8 @@ void setup_info(CLI::App& app) {
   auto* cmd = app.add_subcommand("info", "Print CPU features, thread count and the kernels in use");
   cmd->callback([] {
     set_num_threads(0);  // reports a bad MOEX_THREADS or MOEX_ISA rather than printing what replaced it
+    comm::Communicator& world = comm::world();
+    if (world.rank() != 0) return;
     std::printf("cpu features: %s\n", cpu_features().str().c_str());
     std::printf("kernels:      %s\n", use_x86_kernels()    ? "x86 (AVX-512)"
                                      : use_avx2_kernels() ? "x86 (AVX2 + FMA for the packed matmuls below; the rest scalar)"
@@ -32,6 +36,9 @@ void setup_info(CLI::App& app) {
       if (many != few) std::printf("/%s", std::string(kernels::isa_name(many)).c_str());
     }
     std::printf("\n");
+    const comm::Topology& topology = world.topology();
+    std::printf("ranks:        %d on %d host%s\n", topology.ranks(), topology.hosts(), topology.hosts() > 1 ? "s" : "");
+    for (const std::string& line : comm::describe_topology(topology)) std::printf("  %s\n", line.c_str());
   });
 }
 MOEX_REGISTER_COMMAND(setup_info);

@@ -61,7 +61,9 @@ void run_tune_comm(const TuneCommFlags& flags) {
     const size_t elem = comm::comm_dtype_buffer_size(*dtype);
     std::vector<comm::AllreduceAlgo> candidates;
     for (comm::AllreduceAlgo algo : comm::all_allreduce_algos())
-      if (comm::allreduce_auto_candidate(algo, *dtype)) candidates.push_back(algo);
+      if (comm::allreduce_auto_candidate(algo, *dtype) &&
+          (algo != comm::AllreduceAlgo::kShm || world.topology().hosts() == 1))  // shm needs one host
+        candidates.push_back(algo);
     // fp32 twice: on ordinary and on registered memory (where shm reads peers in place), since the engine's
     // TP buffers are registered and the winners differ.
     for (const bool registered : {false, true}) {

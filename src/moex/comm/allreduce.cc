@@ -116,6 +116,11 @@ void MpiCommunicator::allreduce(void* data, size_t count, CommDType dtype, Allre
                               : nullptr;
   const AllreduceAlgo algo =
       select_allreduce(requested, size_, dtype, buffer_bytes, all_on_one_node_, registered != nullptr);
+  // Asked for by name (flag, MOEX_COMM_ALGO, a caller): every rank of the group knows, so all fail alike.
+  if (algo == AllreduceAlgo::kShm && !all_on_one_node_)
+    throw_error(ErrorKind::kInvalidInput,
+                ::moex::detail::concat("the shm all-reduce needs every rank on one host; this group of ", size_,
+                                       " ranks spans ", topology_.hosts(), " hosts: choose another algorithm"));
   static constexpr const char* kOperation[] = {"allreduce(auto)", "allreduce(ring)", "allreduce(rd)",
                                                "allreduce(rabenseifner)", "allreduce(nhr)", "allreduce(mesh)",
                                                "allreduce(shm)", "allreduce(mpi)"};  // AllreduceAlgo order

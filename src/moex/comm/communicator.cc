@@ -45,14 +45,26 @@ inline void backoff(uint64_t spins) {
   }
 }
 
+std::string this_host_name() {
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0) return "localhost";
+  return name;
+}
+
 // A size-1 group that never touches MPI: what a rank started without mpirun gets.
 class SelfCommunicator final : public Communicator {
  public:
+  SelfCommunicator() {
+    const int key = 0;
+    const std::string name = this_host_name();
+    topology_ = make_topology({&key, 1}, {&name, 1});
+  }
   int rank() const override { return 0; }
   int size() const override { return 1; }
   std::string_view backend() const override { return "self"; }
   std::unique_ptr<Communicator> split(int, int) override { return std::make_unique<SelfCommunicator>(); }
   void barrier() override {}
+  const Topology& topology() const override { return topology_; }
   void* alloc_registered(size_t bytes) override {
     buffers_.push_back(std::make_unique<std::byte[]>(std::max<size_t>(bytes, 1)));
     return buffers_.back().get();
@@ -95,9 +107,28 @@ class SelfCommunicator final : public Communicator {
     throw_error(ErrorKind::kInternal, ::moex::detail::concat("rank ", peer, " does not exist in a group of 1 rank"));
   }
   std::vector<std::unique_ptr<std::byte[]>> buffers_;
+  Topology topology_;
 };
 
 }  // namespace
+
+Communicator& Communicator::intra_host() {
+  make_host_levels();
+  return *intra_host_;
+}
+
+Communicator& Communicator::inter_host() {
+  make_host_levels();
+  return *inter_host_;
+}
+
+void Communicator::make_host_levels() {
+  if (intra_host_) return;
+  const Topology& t = topology();
+  const int host = t.host_of_rank[rank()];
+  intra_host_ = split(host, rank());
+  inter_host_ = split(t.local_rank[rank()], host);
+}
 
 // ---------------------------------------------------------------------------------------------------
 // start-up and shutdown
@@ -202,6 +233,37 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm) : comm_(comm) {
   MPI_Comm_size(node_comm_, &node_size);
   all_on_one_node_ = node_size == size_;
   scratch_.resize(4);
+  find_topology();
+}
+
+// Every rank contributes its node's lowest rank (node rank 0, as the split above orders by rank: found
+// locally by translating groups) and its host name; one all-gather gives every rank the whole map.
+void MpiCommunicator::find_topology() {
+  MPI_Group node_group, group;
+  MPI_Comm_group(node_comm_, &node_group);
+  MPI_Comm_group(comm_, &group);
+  const int node_root = 0;
+  int key = 0;
+  MPI_Group_translate_ranks(node_group, 1, &node_root, group, &key);
+  MPI_Group_free(&node_group);
+  MPI_Group_free(&group);
+  struct Entry {
+    int key;
+    char name[MPI_MAX_PROCESSOR_NAME + 1];
+  };
+  Entry own{key, {}};
+  int length = 0;
+  MPI_Get_processor_name(own.name, &length);
+  std::vector<Entry> all(size_);
+  stats_ = CollectiveStats{"topology"};
+  check(MPI_Allgather(&own, sizeof(Entry), MPI_BYTE, all.data(), sizeof(Entry), MPI_BYTE, comm_), "MPI_Allgather");
+  std::vector<int> keys;
+  std::vector<std::string> names;
+  for (const Entry& e : all) {
+    keys.push_back(e.key);
+    names.emplace_back(e.name, strnlen(e.name, MPI_MAX_PROCESSOR_NAME));
+  }
+  topology_ = make_topology(keys, names);
 }
 
 MpiCommunicator::~MpiCommunicator() {
@@ -251,7 +313,9 @@ P2PRequest MpiCommunicator::isend(const void* data, size_t bytes, int peer, int 
   MPI_Request request;
   check(MPI_Isend(data, static_cast<int>(bytes), MPI_BYTE, peer, tag, comm_, &request), "MPI_Isend");
   stats_.bytes_sent += bytes;
-  return from_mpi(request);
+  P2PRequest out = from_mpi(request);
+  out.peer = peer;
+  return out;
 }
 
 P2PRequest MpiCommunicator::irecv(void* data, size_t bytes, int peer, int tag) {
@@ -259,7 +323,9 @@ P2PRequest MpiCommunicator::irecv(void* data, size_t bytes, int peer, int tag) {
   MPI_Request request;
   check(MPI_Irecv(data, static_cast<int>(bytes), MPI_BYTE, peer, tag, comm_, &request), "MPI_Irecv");
   stats_.bytes_received += bytes;
-  return from_mpi(request);
+  P2PRequest out = from_mpi(request);
+  out.peer = peer;
+  return out;
 }
 
 void MpiCommunicator::wait_all(std::span<P2PRequest> requests) {
@@ -281,13 +347,31 @@ void MpiCommunicator::wait_all(std::span<P2PRequest> requests) {
     backoff(spins);
     if ((spins & 1023) == 1023 && steady_now_ns() - start > limit_ns) {
       throw_comm_error(::moex::detail::concat(
-          stats_.operation, ": rank ", rank_, " of ", size_, " waited ", comm_timeout_seconds(),
-          " s with no progress from its peers; a rank has died or stopped calling collectives in the same "
-          "order (MOEX_COMM_TIMEOUT sets the limit)"));
+          stats_.operation, ": rank ", rank_, " of ", size_, " on host ", topology_.host_name_of(rank_), " waited ",
+          comm_timeout_seconds(), " s with no progress from its peers", pending_peers(requests, handles),
+          "; a rank has died, stopped or lost its link, or ranks called collectives in different orders "
+          "(MOEX_COMM_TIMEOUT sets the limit)"));
     }
   }
   stats_.wait_ns += steady_now_ns() - start;
   for (auto& request : requests) request = from_mpi(MPI_REQUEST_NULL);
+}
+
+// " (still waiting for rank 1 on host moex-h1, ...)": the peers of the requests not yet complete (MPI_Testall
+// left them all in place), or "" when those are a collective's, whose peers MPI does not say.
+std::string MpiCommunicator::pending_peers(std::span<const P2PRequest> requests, MPI_Request* handles) const {
+  std::vector<int> peers;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    int done = 1;
+    MPI_Request_get_status(handles[i], &done, MPI_STATUS_IGNORE);
+    if (!done && requests[i].peer >= 0 && std::find(peers.begin(), peers.end(), requests[i].peer) == peers.end())
+      peers.push_back(requests[i].peer);
+  }
+  std::string out;
+  for (int peer : peers)
+    out += ::moex::detail::concat(out.empty() ? " (still waiting for " : ", ", "rank ", peer, " on host ",
+                                  topology_.host_name_of(peer));
+  return out.empty() ? out : out + ")";
 }
 
 void MpiCommunicator::wait_collective(MPI_Request request) {

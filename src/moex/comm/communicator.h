@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "moex/comm/async.h"
+#include "moex/comm/topology.h"
 #include "moex/comm/types.h"
 
 namespace moex::comm {
@@ -19,6 +20,7 @@ namespace moex::comm {
 // One outstanding point-to-point transfer; opaque so this header does not need mpi.h.
 struct P2PRequest {
   uint64_t opaque = 0;
+  int peer = -1;  // the group rank at the other end (-1: a collective's): a wait that times out names its host
 };
 
 class Communicator {
@@ -31,6 +33,17 @@ class Communicator {
   // Ranks passing the same color form one new communicator, ordered by key then by old rank. Collective.
   virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
   virtual void barrier() = 0;
+
+  // ---- topology ----
+  // Which ranks of this group share a host (topology.h); known from construction, so this never communicates.
+  virtual const Topology& topology() const = 0;
+  // The two levels of a hierarchical collective, made together on the first call of either. That first
+  // call is collective, as split() is: every rank of the group makes it at the same point.
+  // intra_host(): the group's ranks on this rank's host, in rank order (level 0: shared memory).
+  // inter_host(): the ranks with this rank's local index (Topology::local_rank), one per host, in host
+  // order (level 1: the network). On a non-uniform topology some inter-host groups miss some hosts.
+  Communicator& intra_host();
+  Communicator& inter_host();
 
   // ---- point to point (bytes) ----
   virtual P2PRequest isend(const void* data, size_t bytes, int peer, int tag) = 0;
@@ -72,6 +85,10 @@ class Communicator {
   virtual CommHandle start(std::function<void(Communicator&)> op) = 0;
 
   CommHandle start_allreduce(void* data, size_t count, CommDType dtype, AllreduceAlgo algo = AllreduceAlgo::kAuto);
+
+ private:
+  void make_host_levels();
+  std::unique_ptr<Communicator> intra_host_, inter_host_;
 };
 
 // Sums fp32 activations over the group with `wire` as the payload type: fp32 and fp8 take the fp32 buffer

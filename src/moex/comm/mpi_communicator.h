@@ -9,6 +9,8 @@
 
 #include <chrono>
 #include <memory>
+#include <span>
+#include <string>
 #include <vector>
 
 #include "moex/comm/codec.h"
@@ -72,6 +74,7 @@ class MpiCommunicator final : public Communicator {
   std::string_view backend() const override { return "mpi"; }
   std::unique_ptr<Communicator> split(int color, int key) override;
   void barrier() override;
+  const Topology& topology() const override { return topology_; }
 
   P2PRequest isend(const void* data, size_t bytes, int peer, int tag) override;
   P2PRequest irecv(void* data, size_t bytes, int peer, int tag) override;
@@ -121,6 +124,10 @@ class MpiCommunicator final : public Communicator {
   std::vector<std::unique_ptr<std::byte[]>> registered_plain_;  // alloc_registered across nodes
   std::unique_ptr<MpiCommunicator> async_twin_;  // MPI_Comm_dup'ed, driven by progress_
   std::unique_ptr<ProgressThread> progress_;
+  Topology topology_;
+
+  void find_topology();
+  std::string pending_peers(std::span<const P2PRequest> requests, MPI_Request* handles) const;
 };
 
 // Marks that a comm error happened: finalize() then aborts the job instead of waiting for dead peers.
