@@ -19,8 +19,13 @@ const model = join(workFolder('moex-hostile-test-'), 'tiny');
 execFileSync(moex, ['gen-model', '--preset', 'tiny', '--seed', '7', '--out', model], { stdio: 'ignore' });
 const startServer = (args) => start(moex, model, args);
 
-// The server's resident memory in MB (its pid's VmRSS).
+// The server's resident memory in MB (its pid's VmRSS). Under AddressSanitizer (CI's second run) freed memory
+// waits in ASan's quarantine and malloc's options do not apply: the memory bounds are checked only without it.
 const rssMB = (child) => Number(readFileSync(`/proc/${child.pid}/status`, 'utf8').match(/VmRSS:\s+(\d+)/)[1]) / 1024;
+const sanitized = (child) => readFileSync(`/proc/${child.pid}/maps`, 'utf8').includes('libasan');
+const assertRss = (child, base, bound) => {
+  if (!sanitized(child)) assert.ok(rssMB(child) < base + bound, `RSS ${base.toFixed(0)} -> ${rssMB(child).toFixed(0)} MB`);
+};
 
 // Opens a raw connection, writes `head`, then calls `feed(sock)` (which may keep writing until it returns
 // false); resolves with everything received, whether the server closed the connection, how many bytes were
@@ -87,7 +92,7 @@ await check('no key: 1 GB chunked body is refused with 401 after its head, nothi
   assert.ok(r.closed, 'connection closed after the refusal');
   assert.ok(r.firstByte < 2000, `401 after ${r.firstByte} ms`);
   assert.ok(r.written < 256 << 20, `the server read ${r.written >> 20} MB of an unauthenticated body`);
-  assert.ok(rssMB(main.child) < baseRss + 64, `RSS ${baseRss.toFixed(0)} -> ${rssMB(main.child).toFixed(0)} MB`);
+  assertRss(main.child, baseRss, 64);
 });
 
 await check('no key: Content-Length 1 GB is refused with 401 at once', async () => {
@@ -104,7 +109,7 @@ await check('key: chunked body over 8 MB is a 413, a small chunked body is serve
                                    'Transfer-Encoding: chunked\r\n\r\n', { feed: () => (sent++ < 4096 ? chunk : null) });
   assert.deepEqual(statusOf(big.got), [413], big.got.slice(0, 200));
   assert.ok(big.closed && big.written < 64 << 20, `413 after ${big.written >> 20} MB written`);
-  assert.ok(rssMB(main.child) < baseRss + 128, `RSS ${baseRss.toFixed(0)} -> ${rssMB(main.child).toFixed(0)} MB`);
+  assertRss(main.child, baseRss, 128);
   const body = JSON.stringify({ prompt: 'Once upon a time', max_tokens: 2 });
   const half = body.length >> 1;
   const small = await raw(main.port, `POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${KEY}\r\n` +
@@ -154,7 +159,7 @@ await check('a prompt of 2.7M words (8 MB) is refused by its length before token
   }
   assert.ok(seconds < 10, `six refusals took ${seconds} s`);
   console.log(`# six 8 MB prompts: ${seconds} s, RSS ${baseRss.toFixed(0)} -> ${rssMB(main.child).toFixed(0)} MB`);
-  assert.ok(rssMB(main.child) < baseRss + 128, `RSS ${baseRss.toFixed(0)} -> ${rssMB(main.child).toFixed(0)} MB`);
+  assertRss(main.child, baseRss, 128);
 });
 
 await check('/health and /metrics need no key; /v1/models and unknown paths do', async () => {
