@@ -33,13 +33,13 @@ std::string read_file(const fs::path& path) {
   return buffer.str();
 }
 
-struct TempDir {
+struct ScratchDir {
   fs::path path;
-  TempDir() {
+  ScratchDir() {
     std::string pattern = (fs::temp_directory_path() / "moex_gen_model_XXXXXX").string();
     path = ::mkdtemp(pattern.data());
   }
-  ~TempDir() { fs::remove_all(path); }
+  ~ScratchDir() { fs::remove_all(path); }
 };
 
 // Parses one safetensors file the way a strict reader would and checks the layout invariants.
@@ -179,14 +179,14 @@ TEST(SyntheticModel, CheckpointIdFollowsWhatTheWeightsDependOn) {
   EXPECT_NE(SyntheticModel(c, 1, 0.0f, DType::kBF16).checkpoint_id(), id);
 }
 
-ModelConfig tiny_config() {
+ModelConfig tiny_bf16_config() {
   ModelConfig c = synthetic_preset("tiny");
   c.torch_dtype = "bfloat16";
   return c;
 }
 
 std::string write_model(const fs::path& dir, uint64_t seed, uint64_t max_shard, uint64_t chunk_bytes) {
-  const SyntheticModel model(tiny_config(), seed, 0.0f, DType::kBF16);
+  const SyntheticModel model(tiny_bf16_config(), seed, 0.0f, DType::kBF16);
   const SafetensorsPlan plan = plan_safetensors(model.tensors(), max_shard);
   fs::create_directories(dir);
   write_safetensors(dir.string(), model.tensors(), plan, model.filler(), chunk_bytes);
@@ -196,8 +196,8 @@ std::string write_model(const fs::path& dir, uint64_t seed, uint64_t max_shard, 
 }
 
 TEST(SafetensorsWriter, ShardedModelParsesAndCoversEveryTensor) {
-  TempDir tmp;
-  const SyntheticModel model(tiny_config(), 7, 0.0f, DType::kBF16);
+  ScratchDir tmp;
+  const SyntheticModel model(tiny_bf16_config(), 7, 0.0f, DType::kBF16);
   const SafetensorsPlan plan = plan_safetensors(model.tensors(), 200'000);  // tiny is ~1 MB
   ASSERT_GT(plan.shards.size(), 3u);
   write_safetensors(tmp.path.string(), model.tensors(), plan, model.filler());
@@ -220,7 +220,7 @@ TEST(SafetensorsWriter, ShardedModelParsesAndCoversEveryTensor) {
 }
 
 TEST(SyntheticModel, BytesAreAFunctionOfTheSeedOnly) {
-  TempDir tmp;
+  ScratchDir tmp;
   const std::string a = write_model(tmp.path / "a", 3, kDefaultMaxShardSize, 64ull << 20);
   const std::string b = write_model(tmp.path / "b", 3, kDefaultMaxShardSize, 4096);  // other chunking
   const std::string c = write_model(tmp.path / "c", 4, kDefaultMaxShardSize, 64ull << 20);
@@ -230,8 +230,8 @@ TEST(SyntheticModel, BytesAreAFunctionOfTheSeedOnly) {
 }
 
 TEST(SyntheticModel, StoredValuesMatchValueAndAreHealthy) {
-  TempDir tmp;
-  const SyntheticModel model(tiny_config(), 1, 0.0f, DType::kBF16);
+  ScratchDir tmp;
+  const SyntheticModel model(tiny_bf16_config(), 1, 0.0f, DType::kBF16);
   write_safetensors(tmp.path.string(), model.tensors(), plan_safetensors(model.tensors(), kDefaultMaxShardSize),
                     model.filler());
   const std::string bytes = read_file(tmp.path / "model.safetensors");
@@ -348,7 +348,7 @@ int run(const std::string& args) {
 }
 
 TEST(GenModelCommand, WritesAHuggingFaceFolder) {
-  TempDir tmp;
+  ScratchDir tmp;
   const fs::path out = tmp.path / "tiny";
   ASSERT_EQ(run("gen-model --preset tiny --seed 5 --router-skew 1.2 --out " + out.string()), 0);
   for (const char* file : {"config.json", "model.safetensors", "tokenizer.model", "tokenizer.json", "tokenizer_config.json",
@@ -379,7 +379,7 @@ TEST(GenModelCommand, WritesAHuggingFaceFolder) {
 }
 
 TEST(GenModelCommand, BadFlagsExitWithTwo) {
-  TempDir tmp;
+  ScratchDir tmp;
   const std::string out = " --out " + (tmp.path / "m").string();
   EXPECT_EQ(run("gen-model --preset huge" + out), 2);
   EXPECT_EQ(run("gen-model --preset tiny --layers 0" + out), 2);
