@@ -192,6 +192,8 @@ def main():
         ("logits_out_empty", "--out: the path is empty", ["logits", "--model", good, "--ids", "1", "--out", ""]),
         ("logits_tokens_out_empty", "--tokens-out: the path is empty", ["logits", "--model", good, "--ids", "1", "--out", "x.npy", "--tokens-out", ""]),
         ("logits_stats_out_empty", "--stats-out: the path is empty", ["logits", "--model", good, "--ids", "1", "--out", "x.npy", "--stats-out", ""]),
+        ("generate_trace_empty", "--trace: the path is empty", ["generate", "--model", good, "--prompt", "hi", "--trace", ""]),
+        ("generate_profile_json_empty", "--profile-json: the path is empty", ["generate", "--model", good, "--prompt", "hi", "--profile-json", ""]),
         ("tune_comm_out_empty", "--out: the path is empty", ["tune-comm", "--out", "", "--max-bytes", "64K", "--iters", "1"], {"MOEX_CACHE_DIR": args.workdir}),
         # One spelling of dtypes (f32, as the comm library, tuning tables and gen-model --dtype spell it).
         ("comm_dtype_fp32", "{f32,bf16,fp8}", ["logits", "--model", good, "--ids", "1", "--comm-dtype", "fp32", "--out", "x.npy"]),

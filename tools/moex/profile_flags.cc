@@ -12,6 +12,7 @@
 #include "moex/comm/types.h"
 #include "moex/profile/profile.h"
 #include "moex/profile/trace.h"
+#include "tools/moex/flags.h"
 
 namespace moex::tools {
 namespace {
@@ -82,8 +83,8 @@ void write_text(const std::string& path, const std::string& text) {
 
 void ProfileFlags::add_to(CLI::App* cmd) {
   cmd->add_flag("--profile", table, "Print where the time went (zones per phase) after the run");
-  cmd->add_option("--trace", trace, "Write a Chrome trace (JSON; open in ui.perfetto.dev) to this file");
-  cmd->add_option("--profile-json", json_path, "Write the profile report as JSON to this file ('-': stdout)");
+  add_output_flag(cmd, "--trace", trace, "Write a Chrome trace (JSON; open in ui.perfetto.dev) to this file");
+  add_output_flag(cmd, "--profile-json", json_path, "Write the profile report as JSON to this file ('-': stdout)");
 }
 
 void ProfileFlags::start() const {
