@@ -215,13 +215,14 @@ HttpServer::HttpServer(Engine& engine, const Tokenizer& tokenizer, const ServerO
       created_(static_cast<int64_t>(std::time(nullptr))),
       longest_token_bytes_(longest_token_bytes(tokenizer)) {
   ConnectionPolicy policy;
-  policy.authorized = [key = options.api_key, open_metrics = !options.metrics_require_key](const http::RequestHead& head) {
+  policy.authorized = [key = options.api_key, expected = "Bearer " + options.api_key,
+                       open_metrics = !options.metrics_require_key](const http::RequestHead& head) {
     // Open without the key: /health, and /metrics unless --metrics-require-key (as vLLM). The raw path is
     // compared, so an encoded spelling of an open path needs the key too.
     const std::string_view path = head.path();
     if (key.empty() || path == "/health" || (open_metrics && path == "/metrics")) return true;
     const std::string* given = head.find("Authorization");
-    return given && constant_time_equal(*given, "Bearer " + key);
+    return given && constant_time_equal(*given, expected);
   };
   policy.error_json = [](int status, const std::string& message) { return error_body(api_error(status, message)).dump(); };
   policy.http_threads = options.http_threads;
