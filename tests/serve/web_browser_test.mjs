@@ -3,6 +3,7 @@
 // that model instead of a fresh `small` one. Exits 77 (ctest: skipped) with the reason when there is no Chromium.
 // - the page loads with no console error and no exception, asks for the API key once (one 401), and requests
 //   nothing but this server;
+// - replies are rendered as Markdown (code fences, inline code, emphasis, lists) with the text HTML-escaped;
 // - a chat message streams in (the reply on the page grows several times while the request runs), with TTFT
 //   and tokens/s shown;
 // - Stop cancels the request on the server: /metrics counts it as aborted before its 3500 tokens, and the
@@ -61,6 +62,18 @@ await check('the page loads, asks for the key once, and shows the model', async 
   assert.ok(name.startsWith((await (await fetch(`${server.url}/v1/models`, { headers: auth })).json()).data[0].id), name);
   await page.waitFor(`Number(document.body.dataset.statsUpdates) >= 2`, { what: 'two stats updates' });
   assert.equal(await page.evaluate(`sessionStorage.getItem('moex-api-key')`), KEY);
+});
+
+await check('replies render as Markdown after HTML is escaped', async () => {
+  const md = (text) => page.evaluate(`markdown(${JSON.stringify(text)})`);
+  assert.equal(await md('<img src=x onerror=alert(1)> & "q"'), '<p>&lt;img src=x onerror=alert(1)&gt; &amp; &quot;q&quot;</p>');
+  assert.equal(await md('**bold**, *it*, `a *b* <c>`'),
+               '<p><strong>bold</strong>, <em>it</em>, <code>a *b* &lt;c&gt;</code></p>');
+  assert.equal(await md('Code:\n```js"><script>\nif (a < b) x = "</pre>";\n```\nafter'),
+               '<p>Code:</p><pre><code data-lang="jsscript">if (a &lt; b) x = &quot;&lt;/pre&gt;&quot;;\n</code></pre><p>after</p>');
+  assert.equal(await md('## Title\n- one\n- two\n\n1. first'),
+               '<h3>Title</h3><ul><li>one</li><li>two</li></ul><ol><li>first</li></ol>');
+  assert.equal(await md('```\nstill streaming <b>'), '<pre><code>still streaming &lt;b&gt;</code></pre>');
 });
 
 await check('a message streams into the chat, with TTFT and tokens/s', async () => {
