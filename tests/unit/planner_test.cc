@@ -42,6 +42,18 @@ TEST(Planner, OneRankDecodeReadsTheActiveWeightsOnce) {
   EXPECT_NEAR(r.tokens_per_s, 1 / expected, 1e-6 / expected);
 }
 
+TEST(Planner, AFormatsOwnEfficiencyScalesItsReads) {
+  const ModelConfig m = synthetic_preset("mixtral-8x7b");
+  nlohmann::json j = memory_bound_cluster(1);
+  const Prediction all = predict(m, parse_cluster(j, "t"), PlanChoice{}, 1, Workload{1, 1});
+  j["device"]["format_efficiency"] = {{"bf16", {{"memory", fig(0.5)}, {"compute", fig(1)}}},
+                                      {"int8", {{"memory", fig(0.25)}, {"compute", fig(1)}}}};
+  const Prediction half = predict(m, parse_cluster(j, "t"), PlanChoice{}, 1, Workload{1, 1});
+  // Every matmul reads at half the rate; the router (as stored) and the KV cache keep theirs.
+  const double router_and_kv = m.num_hidden_layers * (m.num_local_experts * m.hidden_size * 2.0 + 2 * m.kv_dim() * 2.0) / 100e9;
+  EXPECT_NEAR(half.step_s - router_and_kv, 2 * (all.step_s - router_and_kv), 1e-12);
+}
+
 TEST(Planner, TensorParallelSendsTwoAllReducesPerLayerPricedByTheSelectorModel) {
   const ModelConfig m = synthetic_preset("mixtral-8x7b");
   const Cluster c = parse_cluster(memory_bound_cluster(2), "test");
@@ -102,6 +114,9 @@ TEST(Planner, ClusterFileErrorsNameTheField) {
   EXPECT_THROW(parse_cluster(j, "f.json"), Error);
   j = memory_bound_cluster(1);
   j["device"]["memory_efficiency"] = fig(1.5);
+  EXPECT_THROW(parse_cluster(j, "f.json"), Error);
+  j = memory_bound_cluster(1);
+  j["device"]["format_efficiency"] = {{"int3", {{"memory", fig(0.5)}, {"compute", fig(0.5)}}}};
   EXPECT_THROW(parse_cluster(j, "f.json"), Error);
   const Cluster c = parse_cluster(memory_bound_cluster(2), "t");
   PlanChoice p;

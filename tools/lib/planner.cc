@@ -47,10 +47,16 @@ double bytes_per_weight(const PlanChoice& p) {
   return f.bytes_per_weight + (f.per_group ? 8.0 / p.group : 0.0);
 }
 
+// {memory, compute} efficiency of the format's kernels on the device.
+std::pair<double, double> efficiency(const Device& d, const PlanChoice& p) {
+  const auto it = d.format_efficiency.find(p.weights);
+  return it != d.format_efficiency.end() ? it->second : std::pair{d.memory_efficiency, d.compute_efficiency};
+}
+
 double peak_of(const Device& d, const PlanChoice& p) {
   const Peak peak = format_cost(p.weights).peak;
   const double v = peak == Peak::kBF16 ? d.bf16_flops : peak == Peak::kInt8 ? d.int8_ops : d.f32_flops;
-  return v * d.compute_efficiency;
+  return v * efficiency(d, p).second;
 }
 
 // ---- cluster files ------------------------------------------------------------------------------------------
@@ -103,7 +109,7 @@ int whole(const nlohmann::json& j, const std::string& key, int lo, int hi, int f
 // One matmul of `rows` tokens over `weights` weights on one device: bound by its bytes or its arithmetic.
 double matmul_seconds(const Device& d, const PlanChoice& p, double rows, double weights, double time_share) {
   if (weights <= 0 || rows <= 0) return 0;
-  const double read = weights * bytes_per_weight(p) / (d.read_bytes_per_s * d.memory_efficiency);
+  const double read = weights * bytes_per_weight(p) / (d.read_bytes_per_s * efficiency(d, p).first);
   const double math = 2 * rows * weights / peak_of(d, p);
   return (std::max(read, math) + d.op_overhead_s) * time_share;
 }
@@ -237,6 +243,18 @@ Cluster parse_cluster(const nlohmann::json& j, const std::string& origin) {
   c.device.memory_efficiency = figure(d, "memory_efficiency", "device", false, 1);
   c.device.compute_efficiency = figure(d, "compute_efficiency", "device", false, 1);
   c.device.op_overhead_s = figure(d, "op_overhead_us", "device", false, 0) * 1e-6;
+  if (d.contains("format_efficiency")) {
+    const nlohmann::json& fe = object(d, "format_efficiency", "device.");
+    for (const auto& [name, e] : fe.items()) {
+      format_cost(name);
+      MOEX_CHECK_INPUT(e.is_object(), "cluster file: \"device.format_efficiency.", name, "\" must be an object");
+      const std::string where = "device.format_efficiency." + name;
+      const double mem = figure(e, "memory", where), comp = figure(e, "compute", where);
+      MOEX_CHECK_INPUT(mem > 0 && mem <= 1 && comp > 0 && comp <= 1, "cluster file: \"", where,
+                       "\" efficiencies must be in (0, 1]");
+      c.device.format_efficiency[name] = {mem, comp};
+    }
+  }
   MOEX_CHECK_INPUT(c.device.read_bytes_per_s > 0 && c.device.memory_bytes > 0, "cluster file: \"device\" needs read_GBps and memory_GB above 0");
   MOEX_CHECK_INPUT(c.device.bf16_flops > 0 && c.device.int8_ops > 0 && c.device.f32_flops > 0,
                    "cluster file: \"device\" needs bf16_TFLOPS, int8_TOPS and f32_TFLOPS above 0");

@@ -6,7 +6,9 @@
 // algorithm that model would pick. It knows nothing the engine does not: a step is the sum of its parts,
 // with no overlap except what --overlap does. docs/plan.md lists what it leaves out.
 #pragma once
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -25,6 +27,9 @@ struct Device {
   double f32_flops = 0;
   double memory_efficiency = 1;    // share of read_bytes_per_s the engine's decode kernels reach
   double compute_efficiency = 1;   // share of the peaks its GEMMs reach
+  // The same per weight format where measured (`moex plan calibrate` times each format's own kernels):
+  // format name -> {memory, compute}; a format not listed takes the two above.
+  std::map<std::string, std::pair<double, double>> format_efficiency;
   double op_overhead_s = 0;        // fixed cost of one matmul call (a parallel region, a launch)
 };
 

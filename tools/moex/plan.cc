@@ -16,6 +16,8 @@
 #include "moex/base/threads.h"
 #include "moex/comm/communicator.h"
 #include "moex/comm/selector.h"
+#include "moex/base/dtype.h"
+#include "moex/kernels/matmul.h"
 #include "moex/kernels/packed.h"
 #include "moex/kernels/probe.h"
 #include "moex/model/gguf.h"
@@ -146,40 +148,55 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// One rank's achieved bf16 decode (1 row: bytes) and GEMM (128 rows: arithmetic) on a 4096 x 4096 weight,
-// against the probes: what the engine's own kernels reach.
+// What the engine's own kernels reach for one format on a 4096 x 4096 weight, on this rank's threads: the bytes
+// of a 1-row call (decode) and the arithmetic of a 128-row one (a GEMM), medians.
 struct KernelRates {
   double bytes_per_s = 0, flops = 0, call_s = 0;
 };
-KernelRates kernel_rates() {
-  constexpr int64_t kRows = 4096, kCols = 4096;
-  std::vector<float> w(kRows * kCols);
-  for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>((i * 2654435761u) % 1000) * 1e-3f - 0.5f;
-  const kernels::PackedWeights packed =
-      kernels::pack(kernels::quantize_bf16(TensorView{w.data(), DType::kF32, Shape{kRows, kCols}}));
-  std::vector<float> x(128 * kCols, 0.25f), y(128 * kRows);
+KernelRates kernel_rates(const std::string& format) {
+  constexpr int64_t kRows = 4096, kCols = 4096, kMany = 128;
+  std::vector<uint16_t> w(kRows * kCols);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = f32_to_bf16(static_cast<float>((i * 2654435761u) % 1000) * 1e-3f - 0.5f);
+  const TensorView view{w.data(), DType::kBF16, Shape{kRows, kCols}};
+  std::shared_ptr<kernels::PackedWeights> packed;
+  if (format == "bf16") packed = std::make_shared<kernels::PackedWeights>(kernels::pack(kernels::quantize_bf16(view)));
+  else if (format == "int8") packed = std::make_shared<kernels::PackedWeights>(kernels::pack(kernels::quantize_int8(view)));
+  else if (format == "int8-w8a8")
+    packed = std::make_shared<kernels::PackedWeights>(kernels::pack(kernels::quantize_int8(view, kernels::WeightFormat::kInt8W8A8)));
+  else if (format == "int4")
+    packed = std::make_shared<kernels::PackedWeights>(kernels::pack(kernels::quantize_int4(view, 32, true)));
+  else if (format == "int4-w4a8")
+    packed = std::make_shared<kernels::PackedWeights>(
+        kernels::pack(kernels::quantize_int4(view, 32, true, kernels::WeightFormat::kInt4W4A8)));
+  else if (format == "fp8") packed = std::make_shared<kernels::PackedWeights>(kernels::pack(kernels::quantize_fp8(view)));
+  std::vector<float> x(kMany * kCols, 0.25f), y(kMany * kRows);
   const auto time = [&](int64_t rows, int reps) {
     std::vector<double> t;
     for (int r = 0; r < reps; ++r) {
       const auto start = std::chrono::steady_clock::now();
-      kernels::packed_matmul(x.data(), rows, packed, y.data());
+      if (packed) kernels::packed_matmul(x.data(), rows, *packed, y.data());
+      else kernels::matmul(x.data(), rows, view, y.data());  // as-stored: the f32-activation loop over bf16
       t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     }
     return median(t);
   };
   KernelRates r;
-  r.bytes_per_s = packed.weight_bytes() / time(1, 21);
-  r.flops = 2.0 * 128 * kRows * kCols / time(128, 7);
-  // A tiny call: what a call costs beyond its bytes and arithmetic.
+  r.bytes_per_s = (packed ? double(packed->weight_bytes()) : double(view.bytes())) / time(1, 21);
+  r.flops = 2.0 * kMany * kRows * kCols / time(kMany, 5);
+  return r;
+}
+
+// One call's floor: a 1-row bf16 call over 64 x 64, median.
+double call_seconds() {
+  std::vector<float> w(64 * 64, 0.5f), x(64, 0.25f), y(64);
   const kernels::PackedWeights tiny = kernels::pack(kernels::quantize_bf16(TensorView{w.data(), DType::kF32, Shape{64, 64}}));
   std::vector<double> t;
-  for (int r2 = 0; r2 < 201; ++r2) {
+  for (int r = 0; r < 201; ++r) {
     const auto start = std::chrono::steady_clock::now();
     kernels::packed_matmul(x.data(), 1, tiny, y.data());
     t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
-  r.call_s = median(t);
-  return r;
+  return median(t);
 }
 
 // Round trip between rank 0 and `peer` (ping-pong of `bytes`), median of `reps`: alpha + bytes / rate each way.
@@ -264,7 +281,8 @@ void run_calibrate(const CalibrateFlags& f) {
   const double bf16 = kernels::dot_peak_bf16(1 << 22, true).per_second;
   const double vnni = kernels::dot_peak_vnni(1 << 22, true).per_second;
   const double f32 = kernels::fma_peak_f32(1 << 22, true).per_second;
-  const KernelRates k = kernel_rates();
+  const KernelRates k = kernel_rates("bf16");
+  const double call_s = call_seconds();
   const double device_read = std::min(rank_read, host_read / std::min(devices, cores));
   const double memory_efficiency = std::min(1.0, k.bytes_per_s / rank_read);
   const std::string cpu = cpu_name();
@@ -298,7 +316,22 @@ void run_calibrate(const CalibrateFlags& f) {
                                                            "against the read probe on the same threads")},
       {"compute_efficiency", fig(bf16 > 0 ? std::min(1.0, k.flops / bf16) : 1.0,
                                  probe + "bf16 packed_matmul, 128 rows over 4096 x 4096, against the vdpbf16ps probe")},
-      {"op_overhead_us", fig(k.call_s * 1e6, probe + "bf16 packed_matmul of 1 row over 64 x 64, median")}};
+      {"op_overhead_us", fig(call_s * 1e6, probe + "bf16 packed_matmul of 1 row over 64 x 64, median")}};
+  // Each format's own kernels against the probe its arithmetic runs at (planner.cc's table).
+  nlohmann::json fe = nlohmann::json::object();
+  for (const std::string format : {"as-stored", "bf16", "int8", "int8-w8a8", "int4", "int4-w4a8", "fp8"}) {
+    const KernelRates r = format == "bf16" ? k : kernel_rates(format);
+    const bool int8_peak = format == "int8-w8a8" || format == "int4-w4a8";
+    const bool f32_peak = format == "as-stored" || format == "int8";
+    const double peak = int8_peak ? vnni : f32_peak ? f32 : bf16;
+    if (peak <= 0) continue;
+    const std::string src = probe + format + " kernel on 4096 x 4096: 1 row against the read probe on the same threads, " +
+                            std::to_string(128) + " rows against the " + (int8_peak ? "vpdpbusd" : f32_peak ? "vfmadd231ps" : "vdpbf16ps") +
+                            " probe";
+    fe[format] = {{"memory", fig(std::clamp(r.bytes_per_s / rank_read, 0.01, 1.0), src)},
+                  {"compute", fig(std::clamp(r.flops / peak, 0.01, 1.0), src)}};
+  }
+  j["device"]["format_efficiency"] = fe;
   j["links"] = links;
   StagingFile file(out, "calibrate");
   {
