@@ -2,8 +2,8 @@
 """MoEX across hosts: 2 network-namespace hosts made by scripts/cluster.sh, one rank on each, ranks talking TCP
 over the bridge. Checks that
   - `moex info` under mpirun prints the rank -> host map once: 2 hosts, one rank each;
-  - the host map and its two levels (intra-host, inter-host groups) hold with 2 ranks per host
-    (comm_collectives_test levels);
+  - the host map and its two levels (intra-host, inter-host groups) hold with 2 ranks per host, and every
+    all-reduce (two-level ones included) and all-to-all(v) is right over TCP (comm_collectives_test hosts);
   - `moex logits` with TP and with EP across the hosts equals one rank's (the tolerance and greedy-token check
     of tests/parallel/check_plans.py);
   - a job ends in bounded time with one line naming what failed when one host's rank is killed (mpirun's
@@ -249,9 +249,10 @@ def run_checks(moex, collectives_test, root):
     check(map_ok, f"moex info: 2 hosts, rank 0 on {PREFIX}0 and rank 1 on {PREFIX}1, printed once ({t:.1f} s)",
           proc.stdout + proc.stderr)
 
-    proc, t = mpirun("-np", "4", "--map-by", "ppr:2:node", collectives_test, "levels", "2")
+    proc, t = mpirun("-np", "4", "--map-by", "ppr:2:node", collectives_test, "hosts", "2")
     check(proc.returncode == 0 and "4 ranks, 0 failures" in proc.stdout,
-          f"2 hosts x 2 ranks: host map, intra-host and inter-host groups ({t:.1f} s)", proc.stdout + proc.stderr)
+          f"2 hosts x 2 ranks: host map, intra-host and inter-host groups; every all-reduce (the two-level ones "
+          f"first) against the exact sum and MPI_Allreduce, every all-to-all(v) ({t:.1f} s)", proc.stdout + proc.stderr)
 
     ids = "5,17,42,9,33,71,2,60,11,28"
     common = ["logits", "--model", model, "--ids", ids, "--decode", "8", "--threads", "1"]
