@@ -4,8 +4,8 @@ over the bridge. Checks that
   - `moex info` under mpirun prints the rank -> host map once: 2 hosts, one rank each;
   - the host map and its two levels (intra-host, inter-host groups) hold with 2 ranks per host, and every
     all-reduce (two-level ones included) and all-to-all(v) is right over TCP (comm_collectives_test hosts);
-  - `moex logits` with TP and with EP across the hosts equals one rank's (the tolerance and greedy-token check
-    of tests/parallel/check_plans.py);
+  - `moex logits` with TP and with EP across the hosts (one rank each), and with TP on 2 ranks per host (two-level
+    all-reduces), equals one rank's (the tolerance and greedy-token check of tests/parallel/check_plans.py);
   - a job ends in bounded time with one line naming what failed when one host's rank is killed (mpirun's
     line naming the host), stops alive (SIGSTOP: the comm watchdog's, MOEX_COMM_TIMEOUT over TCP, naming the
     host it waits for), or its
@@ -269,14 +269,18 @@ def run_checks(moex, collectives_test, root):
     if base is None:
         check(False, "one-rank logits", text)
         return
-    for plan in ("tp", "ep"):
-        got, tokens, t, text = logits(plan, lambda *a: mpirun("-np", "2", moex, *a, "--moe-parallel", plan))
+    # 2 hosts x 1 rank each plan; 2 x 2 with TP, whose all-reduces auto runs in two levels (the cost model's pick
+    # there, CommSelector.CostModelPicksTwoLevelsAcrossHosts).
+    for plan, ranks in (("tp", 1), ("ep", 1), ("tp", 2)):
+        tag = plan if ranks == 1 else f"{plan} 2x{ranks}"
+        got, tokens, t, text = logits(tag.replace(" ", "-"), lambda *a: mpirun(
+            "-np", str(2 * ranks), "--map-by", f"ppr:{ranks}:node", moex, *a, "--moe-parallel", plan))
         if got is None:
-            check(False, f"{plan} across 2 hosts: run failed", text)
+            check(False, f"{tag} across 2 hosts: run failed", text)
             continue
         rel = float(np.abs(got.astype(np.float64) - base).max() / np.abs(base).max())
         check(rel <= TOL and tokens == base_tokens,
-              f"{plan} across 2 hosts: max logit error {rel:.2e} (tolerance {TOL}), greedy tokens "
+              f"{tag} across 2 hosts: max logit error {rel:.2e} (tolerance {TOL}), greedy tokens "
               f"{'identical' if tokens == base_tokens else 'differ'} ({t:.1f} s)")
 
     # A job that decodes far longer than it takes to start and apply the fault (~20 s here: 32 sequences of 4000
