@@ -2,10 +2,10 @@
 """MoEX across hosts: 2 network-namespace hosts made by scripts/cluster.sh, one rank on each, ranks talking TCP
 over the bridge. Checks that
   - `moex info` under mpirun prints the rank -> host map once: 2 hosts, one rank each;
-  - the host map and its two levels (intra-host, inter-host groups) hold with 2 ranks per host
-    (comm_collectives_test levels);
-  - `moex logits` with TP and with EP across the hosts equals one rank's (the tolerance and greedy-token check
-    of tests/parallel/check_plans.py);
+  - the host map and its two levels (intra-host, inter-host groups) hold with 2 ranks per host, and every
+    all-reduce (two-level ones included) and all-to-all(v) is right over TCP (comm_collectives_test hosts);
+  - `moex logits` with TP and with EP across the hosts (one rank each), and with TP on 2 ranks per host (two-level
+    all-reduces), equals one rank's (the tolerance and greedy-token check of tests/parallel/check_plans.py);
   - a job ends in bounded time with one line naming what failed when one host's rank is killed (mpirun's
     line naming the host), stops alive (SIGSTOP: the comm watchdog's, MOEX_COMM_TIMEOUT over TCP, naming the
     host it waits for), or its
@@ -249,9 +249,10 @@ def run_checks(moex, collectives_test, root):
     check(map_ok, f"moex info: 2 hosts, rank 0 on {PREFIX}0 and rank 1 on {PREFIX}1, printed once ({t:.1f} s)",
           proc.stdout + proc.stderr)
 
-    proc, t = mpirun("-np", "4", "--map-by", "ppr:2:node", collectives_test, "levels", "2")
+    proc, t = mpirun("-np", "4", "--map-by", "ppr:2:node", collectives_test, "hosts", "2")
     check(proc.returncode == 0 and "4 ranks, 0 failures" in proc.stdout,
-          f"2 hosts x 2 ranks: host map, intra-host and inter-host groups ({t:.1f} s)", proc.stdout + proc.stderr)
+          f"2 hosts x 2 ranks: host map, intra-host and inter-host groups; every all-reduce (the two-level ones "
+          f"first) against the exact sum and MPI_Allreduce, every all-to-all(v) ({t:.1f} s)", proc.stdout + proc.stderr)
 
     ids = "5,17,42,9,33,71,2,60,11,28"
     common = ["logits", "--model", model, "--ids", ids, "--decode", "8", "--threads", "1"]
@@ -268,14 +269,18 @@ def run_checks(moex, collectives_test, root):
     if base is None:
         check(False, "one-rank logits", text)
         return
-    for plan in ("tp", "ep"):
-        got, tokens, t, text = logits(plan, lambda *a: mpirun("-np", "2", moex, *a, "--moe-parallel", plan))
+    # 2 hosts x 1 rank each plan; 2 x 2 with TP, whose all-reduces auto runs in two levels (the cost model's pick
+    # there, CommSelector.CostModelPicksTwoLevelsAcrossHosts).
+    for plan, ranks in (("tp", 1), ("ep", 1), ("tp", 2)):
+        tag = plan if ranks == 1 else f"{plan} 2x{ranks}"
+        got, tokens, t, text = logits(tag.replace(" ", "-"), lambda *a: mpirun(
+            "-np", str(2 * ranks), "--map-by", f"ppr:{ranks}:node", moex, *a, "--moe-parallel", plan))
         if got is None:
-            check(False, f"{plan} across 2 hosts: run failed", text)
+            check(False, f"{tag} across 2 hosts: run failed", text)
             continue
         rel = float(np.abs(got.astype(np.float64) - base).max() / np.abs(base).max())
         check(rel <= TOL and tokens == base_tokens,
-              f"{plan} across 2 hosts: max logit error {rel:.2e} (tolerance {TOL}), greedy tokens "
+              f"{tag} across 2 hosts: max logit error {rel:.2e} (tolerance {TOL}), greedy tokens "
               f"{'identical' if tokens == base_tokens else 'differ'} ({t:.1f} s)")
 
     # A job that decodes far longer than it takes to start and apply the fault (~20 s here: 32 sequences of 4000

@@ -53,12 +53,17 @@ uint64_t hash_bytes(const void* data, size_t bytes) {
 }
 
 // Error allowed relative to sum_j |x_j| (the scale of the reduction); log-step algorithms re-round partial
-// sums up to ceil(log2 p) times, the others round each contribution once plus the result once.
-double tolerance(CommDType dtype, AllreduceAlgo algo, int p) {
+// sums up to ceil(log2 p) times, the others round each contribution once plus the result once. Two-level
+// algorithms round each contribution once inside its host, each host's partial sum as their inter-host
+// algorithm rounds a contribution on `hosts` ranks, and the result once.
+double tolerance(CommDType dtype, AllreduceAlgo algo, int p, int hosts) {
   const double unit = dtype == CommDType::kBF16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -4);
-  const bool log_steps = algo == AllreduceAlgo::kRecursiveDoubling || algo == AllreduceAlgo::kRabenseifner ||
-                         algo == AllreduceAlgo::kNhr;
-  return unit * (2.0 + (log_steps ? std::ceil(std::log2(std::max(p, 2))) : 0.0));
+  const bool hier = is_hierarchical(algo);
+  const AllreduceAlgo flat = inter_host_algo(algo);
+  const bool log_steps = flat == AllreduceAlgo::kRecursiveDoubling || flat == AllreduceAlgo::kRabenseifner ||
+                         flat == AllreduceAlgo::kNhr;
+  const int steps_over = hier ? hosts : p;
+  return unit * ((hier ? 3.0 : 2.0) + (log_steps ? std::ceil(std::log2(std::max(steps_over, 2))) : 0.0));
 }
 
 void test_allreduce(Communicator& comm, AllreduceAlgo algo, CommDType dtype, size_t count, bool integer,
@@ -101,7 +106,9 @@ void test_allreduce(Communicator& comm, AllreduceAlgo algo, CommDType dtype, siz
     worst = std::max(worst, std::fabs(got - exact[i]) / std::max(scale[i], 1e-30));
   }
   const bool exact_expected = integer && dtype == CommDType::kF32;
-  const double allowed = exact_expected ? 0.0 : tolerance(dtype, algo, p);
+  // What ran (auto and hier resolved) sets the tolerance.
+  const AllreduceAlgo resolved = allreduce_algo_from_name(ran).value_or(algo);
+  const double allowed = exact_expected ? 0.0 : tolerance(dtype, resolved, p, comm.topology().hosts());
   EXPECT(worst <= allowed, "allreduce %s %s p=%d count=%zu: error %.3g > %.3g", std::string(algo_name(algo)).c_str(),
          std::string(comm_dtype_name(dtype)).c_str(), p, count, worst, allowed);
   // Bit-identical on every rank (TP ranks must not drift apart).
@@ -111,6 +118,25 @@ void test_allreduce(Communicator& comm, AllreduceAlgo algo, CommDType dtype, siz
   for (int j = 0; j < p; ++j)
     EXPECT(all[j] == h, "allreduce %s %s p=%d count=%zu: rank %d differs", std::string(algo_name(algo)).c_str(),
            std::string(comm_dtype_name(dtype)).c_str(), p, count, j);
+}
+
+// fp32 random data: `algo` against MPI_Allreduce (the `mpi` algorithm) on the same input. They add in other
+// orders, so they may differ by fp32 rounding: each rounds p-1 partial sums, at most 2^-24 of sum_j |x_j| each.
+void test_against_mpi(Communicator& comm, AllreduceAlgo algo, size_t count) {
+  const int p = comm.size(), r = comm.rank();
+  std::vector<float> ours(count), theirs(count), scale(count, 0.0f);
+  for (size_t i = 0; i < count; ++i) {
+    ours[i] = theirs[i] = input_value(r, i, /*integer=*/false);
+    for (int j = 0; j < p; ++j) scale[i] += std::fabs(input_value(j, i, false));
+  }
+  comm.allreduce(ours.data(), count, CommDType::kF32, algo);
+  comm.allreduce(theirs.data(), count, CommDType::kF32, AllreduceAlgo::kMpi);
+  double worst = 0;
+  for (size_t i = 0; i < count; ++i)
+    worst = std::max(worst, std::fabs(static_cast<double>(ours[i]) - theirs[i]) / std::max(scale[i], 1e-30f));
+  const double allowed = 2 * (p - 1) * std::ldexp(1.0, -24);
+  EXPECT(worst <= allowed, "allreduce %s p=%d count=%zu against MPI_Allreduce: %.3g > %.3g",
+         std::string(algo_name(algo)).c_str(), p, count, worst, allowed);
 }
 
 void test_alltoallv(Communicator& comm, AlltoallAlgo algo) {
@@ -281,8 +307,33 @@ void test_host_levels(Communicator& comm, int expected_hosts) {
 
 }  // namespace
 
-// Arguments: none runs every test; `levels HOSTS` only the host map and its two levels, expecting HOSTS hosts:
-// what a run across hosts adds to the runs on one machine.
+// The collectives a run across hosts (or a fake host map) adds: every all-reduce algorithm, the two-level ones
+// first, each dtype, at sizes around the slices' edges; each against MPI_Allreduce; all-to-all(v).
+void test_across_hosts(Communicator& comm) {
+  const int p = comm.size();
+  std::vector<AllreduceAlgo> algos;
+  for (AllreduceAlgo algo : all_allreduce_algos())
+    if (is_hierarchical(algo)) algos.push_back(algo);
+  for (AllreduceAlgo algo : all_allreduce_algos())
+    if (!is_hierarchical(algo) && (algo != AllreduceAlgo::kShm || comm.topology().hosts() == 1)) algos.push_back(algo);
+  algos.push_back(AllreduceAlgo::kHier);
+  algos.push_back(AllreduceAlgo::kAuto);
+  const std::vector<size_t> counts = {0, 1, static_cast<size_t>(p + 1), 128 * static_cast<size_t>(p) + 5, 20011};
+  for (AllreduceAlgo algo : algos) {
+    for (CommDType dtype : {CommDType::kF32, CommDType::kBF16, CommDType::kF8}) {
+      for (size_t count : counts) {
+        test_allreduce(comm, algo, dtype, count, /*integer=*/true);
+        if (dtype != CommDType::kF32) test_allreduce(comm, algo, dtype, count, false);
+      }
+    }
+    test_against_mpi(comm, algo, 20011);
+  }
+  for (AlltoallAlgo algo : all_alltoall_algos()) test_alltoallv(comm, algo);
+  test_alltoallv(comm, AlltoallAlgo::kAuto);
+}
+
+// Arguments: none runs every test; `levels HOSTS` only the host map and its two levels, expecting HOSTS hosts;
+// `hosts HOSTS` those and the collectives across hosts: what a run across hosts adds to the runs on one machine.
 int main(int argc, char** argv) {
   try {
     Communicator& comm = init();
@@ -292,11 +343,19 @@ int main(int argc, char** argv) {
       test_host_levels(comm, std::atoi(argv[2]));
       return report(comm);
     }
+    if (argc == 3 && std::string_view(argv[1]) == "hosts") {
+      test_host_levels(comm, std::atoi(argv[2]));
+      test_across_hosts(comm);
+      return report(comm);
+    }
     test_init_leaves_the_allocator_alone();
     const std::vector<size_t> counts = {0, 1, static_cast<size_t>(std::max(p - 1, 1)), static_cast<size_t>(p + 1),
                                         1000 * static_cast<size_t>(p) + 3, 128 * static_cast<size_t>(p) + 5,
                                         20011 /* shm two-shot */, 300007 /* several shm segments */};
+    // Two-level algorithms on one host are the mesh's two halves: `hosts` runs (fake host maps, tests/cluster)
+    // test them where they differ.
     for (AllreduceAlgo algo : all_allreduce_algos()) {
+      if (is_hierarchical(algo)) continue;
       for (CommDType dtype : {CommDType::kF32, CommDType::kBF16, CommDType::kF8}) {
         for (size_t count : counts) {
           test_allreduce(comm, algo, dtype, count, /*integer=*/true);
@@ -307,6 +366,7 @@ int main(int argc, char** argv) {
     // Registered memory works with every algorithm; shm reads peers' buffers in place from 2 KB up.
     for (AllreduceAlgo algo : all_allreduce_algos())
       for (size_t count : {size_t{1}, static_cast<size_t>(p + 1), size_t{1001}, size_t{20011}, size_t{300007}})
+        if (!is_hierarchical(algo))
         test_allreduce(comm, algo, CommDType::kF32, count, /*integer=*/true, /*registered=*/true);
     test_allreduce(comm, AllreduceAlgo::kShm, CommDType::kF8, 20011, /*integer=*/true, /*registered=*/true);
     for (AlltoallAlgo algo : all_alltoall_algos()) test_alltoallv(comm, algo);

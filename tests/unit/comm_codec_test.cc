@@ -374,6 +374,80 @@ TEST(CommSelector, CostModelPicksLikeTheMeasurementsWithoutATable) {
   EXPECT_NE(select_allreduce(AllreduceAlgo::kAuto, 2, CommDType::kBF16, 32u << 20, true), AllreduceAlgo::kMpi);
 }
 
+// A table keys its entries by the hosts the group spanned: a 4-rank run on one host says nothing about 4 ranks
+// on 2 hosts. Version-1 tables (no `hosts`) are one host's; the levels' link costs round-trip; a version this
+// moex does not know is refused.
+TEST(CommSelector, TuningTableKeysEntriesByHostsAndKeepsLevels) {
+  TuningTable table;
+  table.add({Collective::kAllreduce, 4, CommDType::kF32, 1 << 20, "shm", 40.0});
+  table.add({Collective::kAllreduce, 4, CommDType::kF32, 1 << 20, "hier-nhr", 900.0, false, /*hosts=*/2});
+  table.add({Collective::kAlltoall, 4, CommDType::kF32, 64, "hier", 50.0, false, /*hosts=*/2});
+  table.inter = LinkCost{30e-6, 1e-9, true};
+  const std::string path = ::testing::TempDir() + "comm_tuning_hosts.json";
+  table.save(path);
+  const TuningTable loaded = TuningTable::load(path);
+  EXPECT_EQ(loaded.lookup(Collective::kAllreduce, 4, CommDType::kF32, 1 << 20), "shm");
+  EXPECT_EQ(loaded.lookup(Collective::kAllreduce, 4, CommDType::kF32, 1 << 20, false, 2), "hier-nhr");
+  EXPECT_EQ(loaded.lookup(Collective::kAllreduce, 4, CommDType::kF32, 1 << 20, false, 4), std::nullopt);
+  EXPECT_EQ(loaded.lookup(Collective::kAlltoall, 4, CommDType::kF32, 64, false, 2), "hier");
+  EXPECT_FALSE(loaded.intra.measured);
+  ASSERT_TRUE(loaded.inter.measured);
+  EXPECT_DOUBLE_EQ(loaded.inter.alpha_s, 30e-6);
+  EXPECT_DOUBLE_EQ(loaded.inter.beta_s_per_byte, 1e-9);
+  // The cost model takes the measured levels across hosts only.
+  EXPECT_DOUBLE_EQ(cost_model_with(&loaded, 2).inter_alpha_s, 30e-6);
+  EXPECT_DOUBLE_EQ(cost_model_with(&loaded, 1).inter_alpha_s, CostModel{}.inter_alpha_s);
+  {
+    std::ofstream out(path);
+    out << R"({"version": 1, "entries": [{"collective": "allreduce", "group_size": 4, "dtype": "f32",)"
+        << R"( "bytes": 1048576, "algo": "rd", "time_us": 9.0}]})";
+  }
+  const TuningTable old = TuningTable::load(path);
+  EXPECT_EQ(old.lookup(Collective::kAllreduce, 4, CommDType::kF32, 1 << 20), "rd");
+  EXPECT_EQ(old.lookup(Collective::kAllreduce, 4, CommDType::kF32, 1 << 20, false, 2), std::nullopt);
+  {
+    std::ofstream out(path);
+    out << R"({"version": 3, "entries": []})";
+  }
+  try {
+    TuningTable::load(path);
+    FAIL() << "a version-3 table loaded";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.exit_code(), 2);
+    EXPECT_NE(std::string(e.what()).find("version 3"), std::string::npos) << e.what();
+  }
+  std::remove(path.c_str());
+}
+
+// Across hosts the cost model sees the network: with several ranks on each of several hosts a two-level
+// all-reduce wins (fewer network steps, or the same bytes through the link in fewer steps), flat algorithms
+// stay the choice with one rank per host; `hier` by name resolves to a two-level algorithm anywhere; the
+// all-to-all aggregates per host for small messages.
+TEST(CommSelector, CostModelPicksTwoLevelsAcrossHosts) {
+  set_comm_options(CommOptions{.tuning_path = "none"});
+  const HostLevels two_by_two{2, 2}, two_by_one{2, 1}, four_by_two{4, 2};
+  for (uint64_t bytes : {uint64_t{64}, uint64_t{64} << 10, uint64_t{4} << 20}) {
+    EXPECT_TRUE(is_hierarchical(select_allreduce(AllreduceAlgo::kAuto, 4, CommDType::kF32, bytes, false, false,
+                                                 two_by_two)))
+        << bytes;
+    EXPECT_TRUE(is_hierarchical(select_allreduce(AllreduceAlgo::kAuto, 8, CommDType::kBF16, bytes, false, false,
+                                                 four_by_two)))
+        << bytes;
+    EXPECT_FALSE(is_hierarchical(select_allreduce(AllreduceAlgo::kAuto, 2, CommDType::kF32, bytes, false, false,
+                                                  two_by_one)))
+        << bytes;
+    EXPECT_TRUE(is_hierarchical(select_allreduce(AllreduceAlgo::kHier, 2, CommDType::kF32, bytes, false)));
+  }
+  // The slices cross the network together: a two-level ring moves the flat ring's bytes in fewer steps.
+  EXPECT_LT(allreduce_cost_seconds(AllreduceAlgo::kHierRing, 8, 1 << 20, {}, four_by_two),
+            allreduce_cost_seconds(AllreduceAlgo::kRing, 8, 1 << 20, {}, four_by_two));
+  EXPECT_EQ(select_alltoall(AlltoallAlgo::kAuto, 4, 64, two_by_two), AlltoallAlgo::kHier);
+  EXPECT_NE(select_alltoall(AlltoallAlgo::kAuto, 2, 64, two_by_one), AlltoallAlgo::kHier);
+  EXPECT_EQ(parse_allreduce_algo("hier-rabenseifner"), AllreduceAlgo::kHierRabenseifner);
+  EXPECT_EQ(inter_host_algo(AllreduceAlgo::kHierRabenseifner), AllreduceAlgo::kRabenseifner);
+  EXPECT_EQ(hierarchical_of(AllreduceAlgo::kNhr), AllreduceAlgo::kHierNhr);
+}
+
 TEST(CommWorld, SingleRankWithoutMpirunIsQuick) {
   if (launched_by_mpi_launcher()) GTEST_SKIP();
   Communicator& comm = world();

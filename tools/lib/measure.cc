@@ -291,4 +291,29 @@ PeakCopy measure_peak_copy_bandwidth(Communicator& comm, size_t bytes) {
   return best.bytes_per_second > 0 ? PeakCopy{best.bytes_per_second, best.chunk_bytes, best.streaming} : PeakCopy{};
 }
 
+LinkCost measure_link_cost(Communicator& world, Communicator& level, size_t bytes, int reps) {
+  const int partner = (level.rank() ^ 1) < level.size() ? level.rank() ^ 1 : -1;
+  std::vector<std::byte> out(std::max<size_t>(bytes, 8)), in(out.size());
+  std::vector<double> medians;
+  for (const size_t size : {size_t{8}, bytes}) {
+    std::vector<double> times;
+    for (int rep = 0; rep < reps + 1; ++rep) {  // the first is a warm-up
+      world.barrier();
+      const int64_t start = steady_now_ns();
+      if (partner >= 0) {
+        P2PRequest requests[2] = {level.irecv(in.data(), size, partner, 7), level.isend(out.data(), size, partner, 7)};
+        level.wait_all(requests);
+      }
+      if (rep > 0) times.push_back((steady_now_ns() - start) * 1e-9);
+    }
+    medians.push_back(partner >= 0 ? median(times) : 0.0);
+  }
+  medians = max_over_ranks(world, medians);
+  LinkCost link;
+  link.alpha_s = medians[0];
+  link.beta_s_per_byte = std::max(0.0, (medians[1] - medians[0]) / static_cast<double>(bytes));
+  link.measured = true;
+  return link;
+}
+
 }  // namespace moex::comm

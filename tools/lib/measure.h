@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "moex/comm/communicator.h"
+#include "moex/comm/selector.h"
 
 namespace moex::comm {
 
@@ -86,5 +87,10 @@ struct PeakCopy {
   bool streaming = false;  // the copy out used non-temporal stores
 };
 PeakCopy measure_peak_copy_bandwidth(Communicator& comm, size_t bytes);
+// One level's link cost (selector.h LinkCost): ranks 2i and 2i+1 of `level` exchange 8 bytes, then `bytes`, both
+// ways at once, every pair of every such group at the same time (every rank of `world` calls it with its own
+// level group: its intra_host() or inter_host()). alpha = the small exchange, beta = the extra time per byte of
+// the large one; median of `reps`, the slowest pair over `world`. A rank without a partner only waits.
+LinkCost measure_link_cost(Communicator& world, Communicator& level, size_t bytes = 4 << 20, int reps = 9);
 
 }  // namespace moex::comm

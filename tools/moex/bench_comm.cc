@@ -100,14 +100,21 @@ void run_bench_comm(const BenchCommFlags& flags) {
   MOEX_CHECK_INPUT(min_bytes <= max_bytes, "--min-bytes must not exceed --max-bytes");
   MOEX_CHECK_INPUT(flags.iters >= 1 && flags.warmup >= 0, "--iters must be >= 1 and --warmup >= 0");
 
+  const comm::Topology& topology = world.topology();
+  const int hosts = topology.hosts();
+  const int local = *std::min_element(topology.ranks_per_host.begin(), topology.ranks_per_host.end());
+  // Two-level algorithms differ from flat ones only over several hosts with several ranks on each.
+  const bool two_levels = hosts > 1 && local > 1;
   std::vector<std::string> algos;
   if (flags.algos.empty()) {
     if (is_allreduce) {
       // shm only where every rank shares one host (across hosts, asking for it is an error).
       for (auto a : comm::all_allreduce_algos())
-        if (a != comm::AllreduceAlgo::kShm || world.topology().hosts() == 1) algos.emplace_back(comm::algo_name(a));
+        if ((a != comm::AllreduceAlgo::kShm || hosts == 1) && (!comm::is_hierarchical(a) || two_levels))
+          algos.emplace_back(comm::algo_name(a));
     } else {
-      for (auto a : comm::all_alltoall_algos()) algos.emplace_back(comm::algo_name(a));
+      for (auto a : comm::all_alltoall_algos())
+        if (a != comm::AlltoallAlgo::kHier || two_levels) algos.emplace_back(comm::algo_name(a));
     }
   } else {
     size_t pos = 0;
@@ -128,6 +135,13 @@ void run_bench_comm(const BenchCommFlags& flags) {
   // The peak copy: 64 MB (or --max-bytes if larger than 16 MB and smaller), best pipeline chunk.
   const uint64_t peak_bytes = std::clamp<uint64_t>(max_bytes, 16ull << 20, 64ull << 20);
   const comm::PeakCopy peak = p >= 2 ? comm::measure_peak_copy_bandwidth(world, peak_bytes) : comm::PeakCopy{};
+  // Across hosts, the network: every local rank's pair of hosts exchanging at once (measure_link_cost), so the
+  // rate is per host link. Collective: the host levels are made here.
+  comm::LinkCost link;
+  if (hosts > 1) {
+    link = comm::measure_link_cost(world, world.inter_host());
+    link.beta_s_per_byte /= local;
+  }
   const double peak_gbps = peak.bytes_per_second / 1e9;
   const size_t elem = is_allreduce ? comm::comm_dtype_buffer_size(*dtype) : 1;
   const double bus_factor = is_allreduce ? 2.0 * (p - 1) / p : static_cast<double>(p - 1) / p;
@@ -139,6 +153,13 @@ void run_bench_comm(const BenchCommFlags& flags) {
     std::printf("# peak copy bandwidth between two ranks (shared memory, pipelined, best of chunk 64K..4M x streaming "
                 "stores or not: %s%s): %.2f GB/s\n",
                 human_bytes(peak.chunk_bytes).c_str(), peak.streaming ? " streaming" : "", peak_gbps);
+    if (hosts > 1) {
+      std::printf("# %d hosts, %s%d ranks per host:", hosts, topology.uniform() ? "" : "at least ", local);
+      for (const std::string& line : comm::describe_topology(topology)) std::printf(" [%s]", line.c_str());
+      std::printf("\n# link between hosts (measured: %d pair(s) of ranks per pair of hosts exchanging 8 B and 4 MB "
+                  "both ways at once): alpha %.1f us, %.2f Gbit/s per host link and direction\n",
+                  local, link.alpha_s * 1e6, link.beta_s_per_byte > 0 ? 8e-9 / link.beta_s_per_byte : 0.0);
+    }
     std::printf("# busbw = algbw * %s; time is one call: the slowest rank's median sample (a sample times `batch` "
                 "back-to-back calls)\n",
                 is_allreduce ? "2(p-1)/p" : "(p-1)/p");
@@ -151,6 +172,7 @@ void run_bench_comm(const BenchCommFlags& flags) {
                 "busbw", "%peak", "%copy", "check", "error", "sent(B)", "batch", "note");
   }
   std::vector<Row> rows;
+  auto honours = [&](comm::AllreduceAlgo algo) { return comm::allreduce_auto_candidate(algo, *dtype); };
   bool all_correct = true;
   double worst_ratio = 0;
   uint64_t worst_bytes = 0;
@@ -241,6 +263,24 @@ void run_bench_comm(const BenchCommFlags& flags) {
   if (leader && !flags.json && sizes > 0)
     std::printf("# auto within 5%% of the fastest at %d of %d sizes; worst auto/fastest %.3f at %s\n", within, sizes,
                 worst_ratio, human_bytes(worst_bytes).c_str());
+  if (leader && !flags.json && sizes > 0 && two_levels && is_allreduce) {
+    // Flat against two-level: the best of each family per size.
+    std::printf("# flat vs hierarchical (best of each, busbw GB/s):\n%10s %-14s %9s %-18s %9s %7s\n", "bytes", "flat",
+                "busbw", "hierarchical", "busbw", "hier/flat");
+    std::map<uint64_t, std::pair<const Row*, const Row*>> best;  // bytes -> (flat, hierarchical)
+    for (const Row& row : rows) {
+      const auto algo = comm::allreduce_algo_from_name(row.algo);
+      if (!algo || *algo == comm::AllreduceAlgo::kAuto || !honours(*algo)) continue;
+      auto& [flat, hier] = best[row.bytes];
+      const Row*& slot = comm::is_hierarchical(*algo) ? hier : flat;
+      if (!slot || row.time_us < slot->time_us) slot = &row;
+    }
+    for (const auto& [bytes, pair] : best)
+      if (pair.first && pair.second)
+        std::printf("%10s %-14s %9.3f %-18s %9.3f %7.2f\n", human_bytes(bytes).c_str(), pair.first->algo.c_str(),
+                    pair.first->busbw_gbps, pair.second->algo.c_str(), pair.second->busbw_gbps,
+                    pair.second->busbw_gbps / pair.first->busbw_gbps);
+  }
   if (leader && !flags.json && !shm_large_pcts.empty())
     std::printf("# shm busbw vs the interleaved copy at >= 16M: %s (min %.1f%%)\n", shm_large_pcts.c_str(),
                 shm_large_min_pct);
@@ -251,7 +291,9 @@ void run_bench_comm(const BenchCommFlags& flags) {
                          {"algbw_GBps", row.algbw_gbps}, {"busbw_GBps", row.busbw_gbps}, {"pct_peak", row.pct_peak}, {"pct_copy", row.pct_copy},
                          {"correct", row.correct}, {"max_error", row.max_error}, {"bytes_sent", row.bytes_sent},
                          {"batch", row.batch}, {"auto_vs_fastest", row.vs_fastest}, {"round_us", row.round_us}});
-    nlohmann::json doc = {{"collective", flags.collective}, {"ranks", p}, {"dtype", flags.dtype},
+    nlohmann::json doc = {{"collective", flags.collective}, {"ranks", p}, {"hosts", hosts}, {"dtype", flags.dtype},
+                          {"link_alpha_us", link.alpha_s * 1e6},
+                          {"link_Gbps", link.beta_s_per_byte > 0 ? 8e-9 / link.beta_s_per_byte : 0.0},
                           {"registered", flags.registered}, {"peak_copy_GBps", peak_gbps},
                           {"peak_copy_chunk_bytes", peak.chunk_bytes},
                           {"peak_copy_streaming", peak.streaming}, {"results", results}};

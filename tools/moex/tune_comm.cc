@@ -2,6 +2,7 @@
 // saves the fastest per (collective, group size, dtype, size) as the JSON table `auto` reads (--comm-tuning
 // FILE, MOEX_COMM_TUNING, or by default comm::default_tuning_path()). Run under mpirun with each group size
 // the engine will use (the TP/EP group sizes); runs merge into one file.
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
@@ -9,6 +10,7 @@
 #include <set>
 #include <span>
 #include <tuple>
+#include <utility>
 #include <string>
 
 #include "moex/base/error.h"
@@ -46,7 +48,35 @@ void run_tune_comm(const TuneCommFlags& flags) {
   comm::Communicator& world = comm::init();
   const int p = world.size();
   const bool leader = world.rank() == 0;
+  const comm::Topology& topology = world.topology();
+  const int hosts = topology.hosts();
+  const int local = *std::min_element(topology.ranks_per_host.begin(), topology.ranks_per_host.end());
+  const bool two_levels = hosts > 1 && local > 1;
   comm::TuningTable table;
+  // The link cost of each level, for the cost model (which uses it where the table has no entry): ranks of one
+  // host (the intra-host groups, or the whole group on one host) and, across hosts, every local rank's pair of
+  // hosts at once, as a two-level collective loads the network; per host link, so divided by those pairs.
+  // (Collective: intra_host()/inter_host() are made here on every rank.)
+  comm::Communicator& intra = world.intra_host();
+  comm::Communicator& inter = world.inter_host();
+  if (intra.size() > 1) {
+    table.intra = comm::measure_link_cost(world, intra);
+  } else if (hosts == 1 && p > 1) {
+    table.intra = comm::measure_link_cost(world, world);
+  } else {
+    comm::measure_link_cost(world, intra);  // every rank takes part in the world's barriers
+  }
+  if (hosts > 1) {
+    table.inter = comm::measure_link_cost(world, inter);
+    table.inter.beta_s_per_byte /= local;
+  }
+  if (leader) {
+    for (const auto& [name, link] : {std::pair<const char*, const comm::LinkCost&>{"intra-host", table.intra},
+                                     {"inter-host", table.inter}})
+      if (link.measured)
+        std::printf("level %-10s alpha %8.2f us, beta %.3g ns/B (%.2f GB/s)\n", name, link.alpha_s * 1e6,
+                    link.beta_s_per_byte * 1e9, link.beta_s_per_byte > 0 ? 1e-9 / link.beta_s_per_byte : 0.0);
+  }
   const uint64_t max_bytes = comm::parse_byte_size(flags.max_bytes, "--max-bytes");
   // Fewer samples for large messages (each call takes milliseconds there); interleaved like bench-comm.
   auto options_for = [&](uint64_t bytes) {
@@ -62,7 +92,8 @@ void run_tune_comm(const TuneCommFlags& flags) {
     std::vector<comm::AllreduceAlgo> candidates;
     for (comm::AllreduceAlgo algo : comm::all_allreduce_algos())
       if (comm::allreduce_auto_candidate(algo, *dtype) &&
-          (algo != comm::AllreduceAlgo::kShm || world.topology().hosts() == 1))  // shm needs one host
+          (algo != comm::AllreduceAlgo::kShm || hosts == 1) &&  // shm needs one host
+          (!comm::is_hierarchical(algo) || two_levels))         // two levels: several hosts of several ranks
         candidates.push_back(algo);
     // fp32 twice: on ordinary and on registered memory (where shm reads peers in place), since the engine's
     // TP buffers are registered and the winners differ.
@@ -78,7 +109,7 @@ void run_tune_comm(const TuneCommFlags& flags) {
         previous = best;
         comm::TuningEntry entry{comm::Collective::kAllreduce, p, *dtype, bytes,
                                 std::string(comm::algo_name(candidates[best])), results[best].seconds * 1e6,
-                                registered};
+                                registered, hosts};
         if (leader)
           std::printf("allreduce %-4s%s %10llu B: %-13s %10.2f us\n", name.c_str(), registered ? " registered" : "",
                       static_cast<unsigned long long>(bytes), entry.algo.c_str(), entry.time_us);
@@ -86,23 +117,27 @@ void run_tune_comm(const TuneCommFlags& flags) {
       }
     }
   }
-  const auto alltoall_candidates = comm::all_alltoall_algos();
+  std::vector<comm::AlltoallAlgo> alltoall_candidates;
+  for (comm::AlltoallAlgo algo : comm::all_alltoall_algos())
+    if (algo != comm::AlltoallAlgo::kHier || two_levels) alltoall_candidates.push_back(algo);
   size_t previous_alltoall = SIZE_MAX;
   for (uint64_t per_peer = 1; flags.alltoall && per_peer * p <= max_bytes; per_peer *= 2) {
     const auto results = comm::measure_alltoall(world, alltoall_candidates, per_peer, options_for(per_peer * p));
-    const size_t best = checked_winner(results, alltoall_candidates, per_peer * p, previous_alltoall);
+    const size_t best = checked_winner(results, std::span<const comm::AlltoallAlgo>(alltoall_candidates), per_peer * p,
+                                       previous_alltoall);
     previous_alltoall = best;
     const std::string winner(comm::algo_name(alltoall_candidates[best]));
-    table.add({comm::Collective::kAlltoall, p, comm::CommDType::kF32, per_peer, winner, results[best].seconds * 1e6});
+    table.add({comm::Collective::kAlltoall, p, comm::CommDType::kF32, per_peer, winner, results[best].seconds * 1e6,
+               false, hosts});
     if (leader) std::printf("alltoall %10llu B/peer: %-9s %10.2f us\n", static_cast<unsigned long long>(per_peer),
                             winner.c_str(), results[best].seconds * 1e6);
   }
   if (leader) {
-    // Merge: what this run measured (collective, group size, dtype) replaces the same keys in the file;
-    // other group sizes and dtypes already there stay.
+    // Merge: what this run measured (collective, group size, hosts, dtype) replaces the same keys in the file;
+    // other group sizes, host counts and dtypes already there stay, and a level this run did not measure.
     const std::string out = flags.out.empty() ? comm::default_tuning_path() : flags.out;
     MOEX_CHECK_INPUT(!out.empty(), "tune-comm: no --out and no cache directory (set HOME or MOEX_CACHE_DIR)");
-    auto key = [](const comm::TuningEntry& e) { return std::tuple(e.collective, e.group_size, e.dtype); };
+    auto key = [](const comm::TuningEntry& e) { return std::tuple(e.collective, e.group_size, e.hosts, e.dtype); };
     std::set<decltype(key(table.entries().front()))> measured;
     for (const auto& entry : table.entries()) measured.insert(key(entry));
     comm::TuningTable merged;
@@ -110,7 +145,11 @@ void run_tune_comm(const TuneCommFlags& flags) {
       const comm::TuningTable previous = comm::TuningTable::load(out);  // named: entries() must outlive the loop
       for (const auto& entry : previous.entries())
         if (!measured.count(key(entry))) merged.add(entry);
+      merged.intra = previous.intra;
+      merged.inter = previous.inter;
     }
+    if (table.intra.measured) merged.intra = table.intra;
+    if (table.inter.measured) merged.inter = table.inter;
     for (const auto& entry : table.entries()) merged.add(entry);
     const auto dir = std::filesystem::path(out).parent_path();
     std::error_code error;

@@ -62,6 +62,13 @@ void allreduce_recursive_doubling(MpiCommunicator& comm, float* data, size_t cou
 void allreduce_rabenseifner(MpiCommunicator& comm, float* data, size_t count, WireFormat wire);
 void allreduce_nhr(MpiCommunicator& comm, float* data, size_t count, WireFormat wire);
 void allreduce_mesh(MpiCommunicator& comm, float* data, size_t count, WireFormat wire);
+// The mesh's halves with any chunk per rank (owned[j]: rank j's; empty ones allowed): after the reduce-scatter
+// rank r holds owned[r] summed over the group, after the all-gather every rank holds every owned chunk.
+void mesh_reduce_scatter(MpiCommunicator& comm, float* data, std::span<const Range> owned, WireFormat wire);
+void mesh_allgather(MpiCommunicator& comm, float* data, std::span<const Range> owned, WireFormat wire);
+// Two levels (allreduce_hier.cc): reduce-scatter inside each host, `algo`'s flat algorithm between hosts on
+// each slice, all-gather inside each host. algo: kHierRing .. kHierNhr.
+void allreduce_hier(MpiCommunicator& comm, AllreduceAlgo algo, float* data, size_t count, WireFormat wire);
 void allreduce_shm(MpiCommunicator& comm, float* data, size_t count, WireFormat wire);
 // fp32 sum over registered memory: `data` sits at `offset` in `window` on every rank (zero-copy, one pass:
 // each rank sums its chunk from every buffer and stores the sum into every buffer).
@@ -80,5 +87,7 @@ struct AlltoallArgs {
 void alltoall_pairwise(MpiCommunicator& comm, const AlltoallArgs& args);
 void alltoall_bruck(MpiCommunicator& comm, const AlltoallArgs& args);
 void alltoall_mpi(MpiCommunicator& comm, const AlltoallArgs& args);
+// Per-local-rank pairing across hosts (alltoall_hier.cc); pairwise on one host or a non-uniform map.
+void alltoall_hier(MpiCommunicator& comm, const AlltoallArgs& args);
 
 }  // namespace moex::comm::detail

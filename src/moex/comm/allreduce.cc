@@ -114,8 +114,8 @@ void MpiCommunicator::allreduce(void* data, size_t count, CommDType dtype, Allre
   ShmWindow* registered = dtype == CommDType::kF32 && !registered_.empty()
                               ? registered_window(data, buffer_bytes, &registered_offset)
                               : nullptr;
-  const AllreduceAlgo algo =
-      select_allreduce(requested, size_, dtype, buffer_bytes, all_on_one_node_, registered != nullptr);
+  const AllreduceAlgo algo = select_allreduce(requested, size_, dtype, buffer_bytes, all_on_one_node_,
+                                              registered != nullptr, host_levels());
   // Asked for by name (flag, MOEX_COMM_ALGO, a caller): every rank of the group knows, so all fail alike.
   if (algo == AllreduceAlgo::kShm && !all_on_one_node_)
     throw_error(ErrorKind::kInvalidInput,
@@ -123,7 +123,9 @@ void MpiCommunicator::allreduce(void* data, size_t count, CommDType dtype, Allre
                                        " ranks spans ", topology_.hosts(), " hosts: choose another algorithm"));
   static constexpr const char* kOperation[] = {"allreduce(auto)", "allreduce(ring)", "allreduce(rd)",
                                                "allreduce(rabenseifner)", "allreduce(nhr)", "allreduce(mesh)",
-                                               "allreduce(shm)", "allreduce(mpi)"};  // AllreduceAlgo order
+                                               "allreduce(shm)", "allreduce(mpi)", "allreduce(hier)",
+                                               "allreduce(hier-ring)", "allreduce(hier-rd)",
+                                               "allreduce(hier-rabenseifner)", "allreduce(hier-nhr)"};  // AllreduceAlgo order
   stats_ = CollectiveStats{kOperation[static_cast<int>(algo)]};
   const int64_t start = steady_now_ns();
   bool zero_copy = false;
@@ -146,7 +148,12 @@ void MpiCommunicator::allreduce(void* data, size_t count, CommDType dtype, Allre
         else detail::allreduce_shm(*this, work, count, wire);
         break;
       case AllreduceAlgo::kMpi: detail::allreduce_mpi(*this, work, count); break;
-      case AllreduceAlgo::kAuto: MOEX_CHECK(false, "auto was not resolved");
+      case AllreduceAlgo::kHierRing:
+      case AllreduceAlgo::kHierRecursiveDoubling:
+      case AllreduceAlgo::kHierRabenseifner:
+      case AllreduceAlgo::kHierNhr: detail::allreduce_hier(*this, algo, work, count, wire); break;
+      case AllreduceAlgo::kAuto:
+      case AllreduceAlgo::kHier: MOEX_CHECK(false, algo_name(algo), " was not resolved");
     }
     if (dtype == CommDType::kBF16) f32_to_bf16_span(work, count, static_cast<uint16_t*>(data));
   }

@@ -27,7 +27,7 @@ void MpiCommunicator::alltoallv(const void* send, std::span<const size_t> send_c
     check(MPI_Iallreduce(MPI_IN_PLACE, &largest, 1, MPI_UINT64_T, MPI_MAX, comm_, &request), "MPI_Iallreduce");
     wait_collective(request);
   }
-  algo = select_alltoall(algo, size_, largest);
+  algo = select_alltoall(algo, size_, largest, host_levels());
   static thread_local std::string operation;
   operation = ::moex::detail::concat("alltoall(", algo_name(algo), ")");
   stats_ = CollectiveStats{operation.c_str()};
@@ -38,6 +38,7 @@ void MpiCommunicator::alltoallv(const void* send, std::span<const size_t> send_c
     case AlltoallAlgo::kPairwise: detail::alltoall_pairwise(*this, args); break;
     case AlltoallAlgo::kBruck: detail::alltoall_bruck(*this, args); break;
     case AlltoallAlgo::kMpi: detail::alltoall_mpi(*this, args); break;
+    case AlltoallAlgo::kHier: detail::alltoall_hier(*this, args); break;
     case AlltoallAlgo::kAuto: MOEX_CHECK(false, "auto was not resolved");
   }
   if (has_event_observer()) {

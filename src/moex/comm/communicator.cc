@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -231,10 +232,54 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm) : comm_(comm) {
   MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node_comm_);
   int node_size = 0;
   MPI_Comm_size(node_comm_, &node_size);
-  all_on_one_node_ = node_size == size_;
   scratch_.resize(4);
   find_topology();
+  // A group that spans hosts of a fake map (MOEX_COMM_FAKE_HOSTS) behaves as if it spanned machines: no shm.
+  all_on_one_node_ = node_size == size_ && topology_.hosts() == 1;
 }
+
+namespace {
+
+// MOEX_COMM_FAKE_HOSTS (tests, benchmarks on one machine): the host of each world rank, as "R" (R consecutive
+// world ranks per host) or "h0,h1,..." (one host label per world rank, 0 <= label < world size). Empty when
+// unset. Parsed once; a bad value is an input error (exit 2) on every rank.
+const std::vector<int>& fake_host_of_world_rank() {
+  static const std::vector<int> labels = [] {
+    std::vector<int> out;
+    const char* text = std::getenv("MOEX_COMM_FAKE_HOSTS");
+    if (!text || !*text) return out;
+    int world_size = 0;
+    MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+    const std::string value = text;
+    auto bad = [&](const std::string& why) {
+      throw_error(ErrorKind::kInvalidInput, ::moex::detail::concat("MOEX_COMM_FAKE_HOSTS='", value, "': ", why,
+                                                                 " (R ranks per host, or one host label per rank: 0,0,1,1)"));
+    };
+    std::vector<long> numbers;
+    size_t pos = 0;
+    while (pos <= value.size()) {
+      const size_t comma = std::min(value.find(',', pos), value.size());
+      const std::string item = value.substr(pos, comma - pos);
+      char* end = nullptr;
+      const long number = std::strtol(item.c_str(), &end, 10);
+      if (item.empty() || *end != '\0' || number < 0 || number >= world_size) bad("'" + item + "' is not a number from 0 to " + std::to_string(world_size - 1));
+      numbers.push_back(number);
+      pos = comma + 1;
+    }
+    if (numbers.size() == 1) {
+      if (numbers[0] < 1) bad("0 ranks per host");
+      for (int r = 0; r < world_size; ++r) out.push_back(r / static_cast<int>(numbers[0]));
+    } else {
+      if (numbers.size() != static_cast<size_t>(world_size))
+        bad(::moex::detail::concat(numbers.size(), " labels for ", world_size, " ranks"));
+      out.assign(numbers.begin(), numbers.end());
+    }
+    return out;
+  }();
+  return labels;
+}
+
+}  // namespace
 
 // Every rank contributes its node's lowest rank (node rank 0, as the split above orders by rank: found
 // locally by translating groups) and its host name; one all-gather gives every rank the whole map.
@@ -254,6 +299,13 @@ void MpiCommunicator::find_topology() {
   Entry own{key, {}};
   int length = 0;
   MPI_Get_processor_name(own.name, &length);
+  if (const std::vector<int>& fake = fake_host_of_world_rank(); !fake.empty()) {
+    int world_rank = 0, world_size = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+    own.key = key * world_size + fake[world_rank];  // a fake host never joins ranks of two real hosts
+    std::snprintf(own.name + length, sizeof(own.name) - length, "/fake%d", fake[world_rank]);
+  }
   std::vector<Entry> all(size_);
   stats_ = CollectiveStats{"topology"};
   check(MPI_Allgather(&own, sizeof(Entry), MPI_BYTE, all.data(), sizeof(Entry), MPI_BYTE, comm_), "MPI_Allgather");
@@ -281,6 +333,13 @@ void MpiCommunicator::check(int rc, const char* call) const {
   MPI_Error_string(rc, text, &length);
   throw_comm_error(::moex::detail::concat(stats_.operation, ": ", call, " failed on rank ", rank_, ": ",
                                   std::string(text, length)));
+}
+
+HostLevels MpiCommunicator::host_levels() const {
+  HostLevels levels;
+  levels.hosts = topology_.hosts();
+  levels.ranks_per_host = *std::min_element(topology_.ranks_per_host.begin(), topology_.ranks_per_host.end());
+  return levels;
 }
 
 std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key) {

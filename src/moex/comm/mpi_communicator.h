@@ -98,8 +98,11 @@ class MpiCommunicator final : public Communicator {
   ShmWindow* registered_window(const void* data, size_t bytes, size_t* offset) const;
   MPI_Comm mpi_comm() const { return comm_; }
   CollectiveStats& stats() { return stats_; }
+  const CollectiveStats& stats_view() const { return stats_; }
   // A reusable buffer per slot: grows, never shrinks, so steady-state calls do not allocate.
   void* scratch(int slot, size_t bytes);
+  // The hosts this group spans and the fewest ranks on one of them (what the selector needs).
+  HostLevels host_levels() const;
   // True when every rank of this communicator shares one node (the shm algorithm is possible).
   bool all_on_one_node() const { return all_on_one_node_; }
   // The node window with at least `capacity` bytes per rank (re-created, collectively, when too small).

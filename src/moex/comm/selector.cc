@@ -142,6 +142,21 @@ const CommOptions& comm_options() {
 // ---------------------------------------------------------------------------------------------------
 // tuning table
 
+namespace {
+
+LinkCost link_from_json(const nlohmann::json& item) {
+  LinkCost link;
+  link.alpha_s = item.at("alpha_s").get<double>();
+  link.beta_s_per_byte = item.at("beta_s_per_byte").get<double>();
+  MOEX_CHECK_INPUT(std::isfinite(link.alpha_s) && link.alpha_s >= 0 && std::isfinite(link.beta_s_per_byte) &&
+                       link.beta_s_per_byte >= 0,
+                   "a level's alpha_s and beta_s_per_byte must be finite and >= 0: ", item.dump());
+  link.measured = true;
+  return link;
+}
+
+}  // namespace
+
 TuningTable TuningTable::load(const std::string& path) {
   std::string text;
   try {
@@ -152,6 +167,10 @@ TuningTable TuningTable::load(const std::string& path) {
   TuningTable table;
   try {
     const nlohmann::json doc = nlohmann::json::parse(text);
+    const int version = doc.value("version", 1);
+    MOEX_CHECK_INPUT(version >= 1 && version <= kVersion, "comm tuning table ", path, ": version ", version,
+                     " is not one this moex reads (1 to ", kVersion, "): run `moex tune-comm --out ", path,
+                     "` again");
     for (const auto& item : doc.at("entries")) {
       TuningEntry entry;
       const auto collective = collective_from_name(item.at("collective").get<std::string>());
@@ -164,10 +183,18 @@ TuningTable TuningTable::load(const std::string& path) {
       entry.algo = item.at("algo").get<std::string>();
       entry.time_us = item.value("time_us", 0.0);
       entry.registered = item.value("registered", false);
+      entry.hosts = version >= 2 ? item.at("hosts").get<int>() : 1;
+      MOEX_CHECK_INPUT(entry.hosts >= 1 && entry.hosts <= entry.group_size, "comm tuning table ", path,
+                       ": bad hosts in ", item.dump());
       const std::string source = "comm tuning table " + path;
       if (entry.collective == Collective::kAllreduce) parse_allreduce_algo(entry.algo, source);
       if (entry.collective == Collective::kAlltoall) parse_alltoall_algo(entry.algo, source);
       table.add(std::move(entry));
+    }
+    if (doc.contains("levels")) {
+      const auto& levels = doc.at("levels");
+      if (levels.contains("intra")) table.intra = link_from_json(levels.at("intra"));
+      if (levels.contains("inter")) table.inter = link_from_json(levels.at("inter"));
     }
   } catch (const nlohmann::json::exception& e) {
     MOEX_CHECK_INPUT(false, "comm tuning table ", path, ": ", e.what());
@@ -180,26 +207,32 @@ void TuningTable::save(const std::string& path) const {
   for (const auto& entry : entries_) {
     entries.push_back({{"collective", collective_name(entry.collective)},
                        {"group_size", entry.group_size},
+                       {"hosts", entry.hosts},
                        {"dtype", comm_dtype_name(entry.dtype)},
                        {"bytes", entry.bytes},
                        {"algo", entry.algo},
                        {"time_us", entry.time_us},
                        {"registered", entry.registered}});
   }
+  nlohmann::json doc{{"version", kVersion}, {"entries", entries}};
+  nlohmann::json levels = nlohmann::json::object();
+  for (const auto& [name, link] : {std::pair<const char*, const LinkCost&>{"intra", intra}, {"inter", inter}})
+    if (link.measured) levels[name] = {{"alpha_s", link.alpha_s}, {"beta_s_per_byte", link.beta_s_per_byte}};
+  if (!levels.empty()) doc["levels"] = levels;
   std::ofstream out(path);
   MOEX_CHECK_INPUT(out.good(), "cannot write ", path);
-  out << nlohmann::json{{"version", 1}, {"entries", entries}}.dump(1) << "\n";
+  out << doc.dump(1) << "\n";
 }
 
 std::optional<std::string> TuningTable::lookup(Collective collective, int group_size, CommDType dtype,
-                                               uint64_t bytes, bool registered) const {
+                                               uint64_t bytes, bool registered, int hosts) const {
   for (CommDType want_dtype : {dtype, CommDType::kF32}) {
     for (bool want_registered : {registered, !registered}) {
       const TuningEntry* best = nullptr;
       double best_distance = std::numeric_limits<double>::infinity();
       for (const auto& entry : entries_) {
-        if (entry.collective != collective || entry.group_size != group_size || entry.dtype != want_dtype ||
-            entry.registered != want_registered)
+        if (entry.collective != collective || entry.group_size != group_size || entry.hosts != hosts ||
+            entry.dtype != want_dtype || entry.registered != want_registered)
           continue;
         const double distance = std::fabs(std::log2(static_cast<double>(std::max<uint64_t>(entry.bytes, 1))) -
                                           std::log2(static_cast<double>(std::max<uint64_t>(bytes, 1))));
@@ -214,9 +247,41 @@ std::optional<std::string> TuningTable::lookup(Collective collective, int group_
 // ---------------------------------------------------------------------------------------------------
 // cost model (DESIGN.md §3)
 
-double allreduce_cost_seconds(AllreduceAlgo algo, int group_size, uint64_t bytes, const CostModel& model) {
+CostModel cost_model_with(const TuningTable* table, int hosts) {
+  CostModel model;
+  if (!table || hosts <= 1) return model;
+  if (table->intra.measured) model.alpha_s = table->intra.alpha_s, model.beta_s_per_byte = table->intra.beta_s_per_byte;
+  if (table->inter.measured)
+    model.inter_alpha_s = table->inter.alpha_s, model.inter_beta_s_per_byte = table->inter.beta_s_per_byte;
+  return model;
+}
+
+double allreduce_cost_seconds(AllreduceAlgo algo, int group_size, uint64_t bytes, const CostModel& model,
+                              HostLevels levels) {
   const double p = group_size, n = static_cast<double>(bytes);
   if (group_size <= 1) return 0.0;
+  if (is_hierarchical(algo)) {
+    const int hosts = std::max(levels.hosts, 1), local = std::max(levels.ranks_per_host, 1);
+    // Inside a host: the mesh's two halves (one step each, every peer at once).
+    const double l = local, moved = (l - 1) / l * n;
+    const double intra = local > 1 ? 2 * model.alpha_s * (1 + 0.25 * (l - 2)) + 2 * moved * model.beta_s_per_byte +
+                                         moved * model.gamma_s_per_byte
+                                   : 0.0;
+    // Between hosts: the flat algorithm on a 1/L slice, the L slices through one link at once.
+    CostModel network = model;
+    network.alpha_s = model.inter_alpha_s;
+    network.beta_s_per_byte = model.inter_beta_s_per_byte * l;
+    return intra + allreduce_cost_seconds(inter_host_algo(algo), hosts, bytes / local, network);
+  }
+  if (levels.hosts > 1 && algo != AllreduceAlgo::kShm) {
+    // Every step waits for the network. Ring (ranks in host order) crosses each link with one rank's
+    // messages; the others pair ranks across hosts in most steps, so all of a host's ranks share its link.
+    CostModel network = model;
+    network.alpha_s = model.inter_alpha_s;
+    network.beta_s_per_byte =
+        model.inter_beta_s_per_byte * (algo == AllreduceAlgo::kRing ? 1.0 : std::max(levels.ranks_per_host, 1));
+    return allreduce_cost_seconds(algo, group_size, bytes, network);
+  }
   const double log_p = std::ceil(std::log2(p));
   const bool pof2 = (group_size & (group_size - 1)) == 0;
   const double fold = pof2 ? 0.0 : model.alpha_s + n * model.beta_s_per_byte;  // non-power-of-two extra step
@@ -248,7 +313,8 @@ double allreduce_cost_seconds(AllreduceAlgo algo, int group_size, uint64_t bytes
     }
     case AllreduceAlgo::kMpi:  // unknown internals: assume a tuned Rabenseifner plus a library overhead
       return 1.2 * allreduce_cost_seconds(AllreduceAlgo::kRabenseifner, group_size, bytes, model);
-    case AllreduceAlgo::kAuto: break;
+    case AllreduceAlgo::kAuto:
+    default: break;
   }
   return std::numeric_limits<double>::infinity();
 }
@@ -259,21 +325,33 @@ bool allreduce_auto_candidate(AllreduceAlgo algo, CommDType dtype) {
 
 namespace {
 
+// Two-level algorithms need a group over several hosts with several ranks on each to differ from flat ones.
+bool two_levels(HostLevels levels) { return levels.hosts > 1 && levels.ranks_per_host > 1; }
+
+bool candidate(AllreduceAlgo algo, CommDType dtype, bool shm_available, HostLevels levels, bool hierarchical_only) {
+  if (algo == AllreduceAlgo::kShm && !shm_available) return false;
+  if (hierarchical_only ? !is_hierarchical(algo) : is_hierarchical(algo) && !two_levels(levels)) return false;
+  return allreduce_auto_candidate(algo, dtype);
+}
+
+// hierarchical_only: kHier asked for by name (only kHierRing .. kHierNhr may come out).
 AllreduceAlgo select_allreduce_uncached(int group_size, CommDType dtype, uint64_t bytes, bool shm_available,
-                                        bool registered) {
-  const CommOptions& options = comm_options();
-  if (options.allreduce_algo != AllreduceAlgo::kAuto) return options.allreduce_algo;
-  if (auto table = current_table()) {
-    if (auto name = table->lookup(Collective::kAllreduce, group_size, dtype, bytes, registered)) {
+                                        bool registered, HostLevels levels, bool hierarchical_only) {
+  const auto table = current_table();
+  if (table) {
+    if (auto name = table->lookup(Collective::kAllreduce, group_size, dtype, bytes, registered, levels.hosts)) {
       const AllreduceAlgo winner = *allreduce_algo_from_name(*name);
-      if (winner != AllreduceAlgo::kShm || shm_available) return winner;  // mpi stays when bf16 falls back to f32
+      // mpi stays when bf16 falls back to f32 entries
+      if ((winner != AllreduceAlgo::kShm || shm_available) && (!hierarchical_only || is_hierarchical(winner)))
+        return winner;
     }
   }
-  AllreduceAlgo best = AllreduceAlgo::kRing;
+  const CostModel model = cost_model_with(table.get(), levels.hosts);
+  AllreduceAlgo best = hierarchical_only ? AllreduceAlgo::kHierRing : AllreduceAlgo::kRing;
   double best_cost = std::numeric_limits<double>::infinity();
   for (AllreduceAlgo algo : all_allreduce_algos()) {
-    if ((algo == AllreduceAlgo::kShm && !shm_available) || !allreduce_auto_candidate(algo, dtype)) continue;
-    const double cost = allreduce_cost_seconds(algo, group_size, bytes, CostModel{});
+    if (!candidate(algo, dtype, shm_available, levels, hierarchical_only)) continue;
+    const double cost = allreduce_cost_seconds(algo, group_size, bytes, model, levels);
     if (cost < best_cost) best_cost = cost, best = algo;
   }
   return best;
@@ -282,15 +360,17 @@ AllreduceAlgo select_allreduce_uncached(int group_size, CommDType dtype, uint64_
 }  // namespace
 
 AllreduceAlgo select_allreduce(AllreduceAlgo requested, int group_size, CommDType dtype, uint64_t bytes,
-                               bool shm_available, bool registered) {
-  if (requested != AllreduceAlgo::kAuto) return requested;
+                               bool shm_available, bool registered, HostLevels levels) {
+  if (requested == AllreduceAlgo::kAuto) requested = comm_options().allreduce_algo;
+  if (requested != AllreduceAlgo::kAuto && requested != AllreduceAlgo::kHier) return requested;
+  const bool hierarchical_only = requested == AllreduceAlgo::kHier;
   // The engine repeats the same few sizes: remember recent decisions (a lookup costs ~0.3 us, a small
   // all-reduce ~1 us).
   struct Decision {
     uint64_t generation = 0, bytes = 0;
-    int group_size = 0;
+    int group_size = 0, hosts = 0, ranks_per_host = 0;
     CommDType dtype = CommDType::kF32;
-    bool shm = false, registered = false;
+    bool shm = false, registered = false, hierarchical_only = false;
     AllreduceAlgo algo = AllreduceAlgo::kAuto;
   };
   static thread_local Decision recent[8];
@@ -298,19 +378,57 @@ AllreduceAlgo select_allreduce(AllreduceAlgo requested, int group_size, CommDTyp
   const uint64_t generation = g_options_generation.load(std::memory_order_relaxed);
   for (const Decision& d : recent)
     if (d.generation == generation && d.bytes == bytes && d.group_size == group_size && d.dtype == dtype &&
-        d.shm == shm_available && d.registered == registered)
+        d.shm == shm_available && d.registered == registered && d.hosts == levels.hosts &&
+        d.ranks_per_host == levels.ranks_per_host && d.hierarchical_only == hierarchical_only)
       return d.algo;
-  const AllreduceAlgo algo = select_allreduce_uncached(group_size, dtype, bytes, shm_available, registered);
-  recent[next_slot++ % 8] = Decision{generation, bytes, group_size, dtype, shm_available, registered, algo};
+  const AllreduceAlgo algo =
+      select_allreduce_uncached(group_size, dtype, bytes, shm_available, registered, levels, hierarchical_only);
+  recent[next_slot++ % 8] = Decision{generation,     bytes, group_size, levels.hosts, levels.ranks_per_host, dtype,
+                                     shm_available, registered, hierarchical_only, algo};
   return algo;
 }
 
-AlltoallAlgo select_alltoall(AlltoallAlgo requested, int group_size, uint64_t bytes_per_peer) {
+double alltoall_cost_seconds(AlltoallAlgo algo, int group_size, uint64_t bytes_per_peer, const CostModel& model,
+                             HostLevels levels) {
+  const double p = group_size, m = static_cast<double>(bytes_per_peer);
+  const double local = std::max(levels.ranks_per_host, 1), hosts = std::max(levels.hosts, 1);
+  // What one host's link carries out: its L ranks' blocks for the p - L ranks elsewhere (all algorithms but
+  // Bruck, which forwards blocks ~log2(p)/2 times).
+  const double link_bytes = local * (p - local) * m;
+  const double log_p = std::ceil(std::log2(std::max(p, 2.0)));
+  switch (algo) {
+    case AlltoallAlgo::kPairwise: return (p - 1) * model.inter_alpha_s + link_bytes * model.inter_beta_s_per_byte;
+    case AlltoallAlgo::kBruck:
+      return log_p * model.inter_alpha_s + local * log_p * (p / 2) * m * model.inter_beta_s_per_byte;
+    case AlltoallAlgo::kMpi:  // unknown internals: pairwise plus a library overhead
+      return 1.2 * alltoall_cost_seconds(AlltoallAlgo::kPairwise, group_size, bytes_per_peer, model, levels);
+    case AlltoallAlgo::kHier:  // counts + one exchange inside the host (packing copies ~2 p m), H-1 network steps
+      return 2 * model.alpha_s + 2 * p * m * model.beta_s_per_byte + (hosts - 1) * model.inter_alpha_s +
+             link_bytes * model.inter_beta_s_per_byte;
+    case AlltoallAlgo::kAuto: break;
+  }
+  return std::numeric_limits<double>::infinity();
+}
+
+AlltoallAlgo select_alltoall(AlltoallAlgo requested, int group_size, uint64_t bytes_per_peer, HostLevels levels) {
   if (requested != AlltoallAlgo::kAuto) return requested;
   if (comm_options().alltoall_algo != AlltoallAlgo::kAuto) return comm_options().alltoall_algo;
-  if (auto table = current_table()) {
-    if (auto name = table->lookup(Collective::kAlltoall, group_size, CommDType::kF32, bytes_per_peer))
+  const auto table = current_table();
+  if (table) {
+    if (auto name =
+            table->lookup(Collective::kAlltoall, group_size, CommDType::kF32, bytes_per_peer, false, levels.hosts))
       return *alltoall_algo_from_name(*name);
+  }
+  if (levels.hosts > 1) {  // across hosts: the network's cost model
+    const CostModel model = cost_model_with(table.get(), levels.hosts);
+    AlltoallAlgo best = AlltoallAlgo::kPairwise;
+    double best_cost = std::numeric_limits<double>::infinity();
+    for (AlltoallAlgo algo : all_alltoall_algos()) {
+      if (algo == AlltoallAlgo::kHier && !two_levels(levels)) continue;
+      const double cost = alltoall_cost_seconds(algo, group_size, bytes_per_peer, model, levels);
+      if (cost < best_cost) best_cost = cost, best = algo;
+    }
+    return best;
   }
   // Bruck moves each byte ~log2(p)/2 times but takes log2(p) steps instead of p-1: small messages only.
   return group_size > 2 && bytes_per_peer <= 1024 ? AlltoallAlgo::kBruck : AlltoallAlgo::kPairwise;

@@ -3,6 +3,7 @@
 #include <array>
 #include <memory>
 #include <mutex>
+#include <utility>
 
 namespace moex::comm {
 namespace {
@@ -23,16 +24,26 @@ constexpr NamedValue<AllreduceAlgo> kAllreduceAlgos[] = {
     {"ring", AllreduceAlgo::kRing}, {"rd", AllreduceAlgo::kRecursiveDoubling},
     {"rabenseifner", AllreduceAlgo::kRabenseifner}, {"nhr", AllreduceAlgo::kNhr},
     {"mesh", AllreduceAlgo::kMesh}, {"shm", AllreduceAlgo::kShm}, {"mpi", AllreduceAlgo::kMpi},
-    {"auto", AllreduceAlgo::kAuto}};
+    {"hier", AllreduceAlgo::kHier}, {"hier-ring", AllreduceAlgo::kHierRing},
+    {"hier-rd", AllreduceAlgo::kHierRecursiveDoubling}, {"hier-rabenseifner", AllreduceAlgo::kHierRabenseifner},
+    {"hier-nhr", AllreduceAlgo::kHierNhr}, {"auto", AllreduceAlgo::kAuto}};
 constexpr NamedValue<AlltoallAlgo> kAlltoallAlgos[] = {
     {"pairwise", AlltoallAlgo::kPairwise}, {"bruck", AlltoallAlgo::kBruck}, {"mpi", AlltoallAlgo::kMpi},
-    {"auto", AlltoallAlgo::kAuto}};
+    {"hier", AlltoallAlgo::kHier}, {"auto", AlltoallAlgo::kAuto}};
 
-constexpr std::array<AllreduceAlgo, 7> kConcreteAllreduce = {
-    AllreduceAlgo::kRing, AllreduceAlgo::kRecursiveDoubling, AllreduceAlgo::kRabenseifner,
-    AllreduceAlgo::kNhr,  AllreduceAlgo::kMesh,              AllreduceAlgo::kShm, AllreduceAlgo::kMpi};
-constexpr std::array<AlltoallAlgo, 3> kConcreteAlltoall = {AlltoallAlgo::kPairwise, AlltoallAlgo::kBruck,
-                                                           AlltoallAlgo::kMpi};
+constexpr std::array<AllreduceAlgo, 11> kConcreteAllreduce = {
+    AllreduceAlgo::kRing,     AllreduceAlgo::kRecursiveDoubling,     AllreduceAlgo::kRabenseifner,
+    AllreduceAlgo::kNhr,      AllreduceAlgo::kMesh,                  AllreduceAlgo::kShm,
+    AllreduceAlgo::kMpi,      AllreduceAlgo::kHierRing,              AllreduceAlgo::kHierRecursiveDoubling,
+    AllreduceAlgo::kHierRabenseifner, AllreduceAlgo::kHierNhr};
+// Two-level algorithm <-> the flat algorithm it runs between hosts.
+constexpr std::pair<AllreduceAlgo, AllreduceAlgo> kHierInter[] = {
+    {AllreduceAlgo::kHierRing, AllreduceAlgo::kRing},
+    {AllreduceAlgo::kHierRecursiveDoubling, AllreduceAlgo::kRecursiveDoubling},
+    {AllreduceAlgo::kHierRabenseifner, AllreduceAlgo::kRabenseifner},
+    {AllreduceAlgo::kHierNhr, AllreduceAlgo::kNhr}};
+constexpr std::array<AlltoallAlgo, 4> kConcreteAlltoall = {AlltoallAlgo::kPairwise, AlltoallAlgo::kBruck,
+                                                           AlltoallAlgo::kMpi, AlltoallAlgo::kHier};
 
 template <typename Enum, size_t N>
 std::string_view name_of(const NamedValue<Enum> (&table)[N], Enum value) {
@@ -73,6 +84,22 @@ std::optional<AlltoallAlgo> alltoall_algo_from_name(std::string_view name) {
 }
 std::span<const AllreduceAlgo> all_allreduce_algos() { return kConcreteAllreduce; }
 std::span<const AlltoallAlgo> all_alltoall_algos() { return kConcreteAlltoall; }
+bool is_hierarchical(AllreduceAlgo algo) {
+  for (const auto& [hier, inter] : kHierInter)
+    if (hier == algo) return true;
+  return false;
+}
+AllreduceAlgo inter_host_algo(AllreduceAlgo algo) {
+  if (algo == AllreduceAlgo::kHier) return AllreduceAlgo::kAuto;
+  for (const auto& [hier, inter] : kHierInter)
+    if (hier == algo) return inter;
+  return algo;
+}
+AllreduceAlgo hierarchical_of(AllreduceAlgo inter) {
+  for (const auto& [hier, flat] : kHierInter)
+    if (flat == inter) return hier;
+  return AllreduceAlgo::kAuto;
+}
 std::string allreduce_algo_names() { return names_of(kAllreduceAlgos); }
 std::string alltoall_algo_names() { return names_of(kAlltoallAlgos); }
 

@@ -24,17 +24,28 @@ enum class Collective : uint8_t { kAllreduce, kAlltoall, kAllgather, kReduceScat
 std::string_view collective_name(Collective collective);     // "allreduce", "alltoall", ...
 std::optional<Collective> collective_from_name(std::string_view name);
 
+// kHier*: two levels (docs/comm.md "Hierarchical all-reduce"): a reduce-scatter inside each host, an all-reduce
+// of each slice between hosts with the named flat algorithm, an all-gather inside each host. kHier lets the
+// selector pick the inter-host algorithm; it is resolved to one of the four before anything runs.
 enum class AllreduceAlgo : uint8_t {
-  kAuto, kRing, kRecursiveDoubling, kRabenseifner, kNhr, kMesh, kShm, kMpi
+  kAuto, kRing, kRecursiveDoubling, kRabenseifner, kNhr, kMesh, kShm, kMpi,
+  kHier, kHierRing, kHierRecursiveDoubling, kHierRabenseifner, kHierNhr
 };
-enum class AlltoallAlgo : uint8_t { kAuto, kPairwise, kBruck, kMpi };
+// kHier: per destination host, one message per pair of local ranks (alltoall_hier.cc).
+enum class AlltoallAlgo : uint8_t { kAuto, kPairwise, kBruck, kMpi, kHier };
 
-std::string_view algo_name(AllreduceAlgo algo);  // "ring", "rd", "rabenseifner", "nhr", "mesh", "shm", "mpi", "auto"
-std::string_view algo_name(AlltoallAlgo algo);   // "pairwise", "bruck", "mpi", "auto"
+std::string_view algo_name(AllreduceAlgo algo);  // "ring", "rd", ..., "mpi", "hier", "hier-ring", ..., "auto"
+std::string_view algo_name(AlltoallAlgo algo);   // "pairwise", "bruck", "mpi", "hier", "auto"
 std::optional<AllreduceAlgo> allreduce_algo_from_name(std::string_view name);
 std::optional<AlltoallAlgo> alltoall_algo_from_name(std::string_view name);
-// Every concrete algorithm (no kAuto), in a fixed order: the bench and the tuner iterate these.
+// Every concrete algorithm (no kAuto, no kHier), in a fixed order: the bench and the tuner iterate these.
 std::span<const AllreduceAlgo> all_allreduce_algos();
+// kHierRing.. kHierNhr: the two-level all-reduces (kHier, unresolved, is not one).
+bool is_hierarchical(AllreduceAlgo algo);
+// The flat algorithm a two-level one runs between hosts (kHierNhr -> kNhr); kAuto for kHier; algo itself otherwise.
+AllreduceAlgo inter_host_algo(AllreduceAlgo algo);
+// kNhr -> kHierNhr (ring, rd, rabenseifner, nhr); kAuto for the others.
+AllreduceAlgo hierarchical_of(AllreduceAlgo inter);
 std::span<const AlltoallAlgo> all_alltoall_algos();
 // "ring, rd, ..." for error messages.
 std::string allreduce_algo_names();
