@@ -66,7 +66,7 @@ TEST(Planner, TensorParallelSendsTwoAllReducesPerLayerPricedByTheSelectorModel) 
   const uint64_t bytes = 16 * 4096 * 4;
   double best = 1e30;
   for (comm::AllreduceAlgo a : comm::all_allreduce_algos())
-    if (a != comm::AllreduceAlgo::kShm) best = std::min(best, comm::allreduce_cost_seconds(a, 2, bytes, model));
+    if (a != comm::AllreduceAlgo::kShm && !comm::is_hierarchical(a)) best = std::min(best, comm::allreduce_cost_seconds(a, 2, bytes, model));
   for (const CollectiveCost& col : r.collectives) {
     EXPECT_EQ(col.per_step, m.num_hidden_layers);
     EXPECT_NEAR(col.seconds, best, best * 1e-12);
@@ -75,6 +75,32 @@ TEST(Planner, TensorParallelSendsTwoAllReducesPerLayerPricedByTheSelectorModel) 
   EXPECT_NEAR(r.comm_s, 2 * m.num_hidden_layers * best, 1e-12);
   // Every algorithm but recursive doubling sends 2 (p - 1) / p of the buffer: with p = 2, the buffer once.
   EXPECT_NEAR(r.wire_bytes_per_token, 2.0 * m.num_hidden_layers * bytes / 16, 1e-6);
+}
+
+TEST(Planner, AGroupOverHostsIsPricedWithBothLevels) {
+  const ModelConfig m = synthetic_preset("mixtral-8x7b");
+  nlohmann::json j = memory_bound_cluster(2);
+  j["hosts"] = 2;
+  j["links"]["inter_host"] = {{"latency_us", fig(50)}, {"bandwidth_GBps", fig(1)}};
+  const Cluster c = parse_cluster(j, "test");
+  PlanChoice p;
+  p.tp = 4;
+  const Prediction r = predict(m, c, p, 4, Workload{16, 64});
+  comm::CostModel model;
+  model.alpha_s = 5e-6, model.beta_s_per_byte = 1 / 10e9, model.gamma_s_per_byte = 1 / 10e9;
+  model.shm_alpha_s = 1e30;
+  model.inter_alpha_s = 50e-6, model.inter_beta_s_per_byte = 1 / 1e9;
+  const comm::HostLevels levels{2, 2};
+  double best = 1e30;
+  for (comm::AllreduceAlgo a : comm::all_allreduce_algos())
+    if (a != comm::AllreduceAlgo::kShm) best = std::min(best, comm::allreduce_cost_seconds(a, 4, 16 * 4096 * 4, model, levels));
+  ASSERT_EQ(r.collectives.size(), 2u);
+  EXPECT_TRUE(r.collectives[0].crosses_hosts);
+  EXPECT_NEAR(r.collectives[0].seconds, best, best * 1e-12);
+  // Two ranks fit one host: nothing crosses.
+  PlanChoice two;
+  two.tp = 2;
+  EXPECT_FALSE(predict(m, c, two, 2, Workload{16, 64}).collectives[0].crosses_hosts);
 }
 
 TEST(Planner, ExpertParallelWaitsForTheBusiestRank) {

@@ -114,33 +114,50 @@ double matmul_seconds(const Device& d, const PlanChoice& p, double rows, double 
   return (std::max(read, math) + d.op_overhead_s) * time_share;
 }
 
-comm::CostModel cost_model(const Link& l, bool shm) {
+// The communicator's cost model with the cluster's links: the intra-host level as alpha / beta / gamma, the
+// inter-host one as its network terms (comm/selector.h prices a group over several hosts with both).
+comm::CostModel cost_model(const Cluster& c, bool shm) {
   comm::CostModel m;
-  m.alpha_s = l.alpha_s;
-  m.beta_s_per_byte = 1 / l.bytes_per_s;
-  m.gamma_s_per_byte = 1 / l.reduce_bytes_per_s;
+  m.alpha_s = c.intra.alpha_s;
+  m.beta_s_per_byte = 1 / c.intra.bytes_per_s;
+  m.gamma_s_per_byte = 1 / c.intra.reduce_bytes_per_s;
   if (!shm) m.shm_alpha_s = std::numeric_limits<double>::infinity();
+  if (c.hosts > 1) {
+    m.inter_alpha_s = c.inter.alpha_s;
+    m.inter_beta_s_per_byte = 1 / c.inter.bytes_per_s;
+  }
   return m;
+}
+
+// Ranks fill a host before the next one (mpirun's default by slot).
+comm::HostLevels levels_of(const Cluster& c, int group) {
+  comm::HostLevels l;
+  l.hosts = (group + c.devices_per_host - 1) / c.devices_per_host;
+  l.ranks_per_host = l.hosts > 1 ? group - (l.hosts - 1) * c.devices_per_host : group;  // the last host's, the fewest
+  l.ranks_per_host = std::min(l.ranks_per_host, c.devices_per_host);
+  return l;
 }
 
 // The all-reduce the communicator's cost model would run (selector.cc's choice without a table), its time and
 // the bytes a rank counts as sent.
-CollectiveCost allreduce(const std::string& what, const Cluster& c, int group, bool crosses_hosts, double bytes,
-                         const std::string& dtype, int per_step) {
+CollectiveCost allreduce(const std::string& what, const Cluster& c, int group, double bytes, const std::string& dtype,
+                         int per_step) {
   CollectiveCost out;
   out.what = what;
   out.bytes = bytes;
   out.per_step = per_step;
-  out.crosses_hosts = crosses_hosts;
+  const comm::HostLevels levels = levels_of(c, group);
+  out.crosses_hosts = levels.hosts > 1;
   if (group <= 1) return out;
-  const bool shm = c.shared_memory_collectives && !crosses_hosts;
-  const comm::CostModel model = cost_model(crosses_hosts ? c.inter : c.intra, shm);
+  const bool shm = c.shared_memory_collectives && !out.crosses_hosts;
+  const comm::CostModel model = cost_model(c, shm);
   const comm::CommDType d = dtype == "bf16" ? comm::CommDType::kBF16 : dtype == "fp8" ? comm::CommDType::kF8 : comm::CommDType::kF32;
   double best = std::numeric_limits<double>::infinity();
   comm::AllreduceAlgo pick = comm::AllreduceAlgo::kRing;
   for (comm::AllreduceAlgo a : comm::all_allreduce_algos()) {
     if ((a == comm::AllreduceAlgo::kShm && !shm) || !comm::allreduce_auto_candidate(a, d)) continue;
-    const double s = comm::allreduce_cost_seconds(a, group, static_cast<uint64_t>(bytes), model);
+    if (comm::is_hierarchical(a) && (levels.hosts < 2 || levels.ranks_per_host < 2)) continue;
+    const double s = comm::allreduce_cost_seconds(a, group, static_cast<uint64_t>(bytes), model, levels);
     if (s < best) best = s, pick = a;
   }
   out.algorithm = std::string(comm::algo_name(pick));
@@ -152,19 +169,28 @@ CollectiveCost allreduce(const std::string& what, const Cluster& c, int group, b
   return out;
 }
 
-// Pairwise exchange (comm/alltoall_pairwise.cc): p - 1 rounds, each one message to one peer.
-CollectiveCost alltoall(const std::string& what, const Cluster& c, int group, bool crosses_hosts,
-                        double bytes_per_peer, int per_step) {
+// Pairwise exchange (comm/alltoall_pairwise.cc): p - 1 rounds, each one message to one peer; across hosts the
+// communicator's model (its cheaper of pairwise and the two-level exchange).
+CollectiveCost alltoall(const std::string& what, const Cluster& c, int group, double bytes_per_peer, int per_step) {
   CollectiveCost out;
   out.what = what;
   out.algorithm = "pairwise";
   out.bytes = bytes_per_peer * group;
   out.per_step = per_step;
-  out.crosses_hosts = crosses_hosts;
+  const comm::HostLevels levels = levels_of(c, group);
+  out.crosses_hosts = levels.hosts > 1;
   if (group <= 1) return out;
-  const Link& l = crosses_hosts ? c.inter : c.intra;
-  out.seconds = (group - 1) * (l.alpha_s + bytes_per_peer / l.bytes_per_s);
   out.wire_bytes = (group - 1) * bytes_per_peer;
+  if (!out.crosses_hosts) {
+    out.seconds = (group - 1) * (c.intra.alpha_s + bytes_per_peer / c.intra.bytes_per_s);
+    return out;
+  }
+  const comm::CostModel model = cost_model(c, false);
+  out.seconds = std::numeric_limits<double>::infinity();
+  for (comm::AlltoallAlgo a : {comm::AlltoallAlgo::kPairwise, comm::AlltoallAlgo::kHier}) {
+    const double s = comm::alltoall_cost_seconds(a, group, static_cast<uint64_t>(bytes_per_peer), model, levels);
+    if (s < out.seconds) out.seconds = s, out.algorithm = std::string(comm::algo_name(a));
+  }
   return out;
 }
 
@@ -369,19 +395,18 @@ Prediction predict(const ModelConfig& m, const Cluster& c, const PlanChoice& p, 
   out.experts_s = experts.busiest_s * moe_layers;
   out.other_s = mlp + matmul_seconds(dev, p, seqs, double(m.vocab_size) * d, time_share);  // + lm_head
   // Collectives per step.
-  const bool crosses = ranks > c.devices_per_host;
   const double elem = comm::wire_bytes(comm::wire_format_for(plan.comm_dtype), 1 << 20) / double(1 << 20);
   if (ranks > 1) {
     if (!dp) {
-      out.collectives.push_back(allreduce("attention all-reduce", c, ranks, crosses, B * d * elem, p.comm_dtype,
+      out.collectives.push_back(allreduce("attention all-reduce", c, ranks, B * d * elem, p.comm_dtype,
                                           m.num_hidden_layers));
-      out.collectives.push_back(allreduce("MoE all-reduce", c, ranks, crosses, B * d * elem, p.comm_dtype, moe_layers));
+      out.collectives.push_back(allreduce("MoE all-reduce", c, ranks, B * d * elem, p.comm_dtype, moe_layers));
     } else {
       // Each token's k expert rows go to the ranks that hold the experts; (ranks - 1) / ranks of them leave.
       const double rows_per_peer = seqs * m.num_experts_per_tok / ranks;
       const double row_bytes = d * elem + 8;  // the row and its (token, weight) header
-      out.collectives.push_back(alltoall("dispatch all-to-all", c, ranks, crosses, rows_per_peer * row_bytes, moe_layers));
-      out.collectives.push_back(alltoall("combine all-to-all", c, ranks, crosses, rows_per_peer * d * elem, moe_layers));
+      out.collectives.push_back(alltoall("dispatch all-to-all", c, ranks, rows_per_peer * row_bytes, moe_layers));
+      out.collectives.push_back(alltoall("combine all-to-all", c, ranks, rows_per_peer * d * elem, moe_layers));
     }
   }
   double wire = 0;
