@@ -174,12 +174,29 @@ TEST_P(PackedMatmulTest, EveryRegisteredKernelMatchesTheReference) {
 // Each format's table row against what its code does: pack() fills exactly the buffers the row declares, sized as
 // packed_layout says, and k_padded is a multiple of the row's k step; the memory estimate is within a few percent of
 // the bytes a packed matrix really takes.
+TEST(FormatTable, EveryFormatHasARowAndAFewRowKernelOnEveryIsaItsChoiceCanName) {
+  ASSERT_EQ(kernels::all_formats().size(), size_t{kernels::kWeightFormats});
+  EXPECT_EQ(kernels::weight_format_from_name("fp8"), WeightFormat::kFP8E4M3);
+  EXPECT_EQ(kernels::weight_format_from_name("int5"), std::nullopt);
+  for (const kernels::FormatTraits& t : kernels::all_formats())
+    for (Isa isa : {Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16, Isa::kAvx512Vnni, Isa::kAmx}) {
+      // Every ISA kernel_isa can give this format on some CPU resolves to registered kernels.
+      bool reachable = false;
+      for (const kernels::KernelEntry& e : kernels::registered_kernels()) reachable = reachable || (e.format == t.format && e.isa == isa);
+      if (!reachable) continue;
+      const kernels::KernelChoice c = kernels::choose_kernel_on(t.format, isa);
+      EXPECT_NE(c.few.run, nullptr) << t.name << " " << kernels::isa_name(isa);
+      EXPECT_NE(c.many.run, nullptr) << t.name << " " << kernels::isa_name(isa);
+    }
+}
+
 TEST(FormatTable, RowsDescribeThePackedWeights) {
   const std::vector<float> w = random_floats(128 * 300, 5);
   for (const FormatCase& f : kFormats) {
     const kernels::FormatTraits& t = kernels::format_traits(f.format);
     EXPECT_EQ(t.format, f.format);
     EXPECT_EQ(kernels::weight_format_name(f.format), t.name);
+    EXPECT_EQ(kernels::weight_format_from_name(t.name), f.format);
     const kernels::PackedWeights p = kernels::pack(quantize(f, w, 128, 300));
     const kernels::PackedWeights layout = kernels::packed_layout(f.format, 128, 300, p.group, false);
     EXPECT_EQ(p.k_padded % t.k_multiple, 0) << f.name();

@@ -457,15 +457,7 @@ TEST(MoEDynamicBatch, PackedExpertFfnMatchesTheOracleInEveryFormat) {
     f.group = 32;
     ExpertWeights w{w1, w3, w2};
     w.packed = std::make_shared<const kernels::PackedFfn>(pack_expert(w, f));
-    const auto quantize = [&](const TensorView& m) {
-      switch (format) {
-        case kernels::WeightFormat::kBF16: return kernels::quantize_bf16(m);
-        case kernels::WeightFormat::kInt4:
-        case kernels::WeightFormat::kInt4W4A8: return kernels::quantize_int4(m, 32, true, format);
-        case kernels::WeightFormat::kFP8E4M3: return kernels::quantize_fp8(m);
-        default: return kernels::quantize_int8(m, format);
-      }
-    };
+    const auto quantize = [&](const TensorView& m) { return kernels::quantize(m, format, 32); };
     const kernels::QuantizedMatrix q1 = quantize(w1), q3 = quantize(w3), q2 = quantize(w2);
     for (int64_t rows : {1, 2, 5, 13, 17, 40}) {
       const auto x = random_values(rows * d, 34 + rows);

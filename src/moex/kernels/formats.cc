@@ -130,7 +130,16 @@ const FormatTraits& format_traits(WeightFormat format) {
   return kFormatTable[i];
 }
 
+std::span<const FormatTraits> all_formats() { return kFormatTable; }
+
 std::string_view weight_format_name(WeightFormat format) { return format_traits(format).name; }
+
+std::optional<WeightFormat> weight_format_from_name(std::string_view name) {
+  if (name == "fp8") return WeightFormat::kFP8E4M3;
+  for (const FormatTraits& t : kFormatTable)
+    if (t.name == name) return t.format;
+  return std::nullopt;
+}
 
 double packed_bytes_per_weight(WeightFormat format, double group, double cols) {
   const FormatTraits& t = format_traits(format);

@@ -8,6 +8,7 @@
 #pragma once
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -68,7 +69,10 @@ struct FormatTraits {
   bool row_kernels_agree;
 };
 const FormatTraits& format_traits(WeightFormat format);
+std::span<const FormatTraits> all_formats();  // every row, in WeightFormat order
 std::string_view weight_format_name(WeightFormat format);
+// The format a --weights / --dense-weights value names (its table name; "fp8" also names fp8-e4m3), or nullopt.
+std::optional<WeightFormat> weight_format_from_name(std::string_view name);
 inline bool row_kernels_agree(WeightFormat format) { return format_traits(format).row_kernels_agree; }
 // Bytes per weight of the packed copy, codes and scales (run-memory estimates): a matrix of `cols` columns and
 // `group` codes per scale (ignored by formats without groups).

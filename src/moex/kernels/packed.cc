@@ -217,6 +217,19 @@ QuantizedMatrix quantize_fp8(const TensorView& w) {
   return q;
 }
 
+QuantizedMatrix quantize(const TensorView& w, WeightFormat format, int64_t group) {
+  switch (format) {
+    case WeightFormat::kBF16: return quantize_bf16(w);
+    case WeightFormat::kInt8:
+    case WeightFormat::kInt8W8A8: return quantize_int8(w, format);
+    case WeightFormat::kInt4:
+    case WeightFormat::kInt4W4A8: return quantize_int4(w, group, /*symmetric=*/true, format);
+    case WeightFormat::kFP8E4M3: return quantize_fp8(w);
+  }
+  MOEX_CHECK(false, "unknown weight format");
+  return {};
+}
+
 QuantizedMatrix fp8_from_checkpoint(const TensorView& codes, const TensorView& scale_inv) {
   MOEX_CHECK_INPUT(codes.shape.rank == 2 && codes.dtype == DType::kF8E4M3, "fp8 weight: expected F8_E4M3 [rows, cols], got ",
                    dtype_name(codes.dtype), " ", codes.shape.str());

@@ -46,6 +46,9 @@ QuantizedMatrix quantize_int4(const TensorView& w, int64_t group, bool symmetric
                               WeightFormat format = WeightFormat::kInt4);
 // Per 128x128 block: scale = absmax / 448, code = e4m3(w / scale).
 QuantizedMatrix quantize_fp8(const TensorView& w);
+// The quantizer `--weights` / `--dense-weights` run at load for `format`: bf16 rounding, int8 per row, int4 symmetric
+// per group of `group` along K, fp8 per 128x128 block.
+QuantizedMatrix quantize(const TensorView& w, WeightFormat format, int64_t group);
 // A checkpoint's FP8 tensor as is: codes F8_E4M3 [rows, cols], scale_inv F32 [ceil(rows/128), ceil(cols/128)].
 QuantizedMatrix fp8_from_checkpoint(const TensorView& codes, const TensorView& scale_inv);
 

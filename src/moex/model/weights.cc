@@ -206,16 +206,7 @@ const QuantScheme* stored_scheme(const WeightStore& s, const QuantizationConfig&
 }
 
 QuantizedMatrix quantize_as(const TensorView& w, const ExpertWeightFormat& f) {
-  switch (f.format) {
-    case WeightFormat::kBF16: return kernels::quantize_bf16(w);
-    case WeightFormat::kInt8:
-    case WeightFormat::kInt8W8A8: return kernels::quantize_int8(w, f.format);
-    case WeightFormat::kInt4:
-    case WeightFormat::kInt4W4A8: return kernels::quantize_int4(w, f.group, /*symmetric=*/true, f.format);
-    case WeightFormat::kFP8E4M3: return kernels::quantize_fp8(w);
-  }
-  MOEX_CHECK(false, "unknown weight format");
-  return {};
+  return kernels::quantize(w, f.format, f.group);
 }
 
 // Drops this process's pages of mapped tensors that were packed (they are read again from the file if ever
