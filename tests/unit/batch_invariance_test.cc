@@ -34,31 +34,43 @@ using kernels::RowKernel;
 using kernels::WeightFormat;
 
 TEST(BatchInvariance, OneFunctionPinsTheRowKernel) {
-  for (WeightFormat format : {WeightFormat::kInt8, WeightFormat::kFP8E4M3, WeightFormat::kInt4, WeightFormat::kBF16,
-                              WeightFormat::kInt8W8A8, WeightFormat::kInt4W4A8}) {
-    // bf16 and W8A8 sum alike on both loops (PackedMatmulTest.ManyRowGemmGivesTheFewRowLoopsBits), W4A8 has one
-    // loop: no pin.
-    const bool agree = format == WeightFormat::kBF16 || format == WeightFormat::kInt8W8A8 ||
-                       format == WeightFormat::kInt4W4A8;
-    const int64_t from = agree ? kernels::kManyRowsFrom : kernels::kWeightOnlyManyRowsFrom;
-    for (int64_t rows : {1, 2, 11, 12, 15, 16, 17, 64, 512}) {
-      const RowKernel by_rows = rows >= from ? RowKernel::kManyRows : RowKernel::kFewRows;
-      EXPECT_EQ(kernels::expert_kernel_for_rows(format, rows, false), by_rows) << rows;
-      EXPECT_EQ(kernels::expert_kernel_for_rows(format, rows, true), agree ? by_rows : kernels::kBatchInvariantRowKernel)
-          << rows;
+  using kernels::Isa;
+  // Each format on its AVX-512 kernels without AMX: bf16 and W8A8 sum alike on both loops
+  // (PackedMatmulTest.ManyRowGemmGivesTheFewRowLoopsBits), W4A8 has one loop, int4's and fp8's vdpbf16ps loops
+  // and int8's s16-code loops agree: no pin; the f32-FMA loops (kAvx512) differ, so the pin holds there.
+  struct Case {
+    WeightFormat format;
+    Isa isa;
+    int64_t from;  // the crossover, or 0: one loop
+    bool pinned;
+  };
+  for (const Case& c : {Case{WeightFormat::kBF16, Isa::kAvx512Bf16, 12, false},
+                        Case{WeightFormat::kInt8W8A8, Isa::kAvx512Vnni, 12, false},
+                        Case{WeightFormat::kInt4W4A8, Isa::kAvx512Vnni, 0, false},
+                        Case{WeightFormat::kInt8, Isa::kAvx512Vnni, 32, false},
+                        Case{WeightFormat::kInt8, Isa::kAvx512, 16, true},
+                        Case{WeightFormat::kInt4, Isa::kAvx512, 16, true},
+                        Case{WeightFormat::kFP8E4M3, Isa::kAvx512, 16, true}}) {
+    if (c.isa == Isa::kAvx512 && use_amx_kernels()) continue;  // there the many rows move to tiles (below)
+    const std::string what = std::string(kernels::weight_format_name(c.format)) + " on " + std::string(kernels::isa_name(c.isa));
+    EXPECT_EQ(kernels::row_result_depends_on_row_count(c.format, c.isa), c.pinned) << what;
+    for (int64_t rows : {1, 2, 11, 12, 15, 16, 17, 31, 32, 64, 512}) {
+      const RowKernel by_rows = c.from && rows >= c.from ? RowKernel::kManyRows : RowKernel::kFewRows;
+      EXPECT_EQ(kernels::row_kernel_for(c.format, c.isa, rows, false), by_rows) << what << " " << rows;
+      EXPECT_EQ(kernels::row_kernel_for(c.format, c.isa, rows, true), c.pinned ? kernels::kBatchInvariantRowKernel : by_rows)
+          << what << " " << rows;
     }
   }
   // On AMX CPUs bf16 runs tiles for every row count (one loop: tdpbf16ps's order is not vdpbf16ps's, so the
-  // AVX-512 few-row loop is not used there); W8A8 from kAmxManyRowsFrom rows, W4A8 from kAmxW4A8ManyRowsFrom, exact
-  // either way (integer sums folded alike). No pin for any.
-  using kernels::Isa;
-  for (int64_t rows : {1, 3, 4, 5, 16, 512}) {
-    const RowKernel by_rows = rows >= kernels::kAmxManyRowsFrom ? RowKernel::kManyRows : RowKernel::kFewRows;
+  // AVX-512 few-row loop is not used there); W8A8 from 4 rows, W4A8 from 6, exact either way (integer sums folded
+  // alike). No pin for any.
+  for (int64_t rows : {1, 3, 4, 5, 6, 16, 512}) {
     for (bool pin : {false, true}) {
-      EXPECT_EQ(kernels::expert_kernel_for_rows(WeightFormat::kBF16, rows, pin, Isa::kAmx), RowKernel::kManyRows) << rows;
-      EXPECT_EQ(kernels::expert_kernel_for_rows(WeightFormat::kInt8W8A8, rows, pin, Isa::kAmx), by_rows) << rows;
-      EXPECT_EQ(kernels::expert_kernel_for_rows(WeightFormat::kInt4W4A8, rows, pin, Isa::kAmx),
-                rows >= kernels::kAmxW4A8ManyRowsFrom ? RowKernel::kManyRows : RowKernel::kFewRows) << rows;
+      EXPECT_EQ(kernels::row_kernel_for(WeightFormat::kBF16, Isa::kAmx, rows, pin), RowKernel::kManyRows) << rows;
+      EXPECT_EQ(kernels::row_kernel_for(WeightFormat::kInt8W8A8, Isa::kAmx, rows, pin),
+                rows >= 4 ? RowKernel::kManyRows : RowKernel::kFewRows) << rows;
+      EXPECT_EQ(kernels::row_kernel_for(WeightFormat::kInt4W4A8, Isa::kAmx, rows, pin),
+                rows >= 6 ? RowKernel::kManyRows : RowKernel::kFewRows) << rows;
     }
   }
   // fp8's, int4's and int8's tiles (isa kAmx on AMX CPUs) from their own row counts (int4 3, fp8 and int8 5); two
@@ -66,10 +78,10 @@ TEST(BatchInvariance, OneFunctionPinsTheRowKernel) {
   for (WeightFormat format : {WeightFormat::kFP8E4M3, WeightFormat::kInt4, WeightFormat::kInt8})
     for (int64_t rows : {1, 2, 3, 4, 5, 7, 8, 15, 16, 512}) {
       const int64_t from = format == WeightFormat::kInt4 ? 3 : 5;
-      EXPECT_EQ(kernels::amx_weight_only_many_rows_from(format), from);
+      EXPECT_EQ(kernels::many_rows_from(format, Isa::kAmx), from);
       const RowKernel by_rows = rows >= from ? RowKernel::kManyRows : RowKernel::kFewRows;
-      EXPECT_EQ(kernels::expert_kernel_for_rows(format, rows, false, Isa::kAmx), by_rows) << rows;
-      EXPECT_EQ(kernels::expert_kernel_for_rows(format, rows, true, Isa::kAmx), kernels::kBatchInvariantRowKernel) << rows;
+      EXPECT_EQ(kernels::row_kernel_for(format, Isa::kAmx, rows, false), by_rows) << rows;
+      EXPECT_EQ(kernels::row_kernel_for(format, Isa::kAmx, rows, true), kernels::kBatchInvariantRowKernel) << rows;
     }
 }
 

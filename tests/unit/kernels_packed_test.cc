@@ -124,10 +124,17 @@ void expect_close(const std::vector<float>& actual, const std::vector<float>& ex
 
 class PackedMatmulTest : public ::testing::TestWithParam<FormatCase> {};
 
-TEST_P(PackedMatmulTest, EveryPathThisCpuRunsMatchesTheReference) {
+// Every registered kernel of the format (kernels/formats.cc: each (ISA, loop) row this CPU runs, the many-row loops
+// forced on every row count as well as the few-row ones) and the scalar path, through the one op's packed call,
+// against the scalar oracle (ref::matmul over the natural layout) on the ragged shapes above.
+TEST_P(PackedMatmulTest, EveryRegisteredKernelMatchesTheReference) {
   const FormatCase f = GetParam();
   std::vector<Isa> isas = kernels::usable_isas(f.format, cpu_features());
   if (!request_amx_permission()) std::erase(isas, Isa::kAmx);  // an AMX CPU under a Linux older than 5.16
+  std::vector<kernels::KernelEntry> kernels_here = {{f.format, Isa::kScalar, kernels::RowKernel::kFewRows, nullptr}};
+  for (const kernels::KernelEntry& e : kernels::registered_kernels())
+    if (e.format == f.format && std::find(isas.begin(), isas.end(), e.isa) != isas.end()) kernels_here.push_back(e);
+  int loops_checked = 0;
   for (const auto& [tokens, n, k] : kShapes) {
     const std::vector<float> x = random_floats(std::max<int64_t>(tokens, 1) * k, 11 + n), w = random_floats(n * k, 7 + k);
     const QuantizedMatrix q = quantize(f, w, n, k);
@@ -139,18 +146,69 @@ TEST_P(PackedMatmulTest, EveryPathThisCpuRunsMatchesTheReference) {
     for (bool accumulate : {false, true}) {
       std::vector<float> expected(tokens * n, 0.25f);
       kernels::ref::matmul(x.data(), tokens, q, expected.data(), accumulate);
-      for (Isa isa : isas) {
+      for (const kernels::KernelEntry& e : kernels_here) {
         std::vector<float> actual(tokens * n, 0.25f);
-        kernels::packed_matmul_on(isa, x.data(), tokens, packed, actual.data(), accumulate);
-        const std::string what = f.name() + " " + std::string(kernels::isa_name(isa)) + " T" + std::to_string(tokens) + " N" +
-                                 std::to_string(n) + " K" + std::to_string(k) + (accumulate ? " +=" : " =");
+        if (e.run) kernels::packed_matmul_with(e, x.data(), tokens, packed, actual.data(), accumulate);
+        else kernels::packed_matmul_on(Isa::kScalar, x.data(), tokens, packed, actual.data(), accumulate);
+        ++loops_checked;
+        const std::string what = f.name() + " " + std::string(kernels::isa_name(e.isa)) +
+                                 (e.loop == kernels::RowKernel::kManyRows ? " many-row" : " few-row") + " T" +
+                                 std::to_string(tokens) + " N" + std::to_string(n) + " K" + std::to_string(k) +
+                                 (accumulate ? " +=" : " =");
         // W8A8 sums integers: the same codes give the same float; the others differ in summation order only.
         expect_close(actual, expected, mag, f.format == WeightFormat::kInt8W8A8 ? 1e-6 : 2e-6 * std::sqrt(double(k)), what,
-                     int8_on_s16_codes(f.format, isa) ? &s16_error : nullptr);
+                     int8_on_s16_codes(f.format, e.isa) ? &s16_error : nullptr);
       }
+      // The call a model makes (the weight's own KernelChoice for this row count) is one of those.
+      std::vector<float> actual(tokens * n, 0.25f);
+      kernels::packed_matmul(x.data(), tokens, packed, actual.data(), accumulate);
+      expect_close(actual, expected, mag, f.format == WeightFormat::kInt8W8A8 ? 1e-6 : 2e-6 * std::sqrt(double(k)),
+                   f.name() + " dispatched T" + std::to_string(tokens),
+                   int8_on_s16_codes(f.format, packed.kernel.for_rows(tokens, false).isa) ? &s16_error : nullptr);
     }
   }
+  EXPECT_GT(loops_checked, 0);
   if (isas.size() == 1) GTEST_SKIP() << "scalar path only: this CPU has no " << f.name() << " kernel";
+}
+
+// Each format's table row against what its code does: pack() fills exactly the buffers the row declares, sized as
+// packed_layout says, and k_padded is a multiple of the row's k step; the memory estimate is within a few percent of
+// the bytes a packed matrix really takes.
+TEST(FormatTable, EveryFormatHasARowAndAFewRowKernelOnEveryIsaItsChoiceCanName) {
+  ASSERT_EQ(kernels::all_formats().size(), size_t{kernels::kWeightFormats});
+  EXPECT_EQ(kernels::weight_format_from_name("fp8"), WeightFormat::kFP8E4M3);
+  EXPECT_EQ(kernels::weight_format_from_name("int5"), std::nullopt);
+  for (const kernels::FormatTraits& t : kernels::all_formats())
+    for (Isa isa : {Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16, Isa::kAvx512Vnni, Isa::kAmx}) {
+      // Every ISA kernel_isa can give this format on some CPU resolves to registered kernels.
+      bool reachable = false;
+      for (const kernels::KernelEntry& e : kernels::registered_kernels()) reachable = reachable || (e.format == t.format && e.isa == isa);
+      if (!reachable) continue;
+      const kernels::KernelChoice c = kernels::choose_kernel_on(t.format, isa);
+      EXPECT_NE(c.few.run, nullptr) << t.name << " " << kernels::isa_name(isa);
+      EXPECT_NE(c.many.run, nullptr) << t.name << " " << kernels::isa_name(isa);
+    }
+}
+
+TEST(FormatTable, RowsDescribeThePackedWeights) {
+  const std::vector<float> w = random_floats(128 * 300, 5);
+  for (const FormatCase& f : kFormats) {
+    const kernels::FormatTraits& t = kernels::format_traits(f.format);
+    EXPECT_EQ(t.format, f.format);
+    EXPECT_EQ(kernels::weight_format_name(f.format), t.name);
+    EXPECT_EQ(kernels::weight_format_from_name(t.name), f.format);
+    const kernels::PackedWeights p = kernels::pack(quantize(f, w, 128, 300));
+    const kernels::PackedWeights layout = kernels::packed_layout(f.format, 128, 300, p.group, false);
+    EXPECT_EQ(p.k_padded % t.k_multiple, 0) << f.name();
+    for (int b = 0; b < kernels::PackedWeights::kBuffers; ++b) {
+      EXPECT_EQ(bool(p.buffer(b).ptr), kernels::PackedWeights::has_buffer(f.format, b)) << f.name() << " buffer " << b;
+      EXPECT_EQ(p.buffer(b).size, layout.buffer(b).size) << f.name() << " buffer " << b;
+    }
+    const double estimate = kernels::packed_bytes_per_weight(f.format, double(p.group), 300.0) * 128 * 300;
+    EXPECT_NEAR(double(p.weight_bytes()), estimate, 0.08 * estimate) << f.name();  // k padded up to 64 at most: 7%
+    // The choice is made once, at packing: a call reads it.
+    EXPECT_EQ(p.kernel.isa, kernels::kernel_isa(f.format)) << f.name();
+  }
 }
 
 // The integer kernels' partial sums at their bounds: every activation code +-127 and every weight code at its
@@ -365,7 +423,7 @@ TEST_P(PackedMatmulTest, Int4Vdpbf16psLoopsGiveARowTheSameBits) {
   if (std::find(usable.begin(), usable.end(), Isa::kAvx512Bf16) == usable.end()) GTEST_SKIP() << "no AVX512-BF16 + VBMI";
   const int threads_before = num_threads();
   for (const auto& [tokens, n, k] : {Shape3{16, 67, 95}, Shape3{17, 130, 2051}, Shape3{23, 7, 4101}, Shape3{40, 70, 200}}) {
-    ASSERT_EQ(kernels::expert_kernel_for_rows(f.format, tokens, false, Isa::kAvx512Bf16), kernels::RowKernel::kManyRows);
+    ASSERT_GE(tokens, kernels::many_rows_from(f.format, Isa::kAvx512Bf16));
     const std::vector<float> x = random_floats(tokens * k, 51 + n), w = random_floats(n * k, 53 + k);
     const kernels::PackedWeights packed = kernels::pack(quantize(f, w, n, k));
     std::vector<float> y(tokens * n), y_rows(tokens * n);
@@ -393,12 +451,14 @@ TEST_P(PackedMatmulTest, ManyRowGemmGivesTheFewRowLoopsBits) {
   if (!kernels::row_kernels_agree(f.format)) GTEST_SKIP() << "their two loops differ in the last bits (batch_invariant pins one)";
   if (kernels::kernel_isa(f.format, cpu_features(), true) == Isa::kScalar) GTEST_SKIP() << "no x86 kernel here";
   const Isa isa = kernels::kernel_isa(f.format);
-  const int64_t from = isa != Isa::kAmx                        ? kernels::kManyRowsFrom
-                       : f.format == WeightFormat::kBF16        ? 1
-                       : f.format == WeightFormat::kInt4W4A8    ? kernels::kAmxW4A8ManyRowsFrom
-                                                                : kernels::kAmxManyRowsFrom;
-  ASSERT_EQ(kernels::expert_kernel_for_rows(f.format, from, false, isa), kernels::RowKernel::kManyRows);
-  if (from > 1) ASSERT_EQ(kernels::expert_kernel_for_rows(f.format, from - 1, false, isa), kernels::RowKernel::kFewRows);
+  const kernels::KernelChoice choice = kernels::choose_kernel(f.format);
+  EXPECT_EQ(choice.isa, isa);
+  EXPECT_FALSE(choice.row_dependent);
+  const int64_t from = choice.many_from;  // W4A8 on VNNI: one loop (max)
+  if (from < 1000) {
+    ASSERT_EQ(kernels::row_kernel_for(f.format, isa, from), kernels::RowKernel::kManyRows);
+    if (from > 1) ASSERT_EQ(kernels::row_kernel_for(f.format, isa, from - 1), kernels::RowKernel::kFewRows);
+  }
   // The AVX-512 GEMMs under an AMX kernel_isa still run under packed_matmul_on (against their own one-row calls).
   std::vector<Isa> gemm_isas;
   for (Isa i : kernels::usable_isas(f.format, cpu_features()))
@@ -892,11 +952,11 @@ TEST(KernelIsa, NeverPicksAnIsaTheCpuOrOsLacks) {
   // On kAmx bf16 runs tiles for every call; W8A8 below kAmxManyRowsFrom rows runs its VNNI few-row loop.
   EXPECT_EQ(kernels::isa_for_rows(WeightFormat::kBF16, Isa::kAmx, 1), Isa::kAmx);
   EXPECT_EQ(kernels::isa_for_rows(WeightFormat::kBF16, Isa::kAmx, 512, true), Isa::kAmx);
-  EXPECT_EQ(kernels::isa_for_rows(WeightFormat::kInt8W8A8, Isa::kAmx, kernels::kAmxManyRowsFrom - 1), Isa::kAvx512Vnni);
-  EXPECT_EQ(kernels::isa_for_rows(WeightFormat::kInt8W8A8, Isa::kAmx, kernels::kAmxManyRowsFrom), Isa::kAmx);
+  EXPECT_EQ(kernels::isa_for_rows(WeightFormat::kInt8W8A8, Isa::kAmx, kernels::many_rows_from(WeightFormat::kInt8W8A8, Isa::kAmx) - 1), Isa::kAvx512Vnni);
+  EXPECT_EQ(kernels::isa_for_rows(WeightFormat::kInt8W8A8, Isa::kAmx, kernels::many_rows_from(WeightFormat::kInt8W8A8, Isa::kAmx)), Isa::kAmx);
   EXPECT_EQ(kernels::isa_for_rows(WeightFormat::kInt8W8A8, Isa::kAmx, 512, true), Isa::kAmx);  // exact: no pin
-  EXPECT_EQ(kernels::isa_for_rows(WeightFormat::kInt4W4A8, Isa::kAmx, kernels::kAmxW4A8ManyRowsFrom - 1), Isa::kAvx512Vnni);
-  EXPECT_EQ(kernels::isa_for_rows(WeightFormat::kInt4W4A8, Isa::kAmx, kernels::kAmxW4A8ManyRowsFrom), Isa::kAmx);
+  EXPECT_EQ(kernels::isa_for_rows(WeightFormat::kInt4W4A8, Isa::kAmx, kernels::many_rows_from(WeightFormat::kInt4W4A8, Isa::kAmx) - 1), Isa::kAvx512Vnni);
+  EXPECT_EQ(kernels::isa_for_rows(WeightFormat::kInt4W4A8, Isa::kAmx, kernels::many_rows_from(WeightFormat::kInt4W4A8, Isa::kAmx)), Isa::kAmx);
   EXPECT_EQ(kernels::isa_for_rows(WeightFormat::kInt4W4A8, Isa::kAmx, 512, true), Isa::kAmx);  // the same bits: no pin
   EXPECT_FALSE(kernels::row_result_depends_on_row_count(WeightFormat::kInt4W4A8, Isa::kAmx));
   EXPECT_FALSE(kernels::row_result_depends_on_row_count(WeightFormat::kBF16, Isa::kAmx));
@@ -915,7 +975,7 @@ TEST(KernelIsa, WeightOnlyManyRowsMoveOffVdpbf16psOnAmxCpus) {
                                                 : isa == Isa::kAvx512Bf16 && cpu_features().has_amx_kernels();
     const bool tiles = moves && use_amx_kernels();
     const Isa to = tiles ? Isa::kAmx : Isa::kAvx512;
-    const int64_t many = tiles ? kernels::amx_weight_only_many_rows_from(f) : kernels::kWeightOnlyManyRowsFrom;
+    const int64_t many = kernels::many_rows_from(f, tiles ? Isa::kAmx : moves ? Isa::kAvx512 : isa);
     EXPECT_EQ(kernels::isa_for_rows(f, isa, many), moves ? to : isa);
     EXPECT_EQ(kernels::isa_for_rows(f, isa, many - 1), isa);
     EXPECT_EQ(kernels::isa_for_rows(f, isa, 512, true), isa);  // the pin keeps the few-row loop and its ISA

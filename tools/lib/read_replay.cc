@@ -55,9 +55,14 @@ kernels::StepReads step_weight_reads(const MixtralModel& model, const std::vecto
           if (active(e)) add(reads, m.packed[e].w2);
       }
     }
-    add(reads, L.mlp.w1);
-    add(reads, L.mlp.w3);
-    add(reads, L.mlp.w2);
+    if (L.mlp.packed) {
+      add(reads, L.mlp.packed->w13);
+      add(reads, L.mlp.packed->w2);
+    } else {
+      add(reads, L.mlp.w1);
+      add(reads, L.mlp.w3);
+      add(reads, L.mlp.w2);
+    }
     add(reads, L.shared_gate);
   }
   add(reads, w.final_norm);

@@ -12,6 +12,8 @@
 #include <vector>
 
 
+#include <omp.h>
+
 #include "moex/base/dtype.h"
 #include "moex/base/error.h"
 #include "moex/base/system_memory.h"
@@ -79,18 +81,6 @@ QuantizedMatrix empty_matrix(WeightFormat format, int64_t rows, int64_t cols, in
 }
 
 }  // namespace
-
-std::string_view weight_format_name(WeightFormat format) {
-  switch (format) {
-    case WeightFormat::kBF16: return "bf16";
-    case WeightFormat::kInt8: return "int8";
-    case WeightFormat::kInt8W8A8: return "int8-w8a8";
-    case WeightFormat::kInt4: return "int4";
-    case WeightFormat::kInt4W4A8: return "int4-w4a8";
-    case WeightFormat::kFP8E4M3: return "fp8-e4m3";
-  }
-  return "?";
-}
 
 float QuantizedMatrix::weight(int64_t r, int64_t c) const {
   const int64_t i = r * cols + c;
@@ -227,6 +217,19 @@ QuantizedMatrix quantize_fp8(const TensorView& w) {
   return q;
 }
 
+QuantizedMatrix quantize(const TensorView& w, WeightFormat format, int64_t group) {
+  switch (format) {
+    case WeightFormat::kBF16: return quantize_bf16(w);
+    case WeightFormat::kInt8:
+    case WeightFormat::kInt8W8A8: return quantize_int8(w, format);
+    case WeightFormat::kInt4:
+    case WeightFormat::kInt4W4A8: return quantize_int4(w, group, /*symmetric=*/true, format);
+    case WeightFormat::kFP8E4M3: return quantize_fp8(w);
+  }
+  MOEX_CHECK(false, "unknown weight format");
+  return {};
+}
+
 QuantizedMatrix fp8_from_checkpoint(const TensorView& codes, const TensorView& scale_inv) {
   MOEX_CHECK_INPUT(codes.shape.rank == 2 && codes.dtype == DType::kF8E4M3, "fp8 weight: expected F8_E4M3 [rows, cols], got ",
                    dtype_name(codes.dtype), " ", codes.shape.str());
@@ -311,33 +314,18 @@ PackedWeights packed_layout(WeightFormat format, int64_t rows, int64_t cols, int
   p.group = group;
   p.gate_up = gate_up;
   p.panels = (rows + p.rows_per_panel() - 1) / p.rows_per_panel();
-  const int64_t K = cols, P = p.panels, G = group ? (cols + group - 1) / group : 1;
-  switch (format) {
-    case WeightFormat::kBF16: p.k_padded = round_up(K, 32); break;  // the AMX kernel's A tile is 32 k wide
-    case WeightFormat::kInt4:
-    case WeightFormat::kFP8E4M3: p.k_padded = round_up(K, 2); break;  // fp8: the bf16 activations' k pairs
-    case WeightFormat::kInt8W8A8: p.k_padded = round_up(K, 64); break;  // the AMX kernel's A tile: 64 u8
-    case WeightFormat::kInt4W4A8: p.k_padded = round_up(K, 8); break;
-    default: p.k_padded = K; break;
-  }
-  const int64_t kp = p.k_padded;
+  const FormatTraits& t = format_traits(format);
+  const int64_t K = cols, P = p.panels, G = t.grouped ? (cols + group - 1) / group : 1;
+  p.k_padded = round_up(K, t.k_multiple);
   const auto bytes = [](int64_t n) { return static_cast<size_t>(n); };
-  switch (format) {
-    case WeightFormat::kBF16: p.data.size = bytes(P * kp * kPanel * 2); break;
-    case WeightFormat::kInt8: p.data.size = bytes(P * K * kPanel); p.scales.size = bytes(P * kPanel * 4); break;
-    case WeightFormat::kInt8W8A8:
-      p.data.size = bytes(P * kp * kPanel);
-      p.scales.size = bytes(P * kPanel * 4);
-      p.col_sums.size = bytes(P * kPanel * 4);
-      break;
-    case WeightFormat::kInt4:
-    case WeightFormat::kInt4W4A8:
-      p.data.size = bytes(P * kp / 2 * kPanel);
-      p.scales.size = bytes(P * G * kPanel * 4);
-      p.offsets.size = bytes(P * G * kPanel * 4);
-      break;
-    case WeightFormat::kFP8E4M3: p.data.size = bytes(P * K * kPanel); p.scales.size = bytes(P * G * kPanel * 4); break;
-  }
+  p.data.size = bytes((t.data_spans_k_padded ? p.k_padded : K) * P * kPanel * t.code_bits / 8);
+  if (PackedWeights::has_buffer(format, 1)) p.scales.size = bytes(P * G * kPanel * 4);
+  if (PackedWeights::has_buffer(format, 2)) p.offsets.size = bytes(P * G * kPanel * 4);
+  if (PackedWeights::has_buffer(format, 3)) p.col_sums.size = bytes(P * kPanel * 4);
+  // MOEX_ROW_KERNEL is checked here, at load on the loading thread, where a bad value can throw (never inside a
+  // parallel region).
+  if (!omp_in_parallel()) validate_kernel_environment();
+  p.kernel = choose_kernel(format);
   return p;
 }
 
@@ -489,112 +477,6 @@ PackedWeights pack_gate_up(const QuantizedMatrix& w1, const QuantizedMatrix& w3)
   });
 }
 
-std::string_view isa_name(Isa isa) {
-  switch (isa) {
-    case Isa::kScalar: return "scalar";
-    case Isa::kAvx2: return "avx2";
-    case Isa::kAvx512: return "avx512";
-    case Isa::kAvx512Bf16: return "avx512bf16";
-    case Isa::kAvx512Vnni: return "avx512vnni";
-    case Isa::kAmx: return "amx";
-  }
-  return "?";
-}
-
-namespace {
-// Every format has an AVX2 kernel: x86/packed_weight_only_avx2.cc (weights decoded to f32, f32 FMAs) for the
-// weight-only ones, x86/packed_w8a8_avx2.cc and packed_w4a8_avx2.cc (exact integer sums with vpmaddubsw) for
-// the quantized activations.
-bool has_avx2_kernel(WeightFormat, const CpuFeatures& cpu) { return cpu.has_avx2_kernels(); }
-}  // namespace
-
-Isa kernel_isa(WeightFormat format, const CpuFeatures& cpu, bool x86_enabled) {
-  if (!x86_enabled) return Isa::kScalar;
-  const Isa avx2_or_scalar = has_avx2_kernel(format, cpu) ? Isa::kAvx2 : Isa::kScalar;
-  if (!cpu.has_avx512_kernels()) return avx2_or_scalar;
-  switch (format) {  // has_amx_kernels() implies AVX512-BF16 and VNNI: kAmx's few-row loops are there
-    case WeightFormat::kBF16:
-      return cpu.has_amx_kernels() ? Isa::kAmx : cpu.has_avx512_bf16_kernels() ? Isa::kAvx512Bf16 : avx2_or_scalar;
-    case WeightFormat::kInt8W8A8:
-      return cpu.has_amx_kernels() ? Isa::kAmx : cpu.has_avx512_vnni_kernels() ? Isa::kAvx512Vnni : avx2_or_scalar;
-    case WeightFormat::kInt4W4A8:
-      return cpu.has_amx_kernels() ? Isa::kAmx : cpu.has_avx512_vnni_kernels() ? Isa::kAvx512Vnni : avx2_or_scalar;
-    case WeightFormat::kInt4:  // both decodes need VBMI (vpmultishiftqb, vpermt2b): else the f32-FMA loop
-    case WeightFormat::kFP8E4M3: return cpu.has_avx512_bf16_vbmi_kernels() ? Isa::kAvx512Bf16 : Isa::kAvx512;
-    case WeightFormat::kInt8:  // AMX CPUs: the f32-FMA few-row loop beside tiles (weight_only_many_rows_on_amx)
-      return !cpu.has_amx_kernels() && cpu.has_avx512_vnni_kernels() ? Isa::kAvx512Vnni : Isa::kAvx512;
-  }
-  return Isa::kScalar;
-}
-
-Isa kernel_isa(WeightFormat format) {
-  CpuFeatures cpu = cpu_features();
-  if (!use_x86_kernels()) cpu.avx512f = false;  // MOEX_ISA=avx2 on an AVX-512 CPU: what an AVX2-only one runs
-  const Isa isa = kernel_isa(format, cpu, use_x86_kernels() || use_avx2_kernels());
-  if (isa != Isa::kAmx || use_amx_kernels()) return isa;
-  CpuFeatures no_amx = cpu_features();  // MOEX_ISA=avx512, or an AMX CPU under a Linux that refuses the tile state
-  no_amx.amx_tile = false;
-  return kernel_isa(format, no_amx, true);
-}
-
-namespace {
-// The AVX-512 kernel that runs kAmx's few-row loop (the tiles read the activations it reads, but for int8's).
-Isa below_amx(WeightFormat format) {
-  if (format == WeightFormat::kInt8W8A8 || format == WeightFormat::kInt4W4A8) return Isa::kAvx512Vnni;
-  return format == WeightFormat::kInt8 ? Isa::kAvx512 : Isa::kAvx512Bf16;
-}
-
-// int4's and fp8's many-row calls on CPUs with AMX (Intel Xeons) run tiles where this process may use them
-// (weight_only_many_rows_on_amx, below); else (MOEX_ISA=avx512, the tile state refused) the f32-FMA kernels (kAvx512) instead of
-// their vdpbf16ps ones: there vdpbf16ps runs at half the FLOP rate of vfmadd231ps (measured on such a Xeon:
-// 106-110 against 218 GFLOPS per core; Zen 4/5 run it at twice vfmadd's rate), and at many rows the dot products,
-// not the weight decode, bound the call: the FMA loops take 0.62-0.64x the time at 512 rows (int4-g128 and fp8,
-// one expert matrix, 1 and 2 threads; docs/kernels.md). At a few rows the bf16 route, which decodes a weight in
-// fewer instructions, stays faster (int4 1.4-1.6x, fp8 1.2-1.35x at one row), so the few-row loop keeps it.
-bool many_rows_on_fma(WeightFormat format, Isa isa) {
-  return isa == Isa::kAvx512Bf16 && (format == WeightFormat::kInt4 || format == WeightFormat::kFP8E4M3) &&
-         cpu_features().has_amx_kernels();
-}
-
-// Whether a weight-only format whose few-row loop runs on `isa` has a many-row loop on AMX tiles (on a CPU with
-// them): fp8's and int4's beside their vdpbf16ps loops (their decodes need VBMI: without it they are on kAvx512 and
-// have none), int8's beside its f32-FMA loop (kAvx512).
-bool has_weight_only_tiles(WeightFormat format, Isa isa) {
-  return ((format == WeightFormat::kFP8E4M3 || format == WeightFormat::kInt4) && isa == Isa::kAvx512Bf16) ||
-         (format == WeightFormat::kInt8 && isa == Isa::kAvx512);
-}
-
-// Those many-row calls go to tiles where this process may use them (use_amx_kernels: the CPU has AMX, Linux
-// granted the tile state, MOEX_ISA is not avx512): their codes decoded to bf16 pairs once per panel and K group,
-// then tdpbf16ps (expert_gemm_amx.cc), instead of the FMA loop above; int8's tiles read the activations split into
-// bf16 (hi, lo) pairs, near f32. The few-row loops stay where they were.
-bool weight_only_many_rows_on_amx(WeightFormat format, Isa isa) {
-  return has_weight_only_tiles(format, isa) && use_amx_kernels();
-}
-}  // namespace
-
-bool row_result_depends_on_row_count(WeightFormat format, Isa isa) {
-  if (isa == Isa::kAmx) return !row_kernels_agree(format);  // the weight-only formats' tiles
-  if (isa == Isa::kAvx512)
-    return format == WeightFormat::kInt8 || format == WeightFormat::kInt4 || format == WeightFormat::kFP8E4M3;
-  return many_rows_on_fma(format, isa);  // int4 / fp8 on kAvx512Bf16: two vdpbf16ps loops that agree, unless the
-                                        // many rows go to the f32-FMA loop (AMX CPUs without the tiles)
-}
-
-std::vector<Isa> usable_isas(WeightFormat format, const CpuFeatures& cpu) {
-  std::vector<Isa> isas = {Isa::kScalar};
-  const Isa best = kernel_isa(format, cpu, true);
-  if (best != Isa::kAvx2 && has_avx2_kernel(format, cpu)) isas.push_back(Isa::kAvx2);  // tested on AVX-512 CPUs too
-  if ((format == WeightFormat::kInt4 || format == WeightFormat::kFP8E4M3) && best == Isa::kAvx512Bf16)
-    isas.push_back(Isa::kAvx512);
-  if (format == WeightFormat::kInt8 && best == Isa::kAvx512Vnni) isas.push_back(Isa::kAvx512);  // the f32-FMA loop
-  if (best == Isa::kAmx) isas.push_back(below_amx(format));
-  if (best != Isa::kScalar) isas.push_back(best);
-  if (has_weight_only_tiles(format, best) && cpu.has_amx_kernels())
-    isas.push_back(Isa::kAmx);  // their many-row loop (weight_only_many_rows_on_amx)
-  return isas;
-}
-
 float quantize_activations_s8(const float* x, int64_t k, int8_t* q) {
   float absmax = 0.0f;
   for (int64_t i = 0; i < k; ++i) absmax = std::max(absmax, std::fabs(x[i]));
@@ -696,16 +578,17 @@ void run_scalar(const float* x, int64_t tokens, const PackedWeights& w, const x8
   xr.assign(x, x + tokens * K);  // [T][K]
   std::vector<float>& token_scales = g_token_scales;
   token_scales.assign(tokens, 1.0f);
-  if (w.format == WeightFormat::kBF16 || w.format == WeightFormat::kInt4 || w.format == WeightFormat::kFP8E4M3) {
+  const ActivationKind kind = format_traits(w.format).activations;
+  if (kind == ActivationKind::kBf16) {
     for (float& v : xr) v = bf16_to_f32(f32_to_bf16(v));
-  } else if (w.format == WeightFormat::kInt4W4A8) {  // codes times their group's scale
+  } else if (kind == ActivationKind::kS8PerGroup) {  // codes times their group's scale
     std::vector<int8_t> q(K);
     std::vector<float> scales((K + w.group - 1) / w.group);
     for (int64_t t = 0; t < tokens; ++t) {
       quantize_groups_s8(x + t * K, K, w.group, q.data(), scales.data());
       for (int64_t k = 0; k < K; ++k) xr[t * K + k] = static_cast<float>(q[k]) * scales[k / w.group];
     }
-  } else if (w.format == WeightFormat::kInt8W8A8) {
+  } else if (kind == ActivationKind::kS8PerToken) {
     std::vector<int8_t> q(K);
     for (int64_t t = 0; t < tokens; ++t) {
       token_scales[t] = quantize_activations_s8(x + t * K, K, q.data());
@@ -720,12 +603,12 @@ void run_scalar(const float* x, int64_t tokens, const PackedWeights& w, const x8
           float sum = 0.0f;
           int64_t isum = 0;
           for (int64_t k = 0; k < K; ++k) {
-            if (w.format == WeightFormat::kInt8W8A8)
+            if (kind == ActivationKind::kS8PerToken)
               isum += static_cast<int64_t>(xr[t * K + k]) * static_cast<int64_t>(packed_weight(w, panel, lane, k));
             else
               sum += xr[t * K + k] * packed_weight(w, panel, lane, k);
           }
-          if (w.format == WeightFormat::kInt8W8A8)
+          if (kind == ActivationKind::kS8PerToken)
             sum = static_cast<float>(isum) * (token_scales[t] * w.scales.as<const float>()[panel * kPanel + lane]);
           c[t * kPanel + lane] = sum;
         }
@@ -747,12 +630,13 @@ struct Activations {
   std::vector<float> code_sums;  // W4A8: [T][groups] sums of the activation codes per K group
 
   static bool quantized(const PackedWeights& w) {
-    return w.format == WeightFormat::kInt8W8A8 || w.format == WeightFormat::kInt4W4A8;
+    const ActivationKind kind = format_traits(w.format).activations;
+    return kind == ActivationKind::kS8PerToken || kind == ActivationKind::kS8PerGroup;
   }
   // kAmx's tiles read what the AVX-512 kernel of its few-row loop reads (bf16 rows, or W8A8's u8 codes), but for
   // int8's, which read split planes (its few-row loop reads the f32 rows as they are).
   static Isa reads_as(Isa isa, const PackedWeights& w) {
-    return isa != Isa::kAmx || w.format == WeightFormat::kInt8 ? isa : below_amx(w.format);
+    return isa != Isa::kAmx || format_traits(w.format).activations == ActivationKind::kF32 ? isa : below_amx(w.format);
   }
 
   void size_for(Isa isa, const PackedWeights& w, int64_t tokens) {
@@ -937,82 +821,20 @@ struct Activations {
   }
 };
 
-// expert_kernel_for_rows, unless MOEX_ROW_KERNEL=few|many pins one loop for every call (read once; a
-// benchmark's A/B switch). --batch-invariant's pin wins over it where the loops differ on this CPU
-// (row_result_depends_on_row_count); where they agree (int4 and fp8 on AVX512-BF16 CPUs without AMX) the flag
-// changes nothing and each call takes its faster loop.
-RowKernel row_kernel(WeightFormat format, Isa isa, int64_t rows, bool batch_invariant) {
-  static const int pinned = [] {
-    const char* v = std::getenv("MOEX_ROW_KERNEL");
-    const std::string_view s = v ? v : "";
-    MOEX_CHECK_INPUT(s.empty() || s == "auto" || s == "few" || s == "many", "MOEX_ROW_KERNEL='", s,
-                     "' (choose auto, few or many)");
-    return s == "few" ? 0 : s == "many" ? 1 : -1;
-  }();
-  if (batch_invariant && row_result_depends_on_row_count(format, isa)) return expert_kernel_for_rows(format, rows, true, isa);
-  if (pinned >= 0) return pinned ? RowKernel::kManyRows : RowKernel::kFewRows;
-  if (isa == Isa::kAvx512Bf16 && format == WeightFormat::kFP8E4M3 && !many_rows_on_fma(format, isa))
-    return rows >= kFp8Vdpbf16psManyRowsFrom ? RowKernel::kManyRows : RowKernel::kFewRows;
-  return expert_kernel_for_rows(format, rows, false, isa);
-}
-
 }  // namespace
 
-Isa isa_for_rows(WeightFormat format, Isa isa, int64_t rows, bool batch_invariant) {
-  if (weight_only_many_rows_on_amx(format, isa)) isa = Isa::kAmx;  // tiles from amx_weight_only_many_rows_from rows
-  const bool many = row_kernel(format, isa, rows, batch_invariant) == RowKernel::kManyRows;
-  if (isa == Isa::kAmx) return many ? Isa::kAmx : below_amx(format);
-  return many && many_rows_on_fma(format, isa) ? Isa::kAvx512 : isa;
-}
-
 namespace {
-
-// Panels [begin, end) of one job on an x86 ISA.
-void run_panel_range(Isa isa, const PackedWeights& w, const x86::PanelJob& job, int64_t begin, int64_t end) {
-  switch (isa) {
-    case Isa::kAmx:  // tiles for many rows (bf16: for every call); W8A8's few-row loop is the VNNI one, fp8's the table one
-      if (w.format == WeightFormat::kBF16)
-        job.many_rows ? x86::run_panels_bf16_amx(job, begin, end) : x86::run_panels_bf16_avx512bf16(job, begin, end);
-      else if (w.format == WeightFormat::kFP8E4M3)
-        job.many_rows ? x86::run_panels_fp8_amx(job, begin, end) : x86::run_panels_fp8_avx512bf16vbmi(job, begin, end);
-      else if (w.format == WeightFormat::kInt4)
-        job.many_rows ? x86::run_panels_int4_amx(job, begin, end) : x86::run_panels_int4_avx512bf16vbmi(job, begin, end);
-      else if (w.format == WeightFormat::kInt8)  // tiles for any row count: the rows are split planes (reads_as)
-        x86::run_panels_int8_amx(job, begin, end);
-      else if (w.format == WeightFormat::kInt4W4A8)
-        job.many_rows ? x86::run_panels_int4_w4a8_amx(job, begin, end) : x86::run_panels_int4_w4a8_avx512vnni(job, begin, end);
-      else
-        job.many_rows ? x86::run_panels_w8a8_amx(job, begin, end) : x86::run_panels_w8a8_avx512vnni(job, begin, end);
-      break;
-    case Isa::kAvx512Bf16:
-      if (w.format == WeightFormat::kBF16 && job.many_rows)
-        x86::run_panels_bf16_many_avx512bf16(job, begin, end);
-      else if (w.format == WeightFormat::kBF16) x86::run_panels_bf16_avx512bf16(job, begin, end);
-      else if (w.format == WeightFormat::kFP8E4M3) x86::run_panels_fp8_avx512bf16vbmi(job, begin, end);
-      else x86::run_panels_int4_avx512bf16vbmi(job, begin, end);
-      break;
-    case Isa::kAvx512Vnni:
-      if (w.format == WeightFormat::kInt4W4A8) x86::run_panels_int4_w4a8_avx512vnni(job, begin, end);
-      else if (w.format == WeightFormat::kInt8) x86::run_panels_int8_avx512vnni(job, begin, end);
-      else if (job.many_rows) x86::run_panels_w8a8_many_avx512vnni(job, begin, end);
-      else x86::run_panels_w8a8_avx512vnni(job, begin, end);
-      break;
-    case Isa::kAvx512: x86::run_panels_weight_only_avx512(job, begin, end); break;
-    case Isa::kAvx2:
-      if (w.format == WeightFormat::kInt8W8A8) x86::run_panels_w8a8_avx2(job, begin, end);
-      else if (w.format == WeightFormat::kInt4W4A8) x86::run_panels_int4_w4a8_avx2(job, begin, end);
-      else x86::run_panels_weight_only_avx2(job, begin, end);
-      break;
-    case Isa::kScalar: MOEX_CHECK(false, "the scalar path has no panel jobs");
-  }
-}
 
 // Per call, on the calling thread; the panel workers read them through the job.
 thread_local Activations g_act;
 
-// What a dispatching entry point (packed_matmul, the expert halves, the group) runs `rows` rows of `format` on.
-Isa dispatch_isa(WeightFormat format, int64_t rows, bool batch_invariant) {
-  return isa_for_rows(format, kernel_isa(format), rows, batch_invariant);
+// The choice a call reads: the weight's own (resolved when it was packed), unless the x86 kernels were switched off
+// since (set_use_x86_kernels, a test's and a benchmark's switch: then the scalar loop) or on after a packing that
+// found them off (then this CPU's choice, made now).
+KernelChoice current_choice(const PackedWeights& w) {
+  if (!use_x86_kernels() && !use_avx2_kernels()) return KernelChoice{};
+  if (w.kernel.isa != Isa::kScalar) return w.kernel;
+  return choose_kernel(w.format);
 }
 
 constexpr int kMaxOutputs = 4;  // run_group's outputs at most (packed_matmul_group: q, k, v)
@@ -1025,11 +847,11 @@ struct Output {
 
 // Every output's matmul of the same x [T, K] in one parallel region: x converted once (the outputs share format, K
 // and k_padded), the panels of all outputs one index space that the threads take in chunks.
-void run_group(const float* x, int64_t tokens, const Output* outputs, int count, Isa isa, bool batch_invariant) {
+void run_group(const float* x, int64_t tokens, const Output* outputs, int count, const RowRegime& regime) {
   if (tokens <= 0 || count == 0) return;
   const PackedWeights& w0 = *outputs[0].w;
-  row_kernel(w0.format, isa, 0, false);  // reads MOEX_ROW_KERNEL here, where a bad value can throw, not inside a parallel region
-  if (isa == Isa::kScalar) {  // (the scalar path has one loop, but a bad value is refused on every CPU)
+  const Isa isa = regime.isa;
+  if (isa == Isa::kScalar) {
     for (int i = 0; i < count; ++i)
       if (outputs[i].w->rows > 0) run_scalar(x, tokens, *outputs[i].w, outputs[i].e);
     return;
@@ -1047,7 +869,7 @@ void run_group(const float* x, int64_t tokens, const Output* outputs, int count,
   for (int i = 0; i < count; ++i) {
     const PackedWeights& w = *outputs[i].w;
     jobs[i].tokens = tokens;
-    jobs[i].many_rows = row_kernel(w.format, isa, tokens, batch_invariant) == RowKernel::kManyRows;
+    jobs[i].many_rows = regime.many_rows;
     jobs[i].w = &w;
     jobs[i].epilogue = outputs[i].e;
     act.bind(isa, w, x, 0, jobs[i]);
@@ -1056,15 +878,20 @@ void run_group(const float* x, int64_t tokens, const Output* outputs, int count,
   for_panel_chunks(first_panel[count], [&](int64_t b, int64_t end) {
     for (int i = 0; i < count; ++i) {
       const int64_t lo = std::max(b, first_panel[i]), hi = std::min(end, first_panel[i + 1]);
-      if (lo < hi) run_panel_range(isa, *outputs[i].w, jobs[i], lo - first_panel[i], hi - first_panel[i]);
+      if (lo < hi) regime.run(jobs[i], lo - first_panel[i], hi - first_panel[i]);
     }
   });
 }
 
-void run(const float* x, int64_t tokens, const PackedWeights& w, const x86::Epilogue& e, Isa isa, bool batch_invariant) {
+void run(const float* x, int64_t tokens, const PackedWeights& w, const x86::Epilogue& e, const RowRegime& regime) {
   if (w.rows == 0) return;
   const Output output{&w, e};
-  run_group(x, tokens, &output, 1, isa, batch_invariant);
+  run_group(x, tokens, &output, 1, regime);
+}
+
+// The regime the weight's choice gives `tokens` rows.
+RowRegime regime_for(const PackedWeights& w, int64_t tokens, bool batch_invariant) {
+  return current_choice(w).for_rows(tokens, batch_invariant);
 }
 
 x86::Epilogue store_into(float* y, const PackedWeights& w, bool accumulate) {
@@ -1093,15 +920,13 @@ void packed_matmul_group(const float* x, int64_t tokens, const PackedOutput* out
   }
   Output group[kMaxOutputs];
   for (int i = 0; i < count; ++i) group[i] = {outputs[i].w, store_into(outputs[i].y, *outputs[i].w, outputs[i].accumulate)};
-  run_group(x, tokens, group, count, dispatch_isa(w0.format, tokens, batch_invariant),
-            batch_invariant);
+  run_group(x, tokens, group, count, regime_for(w0, tokens, batch_invariant));
 }
 
 void packed_matmul(const float* x, int64_t tokens, const PackedWeights& w, float* y, bool accumulate,
                    bool batch_invariant) {
   MOEX_CHECK(!w.gate_up, "gate/up weights go to expert_gate_up");
-  run(x, tokens, w, store_into(y, w, accumulate), dispatch_isa(w.format, tokens, batch_invariant),
-      batch_invariant);
+  run(x, tokens, w, store_into(y, w, accumulate), regime_for(w, tokens, batch_invariant));
 }
 
 void packed_matmul_on(Isa isa, const float* x, int64_t tokens, const PackedWeights& w, float* y, bool accumulate,
@@ -1110,7 +935,25 @@ void packed_matmul_on(Isa isa, const float* x, int64_t tokens, const PackedWeigh
   MOEX_CHECK(std::find(usable.begin(), usable.end(), isa) != usable.end(), isa_name(isa), " cannot run ",
              weight_format_name(w.format), " on this CPU");
   MOEX_CHECK(!w.gate_up, "gate/up weights go to expert_gate_up");
-  run(x, tokens, w, store_into(y, w, accumulate), isa, batch_invariant);
+  // The kernels registered on `isa` itself (under kAmx: tiles or, for W8A8's few rows, its VNNI loop, as the
+  // registry's kAmx rows say), the loop by that ISA's own crossover.
+  RowRegime regime{isa, nullptr, false};
+  if (isa != Isa::kScalar) {
+    const RowKernel loop = row_kernel_on(w.format, isa, tokens, batch_invariant);
+    const KernelEntry* k = find_kernel(w.format, isa, loop);
+    MOEX_CHECK(k, "no ", weight_format_name(w.format), " kernel on ", isa_name(isa));
+    regime = {isa, k->run, loop == RowKernel::kManyRows};
+  }
+  run(x, tokens, w, store_into(y, w, accumulate), regime);
+}
+
+void packed_matmul_with(const KernelEntry& kernel, const float* x, int64_t tokens, const PackedWeights& w, float* y,
+                        bool accumulate) {
+  const std::vector<Isa> usable = usable_isas(w.format, cpu_features());
+  MOEX_CHECK(kernel.format == w.format && std::find(usable.begin(), usable.end(), kernel.isa) != usable.end(),
+             isa_name(kernel.isa), " cannot run ", weight_format_name(w.format), " on this CPU");
+  MOEX_CHECK(!w.gate_up, "gate/up weights go to expert_gate_up");
+  run(x, tokens, w, store_into(y, w, accumulate), RowRegime{kernel.isa, kernel.run, kernel.loop == RowKernel::kManyRows});
 }
 
 void expert_gate_up(const float* x, int64_t tokens, const PackedWeights& w13, float* h, bool batch_invariant) {
@@ -1119,7 +962,7 @@ void expert_gate_up(const float* x, int64_t tokens, const PackedWeights& w13, fl
   e.kind = x86::Epilogue::kSiluMul;
   e.y = h;
   e.ld_y = w13.rows;
-  run(x, tokens, w13, e, dispatch_isa(w13.format, tokens, batch_invariant), batch_invariant);
+  run(x, tokens, w13, e, regime_for(w13, tokens, batch_invariant));
 }
 
 void expert_down_accumulate(const float* h, int64_t tokens, const PackedWeights& w2, const float* route_weights,
@@ -1131,7 +974,7 @@ void expert_down_accumulate(const float* h, int64_t tokens, const PackedWeights&
   e.ld_y = out_stride;
   e.route_weights = route_weights;
   e.out_rows = out_rows;
-  run(h, tokens, w2, e, dispatch_isa(w2.format, tokens, batch_invariant), batch_invariant);
+  run(h, tokens, w2, e, regime_for(w2, tokens, batch_invariant));
 }
 
 namespace {
@@ -1141,7 +984,7 @@ struct FusedPlan {
   Activations up, down;                 // x rows for w13, h rows for w2: [R] rows, all experts in order
   std::vector<int64_t> first_row;       // [count] expert's first row in the activations
   std::vector<int32_t> row_expert;      // [R] the expert of each row
-  std::vector<Isa> expert_isa;          // [count] the ISA each expert's rows run on (isa_for_rows)
+  std::vector<RowRegime> expert_regime;  // [count] the ISA and loop each expert's rows run (KernelChoice::for_rows)
   struct Item {
     int32_t expert;
     int64_t begin, end;  // w13 panels
@@ -1178,8 +1021,8 @@ void fused_experts(const ExpertRows* experts, int count, float* out, int64_t out
   if (!first) return;
   MOEX_CHECK(out_stride >= first->w2->rows, "fused_experts: out_stride ", out_stride, " < ", first->w2->rows);
   const PackedWeights &w13 = *first->w13, &w2 = *first->w2;
-  const Isa isa = kernel_isa(w13.format);
-  if (isa == Isa::kScalar) {
+  const KernelChoice choice = current_choice(w13);
+  if (choice.isa == Isa::kScalar) {
     for (int e = 0; e < count; ++e) {
       const ExpertRows& x = experts[e];
       if (x.rows == 0) continue;
@@ -1188,17 +1031,19 @@ void fused_experts(const ExpertRows* experts, int count, float* out, int64_t out
     }
     return;
   }
-  if (isa == Isa::kAmx) MOEX_CHECK(request_amx_permission(), "Linux refused this process the AMX tile state");
+  if (choice.isa == Isa::kAmx || choice.many.isa == Isa::kAmx)
+    MOEX_CHECK(request_amx_permission(), "Linux refused this process the AMX tile state");
   FusedPlan& plan = g_fused;  // names, not the thread_local, reach the threads
   // Each expert's rows run where expert_gate_up alone would run them (isa_for_rows by its own row count: on an
   // AMX CPU int8's, int4's and fp8's many-row experts go to tiles, their few-row ones stay on FMA / vdpbf16ps), so
   // the pass equals the expert-by-expert kernels bit for bit. The buffers of both ISAs live in one Activations
   // (each row is converted once, for its expert's ISA); this also reads MOEX_ROW_KERNEL outside the region.
-  plan.expert_isa.resize(count);
+  plan.expert_regime.resize(count);
   bool h_in_items = true;  // every expert's h conversion for w2 is elementwise (see below)
   for (int e = 0; e < count; ++e) {
-    const Isa ei = isa_for_rows(w13.format, isa, experts[e].rows, batch_invariant);
-    plan.expert_isa[e] = ei;
+    const RowRegime& regime = choice.for_rows(experts[e].rows, batch_invariant);
+    const Isa ei = regime.isa;
+    plan.expert_regime[e] = regime;
     if (experts[e].rows == 0) continue;
     plan.up.size_for(ei, w13, total_rows);
     plan.down.size_for(ei, w2, total_rows);
@@ -1235,9 +1080,9 @@ void fused_experts(const ExpertRows* experts, int count, float* out, int64_t out
   const auto job_for = [&](const PackedWeights& w, const Activations& act, const float* x, int e) {
     x86::PanelJob job;
     job.tokens = experts[e].rows;
-    job.many_rows = row_kernel(w.format, plan.expert_isa[e], job.tokens, batch_invariant) == RowKernel::kManyRows;
+    job.many_rows = plan.expert_regime[e].many_rows;
     job.w = &w;
-    act.bind(plan.expert_isa[e], w, x, plan.first_row[e], job);
+    act.bind(plan.expert_regime[e].isa, w, x, plan.first_row[e], job);
     return job;
   };
   // Barriers: decode (few rows) converts x here, before the region; when h's conversion for w2 is
@@ -1247,7 +1092,7 @@ void fused_experts(const ExpertRows* experts, int count, float* out, int64_t out
   if (x_before) {
     for (int64_t r = 0; r < total_rows; ++r) {
       const int e = plan.row_expert[r];
-      plan.up.convert(plan.expert_isa[e], w13, experts[e].x + (r - plan.first_row[e]) * hidden, r);
+      plan.up.convert(plan.expert_regime[e].isa, w13, experts[e].x + (r - plan.first_row[e]) * hidden, r);
     }
   }
 #pragma omp parallel num_threads(threads)
@@ -1256,7 +1101,7 @@ void fused_experts(const ExpertRows* experts, int count, float* out, int64_t out
 #pragma omp for schedule(static)
       for (int64_t r = 0; r < total_rows; ++r) {
         const int e = plan.row_expert[r];
-        plan.up.convert(plan.expert_isa[e], w13, experts[e].x + (r - plan.first_row[e]) * hidden, r);
+        plan.up.convert(plan.expert_regime[e].isa, w13, experts[e].x + (r - plan.first_row[e]) * hidden, r);
       }
     }
 #pragma omp for schedule(dynamic, 1)
@@ -1267,8 +1112,8 @@ void fused_experts(const ExpertRows* experts, int count, float* out, int64_t out
       job.epilogue.kind = x86::Epilogue::kSiluMul;
       job.epilogue.y = x.h;
       job.epilogue.ld_y = inter;
-      const Isa ei = plan.expert_isa[item.expert];
-      run_panel_range(ei, *x.w13, job, item.begin, item.end);
+      const Isa ei = plan.expert_regime[item.expert].isa;
+      plan.expert_regime[item.expert].run(job, item.begin, item.end);
       if (h_in_items) {  // h [rows, I] columns of panels [begin, end)
         const int64_t c0 = item.begin * w13.rows_per_panel(), c1 = std::min(inter, item.end * w13.rows_per_panel());
         for (int64_t r = 0; r < x.rows; ++r)
@@ -1279,7 +1124,7 @@ void fused_experts(const ExpertRows* experts, int count, float* out, int64_t out
 #pragma omp for schedule(static)
       for (int64_t r = 0; r < total_rows; ++r) {
         const int e = plan.row_expert[r];
-        plan.down.convert(plan.expert_isa[e], w2, experts[e].h + (r - plan.first_row[e]) * inter, r);
+        plan.down.convert(plan.expert_regime[e].isa, w2, experts[e].h + (r - plan.first_row[e]) * inter, r);
       }
     }
 #pragma omp for schedule(dynamic, 1) nowait  // the region's end is the barrier
@@ -1294,7 +1139,7 @@ void fused_experts(const ExpertRows* experts, int count, float* out, int64_t out
         job.epilogue.ld_y = out_stride;
         job.epilogue.route_weights = x.route_weights;
         job.epilogue.out_rows = x.out_rows;
-        run_panel_range(plan.expert_isa[e], *x.w2, job, begin, end);
+        plan.expert_regime[e].run(job, begin, end);
       }
     }
   }

@@ -13,27 +13,14 @@
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
-#include <string_view>
 #include <vector>
 
 #include "moex/base/cpu.h"
 #include "moex/base/tensor.h"
+#include "moex/kernels/formats.h"
 
 namespace moex::kernels {
 
-enum class WeightFormat : uint8_t {
-  kBF16,      // bf16 weights, activations rounded to bf16 per call, vdpbf16ps (f32 accumulation)
-  kInt8,      // s8, w = q * scale[row]; f32 activations (weight-only: decode reads half of bf16's bytes)
-  kInt8W8A8,  // s8 as kInt8; activations quantized per token to s8 (scale = absmax/127), vpdpbusd
-  kInt4,      // q in 0..15, w = (q - zero) * scale per group of `group` along K; two codes per packed byte;
-              // activations rounded to bf16 (far below int4's own error) so vdpbf16ps can read the codes
-  kInt4W4A8,  // int4 codes, scales and zeros as kInt4; activations quantized to s8 per token and K group (the
-              // weights' groups; each with its own absmax / 127 scale), and vpdpbusd multiplies the codes
-              // (u8 0..15) by them: four products per instruction, not two
-  kFP8E4M3,   // e4m3 codes, w = fp8 * scale per 128x128 block (DeepSeek-V3's weight_scale_inv layout);
-              // activations rounded to bf16 (as int4) so vdpbf16ps can read the codes through a byte table
-};
-std::string_view weight_format_name(WeightFormat format);
 
 // W in natural layout. Only the members of its format are filled.
 struct QuantizedMatrix {
@@ -59,6 +46,9 @@ QuantizedMatrix quantize_int4(const TensorView& w, int64_t group, bool symmetric
                               WeightFormat format = WeightFormat::kInt4);
 // Per 128x128 block: scale = absmax / 448, code = e4m3(w / scale).
 QuantizedMatrix quantize_fp8(const TensorView& w);
+// The quantizer `--weights` / `--dense-weights` run at load for `format`: bf16 rounding, int8 per row, int4 symmetric
+// per group of `group` along K, fp8 per 128x128 block.
+QuantizedMatrix quantize(const TensorView& w, WeightFormat format, int64_t group);
 // A checkpoint's FP8 tensor as is: codes F8_E4M3 [rows, cols], scale_inv F32 [ceil(rows/128), ceil(cols/128)].
 QuantizedMatrix fp8_from_checkpoint(const TensorView& codes, const TensorView& scale_inv);
 
@@ -96,6 +86,9 @@ struct PackedWeights {
   bool gate_up = false;
   int64_t panels = 0, k_padded = 0;
   AlignedBytes data, scales, offsets, col_sums;
+  // Which kernels run it, resolved once by packed_layout (pack, pack_gate_up and mapped panels all start there):
+  // the calls read it and decide nothing but the row regime (KernelChoice::for_rows).
+  KernelChoice kernel;
 
   int64_t rows_per_panel() const { return gate_up ? kPanel / 2 : kPanel; }
   size_t weight_bytes() const;  // bytes a pass over W reads (codes + scales): the roofline's numerator
@@ -103,11 +96,7 @@ struct PackedWeights {
   // The buffers by index (0 data, 1 scales, 2 offsets, 3 col_sums), and whether `format` has buffer b (the
   // layouts below): what pack() allocates and what a file of packed panels holds.
   static constexpr int kBuffers = 4;
-  static bool has_buffer(WeightFormat format, int b) {
-    return b == 0 || (b == 1 && format != WeightFormat::kBF16) ||
-           (b == 2 && (format == WeightFormat::kInt4 || format == WeightFormat::kInt4W4A8)) ||
-           (b == 3 && format == WeightFormat::kInt8W8A8);
-  }
+  static bool has_buffer(WeightFormat format, int b) { return (format_traits(format).buffers >> b) & 1; }
   AlignedBytes& buffer(int b) { return b == 0 ? data : b == 1 ? scales : b == 2 ? offsets : col_sums; }
   const AlignedBytes& buffer(int b) const { return const_cast<PackedWeights*>(this)->buffer(b); }
 };
@@ -141,60 +130,6 @@ class WeightArena {
   std::shared_ptr<uint8_t> base_;
   size_t capacity_ = 0, used_ = 0;
 };
-
-// Which code runs a format. Decided from the CPU (and MOEX_ISA=ref) only; never an ISA the CPU lacks.
-// kAmx (bf16, W8A8 and W4A8 on a CPU with AMX) means: AMX tiles for the many-row loop (bf16: every call), the
-// AVX-512 VNNI kernel for W8A8's and W4A8's few-row one.
-enum class Isa : uint8_t { kScalar, kAvx2, kAvx512, kAvx512Bf16, kAvx512Vnni, kAmx };
-
-// Which register-tile loop a call with `rows` rows (tokens) of one matrix in `format` runs. The few-row loop
-// streams each panel once with the weights decoded inside its token tile (decode). The many-row loops are
-// GEMMs for prefill: bf16 and W8A8 run kernels/x86/expert_gemm_* (balanced 5-6 row tiles, the next K block
-// prefetched; on AMX CPUs 16-row tiles, expert_gemm_amx.cc); int8, fp8 and int4 (weight-only) decode a K block
-// of a panel once and run wider tiles over it, and sum K in other blocks, so a row's last bits differ between
-// their two loops once K exceeds one K block. batch_invariant (`--batch-invariant`) pins the few-row loop for
-// those, so a row's numbers do not depend on how many other rows share its call (its neighbours in the batch, the
-// rows of its expert). bf16 and W8A8 need no pin: bf16's two AVX-512 loops sum alike, and on AMX bf16 runs tiles
-// for every row count (one loop; tdpbf16ps sums a k pair in another order than vdpbf16ps, so the AVX-512 few-row
-// loop is not used there); W8A8's integer sums are exact on every loop; nor W4A8, whose VNNI loop serves every
-// row count but on AMX CPUs (tiles from kAmxW4A8ManyRowsFrom rows), where both loops sum each K group exactly in
-// integers and fold the groups with the same operations in the same order. Every packed call
-// decides here; `isa` is the format's kernel_isa.
-enum class RowKernel : uint8_t { kFewRows, kManyRows };
-inline constexpr int64_t kManyRowsFrom = 12;            // bf16 / W8A8: the measured crossover (docs/kernels.md)
-inline constexpr int64_t kWeightOnlyManyRowsFrom = 16;  // int8 / fp8 / int4
-// int8 on VNNI without AMX (s16 codes, x86/packed_int8_avx512vnni.cc): its few-row loop decodes in registers and
-// keeps up with the decoded-block loop to 32 rows (docs/kernels.md); both give the same bits.
-inline constexpr int64_t kInt8VnniManyRowsFrom = 32;
-// fp8 on its vdpbf16ps loops on CPUs without AMX (Zen 4/5): the many-row loop decodes its K block inside its first
-// token tile, so it wins from 5 rows (bench kernels on Zen 4, docs/kernels.md; int4's, measured likewise, gained
-// nothing in bench e2e below kWeightOnlyManyRowsFrom). Its two loops give the same bits, so this moves no result.
-// (row_kernel in packed.cc applies it; on AMX CPUs fp8's many rows go to tiles or the f32-FMA loop.)
-inline constexpr int64_t kFp8Vdpbf16psManyRowsFrom = 5;
-inline constexpr int64_t kAmxManyRowsFrom = 4;          // W8A8 on AMX (docs/kernels.md); bf16 on AMX: from 1
-inline constexpr int64_t kAmxW4A8ManyRowsFrom = 6;      // W4A8 on AMX (docs/kernels.md)
-// fp8's, int4's and int8's tiles on AMX CPUs (isa kAmx): each format's measured crossover against its few-row loop
-// (docs/kernels.md): int4's decode costs the few-row loop most per row; fp8 and int8 from 5.
-constexpr int64_t amx_weight_only_many_rows_from(WeightFormat format) {
-  return format == WeightFormat::kInt4 ? 3 : 5;
-}
-inline constexpr RowKernel kBatchInvariantRowKernel = RowKernel::kFewRows;  // the pin (docs/serve.md: its cost)
-constexpr bool row_kernels_agree(WeightFormat format) {
-  return format == WeightFormat::kBF16 || format == WeightFormat::kInt8W8A8 || format == WeightFormat::kInt4W4A8;
-}
-constexpr RowKernel expert_kernel_for_rows(WeightFormat format, int64_t rows, bool batch_invariant,
-                                           Isa isa = Isa::kAvx512Bf16) {
-  if (batch_invariant && !row_kernels_agree(format)) return kBatchInvariantRowKernel;
-  const int64_t weight_only_from = isa == Isa::kAmx ? amx_weight_only_many_rows_from(format)
-                                   : format == WeightFormat::kInt8 && isa == Isa::kAvx512Vnni ? kInt8VnniManyRowsFrom
-                                                                                               : kWeightOnlyManyRowsFrom;
-  const int64_t from = !row_kernels_agree(format)        ? weight_only_from
-                       : isa != Isa::kAmx                 ? kManyRowsFrom
-                       : format == WeightFormat::kBF16    ? 1
-                       : format == WeightFormat::kInt4W4A8 ? kAmxW4A8ManyRowsFrom
-                                                          : kAmxManyRowsFrom;
-  return rows >= from ? RowKernel::kManyRows : RowKernel::kFewRows;
-}
 
 // y [T, rows] (=, or += with accumulate) x [T, cols] @ W^T. Threads split the panels.
 void packed_matmul(const float* x, int64_t tokens, const PackedWeights& w, float* y, bool accumulate = false,
@@ -237,28 +172,16 @@ struct ExpertRows {
 //      and the sum over experts is in expert order (bitwise what expert_down_accumulate expert by expert gives).
 // A barrier between the phases, no fork/join per expert. All experts share one format and shape. Without an
 // x86 kernel (MOEX_ISA=ref) the scalar path runs expert_gate_up + expert_down_accumulate expert by expert.
-// batch_invariant: every expert's rows run expert_kernel_for_rows(rows, true)'s loop.
+// batch_invariant: every expert's rows run KernelChoice::for_rows(rows, true)'s loop.
 void fused_experts(const ExpertRows* experts, int count, float* out, int64_t out_stride, bool batch_invariant = false);
 
-std::string_view isa_name(Isa isa);
-Isa kernel_isa(WeightFormat format, const CpuFeatures& cpu, bool x86_enabled);
-// For this CPU and use_x86_kernels(); kAmx only where use_amx_kernels() (Linux granted the tile state, MOEX_ISA
-// is not avx512).
-Isa kernel_isa(WeightFormat format);
-// The ISA a call of `rows` rows on `isa` (a kernel_isa) really runs: kAmx's few-row loop (W8A8) is AVX-512 VNNI.
-Isa isa_for_rows(WeightFormat format, Isa isa, int64_t rows, bool batch_invariant = false);
-// Whether format's kernel on isa has two row loops that sum in different orders, so that without the
-// --batch-invariant pin a row's result depends on how many rows its call has: the weight-only tiles and f32-FMA
-// kernels (int8 / int4 / fp8 on kAmx and kAvx512; int4 / fp8 on kAvx512Bf16 only on AMX CPUs, which send their
-// many rows to tiles or the f32-FMA loop). The others have one order (bf16: one loop's on AMX, two that agree on
-// AVX-512; W8A8 and W4A8's exact sums; int4's and fp8's two vdpbf16ps loops; the AVX2 and scalar loops). The pin
-// applies exactly where this is true.
-bool row_result_depends_on_row_count(WeightFormat format, Isa isa);
-// Every ISA this CPU can run a format on: kernel_isa's choice and the ones below it (kScalar always).
-std::vector<Isa> usable_isas(WeightFormat format, const CpuFeatures& cpu);
 // packed_matmul on a given ISA from usable_isas (tests and benchmarks compare the paths with it).
 void packed_matmul_on(Isa isa, const float* x, int64_t tokens, const PackedWeights& w, float* y, bool accumulate = false,
                       bool batch_invariant = false);
+// packed_matmul through one registered kernel (a row of registered_kernels() whose ISA this CPU runs), whatever the
+// row count: the oracle test runs every row of the registry through it.
+void packed_matmul_with(const KernelEntry& kernel, const float* x, int64_t tokens, const PackedWeights& w, float* y,
+                        bool accumulate = false);
 
 // W8A8 activations: scale = absmax / 127 (0 for an all-zero row), q = round-to-nearest-even(x * (127 / absmax)).
 // Returns the scale. The fast path quantizes to exactly these values.

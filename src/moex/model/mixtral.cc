@@ -6,6 +6,7 @@
 
 #include "moex/base/error.h"
 #include "moex/base/threads.h"
+#include "moex/kernels/linear.h"
 #include "moex/kernels/matmul.h"
 #include "moex/kernels/ops.h"
 #include "moex/profile/profile.h"
@@ -107,7 +108,9 @@ int64_t MixtralModel::weight_bytes_per_token() const {
   for (const LayerWeights& l : weights_.layers) {
     total += bytes(l.input_norm) + l.wq.bytes() + l.wk.bytes() + l.wv.bytes() + l.wo.bytes() + bytes(l.post_norm) +
              bytes(l.moe.gate) + bytes(l.bq) + bytes(l.bk) + bytes(l.bv) + bytes(l.q_norm) + bytes(l.k_norm) +
-             bytes(l.mlp.w1) + bytes(l.mlp.w3) + bytes(l.mlp.w2) + bytes(l.shared_gate);
+             (l.mlp.packed ? static_cast<int64_t>(l.mlp.packed->w13.weight_bytes() + l.mlp.packed->w2.weight_bytes())
+                           : bytes(l.mlp.w1) + bytes(l.mlp.w3) + bytes(l.mlp.w2)) +
+             bytes(l.shared_gate);
     if (!l.is_moe) continue;
     // per rank: k experts' slices at most
     const int64_t expert_bytes =
@@ -180,7 +183,7 @@ void MixtralModel::forward(const StepInput& step, float* logits) {
     kernels::rmsnorm(hidden_.data() + t * d, 1, d, weights_.final_norm.data,
                      weights_.final_norm.dtype == DType::kBF16, c.rms_norm_eps, final_rows_.data() + r * d);
   }
-  dense_matmul(final_rows_.data(), rows, weights_.lm_head, logits, false, options_.batch_invariant);
+  kernels::linear(final_rows_.data(), rows, weights_.lm_head, logits, false, options_.batch_invariant);
 }
 
 // One row per token, widened to F32.
@@ -205,17 +208,9 @@ void MixtralModel::attention_block(int layer, const StepInput& step) {
   const LayerWeights& lw = weights_.layers[layer];
   const int64_t T = step.num_tokens, hd = c.head_dim, H = weights_.heads_local, KV = weights_.kv_heads_local;
   MOEX_ZONE_LAYER(kAttention, layer);
-  if (!lw.wq.packed && !lw.wk.packed && !lw.wv.packed) {  // as stored: the three in one parallel region
-    const kernels::MatmulOutput qkv[3] = {{lw.wq.view, q_.data()}, {lw.wk.view, k_.data()}, {lw.wv.view, v_.data()}};
-    kernels::matmul_group(normed_.data(), T, qkv, 3);  // [T, H*hd], [T, KV*hd], [T, KV*hd]
-  } else if (lw.wq.packed && lw.wk.packed && lw.wv.packed) {  // packed: one parallel region too
-    const kernels::PackedOutput qkv[3] = {
-        {lw.wq.packed.get(), q_.data()}, {lw.wk.packed.get(), k_.data()}, {lw.wv.packed.get(), v_.data()}};
-    kernels::packed_matmul_group(normed_.data(), T, qkv, 3, options_.batch_invariant);  // as above
-  } else {
-    dense_matmul(normed_.data(), T, lw.wq, q_.data(), false, options_.batch_invariant);  // [T, H*hd]
-    dense_matmul(normed_.data(), T, lw.wk, k_.data(), false, options_.batch_invariant);  // [T, KV*hd]
-    dense_matmul(normed_.data(), T, lw.wv, v_.data(), false, options_.batch_invariant);  // [T, KV*hd]
+  {  // the three in one parallel region (as stored, or packed alike)
+    const kernels::LinearOutput qkv[3] = {{&lw.wq, q_.data()}, {&lw.wk, k_.data()}, {&lw.wv, v_.data()}};
+    kernels::linear_group(normed_.data(), T, qkv, 3, options_.batch_invariant);  // [T, H*hd], [T, KV*hd], [T, KV*hd]
   }
   // Family options, in HF's order: biases (qwen2_moe), then q/k RMSNorm per head (qwen3_moe, dots1) or over
   // the whole projection (olmoe), then RoPE.
@@ -272,12 +267,12 @@ void MixtralModel::attention_block(int layer, const StepInput& step) {
     kernels::paged_attention(kv, kv_cache_.bf16(), layer, attn_seqs_.data(), step.num_seqs, q_.data(), H,
                              attn_out_.data(), attn_scratch_.data());
   if (!tensor_parallel_attention()) {
-    dense_matmul(attn_out_.data(), T, lw.wo, hidden_.data(), /*accumulate=*/true, options_.batch_invariant);  // residual add
+    kernels::linear(attn_out_.data(), T, lw.wo, hidden_.data(), /*accumulate=*/true, options_.batch_invariant);  // residual add
     return;
   }
   // Attention TP: each rank's heads give a share of o_proj's output; one all-reduce sums them.
   const int64_t d = c.hidden_size;
-  dense_matmul(attn_out_.data(), T, lw.wo, attn_partial_, false, options_.batch_invariant);
+  kernels::linear(attn_out_.data(), T, lw.wo, attn_partial_, false, options_.batch_invariant);
   {
     MOEX_ZONE_LAYER(kAllReduce, layer);
     comm::allreduce_f32(*options_.comm, attn_partial_, static_cast<size_t>(T * d), options_.plan.comm_dtype,
@@ -323,7 +318,7 @@ void MixtralModel::mlp_block(int layer, int64_t T) {
   if (T == 0) return;
   MOEX_ZONE_LAYER(kExperts, layer);
   // out [T, d] = down(silu(gate x) * up x), every rank computing all of it (the weights are replicated).
-  expert_ffn(lw.mlp, normed_.data(), T, mlp_gate_.data(), mlp_up_.data(), mlp_out_.data());
+  expert_ffn(lw.mlp, normed_.data(), T, mlp_gate_.data(), mlp_up_.data(), mlp_out_.data(), options_.batch_invariant);
   if (lw.shared_gate.data) {  // qwen2_moe: times sigmoid(x w_sg^T), one scalar per token
     kernels::matmul(normed_.data(), T, lw.shared_gate, shared_gate_.data());  // [T, 1]
     for (int64_t t = 0; t < T; ++t) {

@@ -31,7 +31,7 @@ struct ModelOptions {
   ExpertWeightFormat expert_weights;   // as stored, or quantized + packed at load (`--weights`)
   ExpertWeightFormat dense_weights;    // attention projections and lm_head, the same (`--dense-weights`)
   // `--batch-invariant`: each row's numbers do not depend on the rest of the step (its neighbours, how many
-  // rows its experts got): every packed matmul runs kernels::expert_kernel_for_rows(rows, true)'s loop.
+  // rows its experts got): every packed matmul runs KernelChoice::for_rows(rows, true)'s loop (kernels/formats.h).
   // Needs dropless routing (capacity drops depend on the whole step). docs/serve.md, "Batch invariance".
   bool batch_invariant = false;
 };

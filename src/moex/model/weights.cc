@@ -206,16 +206,7 @@ const QuantScheme* stored_scheme(const WeightStore& s, const QuantizationConfig&
 }
 
 QuantizedMatrix quantize_as(const TensorView& w, const ExpertWeightFormat& f) {
-  switch (f.format) {
-    case WeightFormat::kBF16: return kernels::quantize_bf16(w);
-    case WeightFormat::kInt8:
-    case WeightFormat::kInt8W8A8: return kernels::quantize_int8(w, f.format);
-    case WeightFormat::kInt4:
-    case WeightFormat::kInt4W4A8: return kernels::quantize_int4(w, f.group, /*symmetric=*/true, f.format);
-    case WeightFormat::kFP8E4M3: return kernels::quantize_fp8(w);
-  }
-  MOEX_CHECK(false, "unknown weight format");
-  return {};
+  return kernels::quantize(w, f.format, f.group);
 }
 
 // Drops this process's pages of mapped tensors that were packed (they are read again from the file if ever
@@ -247,15 +238,6 @@ kernels::PackedWeights pack_stored_gate_up(const WeightStore& s, QuantMethod met
 }
 
 }  // namespace
-
-int64_t DenseWeight::bytes() const {
-  return packed ? static_cast<int64_t>(packed->weight_bytes()) : static_cast<int64_t>(view.bytes());
-}
-
-void dense_matmul(const float* x, int64_t tokens, const DenseWeight& w, float* y, bool accumulate, bool batch_invariant) {
-  if (w.packed) kernels::packed_matmul(x, tokens, *w.packed, y, accumulate, batch_invariant);
-  else kernels::matmul(x, tokens, w.view, y, accumulate);
-}
 
 void check_weights_finite(const WeightStore& store) {
   for (const auto& [name, view] : store.tensors()) {  // std::map: name order
@@ -362,10 +344,17 @@ MixtralWeights load_mixtral_weights(const std::string& model_dir, const ModelCon
       lw.k_norm = resident(slice1(expect(s, p + "self_attn.k_norm.weight", {c.kv_dim()}), kv_heads.begin * hd,
                                   kv_heads.end * hd));
     }
+    // Shared experts and dense MLP layers (whole on every rank): packed at load with the attention projections
+    // under a packed --dense-weights (run by expert_ffn through the fused kernels), else as stored.
     const auto mlp_weights = [&](const std::string& q, int64_t width) {
-      return ExpertWeights{resident(expect(s, q + "gate_proj.weight", {width, d})),
-                           resident(expect(s, q + "up_proj.weight", {width, d})),
-                           resident(expect(s, q + "down_proj.weight", {d, width}))};
+      ExpertWeights m{resident(expect(s, q + "gate_proj.weight", {width, d})),
+                      resident(expect(s, q + "up_proj.weight", {width, d})),
+                      resident(expect(s, q + "down_proj.weight", {d, width}))};
+      if (dense_format.packed) {
+        timed([&] { m.packed = std::make_shared<const PackedExpert>(pack_expert(m, dense_format)); });
+        release_mapped({m.w1, m.w3, m.w2});
+      }
+      return m;
     };
     lw.is_moe = c.moe_layer(l);
     if (!lw.is_moe) {  // a dense layer: HF's <Family>MLP under "mlp."

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "moex/base/tensor.h"
+#include "moex/kernels/linear.h"
 #include "moex/model/config.h"
 #include "moex/model/safetensors.h"
 #include "moex/moe/moe_layer.h"
@@ -14,17 +15,10 @@
 
 namespace moex {
 
-// A dense projection W [out, in]: the checkpoint's bf16/f32 view, read by kernels::matmul with f32 activations
-// (as stored), or packed weights run by kernels::packed_matmul: quantized at load (`--dense-weights`) or read
-// from a quantized checkpoint's codes and scales.
-struct DenseWeight {
-  TensorView view;                                       // [out, in] as stored; unused when packed
-  std::shared_ptr<const kernels::PackedWeights> packed;  // null: as stored
-  int64_t bytes() const;                                 // what one pass over W reads (codes + scales)
-};
-// y [T, out] (=, or += with accumulate) x [T, in] @ W^T.
-void dense_matmul(const float* x, int64_t tokens, const DenseWeight& w, float* y, bool accumulate = false,
-                  bool batch_invariant = false);  // batch_invariant: see kernels::expert_kernel_for_rows
+// A dense projection W [out, in]: the checkpoint's bf16/f32 view (as stored, f32 activations), or packed weights:
+// quantized at load (`--dense-weights`) or read from a quantized checkpoint's codes and scales. It runs through
+// kernels::linear (kernels/linear.h), the op every weight x activation product of the model goes through.
+using DenseWeight = kernels::Linear;
 
 struct LayerWeights {
   TensorView input_norm;  // [d]

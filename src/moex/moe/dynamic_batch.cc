@@ -7,6 +7,7 @@
 #include "moex/base/cpu.h"
 #include "moex/base/error.h"
 #include "moex/base/threads.h"
+#include "moex/kernels/linear.h"
 #include "moex/kernels/matmul.h"
 #include "moex/kernels/ops.h"
 
@@ -130,8 +131,12 @@ void expert_up(const ExpertWeights& w, const float* x, int64_t rows, float* act,
 }
 
 void expert_ffn(const ExpertWeights& w, const float* x, int64_t rows, float* hidden_gate, float* hidden_up,
-                float* out) {
+                float* out, bool batch_invariant) {
   if (rows == 0) return;
+  if (w.packed) {
+    kernels::linear_ffn(x, rows, *w.packed, hidden_gate, out, batch_invariant);
+    return;
+  }
   expert_up(w, x, rows, hidden_gate, hidden_up);
   kernels::matmul(hidden_gate, rows, w.w2, out);  // [rows, d]
 }

@@ -8,9 +8,11 @@
 // second choice, ... - so second choices drop before first choices. A dropped assignment adds zero.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "moex/base/tensor.h"
+#include "moex/kernels/linear.h"
 
 namespace moex {
 
@@ -18,6 +20,9 @@ struct ExpertWeights {
   TensorView w1;  // [I, d] gate projection
   TensorView w3;  // [I, d] up projection
   TensorView w2;  // [d, I] down projection
+  // The same weights packed (shared experts and dense MLP layers under a packed --dense-weights); null: as stored.
+  // A MoE layer's routed experts keep theirs in MoELayerWeights::packed instead (one arena per layer).
+  std::shared_ptr<const kernels::PackedFfn> packed = nullptr;
 };
 
 // One MoE layer's load in one step: what the profiler and the benchmarks report.
@@ -72,9 +77,10 @@ class MoEDynamicBatch {
 // The first half of one expert's SwiGLU over `rows` gathered tokens: act [rows, I] = silu(w1 x) * w3 x.
 // hidden_up is scratch [rows, I]. Split from w2 so a caller can run w2 in chunks (the TP overlap).
 void expert_up(const ExpertWeights& w, const float* x, int64_t rows, float* act, float* hidden_up);
-// SwiGLU FFN of one expert over `rows` gathered tokens: out [rows, d] = w2(silu(w1 x) * w3 x).
+// SwiGLU FFN of one expert over `rows` gathered tokens: out [rows, d] = w2(silu(w1 x) * w3 x): packed weights
+// through kernels::linear_ffn (batch_invariant: KernelChoice::for_rows), else as stored (f32 activations).
 // hidden_gate/hidden_up are scratch [rows, I].
 void expert_ffn(const ExpertWeights& w, const float* x, int64_t rows, float* hidden_gate, float* hidden_up,
-                float* out);
+                float* out, bool batch_invariant = false);
 
 }  // namespace moex

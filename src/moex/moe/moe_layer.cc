@@ -24,18 +24,7 @@ std::string ExpertWeightFormat::name() const {
 
 PackedExpert pack_expert(const ExpertWeights& w, const ExpertWeightFormat& f) {
   MOEX_CHECK(f.packed, "pack_expert needs a packed format");
-  const auto quantize = [&](const TensorView& m) {
-    switch (f.format) {
-      case kernels::WeightFormat::kBF16: return kernels::quantize_bf16(m);
-      case kernels::WeightFormat::kInt8:
-      case kernels::WeightFormat::kInt8W8A8: return kernels::quantize_int8(m, f.format);
-      case kernels::WeightFormat::kInt4:
-      case kernels::WeightFormat::kInt4W4A8: return kernels::quantize_int4(m, f.group, /*symmetric=*/true, f.format);
-      case kernels::WeightFormat::kFP8E4M3: return kernels::quantize_fp8(m);
-    }
-    MOEX_CHECK(false, "unknown weight format");
-    return kernels::QuantizedMatrix{};
-  };
+  const auto quantize = [&](const TensorView& m) { return kernels::quantize(m, f.format, f.group); };
   PackedExpert packed;
   packed.w13 = kernels::pack_gate_up(quantize(w.w1), quantize(w.w3));
   packed.w2 = kernels::pack(quantize(w.w2));

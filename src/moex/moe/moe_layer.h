@@ -25,9 +25,7 @@ struct ExpertWeightFormat {
 };
 
 // One expert repacked for the fused kernels: w13 = pack_gate_up(w1, w3) [I_local outputs], w2 [d outputs].
-struct PackedExpert {
-  kernels::PackedWeights w13, w2;
-};
+using PackedExpert = kernels::PackedFfn;
 // Quantizes (per `format`, which must be packed) and packs one expert's weights; threads split the rows.
 PackedExpert pack_expert(const ExpertWeights& w, const ExpertWeightFormat& format);
 

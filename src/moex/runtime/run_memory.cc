@@ -8,27 +8,14 @@
 namespace moex {
 namespace {
 
-// Bytes per weight of a packed format (kernels/packed.h layouts, scales included; padding ignored).
-double packed_bytes_per_weight(kernels::WeightFormat format, double group, double cols) {
-  switch (format) {
-    case kernels::WeightFormat::kBF16: return 2;
-    case kernels::WeightFormat::kInt8:
-    case kernels::WeightFormat::kInt8W8A8: return 1 + 8 / cols;
-    case kernels::WeightFormat::kInt4:
-    case kernels::WeightFormat::kInt4W4A8: return 0.5 + 8 / group;  // f32 scale and offset per group
-    case kernels::WeightFormat::kFP8E4M3: return 1 + 4.0 / 128;
-  }
-  return 2;
-}
-
 // Bytes of the packed copy of a [rows, cols] module: per `format` when packed at load, per the checkpoint's
 // scheme when it is stored quantized, 0 when it runs from the mapping.
 double packed_copy(const ModelConfig& c, const std::string& module, const ExpertWeightFormat& format, double rows,
                    double cols) {
   if (const QuantScheme* s = c.quantization.quantized() ? c.quantization.scheme_for(module) : nullptr)
-    return rows * cols * packed_bytes_per_weight(s->weight_format, double(s->group), cols);
+    return rows * cols * kernels::packed_bytes_per_weight(s->weight_format, double(s->group), cols);
   if (!format.packed) return 0;
-  return rows * cols * packed_bytes_per_weight(format.format, double(format.group), cols);
+  return rows * cols * kernels::packed_bytes_per_weight(format.format, double(format.group), cols);
 }
 
 }  // namespace
@@ -75,6 +62,14 @@ RunMemory estimate_run_memory(const ModelConfig& c, const ModelOptions& o, int t
                 2 * packed_copy(c, "model.layers.0.self_attn.k_proj", o.dense_weights, kv_local, d) +
                 packed_copy(c, "model.layers.0.self_attn.o_proj", o.dense_weights, d, q_local)) +
       packed_copy(c, "lm_head", o.dense_weights, double(c.vocab_size), d);
+  // Shared experts and dense MLP layers, packed with the attention projections under a packed --dense-weights.
+  if (o.dense_weights.packed)
+    for (int l = 0; l < c.num_hidden_layers; ++l) {
+      const double width = c.moe_layer(l) ? c.shared_expert_intermediate_size : c.dense_intermediate_size;
+      if (width > 0)
+        m.packed_bytes += width * d * (2 * kernels::packed_bytes_per_weight(o.dense_weights.format, o.dense_weights.group, d) +
+                                       kernels::packed_bytes_per_weight(o.dense_weights.format, o.dense_weights.group, width));
+    }
   return m;
 }
 

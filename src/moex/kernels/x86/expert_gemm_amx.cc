@@ -21,7 +21,7 @@
 // tdpbf16ps sums a k pair in another order than vdpbf16ps, so on AMX CPUs every bf16 call runs here, even one
 // row (measured no slower than the AVX-512 few-row loop: docs/kernels.md), and a row's bits never depend on its
 // call's row count. W8A8: integer sums are exact and the epilogue is the VNNI loops', so the VNNI few-row loop
-// (below kAmxManyRowsFrom rows) gives the same bits.
+// (below the registry's AMX crossover) gives the same bits.
 #include <immintrin.h>
 
 #include <algorithm>

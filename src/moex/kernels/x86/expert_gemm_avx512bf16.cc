@@ -1,5 +1,5 @@
 // The many-row (prefill) bf16 GEMM: c [T][64] = x [T][K] (bf16) . one VNNI-pair panel [K/2][64][2], for calls
-// with at least kManyRowsFrom rows (expert_kernel_for_rows). Hand-written: no Debian library runs vdpbf16ps
+// from the registry's crossover (kernels/formats.cc). Hand-written: no Debian library runs vdpbf16ps
 // over these panels with a fused epilogue (oneDNN's brgemm would need its own layout and a copy per call).
 // What it adds to the few-row tile loop (packed_bf16_avx512bf16.cc):
 //  - software prefetch: while a panel's K block is computed token tile by token tile (from L2), the next K

@@ -1,5 +1,5 @@
 // The many-row (prefill) W8A8 GEMM: c [T][64] = x [T][K] (u8 codes q + 128) . one s8 panel [K/4][64][4] with
-// vpdpbusd, for calls with at least kManyRowsFrom rows (expert_kernel_for_rows). Hand-written for the same
+// vpdpbusd, for calls from the registry's crossover (kernels/formats.cc). Hand-written for the same
 // reason as expert_gemm_avx512bf16.cc, whose structure it follows; what it adds to the few-row loop
 // (packed_w8a8_avx512vnni.cc):
 //  - software prefetch: while a panel's K block is computed token tile by token tile (from L2), the next K

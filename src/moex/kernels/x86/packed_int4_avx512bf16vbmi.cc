@@ -95,7 +95,7 @@ void int4_tile(const uint16_t* x, int64_t ldx, const void* w, const float* scale
 }  // namespace
 
 void run_panels_int4_avx512bf16vbmi(const PanelJob& job, int64_t panel_begin, int64_t panel_end) {
-  // Many rows (job.many_rows: kernels::expert_kernel_for_rows decides): a K block is decoded once into bf16
+  // Many rows (job.many_rows: the weight's KernelChoice decides): a K block is decoded once into bf16
   // (256 KB, L2) and the token tiles load it. Few rows: one pass per 6 rows decodes each k pair once for them.
   const PackedWeights& w = *job.w;
   const auto* x = static_cast<const uint16_t*>(job.activations);  // [T][k_padded] bf16

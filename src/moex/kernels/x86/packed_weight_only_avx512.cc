@@ -128,8 +128,8 @@ void panel_sums(const float* x, int64_t tokens, int64_t cols, const D& d, float*
 }
 
 // Prefill: with many token tiles per panel, decoding every weight once per tile costs more than the FMAs
-// (fp8 ran at ~56% of the FMA peak). From kernels::kWeightOnlyManyRowsFrom tokens on (job.many_rows:
-// expert_kernel_for_rows decides), a K block of the panel is decoded once into f32 [k][64] (kept in L2) and a
+// (fp8 ran at ~56% of the FMA peak). From the registry's crossover (16 rows, kernels/formats.cc) on (job.many_rows:
+// the weight's KernelChoice decides), a K block of the panel is decoded once into f32 [k][64] (kept in L2) and a
 // plain MT = 6 FMA tile runs over it: the same products, only the decoding is shared.
 constexpr int kPrefillTile = 6;
 constexpr int64_t kPrefillKBlock = 1024;  // 256 KB of decoded f32 weights; a multiple of every group size

@@ -25,7 +25,7 @@ struct PanelJob {
   const float* group_sums = nullptr;    // int4 on BF16 and AVX2: [T][groups] sums of the bf16 activations per K group;
                                         // W4A8: [T][groups] sums of the s8 activation codes per K group
   int64_t tokens = 0;
-  bool many_rows = false;  // the many-row loop (kernels::expert_kernel_for_rows decides), else the few-row one
+  bool many_rows = false;  // the many-row loop (the weight's KernelChoice decides, kernels/formats.h), else the few-row one
   const PackedWeights* w = nullptr;
   Epilogue epilogue;
 };
@@ -39,7 +39,7 @@ void run_panels_weight_only_avx2(const PanelJob& job, int64_t panel_begin, int64
 void run_panels_w8a8_avx2(const PanelJob& job, int64_t panel_begin, int64_t panel_end);
 void run_panels_int4_w4a8_avx2(const PanelJob& job, int64_t panel_begin, int64_t panel_end);
 void run_panels_bf16_avx512bf16(const PanelJob& job, int64_t panel_begin, int64_t panel_end);
-// The many-row GEMMs (expert_kernel_for_rows: kManyRows), in x86/expert_gemm_*.cc.
+// The many-row GEMMs (the registry's kManyRows rows, kernels/formats.cc), in x86/expert_gemm_*.cc.
 void run_panels_bf16_many_avx512bf16(const PanelJob& job, int64_t panel_begin, int64_t panel_end);
 void run_panels_w8a8_many_avx512vnni(const PanelJob& job, int64_t panel_begin, int64_t panel_end);
 // int4 (weight-only) x bf16 activations through vdpbf16ps (both row loops; the decode uses VBMI),

@@ -1,0 +1,286 @@
+// The format table, the kernel registry and the one place that decides format x ISA x row loop.
+#include "moex/kernels/formats.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+
+#include "moex/base/error.h"
+#include "moex/kernels/x86/packed_x86.h"
+
+namespace moex::kernels {
+namespace {
+
+constexpr uint8_t kData = 1, kScales = 2, kOffsets = 4, kColSums = 8;  // PackedWeights::buffer(b): bit b
+
+// One row per format, in WeightFormat order. The layouts the fields describe are PackedWeights' (packed.h).
+constexpr FormatTraits kFormatTable[kWeightFormats] = {
+    // format                 name         buffers                         k_mult bits  k_padded grouped activations         agree
+    {WeightFormat::kBF16,      "bf16",      kData,                          32,    16,   true,    false,  ActivationKind::kBf16,       true},
+    {WeightFormat::kInt8,      "int8",      kData | kScales,                1,     8,    false,   false,  ActivationKind::kF32,        false},
+    {WeightFormat::kInt8W8A8,  "int8-w8a8", kData | kScales | kColSums,     64,    8,    true,    false,  ActivationKind::kS8PerToken, true},
+    {WeightFormat::kInt4,      "int4",      kData | kScales | kOffsets,     2,     4,    true,    true,   ActivationKind::kBf16,       false},
+    {WeightFormat::kInt4W4A8,  "int4-w4a8", kData | kScales | kOffsets,     8,     4,    true,    true,   ActivationKind::kS8PerGroup, true},
+    {WeightFormat::kFP8E4M3,   "fp8-e4m3",  kData | kScales,                2,     8,    false,   true,   ActivationKind::kBf16,       false},
+};
+// k_multiple: bf16's AMX A tile is 32 k wide; W8A8's one of 64 u8; W4A8's lane word holds 8 k; int4's byte 2 k;
+// fp8's activations are bf16 k pairs (its data spans cols: [P][cols][64]).
+
+// The registry. A constant-initialized array of function pointers (no code runs to fill it, so there is no
+// static-initialization order to get wrong, and the ISA files stay free of registration code that the baseline
+// compiler would have to run before main). Rows: (format, ISA, loop, kernel, crossover rows, same bits as the
+// few-row loop). AVX2's and the VNNI W4A8 kernel have one loop for every row count: no many-row row.
+// Crossovers (measured, docs/kernels.md "Crossovers"): bf16 / W8A8 GEMMs from 12 rows; the weight-only decoded-block
+// loops from 16; int8's s16-code loop keeps up to 32; fp8's vdpbf16ps many-row loop decodes inside its first token
+// tile and wins from 5; on AMX tiles W8A8 from 4, W4A8 from 6, int4 from 3, fp8 and int8 from 5, bf16 from 1.
+using R = RowKernel;
+using F = WeightFormat;
+constexpr KernelEntry kKernels[] = {
+    {F::kBF16, Isa::kAvx2, R::kFewRows, x86::run_panels_weight_only_avx2},
+    {F::kBF16, Isa::kAvx512Bf16, R::kFewRows, x86::run_panels_bf16_avx512bf16},
+    {F::kBF16, Isa::kAvx512Bf16, R::kManyRows, x86::run_panels_bf16_many_avx512bf16, 12, true},
+    {F::kBF16, Isa::kAmx, R::kFewRows, x86::run_panels_bf16_avx512bf16},
+    // tdpbf16ps sums a k pair in another order than vdpbf16ps, so AMX runs tiles for every row count: one loop.
+    {F::kBF16, Isa::kAmx, R::kManyRows, x86::run_panels_bf16_amx, 1, true},
+
+    {F::kInt8, Isa::kAvx2, R::kFewRows, x86::run_panels_weight_only_avx2},
+    {F::kInt8, Isa::kAvx512, R::kFewRows, x86::run_panels_weight_only_avx512},
+    {F::kInt8, Isa::kAvx512, R::kManyRows, x86::run_panels_weight_only_avx512, 16, false},
+    {F::kInt8, Isa::kAvx512Vnni, R::kFewRows, x86::run_panels_int8_avx512vnni},
+    {F::kInt8, Isa::kAvx512Vnni, R::kManyRows, x86::run_panels_int8_avx512vnni, 32, true},
+    {F::kInt8, Isa::kAmx, R::kFewRows, x86::run_panels_int8_amx},  // tiles for any row count (split planes)
+    {F::kInt8, Isa::kAmx, R::kManyRows, x86::run_panels_int8_amx, 5, false},
+
+    {F::kInt8W8A8, Isa::kAvx2, R::kFewRows, x86::run_panels_w8a8_avx2},
+    {F::kInt8W8A8, Isa::kAvx512Vnni, R::kFewRows, x86::run_panels_w8a8_avx512vnni},
+    {F::kInt8W8A8, Isa::kAvx512Vnni, R::kManyRows, x86::run_panels_w8a8_many_avx512vnni, 12, true},
+    {F::kInt8W8A8, Isa::kAmx, R::kFewRows, x86::run_panels_w8a8_avx512vnni},
+    {F::kInt8W8A8, Isa::kAmx, R::kManyRows, x86::run_panels_w8a8_amx, 4, true},
+
+    {F::kInt4, Isa::kAvx2, R::kFewRows, x86::run_panels_weight_only_avx2},
+    {F::kInt4, Isa::kAvx512, R::kFewRows, x86::run_panels_weight_only_avx512},
+    {F::kInt4, Isa::kAvx512, R::kManyRows, x86::run_panels_weight_only_avx512, 16, false},
+    {F::kInt4, Isa::kAvx512Bf16, R::kFewRows, x86::run_panels_int4_avx512bf16vbmi},
+    {F::kInt4, Isa::kAvx512Bf16, R::kManyRows, x86::run_panels_int4_avx512bf16vbmi, 16, true},
+    {F::kInt4, Isa::kAmx, R::kFewRows, x86::run_panels_int4_avx512bf16vbmi},
+    {F::kInt4, Isa::kAmx, R::kManyRows, x86::run_panels_int4_amx, 3, false},
+
+    {F::kInt4W4A8, Isa::kAvx2, R::kFewRows, x86::run_panels_int4_w4a8_avx2},
+    {F::kInt4W4A8, Isa::kAvx512Vnni, R::kFewRows, x86::run_panels_int4_w4a8_avx512vnni},
+    {F::kInt4W4A8, Isa::kAmx, R::kFewRows, x86::run_panels_int4_w4a8_avx512vnni},
+    {F::kInt4W4A8, Isa::kAmx, R::kManyRows, x86::run_panels_int4_w4a8_amx, 6, true},  // folds as the VNNI loop
+
+    {F::kFP8E4M3, Isa::kAvx2, R::kFewRows, x86::run_panels_weight_only_avx2},
+    {F::kFP8E4M3, Isa::kAvx512, R::kFewRows, x86::run_panels_weight_only_avx512},
+    {F::kFP8E4M3, Isa::kAvx512, R::kManyRows, x86::run_panels_weight_only_avx512, 16, false},
+    {F::kFP8E4M3, Isa::kAvx512Bf16, R::kFewRows, x86::run_panels_fp8_avx512bf16vbmi},
+    {F::kFP8E4M3, Isa::kAvx512Bf16, R::kManyRows, x86::run_panels_fp8_avx512bf16vbmi, 5, true},
+    {F::kFP8E4M3, Isa::kAmx, R::kFewRows, x86::run_panels_fp8_avx512bf16vbmi},
+    {F::kFP8E4M3, Isa::kAmx, R::kManyRows, x86::run_panels_fp8_amx, 5, false},
+};
+
+bool quantized_activations(WeightFormat f) {
+  const ActivationKind a = format_traits(f).activations;
+  return a == ActivationKind::kS8PerToken || a == ActivationKind::kS8PerGroup;
+}
+
+// -1 auto, 0 few, 1 many, 2 a bad value.
+int parse_row_kernel_env() {
+  static const int parsed = [] {
+    const char* v = std::getenv("MOEX_ROW_KERNEL");
+    const std::string_view s = v ? v : "";
+    return s.empty() || s == "auto" ? -1 : s == "few" ? 0 : s == "many" ? 1 : 2;
+  }();
+  return parsed;
+}
+
+// int4's and fp8's many-row calls on CPUs with AMX (Intel Xeons) run tiles where this process may use them
+// (weight_only_many_rows_on_amx, below); else (MOEX_ISA=avx512, the tile state refused) the f32-FMA kernels (kAvx512)
+// instead of their vdpbf16ps ones: there vdpbf16ps runs at half the FLOP rate of vfmadd231ps (measured on such a
+// Xeon: 106-110 against 218 GFLOPS per core; Zen 4/5 run it at twice vfmadd's rate), and at many rows the dot
+// products, not the weight decode, bound the call: the FMA loops take 0.62-0.64x the time at 512 rows. At a few rows
+// the bf16 route, which decodes a weight in fewer instructions, stays faster, so the few-row loop keeps it.
+bool many_rows_on_fma(WeightFormat format, Isa isa) {
+  return isa == Isa::kAvx512Bf16 && !format_traits(format).row_kernels_agree &&
+         format_traits(format).activations == ActivationKind::kBf16 && cpu_features().has_amx_kernels();
+}
+
+// Whether a weight-only format whose few-row loop runs on `isa` has a many-row loop on AMX tiles (on a CPU with
+// them): fp8's and int4's beside their vdpbf16ps loops (their decodes need VBMI: without it they are on kAvx512 and
+// have none), int8's beside its f32-FMA loop (kAvx512).
+bool has_weight_only_tiles(WeightFormat format, Isa isa) {
+  return !format_traits(format).row_kernels_agree && find_kernel(format, Isa::kAmx, RowKernel::kManyRows) &&
+         below_amx(format) == isa;
+}
+
+// Those many-row calls go to tiles where this process may use them (use_amx_kernels: the CPU has AMX, Linux
+// granted the tile state, MOEX_ISA is not avx512): their codes decoded to bf16 pairs once per panel and K group,
+// then tdpbf16ps (expert_gemm_amx.cc); int8's tiles read the activations split into bf16 (hi, lo) pairs, near f32.
+bool weight_only_many_rows_on_amx(WeightFormat format, Isa isa) {
+  return has_weight_only_tiles(format, isa) && use_amx_kernels();
+}
+
+}  // namespace
+
+const FormatTraits& format_traits(WeightFormat format) {
+  const auto i = static_cast<size_t>(format);
+  MOEX_CHECK(i < kWeightFormats && kFormatTable[i].format == format, "no such weight format");
+  return kFormatTable[i];
+}
+
+std::span<const FormatTraits> all_formats() { return kFormatTable; }
+
+std::string_view weight_format_name(WeightFormat format) { return format_traits(format).name; }
+
+std::optional<WeightFormat> weight_format_from_name(std::string_view name) {
+  if (name == "fp8") return WeightFormat::kFP8E4M3;
+  for (const FormatTraits& t : kFormatTable)
+    if (t.name == name) return t.format;
+  return std::nullopt;
+}
+
+double packed_bytes_per_weight(WeightFormat format, double group, double cols) {
+  const FormatTraits& t = format_traits(format);
+  double bytes = t.code_bits / 8.0;
+  const double per_scale = t.grouped ? (format == WeightFormat::kFP8E4M3 ? 128.0 : group) : cols;
+  for (uint8_t b : {kScales, kOffsets, kColSums})
+    if (t.buffers & b) bytes += 4.0 / (b == kColSums ? cols : per_scale);
+  return bytes;
+}
+
+std::span<const KernelEntry> registered_kernels() { return kKernels; }
+
+const KernelEntry* find_kernel(WeightFormat format, Isa isa, RowKernel loop) {
+  for (const KernelEntry& k : kKernels)
+    if (k.format == format && k.isa == isa && k.loop == loop) return &k;
+  return nullptr;
+}
+
+int64_t many_rows_from(WeightFormat format, Isa isa) {
+  const KernelEntry* k = find_kernel(format, isa, RowKernel::kManyRows);
+  return k ? k->from : std::numeric_limits<int64_t>::max();
+}
+
+int row_kernel_override() {
+  validate_kernel_environment();
+  return parse_row_kernel_env();
+}
+
+void validate_kernel_environment() {
+  MOEX_CHECK_INPUT(parse_row_kernel_env() != 2, "MOEX_ROW_KERNEL='", std::getenv("MOEX_ROW_KERNEL"),
+                   "' (choose auto, few or many)");
+}
+
+std::string_view isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::kScalar: return "scalar";
+    case Isa::kAvx2: return "avx2";
+    case Isa::kAvx512: return "avx512";
+    case Isa::kAvx512Bf16: return "avx512bf16";
+    case Isa::kAvx512Vnni: return "avx512vnni";
+    case Isa::kAmx: return "amx";
+  }
+  return "?";
+}
+
+Isa below_amx(WeightFormat format) {
+  if (quantized_activations(format)) return Isa::kAvx512Vnni;
+  return format_traits(format).activations == ActivationKind::kF32 ? Isa::kAvx512 : Isa::kAvx512Bf16;
+}
+
+// Every format has an AVX2 kernel (the registry's kAvx2 rows): weights decoded to f32 and f32 FMAs for the
+// weight-only ones, exact integer sums with vpmaddubsw for the quantized activations.
+Isa kernel_isa(WeightFormat format, const CpuFeatures& cpu, bool x86_enabled) {
+  if (!x86_enabled) return Isa::kScalar;
+  const Isa avx2_or_scalar =
+      find_kernel(format, Isa::kAvx2, RowKernel::kFewRows) && cpu.has_avx2_kernels() ? Isa::kAvx2 : Isa::kScalar;
+  if (!cpu.has_avx512_kernels()) return avx2_or_scalar;
+  // has_amx_kernels() implies AVX512-BF16 and VNNI: kAmx's few-row loops are there.
+  const FormatTraits& t = format_traits(format);
+  if (t.row_kernels_agree) {  // bf16 on vdpbf16ps, W8A8 / W4A8 on vpdpbusd; tiles above both
+    if (cpu.has_amx_kernels()) return Isa::kAmx;
+    const bool below = t.activations == ActivationKind::kBf16 ? cpu.has_avx512_bf16_kernels() : cpu.has_avx512_vnni_kernels();
+    return below ? below_amx(format) : avx2_or_scalar;
+  }
+  if (t.activations == ActivationKind::kBf16)  // int4 / fp8: both decodes need VBMI, else the f32-FMA loop
+    return cpu.has_avx512_bf16_vbmi_kernels() ? Isa::kAvx512Bf16 : Isa::kAvx512;
+  // int8: the s16-code VNNI loop; on AMX CPUs the f32-FMA few-row loop beside tiles
+  return !cpu.has_amx_kernels() && cpu.has_avx512_vnni_kernels() ? Isa::kAvx512Vnni : Isa::kAvx512;
+}
+
+Isa kernel_isa(WeightFormat format) {
+  CpuFeatures cpu = cpu_features();
+  if (!use_x86_kernels()) cpu.avx512f = false;  // MOEX_ISA=avx2 on an AVX-512 CPU: what an AVX2-only one runs
+  const Isa isa = kernel_isa(format, cpu, use_x86_kernels() || use_avx2_kernels());
+  if (isa != Isa::kAmx || use_amx_kernels()) return isa;
+  CpuFeatures no_amx = cpu_features();  // MOEX_ISA=avx512, or an AMX CPU under a Linux that refuses the tile state
+  no_amx.amx_tile = false;
+  return kernel_isa(format, no_amx, true);
+}
+
+KernelChoice choose_kernel_on(WeightFormat format, Isa isa) {
+  KernelChoice c;
+  c.isa = isa;
+  if (isa == Isa::kScalar) return c;
+  // The few-row loop stays on `isa` (under kAmx: the AVX-512 kernel below it); the many-row one moves to tiles
+  // (weight-only formats where this process may use them) or to the f32-FMA loop (int4 / fp8 on AMX CPUs without).
+  const Isa outer = weight_only_many_rows_on_amx(format, isa) ? Isa::kAmx : isa;
+  const Isa few_isa = outer == Isa::kAmx ? below_amx(format) : outer;
+  const Isa many_isa = outer == Isa::kAmx ? Isa::kAmx : many_rows_on_fma(format, outer) ? Isa::kAvx512 : outer;
+  const KernelEntry* few = find_kernel(format, few_isa, RowKernel::kFewRows);
+  const KernelEntry* many = find_kernel(format, many_isa, RowKernel::kManyRows);
+  MOEX_CHECK(few, "no few-row kernel for ", weight_format_name(format), " on ", isa_name(few_isa));
+  c.few = {few_isa, few->run, false};
+  if (many) {
+    c.many = {many_isa, many->run, true};
+    c.many_from = many->from;
+    c.row_dependent = !many->same_bits;
+  } else {
+    c.many = c.few;
+  }
+  const int pinned = parse_row_kernel_env();
+  if (pinned == 0) c.many_from = std::numeric_limits<int64_t>::max();
+  if (pinned == 1 && many) c.many_from = 0;
+  return c;
+}
+
+KernelChoice choose_kernel(WeightFormat format) { return choose_kernel_on(format, kernel_isa(format)); }
+
+Isa isa_for_rows(WeightFormat format, Isa isa, int64_t rows, bool batch_invariant) {
+  return choose_kernel_on(format, isa).for_rows(rows, batch_invariant).isa;
+}
+
+RowKernel row_kernel_for(WeightFormat format, Isa isa, int64_t rows, bool batch_invariant) {
+  return choose_kernel_on(format, isa).for_rows(rows, batch_invariant).many_rows ? RowKernel::kManyRows
+                                                                                 : RowKernel::kFewRows;
+}
+
+RowKernel row_kernel_on(WeightFormat format, Isa isa, int64_t rows, bool batch_invariant) {
+  const KernelEntry* many = find_kernel(format, isa, RowKernel::kManyRows);
+  if (!many || (batch_invariant && row_result_depends_on_row_count(format, isa))) return RowKernel::kFewRows;
+  const int pinned = parse_row_kernel_env();
+  if (pinned >= 0) return pinned ? RowKernel::kManyRows : RowKernel::kFewRows;
+  return rows >= many->from ? RowKernel::kManyRows : RowKernel::kFewRows;
+}
+
+bool row_result_depends_on_row_count(WeightFormat format, Isa isa) {
+  return choose_kernel_on(format, isa).row_dependent;
+}
+
+std::vector<Isa> usable_isas(WeightFormat format, const CpuFeatures& cpu) {
+  std::vector<Isa> isas = {Isa::kScalar};
+  const Isa best = kernel_isa(format, cpu, true);
+  const bool avx2 = find_kernel(format, Isa::kAvx2, RowKernel::kFewRows) && cpu.has_avx2_kernels();
+  if (best != Isa::kAvx2 && avx2) isas.push_back(Isa::kAvx2);  // tested on AVX-512 CPUs too
+  // The f32-FMA loop below int4's / fp8's vdpbf16ps one and int8's s16-code one.
+  if (!format_traits(format).row_kernels_agree && best != Isa::kAvx512 && best != Isa::kScalar && best != Isa::kAvx2)
+    isas.push_back(Isa::kAvx512);
+  if (best == Isa::kAmx) isas.push_back(below_amx(format));
+  if (best != Isa::kScalar) isas.push_back(best);
+  if (has_weight_only_tiles(format, best) && cpu.has_amx_kernels()) isas.push_back(Isa::kAmx);  // their many rows
+  return isas;
+}
+
+}  // namespace moex::kernels

@@ -1,0 +1,152 @@
+// The weight formats, each declared once (a row of format_traits' table), and the kernel registry: which loop
+// runs a format on which ISA in which row regime, with the crossover between its two loops. A weight's choice
+// (KernelChoice) is resolved once, when it is packed or mapped (kernels/packed.h), and read by every call.
+//
+// Adding a format touches: its row here (formats.cc: traits, packing hooks, registry rows), its kernels
+// (kernels/x86/packed_<name>_<isa>.cc, declared in x86/packed_x86.h), its scalar oracle (ref/packed_ref.cc) and its
+// test case (tests/unit/kernels_packed_test.cc's kFormats). docs/kernels.md, "The format table".
+#pragma once
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "moex/base/cpu.h"
+
+namespace moex::kernels {
+
+enum class WeightFormat : uint8_t {
+  kBF16,      // bf16 weights, activations rounded to bf16 per call, vdpbf16ps (f32 accumulation)
+  kInt8,      // s8, w = q * scale[row]; f32 activations (weight-only: decode reads half of bf16's bytes)
+  kInt8W8A8,  // s8 as kInt8; activations quantized per token to s8 (scale = absmax/127), vpdpbusd
+  kInt4,      // q in 0..15, w = (q - zero) * scale per group of `group` along K; two codes per packed byte;
+              // activations rounded to bf16 (far below int4's own error) so vdpbf16ps can read the codes
+  kInt4W4A8,  // int4 codes, scales and zeros as kInt4; activations quantized to s8 per token and K group (the
+              // weights' groups; each with its own absmax / 127 scale), and vpdpbusd multiplies the codes
+              // (u8 0..15) by them: four products per instruction, not two
+  kFP8E4M3,   // e4m3 codes, w = fp8 * scale per 128x128 block (DeepSeek-V3's weight_scale_inv layout);
+              // activations rounded to bf16 (as int4) so vdpbf16ps can read the codes through a byte table
+};
+inline constexpr int kWeightFormats = 6;
+
+// Which code runs a format. Decided from the CPU (and MOEX_ISA) only; never an ISA the CPU lacks.
+// kAmx (bf16, W8A8 and W4A8 on a CPU with AMX) means: AMX tiles for the many-row loop (bf16: every call), the
+// AVX-512 kernel below it for the few-row one; int8's, int4's and fp8's many rows move to tiles likewise.
+enum class Isa : uint8_t { kScalar, kAvx2, kAvx512, kAvx512Bf16, kAvx512Vnni, kAmx };
+std::string_view isa_name(Isa isa);
+
+// The two register-tile loops of a format's kernel. The few-row loop streams each panel once with the weights
+// decoded inside its token tile (decode); the many-row loop is a GEMM for prefill (wider tiles, a K block decoded
+// once or tiles of 16 rows).
+enum class RowKernel : uint8_t { kFewRows, kManyRows };
+inline constexpr RowKernel kBatchInvariantRowKernel = RowKernel::kFewRows;  // the pin (docs/serve.md: its cost)
+
+// How a call converts its f32 activations x for the format's kernels (the scalar oracle does the same).
+enum class ActivationKind : uint8_t {
+  kF32,         // x as it is (int8: its VNNI loop reads s16 codes per 128-k group, its tiles bf16 hi/lo planes,
+                // both within the f32 path's tolerance)
+  kBf16,        // rounded to bf16
+  kS8PerToken,  // s8 codes, scale = absmax / 127 per token; integer sums, both scales applied to the sum
+  kS8PerGroup,  // s8 codes, one absmax / 127 scale per token and K group of the weights
+};
+
+// One weight format: everything about it that is data. Its code is in the registry's kernels and in packed.cc's
+// pack / decode hooks, which read these fields.
+struct FormatTraits {
+  WeightFormat format;
+  std::string_view name;       // --weights' spelling
+  uint8_t buffers;             // bit b: PackedWeights buffer b (0 data, 1 scales, 2 offsets, 3 col_sums)
+  int64_t k_multiple;          // k_padded = round_up(cols, k_multiple): what a kernel's k step needs
+  int code_bits;               // bits per weight in data
+  bool data_spans_k_padded;    // data [P][k_padded...] (else [P][cols][64])
+  bool grouped;                // scales (and offsets) per K group: [P][G][64], else one per row
+  ActivationKind activations;
+  // Whether every loop of every ISA gives a row the same bits whatever the other rows of its call (bf16's loops
+  // sum alike, W8A8's and W4A8's integer sums are exact); false: the --batch-invariant pin is needed wherever a
+  // format's two loops are both used (KernelChoice::row_dependent).
+  bool row_kernels_agree;
+};
+const FormatTraits& format_traits(WeightFormat format);
+std::span<const FormatTraits> all_formats();  // every row, in WeightFormat order
+std::string_view weight_format_name(WeightFormat format);
+// The format a --weights / --dense-weights value names (its table name; "fp8" also names fp8-e4m3), or nullopt.
+std::optional<WeightFormat> weight_format_from_name(std::string_view name);
+inline bool row_kernels_agree(WeightFormat format) { return format_traits(format).row_kernels_agree; }
+// Bytes per weight of the packed copy, codes and scales (run-memory estimates): a matrix of `cols` columns and
+// `group` codes per scale (ignored by formats without groups).
+double packed_bytes_per_weight(WeightFormat format, double group, double cols);
+
+namespace x86 {
+struct PanelJob;
+}
+// Panels [begin, end) of one job (kernels/x86/packed_x86.h).
+using PanelKernel = void (*)(const x86::PanelJob& job, int64_t panel_begin, int64_t panel_end);
+
+// The registry: one row per (format, ISA, loop). `from` (many-row rows) is the measured crossover: calls of at least
+// that many rows run the many-row loop on that ISA (docs/kernels.md); `same_bits` (many-row rows) says the loop
+// gives a row the bits of the few-row loop it pairs with, so no pin is needed.
+struct KernelEntry {
+  WeightFormat format;
+  Isa isa;
+  RowKernel loop;
+  PanelKernel run;
+  int64_t from = 0;
+  bool same_bits = true;
+};
+std::span<const KernelEntry> registered_kernels();
+const KernelEntry* find_kernel(WeightFormat format, Isa isa, RowKernel loop);  // nullptr: none
+
+// What a call of some rows runs: the ISA (its activations are converted for it), the panel loop and whether it is
+// the many-row one (PanelJob::many_rows). kScalar: the scalar loop over the packed layout, run = nullptr.
+struct RowRegime {
+  Isa isa = Isa::kScalar;
+  PanelKernel run = nullptr;
+  bool many_rows = false;
+};
+// A weight's kernels, resolved once (choose_kernel) and stored on its PackedWeights.
+struct KernelChoice {
+  Isa isa = Isa::kScalar;  // kernel_isa's: the format's best on this CPU under MOEX_ISA
+  RowRegime few, many;
+  int64_t many_from = std::numeric_limits<int64_t>::max();  // rows from which `many` runs (MOEX_ROW_KERNEL applied)
+  bool row_dependent = false;  // the two loops sum in different orders: --batch-invariant pins `few`
+  const RowRegime& for_rows(int64_t rows, bool batch_invariant) const {
+    if (batch_invariant && row_dependent) return few;
+    return rows >= many_from ? many : few;
+  }
+};
+// For `format` on this CPU and process (kernel_isa(format), AMX tiles where use_amx_kernels()).
+KernelChoice choose_kernel(WeightFormat format);
+// For `format` with `isa` as its kernel_isa (tests, benchmarks, `moex info`; packed_matmul_on).
+KernelChoice choose_kernel_on(WeightFormat format, Isa isa);
+// The many-row loop's crossover on `isa` (the registry's `from`), or max when it has no many-row loop there.
+int64_t many_rows_from(WeightFormat format, Isa isa);
+
+// MOEX_ROW_KERNEL=auto|few|many: -1 auto, else the loop every call runs (a benchmark's A/B switch; the
+// --batch-invariant pin still wins where the loops differ). Parsed and checked once, on first use, which is the
+// first packing at load (a bad value: Error(kInvalidInput), exit 2); validate_kernel_environment() forces it.
+int row_kernel_override();
+void validate_kernel_environment();
+
+Isa kernel_isa(WeightFormat format, const CpuFeatures& cpu, bool x86_enabled);
+// For this CPU and use_x86_kernels(); kAmx only where use_amx_kernels() (Linux granted the tile state, MOEX_ISA
+// is not avx512).
+Isa kernel_isa(WeightFormat format);
+// The ISA a call of `rows` rows runs when `isa` is the format's kernel_isa (choose_kernel_on(format, isa)).
+Isa isa_for_rows(WeightFormat format, Isa isa, int64_t rows, bool batch_invariant = false);
+// The loop such a call runs.
+RowKernel row_kernel_for(WeightFormat format, Isa isa, int64_t rows, bool batch_invariant = false);
+// The loop of `isa`'s own registered kernels for such a call (no move to tiles or FMAs: packed_matmul_on).
+RowKernel row_kernel_on(WeightFormat format, Isa isa, int64_t rows, bool batch_invariant = false);
+// Whether format's kernel on isa has two row loops that sum in different orders, so that without the
+// --batch-invariant pin a row's result depends on how many rows its call has (choose_kernel_on(...).row_dependent):
+// the weight-only tiles and f32-FMA kernels (int8 / int4 / fp8 on kAmx and kAvx512; int4 / fp8 on kAvx512Bf16 only
+// on AMX CPUs, which send their many rows to tiles or the f32-FMA loop).
+bool row_result_depends_on_row_count(WeightFormat format, Isa isa);
+// Every ISA this CPU can run a format on: kernel_isa's choice and the ones below it (kScalar always).
+std::vector<Isa> usable_isas(WeightFormat format, const CpuFeatures& cpu);
+// The AVX-512 kernel that runs kAmx's few-row loop.
+Isa below_amx(WeightFormat format);
+
+}  // namespace moex::kernels
