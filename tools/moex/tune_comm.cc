@@ -2,16 +2,19 @@
 // saves the fastest per (collective, group size, dtype, size) as the JSON table `auto` reads (--comm-tuning
 // FILE, MOEX_COMM_TUNING, or by default comm::default_tuning_path()). Run under mpirun with each group size
 // the engine will use (the TP/EP group sizes); runs merge into one file.
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <set>
 #include <span>
 #include <tuple>
 #include <string>
 
 #include "moex/base/error.h"
+#include "moex/base/progress.h"
 #include "moex/comm/communicator.h"
 #include "tools/lib/measure.h"
 #include "tools/lib/output_dir.h"
@@ -55,6 +58,13 @@ void run_tune_comm(const TuneCommFlags& flags) {
     options.min_total_ms = 20;
     return options;
   };
+  // One progress line on the leader's terminal: a step is one message size of one collective.
+  int steps = 0;
+  const bool f32 = std::find(flags.dtypes.begin(), flags.dtypes.end(), "f32") != flags.dtypes.end();
+  for (uint64_t bytes = 8; bytes <= max_bytes; bytes *= 2) steps += static_cast<int>(flags.dtypes.size()) + (f32 ? 1 : 0);
+  for (uint64_t per_peer = 1; flags.alltoall && per_peer * p <= max_bytes; per_peer *= 2) ++steps;
+  std::optional<Progress> progress;
+  if (leader) progress.emplace("tuning collectives", steps, ProgressUnit::kItems);
   for (const std::string& name : flags.dtypes) {
     const auto dtype = comm::comm_dtype_from_name(name);
     MOEX_CHECK(dtype.has_value(), "--dtypes was checked against kCommDTypeNames: ", name);
@@ -83,6 +93,7 @@ void run_tune_comm(const TuneCommFlags& flags) {
           std::printf("allreduce %-4s%s %10llu B: %-13s %10.2f us\n", name.c_str(), registered ? " registered" : "",
                       static_cast<unsigned long long>(bytes), entry.algo.c_str(), entry.time_us);
         table.add(std::move(entry));
+        if (progress) progress->add(1);
       }
     }
   }
@@ -94,6 +105,7 @@ void run_tune_comm(const TuneCommFlags& flags) {
     previous_alltoall = best;
     const std::string winner(comm::algo_name(alltoall_candidates[best]));
     table.add({comm::Collective::kAlltoall, p, comm::CommDType::kF32, per_peer, winner, results[best].seconds * 1e6});
+    if (progress) progress->add(1);
     if (leader) std::printf("alltoall %10llu B/peer: %-9s %10.2f us\n", static_cast<unsigned long long>(per_peer),
                             winner.c_str(), results[best].seconds * 1e6);
   }
@@ -132,6 +144,7 @@ void setup_tune_comm(CLI::App& app) {
       ->check(CLI::IsMember(kCommDTypeNames));
   cmd->add_option("--max-bytes", flags->max_bytes, "largest message size (64K, 16M, ...)")->capture_default_str();
   cmd->add_option("--iters", flags->iters, "timed samples per algorithm and size")->capture_default_str();
+  add_quiet_flag(cmd);
   cmd->callback([flags] { run_tune_comm(*flags); });
 }
 MOEX_REGISTER_COMMAND(setup_tune_comm);
