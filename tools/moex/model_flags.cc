@@ -95,8 +95,7 @@ ModelFlags::WeightPath ModelFlags::weight_path(const ModelConfig& config) const 
   std::string reason;  // why auto is not the fast path here
   if (w == "auto") {
     if (quantized) {
-      w = "as-stored";
-      reason = "a quantized checkpoint runs its own format";
+      w = "as-stored";  // (the description says so)
     } else if (plan.overlap) {
       w = "as-stored";
       reason = "--overlap needs the experts as stored";

@@ -251,11 +251,12 @@ kernels::PackedWeights pack_stored_gate_up(const WeightStore& s, QuantMethod met
 }
 
 // Memory for packed panels, not zero-filled (pack_bf16_direct writes every byte of its buffers, so its own writes
-// are the first touch). From 4 MB, whole 2 MB pages advised for huge pages before that touch (as
-// kernels::WeightArena); below, 64-byte aligned (a 2 MB page per small matrix would waste most of it).
+// are the first touch). A layer's experts (`layer`), and any matrix from 4 MB: whole 2 MB pages, advised for huge
+// pages before that touch (as kernels::WeightArena); a smaller matrix 64-byte aligned (a 2 MB page for it would
+// be mostly waste).
 constexpr size_t kHugePage = size_t{2} << 20;
-std::shared_ptr<uint8_t> allocate_arena(size_t bytes) {
-  const bool huge = bytes >= 2 * kHugePage;
+std::shared_ptr<uint8_t> allocate_arena(size_t bytes, bool layer = false) {
+  const bool huge = layer || bytes >= 2 * kHugePage;
   const size_t alignment = huge ? kHugePage : 64;
   bytes = (std::max<size_t>(bytes, 1) + alignment - 1) / alignment * alignment;
   std::shared_ptr<uint8_t> p(static_cast<uint8_t*>(std::aligned_alloc(alignment, bytes)), [](uint8_t* q) { std::free(q); });
@@ -562,7 +563,7 @@ MixtralWeights load_mixtral_weights(const std::string& model_dir, const ModelCon
           layouts.push_back(kernels::packed_layout(WeightFormat::kBF16, e.w2.shape[0], e.w2.shape[1], 0, false));
           bytes += round_up_64(layouts[layouts.size() - 2].data.size) + round_up_64(layouts.back().data.size);
         }
-        const std::shared_ptr<uint8_t> arena = allocate_arena(bytes);
+        const std::shared_ptr<uint8_t> arena = allocate_arena(bytes, /*layer=*/true);
         std::vector<int64_t> first_panel{0};  // matrix i's panels are [first_panel[i], first_panel[i + 1])
         size_t used = 0;
         for (kernels::PackedWeights& p : layouts) {
