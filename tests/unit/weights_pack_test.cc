@@ -4,23 +4,15 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
-#include <random>
 #include <vector>
 
 #include "moex/base/dtype.h"
 #include "moex/kernels/packed.h"
 #include "moex/model/weights.h"
+#include "test_util.h"
 
 namespace moex {
 namespace {
-
-std::vector<float> direct_pack_values(int64_t n, unsigned seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
 
 void expect_same_panels(const kernels::PackedWeights& a, const kernels::PackedWeights& b) {
   ASSERT_EQ(a.format, b.format);
@@ -34,12 +26,12 @@ void expect_same_panels(const kernels::PackedWeights& a, const kernels::PackedWe
 }
 
 TEST(WeightsPackDirect, Bf16PanelsEqualTheKernelsPackerOnRaggedShapes) {
-  for (const auto [rows, cols] : {std::pair<int64_t, int64_t>{64, 32}, {70, 33}, {1, 1}, {129, 100}, {31, 64}, {200, 7}}) {
+  for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{64, 32}, {70, 33}, {1, 1}, {129, 100}, {31, 64}, {200, 7}}) {
     for (const DType dtype : {DType::kF32, DType::kBF16}) {
       SCOPED_TRACE(testing::Message() << rows << "x" << cols << " " << dtype_name(dtype));
       // Rows of stride cols + 3: the strided row slices a load packs under tensor parallelism.
       const int64_t stride = cols + 3;
-      const std::vector<float> f1 = direct_pack_values(rows * stride, 1), f3 = direct_pack_values(rows * stride, 2);
+      const std::vector<float> f1 = test::random_floats(rows * stride, 1), f3 = test::random_floats(rows * stride, 2);
       std::vector<uint16_t> b1(f1.size()), b3(f3.size());
       for (size_t i = 0; i < f1.size(); ++i) b1[i] = f32_to_bf16(f1[i]), b3[i] = f32_to_bf16(f3[i]);
       const auto view = [&](const std::vector<float>& f, std::vector<uint16_t>& b) {
