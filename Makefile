@@ -5,12 +5,16 @@ MODEL ?= models/mini
 PROMPT ?= The quick brown fox
 N ?= 32
 
-.PHONY: all deps build run test asan fuzz clean $(foreach t,$(FUZZ_TARGETS),fuzz-run-$(t))
+.PHONY: all deps test-deps build run test asan fuzz clean $(foreach t,$(FUZZ_TARGETS),fuzz-run-$(t))
 
 all: build
 
 deps:
 	@bash scripts/install-deps.sh
+
+# What only the tests need on top (headless Chromium for the web page's browser test).
+test-deps:
+	@bash scripts/install-deps.sh --test
 
 $(BUILD)/CMakeCache.txt:
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release
@@ -27,7 +31,7 @@ run: build $(MODEL)/config.json
 # MOEX_COMM_TUNING=none: a table that `moex tune-comm` left in ~/.cache/moex must not change what tests run.
 # The PyTorch reference tests (each a python and a moex process, not timing-sensitive) run $(JOBS) at a time;
 # the rest (MPI ranks, timeouts, servers) one at a time. Both halves run; either failing fails the target.
-test: build
+test: test-deps build
 	@cd $(BUILD) || exit 1; export MOEX_COMM_TUNING=none; \
 	  ctest --output-on-failure -j$(JOBS) -L reference; ref=$$?; \
 	  ctest --output-on-failure -j1 -LE reference; rest=$$?; \

@@ -212,7 +212,26 @@ def main():
         ("bench_tokens_zero", "'0' is not a whole number in 1..", ["bench", "router", "--tokens", "1,0"]),
         ("bench_kernels_tokens_bad", "'x' is not a whole number", ["bench", "kernels", "--tokens", "x"]),
         ("bench_kernels_cycle_mb_zero", "--cycle-mb: Value 0 not in range", ["bench", "kernels", "--cycle-mb", "0"]),
+        # moex plan: its inputs named, a cluster file's figure without a source refused, no file replaced.
+        ("plan_without_cluster", "moex plan needs --model and --cluster", ["plan", "--model", "mixtral-8x7b"]),
+        ("plan_unknown_model", "neither a checkpoint nor a preset", ["plan", "--model", "mixtral-9x9b", "--cluster", "bad_cluster.json"]),
+        ("plan_cluster_not_json", "not JSON", ["plan", "--model", "mixtral-8x7b", "--cluster", "nj/config.json"]),
+        ("plan_cluster_figure_without_source", "\"device.read_GBps\" has no \"source\"", ["plan", "--model", "mixtral-8x7b", "--cluster", "bad_cluster.json"]),
+        ("plan_ranks_beyond_cluster", "--ranks 8", ["plan", "--model", "mixtral-8x7b", "--cluster", "one_device.json", "--ranks", "8"]),
+        ("plan_calibrate_out_exists", "exists: give --force", ["plan", "calibrate", "--out", "one_device.json"]),
     ]
+    # Cluster files for moex plan: one good (one device), one whose read rate has no source.
+    def fig(v, src="test"):
+        return {"value": v, "source": src} if src else {"value": v}
+    cluster = {"hosts": 1, "devices_per_host": 1,
+               "device": {"memory_GB": fig(10), "read_GBps": fig(10), "bf16_TFLOPS": fig(1), "int8_TOPS": fig(1),
+                          "f32_TFLOPS": fig(1)},
+               "links": {"intra_host": {"latency_us": fig(1), "bandwidth_GBps": fig(1)}}}
+    with open(os.path.join(args.workdir, "one_device.json"), "w") as f:
+        json.dump(cluster, f)
+    cluster["device"]["read_GBps"] = fig(10, None)
+    with open(os.path.join(args.workdir, "bad_cluster.json"), "w") as f:
+        json.dump(cluster, f)
     # config_not_json: write broken JSON over the variant's config.
     with open(os.path.join(args.workdir, "nj", "config.json"), "w") as f:
         f.write('{"model_type": "mixtral", ')

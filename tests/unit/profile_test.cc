@@ -345,6 +345,44 @@ PhaseReport synthetic_phase(int64_t wall_ms, int64_t router_ms, int64_t experts_
   return p;
 }
 
+// drain_thread_totals: the same self times collect() reports, summed over phases, then zero; and the buffer
+// it drained keeps no trace slices, so a loop that drains every step does not grow.
+TEST_F(Profile, DrainThreadTotalsSumsPhasesAndEmptiesTheBuffer) {
+  record_small_run();
+  const int counts0[3] = {4, 0, 2}, counts1[2] = {1, 5};
+  add_tokens_per_expert(0, counts0, 3);
+  set_phase(Phase::kDecode);
+  add_tokens_per_expert(1, counts1, 2);
+  add_tokens_per_expert(0, counts0, 3);
+  const Report before = collect();
+  ThreadTotals totals;
+  drain_thread_totals(totals);
+  for (int z = 0; z < kNumZones; ++z)
+    EXPECT_EQ(totals.self_ns[z], before.phase(Phase::kPrefill).zones[z].self_ns + before.phase(Phase::kDecode).zones[z].self_ns)
+        << zone_name(static_cast<Zone>(z));
+  EXPECT_GT(totals.self_ns[static_cast<int>(Zone::kAttention)], 0);
+  ASSERT_EQ(totals.tokens_per_expert.size(), 2u);
+  // record_small_run's two decode steps add {1, 0, 1, 0} to each of its two layers.
+  EXPECT_EQ(totals.tokens_per_expert[0], (std::vector<uint64_t>{10, 0, 6, 0}));
+  EXPECT_EQ(totals.tokens_per_expert[1], (std::vector<uint64_t>{3, 5, 2, 0}));
+  const RankTrace trace = collect_trace();
+  EXPECT_TRUE(trace.steps.empty());
+  for (const ThreadTrace& t : trace.threads) EXPECT_TRUE(t.slices.empty());
+  const Report after = collect();
+  for (const PhaseReport& p : after.phases)
+    for (const ZoneTime& z : p.zones) EXPECT_EQ(z.self_ns, 0);
+  // A second drain adds nothing but what was recorded since.
+  {
+    MOEX_ZONE(kRouter);
+    spin_for(10'000);
+  }
+  ThreadTotals again = totals;
+  drain_thread_totals(again);
+  EXPECT_EQ(again.self_ns[static_cast<int>(Zone::kAttention)], totals.self_ns[static_cast<int>(Zone::kAttention)]);
+  EXPECT_GE(again.self_ns[static_cast<int>(Zone::kRouter)] - totals.self_ns[static_cast<int>(Zone::kRouter)], 10'000);
+  EXPECT_EQ(again.tokens_per_expert, totals.tokens_per_expert);
+}
+
 TEST(ProfileRanks, MeanAndSlowestRank) {
   std::vector<Report> ranks(3);
   const int64_t walls[3] = {100, 130, 110}, routers[3] = {18, 20, 22}, experts[3] = {35, 70, 45};

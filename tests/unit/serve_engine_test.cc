@@ -124,6 +124,29 @@ TEST(ServeEngine, ConcurrentRequestsGetTheTokensOfEachAlone) {
   EXPECT_LE(m.decode_steps.forward_seconds.value(), m.decode_steps.step_seconds.value());
   EXPECT_EQ(m.prefill_steps.step_duration.count() + m.decode_steps.step_duration.count(),
             static_cast<uint64_t>(m.prefill_steps.steps.value() + m.decode_steps.steps.value()));
+
+  // stats() (/v1/engine/stats) agrees with the metrics, and its profiler part with the rows computed: every
+  // row is routed to k experts in each MoE layer (dropless), and the zones plus "other" are the steps' time.
+  const nlohmann::json st = engine.stats();
+  EXPECT_EQ(st["steps"]["count"].get<double>(), m.prefill_steps.steps.value() + m.decode_steps.steps.value());
+  const int64_t rows = st["steps"]["prompt_rows"].get<int64_t>() + st["steps"]["decode_rows"].get<int64_t>();
+  EXPECT_EQ(rows, total_prompt + static_cast<int64_t>(prompts.size() * (max_tokens - 1)));
+  EXPECT_EQ(st["tokens"]["generated"].get<int64_t>(), static_cast<int64_t>(prompts.size() * max_tokens));
+  EXPECT_EQ(st["requests"]["finished_length"].get<int64_t>(), static_cast<int64_t>(prompts.size()));
+  const ModelConfig& config = model.config();
+  ASSERT_EQ(st["expert_tokens"].size(), static_cast<size_t>(config.num_hidden_layers));
+  for (int l = 0; l < config.num_hidden_layers; ++l) {
+    int64_t sum = 0;
+    for (const auto& v : st["expert_tokens"][l]) sum += v.get<int64_t>();
+    EXPECT_EQ(sum, config.moe_layer(l) ? rows * config.num_experts_per_tok : 0) << "layer " << l;
+  }
+  double zoned = 0;
+  for (const auto& [zone, seconds] : st["zone_seconds"].items()) zoned += seconds.get<double>();
+  EXPECT_GT(st["zone_seconds"]["attention"].get<double>(), 0);
+  EXPECT_GT(st["zone_seconds"]["experts"].get<double>(), 0);
+  EXPECT_NEAR(zoned, st["steps"]["seconds"].get<double>(), 1e-6);
+  const auto& kv = st["kv_blocks"];
+  EXPECT_EQ(kv["used"].get<int64_t>() + kv["cached"].get<int64_t>() + kv["free"].get<int64_t>(), kv["total"].get<int64_t>());
 }
 
 // Penalties reach the sampler with the request's own output so far: the served tokens equal a plain loop

@@ -35,6 +35,7 @@ struct ServeFlags {
   std::string served_model_name;
   bool no_prefix_caching = false;
   bool log_steps = false;
+  bool no_web = false;
   int http_threads = 0;
   std::string chat_template;  // a Jinja file; empty: the model's tokenizer_config.json chat_template
 };
@@ -117,6 +118,7 @@ void run_serve(ServeFlags flags) {
   so.port = flags.port;
   so.api_key = flags.api_key;
   so.metrics_require_key = flags.metrics_require_key;
+  so.web = !flags.no_web;
   so.http_threads = flags.http_threads > 0 ? flags.http_threads
                                            : static_cast<int>(std::min<int64_t>(flags.max_num_seqs + flags.max_waiting + 8, 512));
   serve::HttpServer server(engine, tokenizer, so);
@@ -128,9 +130,9 @@ void run_serve(ServeFlags flags) {
     server.stop();
   });
   const auto& kv = model->kv_cache();
+  const std::string open_paths = std::string(so.web ? "/, " : "") + "/health" + (so.metrics_require_key ? "" : " and /metrics");
   const std::string access = so.api_key.empty() ? "no API key: every client that can connect may use it"
-                             : so.metrics_require_key ? "API key required (all but /health)"
-                                                      : "API key required (all but /health and /metrics)";
+                                                : "API key required (all but " + open_paths + ")";
   std::printf("moex serve: listening on http://%s:%d (%s; model '%s'; weights: experts %s, dense %s; chat template %s; KV cache %s, %lld blocks = %lld positions; "
               "--max-num-seqs %lld, --max-batch-tokens %lld, --max-model-len %lld, prefix caching %s%s%s)\n",
               so.host.c_str(), server.port(), access.c_str(), so.model_name.c_str(),
@@ -140,6 +142,7 @@ void run_serve(ServeFlags flags) {
               static_cast<long long>(eo.max_num_seqs), static_cast<long long>(eo.max_batch_tokens), static_cast<long long>(eo.max_model_len),
               eo.prefix_caching ? "on" : "off", plan.single() ? "" : ("; " + plan.describe()).c_str(),
               engine.num_pools() > 1 ? "; KV cache, --max-num-seqs and --max-batch-tokens per rank" : "");
+  if (so.web) std::printf("moex serve: web page (chat, engine charts) at http://%s:%d/\n", so.host.c_str(), server.port());
   std::fflush(stdout);
   server.run();
   pthread_kill(watcher.native_handle(), SIGTERM);  // run() also ends on a failed listen: release the watcher
@@ -175,6 +178,7 @@ void setup_serve(CLI::App& app) {
   cmd->add_flag("--no-prefix-caching", flags->no_prefix_caching, "Do not reuse the KV blocks of shared prefixes");
   cmd->add_flag("--log-steps", flags->log_steps,
                 "One stderr line per engine step: prefill or decode, its rows, forward and other milliseconds");
+  cmd->add_flag("--no-web", flags->no_web, "No web page at / (chat and engine charts; it is open without the API key)");
   cmd->add_option("--http-threads", flags->http_threads, "HTTP worker threads (0: max-num-seqs + max-waiting + 8, <= 512)")
       ->capture_default_str();
   cmd->callback([flags] { run_serve(*flags); });

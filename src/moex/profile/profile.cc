@@ -257,6 +257,29 @@ ScopedStep::~ScopedStep() {
   }
 }
 
+void drain_thread_totals(ThreadTotals& into) {
+  detail::ThreadBuffer& buffer = detail::this_thread_buffer();
+  for (detail::PhaseCounters& phase : buffer.phases) {
+    for (int z = 0; z < kNumZones; ++z) into.self_ns[z] += phase.zones[z].self_ns;
+    phase.zones = {};
+    phase.comm = {};
+    phase.steps = phase.wall_ns = phase.tokens = 0;
+    if (into.tokens_per_expert.size() < phase.tokens_per_expert.size())
+      into.tokens_per_expert.resize(phase.tokens_per_expert.size());
+    for (size_t l = 0; l < phase.tokens_per_expert.size(); ++l) {
+      std::vector<uint64_t>& from = phase.tokens_per_expert[l];
+      std::vector<uint64_t>& to = into.tokens_per_expert[l];
+      if (to.size() < from.size()) to.resize(from.size(), 0);
+      for (size_t e = 0; e < from.size(); ++e) to[e] += from[e];
+      std::fill(from.begin(), from.end(), 0);  // zeroed in place: no allocation on the next step
+    }
+  }
+  buffer.slices.clear();
+  buffer.comm.clear();
+  buffer.steps.clear();
+  buffer.dropped_slices = 0;
+}
+
 void reset() {
   for (detail::ThreadBuffer* buffer : detail::all_thread_buffers()) buffer->clear_recorded();
 }

@@ -16,8 +16,10 @@
 // collect(), collect_trace() and reset() read every thread's buffer without locks: call them at a step
 // boundary, when no other thread is inside a zone (after an OpenMP region ends or threads are joined).
 #pragma once
+#include <array>
 #include <atomic>
 #include <cstdint>
+#include <vector>
 
 namespace moex::profile {
 
@@ -128,5 +130,16 @@ void set_trace_capacity(int64_t events_per_thread);
 
 // Forgets every zone, counter, step and trace event; threads keep their track ids.
 void reset();
+
+// What the calling thread recorded, summed over the phases: each zone's self time and the tokens routed to
+// each expert. For a loop that profiles every step for as long as it runs (serve's /v1/engine/stats).
+struct ThreadTotals {
+  std::array<int64_t, kNumZones> self_ns{};
+  std::vector<std::vector<uint64_t>> tokens_per_expert;  // [layer][expert]; layers without experts empty
+};
+// Adds the calling thread's totals since its last drain (or reset) into `into`, then zeroes them and drops
+// that thread's trace slices, steps and comm events, so its buffer does not grow however long it runs. Only
+// the calling thread's buffer is touched: safe while other threads record.
+void drain_thread_totals(ThreadTotals& into);
 
 }  // namespace moex::profile

@@ -6,6 +6,7 @@
 
 #include "moex/base/error.h"
 #include "moex/base/threads.h"
+#include "moex/profile/profile.h"
 #include "moex/comm/job.h"
 #include "moex/serve/step_sync.h"
 
@@ -131,6 +132,10 @@ Engine::Engine(MixtralModel& model, const EngineOptions& options)
   inputs_.resize(pools);
   logits_.resize(static_cast<size_t>(pools) * options.max_num_seqs * model.config().vocab_size);
   metrics_.kv_blocks_total.set(static_cast<double>(num_blocks_ * pools));
+  if (options.step_breakdown && !profile::enabled()) {
+    profile::enable(true);
+    enabled_profiler_ = true;
+  }
   thread_ = std::thread([this] {
     become_compute_thread();  // this thread and its OpenMP team on the CPUs, not all on the main thread's one
     loop();
@@ -144,6 +149,7 @@ Engine::~Engine() {
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  if (enabled_profiler_) profile::enable(false);
   if (options_.comm) send_command(*options_.comm, StepCommand::kStop);  // the other ranks leave their loop
   for (auto& [id, a] : active_)
     if (!a.finished) a.stream->finish("abort", "the server is shutting down");
@@ -202,7 +208,7 @@ void Engine::finish(SeqId, Active& a, const std::string& reason, const std::stri
 // Global over the pools: sums of every rank's requests and blocks (and, under attention DP, each rank's own).
 void Engine::publish_gauges() {
   metrics::ServingMetrics& m = metrics_.serving;
-  int64_t pending = 0, running = 0, waiting = 0, used = 0;
+  int64_t pending = 0, running = 0, waiting = 0, used = 0, cached = 0;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     pending = static_cast<int64_t>(pending_.size());
@@ -211,6 +217,7 @@ void Engine::publish_gauges() {
     running += p->scheduler.num_running();
     waiting += p->scheduler.num_waiting();
     used += p->blocks.num_used_blocks();
+    cached += p->blocks.num_evictable_blocks();
     if (p->running) p->running->set(static_cast<double>(p->scheduler.num_running()));
     if (p->blocks_used) p->blocks_used->set(static_cast<double>(p->blocks.num_used_blocks()));
   }
@@ -219,6 +226,79 @@ void Engine::publish_gauges() {
   metrics_.kv_blocks_used.set(static_cast<double>(used));
   const int64_t total = num_blocks_ * num_pools();
   m.kv_cache_usage_perc.set(static_cast<double>(used) / static_cast<double>(std::max<int64_t>(total, 1)));
+  std::lock_guard<std::mutex> lock(stats_mutex_);
+  totals_.kv_used = used;
+  totals_.kv_cached = cached;
+  totals_.kv_free = total - used - cached;
+}
+
+nlohmann::json Engine::stats() const {
+  const metrics::ServingMetrics& m = metrics_.serving;
+  const ModelConfig& config = model_.config();
+  nlohmann::json layers = nlohmann::json::array();
+  for (int l = 0; l < config.num_hidden_layers; ++l) layers.push_back(config.moe_layer(l));
+  nlohmann::json out = {
+      {"model", options_.model_name},
+      {"uptime_s", seconds(RequestStream::Clock::now() - started_)},
+      {"config",
+       {{"layers", config.num_hidden_layers},
+        {"moe_layers", layers},
+        {"experts", config.num_local_experts},
+        {"experts_per_token", config.num_experts_per_tok},
+        {"max_num_seqs", options_.max_num_seqs},
+        {"max_batch_tokens", options_.max_batch_tokens},
+        {"kv_block_size", kernels::kKvBlockSize},
+        {"ranks", options_.comm ? options_.comm->size() : 1},
+        {"step_breakdown", options_.step_breakdown}}},
+      {"requests",
+       {{"running", static_cast<int64_t>(m.num_requests_running.value())},
+        {"waiting", static_cast<int64_t>(m.num_requests_waiting.value())},
+        {"finished_stop", static_cast<int64_t>(m.request_success_stop.value())},
+        {"finished_length", static_cast<int64_t>(m.request_success_length.value())},
+        {"aborted", static_cast<int64_t>(m.request_success_abort.value())},
+        {"rejected", static_cast<int64_t>(metrics_.requests_rejected.value())}}},
+      {"tokens",
+       {{"prompt", static_cast<int64_t>(m.prompt_tokens.value())},
+        {"generated", static_cast<int64_t>(m.generation_tokens.value())},
+        {"prefix_cache_hits", static_cast<int64_t>(m.prefix_cache_hits.value())}}},
+  };
+  std::lock_guard<std::mutex> lock(stats_mutex_);
+  const StepTotals& t = totals_;
+  out["kv_blocks"] = {{"total", num_blocks_ * num_pools()}, {"used", t.kv_used}, {"cached", t.kv_cached}, {"free", t.kv_free}};
+  out["steps"] = {{"count", t.steps},
+                  {"sequences", t.sequences},
+                  {"prompt_rows", t.prompt_rows},
+                  {"decode_rows", t.decode_rows},
+                  {"seconds", t.step_seconds},
+                  {"forward_seconds", t.forward_seconds}};
+  out["last_step"] = {{"sequences", t.last_sequences},
+                      {"prompt_rows", t.last_prompt_rows},
+                      {"decode_rows", t.last_decode_rows},
+                      {"ms", t.last_step_ms}};
+  // Self times (a zone nested in another counts once, in the inner one); "other" is the rest of the steps'
+  // wall time: scheduling, sampling, norms, and what no zone covers.
+  nlohmann::json zones = nlohmann::json::object();
+  double zoned = 0;
+  for (int z = 0; z < profile::kNumZones; ++z) {
+    const double s = static_cast<double>(t.zones.self_ns[z]) * 1e-9;
+    zoned += s;
+    if (static_cast<profile::Zone>(z) == profile::Zone::kOther) continue;
+    zones[profile::zone_name(static_cast<profile::Zone>(z))] = s;
+  }
+  zones["other"] = std::max(0.0, t.step_seconds - zoned) +
+                   static_cast<double>(t.zones.self_ns[static_cast<int>(profile::Zone::kOther)]) * 1e-9;
+  out["zone_seconds"] = std::move(zones);
+  nlohmann::json experts = nlohmann::json::array();
+  for (int l = 0; l < config.num_hidden_layers; ++l) {
+    const auto& row = static_cast<size_t>(l) < t.zones.tokens_per_expert.size() ? t.zones.tokens_per_expert[l]
+                                                                               : std::vector<uint64_t>{};
+    nlohmann::json r = nlohmann::json::array();
+    if (config.moe_layer(l))
+      for (int e = 0; e < config.num_local_experts; ++e) r.push_back(static_cast<size_t>(e) < row.size() ? row[e] : 0);
+    experts.push_back(std::move(r));
+  }
+  out["expert_tokens"] = std::move(experts);
+  return out;
 }
 
 bool Engine::idle() const {
@@ -431,6 +511,21 @@ void Engine::step() {
   k.decode_rows.inc(static_cast<double>(decode_rows));
   k.step_duration.observe(step_s);
   ++step_number_;
+  {
+    std::lock_guard<std::mutex> lock(stats_mutex_);
+    StepTotals& t = totals_;
+    ++t.steps;
+    t.sequences += static_cast<int64_t>(num_seqs);
+    t.prompt_rows += prompt_rows;
+    t.decode_rows += decode_rows;
+    t.step_seconds += step_s;
+    t.forward_seconds += forward_s;
+    t.last_sequences = static_cast<int64_t>(num_seqs);
+    t.last_prompt_rows = prompt_rows;
+    t.last_decode_rows = decode_rows;
+    t.last_step_ms = step_s * 1e3;
+    if (options_.step_breakdown) profile::drain_thread_totals(t.zones);
+  }
   if (options_.log_steps)  // one line per step; stderr is unbuffered, so a line is written at once
     std::fprintf(stderr,
                  "moex serve: step %lld %s seqs %zu prompt rows %lld decode rows %lld: %.3f ms (forward %.3f ms, "

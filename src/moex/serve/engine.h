@@ -14,7 +14,10 @@
 #include <unordered_map>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "moex/model/mixtral.h"
+#include "moex/profile/profile.h"
 #include "moex/runtime/kv_block_manager.h"
 #include "moex/runtime/sampler.h"
 #include "moex/runtime/scheduler.h"
@@ -35,6 +38,10 @@ struct EngineOptions {
   // scheduler and block manager per rank (each rank's pool), assigns each request to a rank
   // (least_loaded_rank) and sends each rank its own sub-step; max_num_seqs and max_batch_tokens are per rank.
   comm::Communicator* comm = nullptr;
+  // Each step's time per profiler zone and tokens per expert, for stats() (/v1/engine/stats): the engine
+  // thread turns the profiler on (two clock reads per zone, ~100 zones a step for a 32-layer model) and drains
+  // its own totals after every step. Off: those parts of stats() stay zero.
+  bool step_breakdown = true;
 };
 
 struct GenerationRequest {
@@ -135,6 +142,9 @@ class Engine {
   int64_t capacity_positions() const { return num_blocks_ * kernels::kKvBlockSize; }
   int num_pools() const { return static_cast<int>(pools_.size()); }  // ranks under attention DP, else 1
   EngineMetrics& metrics() { return metrics_; }
+  // What /v1/engine/stats answers (fields: docs/serve.md): counters since start-up, which a client turns
+  // into rates by taking the difference of two reads, and the current gauges. Safe from any thread.
+  nlohmann::json stats() const;
 
  private:
   struct Active {
@@ -201,6 +211,20 @@ class Engine {
   std::vector<StepInput> inputs_;  // [pools] each pool's StepInput (rank r's sub-step under attention DP)
   std::vector<float> logits_;      // [pools * max_num_seqs, vocab], pool 0's rows first
   int64_t step_number_ = 0;
+  const RequestStream::Clock::time_point started_ = RequestStream::Clock::now();
+  bool enabled_profiler_ = false;  // step_breakdown turned the profiler on (and turns it off at the end)
+
+  // stats()'s share of the engine thread's state, copied after each step under stats_mutex_.
+  struct StepTotals {
+    int64_t steps = 0, sequences = 0, prompt_rows = 0, decode_rows = 0;
+    double step_seconds = 0, forward_seconds = 0;
+    int64_t last_sequences = 0, last_prompt_rows = 0, last_decode_rows = 0;
+    double last_step_ms = 0;
+    int64_t kv_used = 0, kv_cached = 0, kv_free = 0;  // referenced; unreferenced but holding a cached prefix; empty
+    profile::ThreadTotals zones;  // zone self times and tokens per expert, summed over the steps
+  };
+  mutable std::mutex stats_mutex_;
+  StepTotals totals_;
   std::thread thread_;
 };
 

@@ -216,11 +216,13 @@ HttpServer::HttpServer(Engine& engine, const Tokenizer& tokenizer, const ServerO
       longest_token_bytes_(longest_token_bytes(tokenizer)) {
   ConnectionPolicy policy;
   policy.authorized = [key = options.api_key, expected = "Bearer " + options.api_key,
-                       open_metrics = !options.metrics_require_key](const http::RequestHead& head) {
-    // Open without the key: /health, and /metrics unless --metrics-require-key (as vLLM). The raw path is
-    // compared, so an encoded spelling of an open path needs the key too.
+                       open_metrics = !options.metrics_require_key, web = options.web](const http::RequestHead& head) {
+    // Open without the key: /health, and /metrics unless --metrics-require-key (as vLLM), and the web page
+    // (as llama.cpp's server): it is the same static bytes for everyone and holds no data; it asks for the key
+    // and sends it with every request it makes. The raw path is compared, so an encoded spelling of an open
+    // path needs the key too.
     const std::string_view path = head.path();
-    if (key.empty() || path == "/health" || (open_metrics && path == "/metrics")) return true;
+    if (key.empty() || path == "/health" || (open_metrics && path == "/metrics") || (web && path == "/")) return true;
     const std::string* given = head.find("Authorization");
     return given && constant_time_equal(*given, expected);
   };
@@ -316,6 +318,23 @@ void HttpServer::routes() {
   s.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(engine_.metrics().registry.exposition(), "text/plain; version=0.0.4");
   });
+  s.Get("/v1/engine/stats", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_header("Cache-Control", "no-store");
+    res.set_content(engine_.stats().dump(), "application/json");
+  });
+  if (options_.web) {
+    s.Get("/", [](const httplib::Request&, httplib::Response& res) {
+      // The page loads nothing from elsewhere, and the browser is told so: scripts and styles are the page's
+      // own inline ones, requests go to this server only.
+      res.set_header("Content-Security-Policy",
+                     "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:; "
+                     "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'");
+      res.set_header("X-Content-Type-Options", "nosniff");
+      res.set_header("Referrer-Policy", "no-referrer");
+      res.set_header("Cache-Control", "no-cache");
+      res.set_content(kWebPage, kWebPage_size, "text/html; charset=utf-8");
+    });
+  }
   s.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
     const json model = {{"id", options_.model_name},     {"object", "model"},
                         {"created", created_},           {"owned_by", "moex"},

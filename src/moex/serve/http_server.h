@@ -1,9 +1,11 @@
-// The HTTP face of the engine (cpp-httplib): the OpenAI endpoints, /health and /metrics. Each request runs
+// The HTTP face of the engine (cpp-httplib): the OpenAI endpoints, /health, /metrics, /v1/engine/stats and
+// the web page at / (serve/web/index.html, compiled in). Each request runs
 // on a thread of the server's pool: it parses and checks the body, submits to the Engine and writes the
 // request's tokens as they come (SSE when streaming). A client that goes away (mid-stream, or while a
 // non-streamed request waits) is cancelled.
 #pragma once
 #include <atomic>
+#include <cstddef>
 #include <memory>
 #include <string>
 
@@ -17,11 +19,16 @@ class Server;
 
 namespace moex::serve {
 
+// The page (cmake/embed_file.cmake writes them from serve/web/index.html at build time).
+extern const char kWebPage[];
+extern const std::size_t kWebPage_size;
+
 struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 8000;             // 0: any free port (port() tells which)
-  std::string api_key;         // non-empty: every path but /health and /metrics needs "Authorization: Bearer <key>"
+  std::string api_key;         // non-empty: every path but /, /health and /metrics needs "Authorization: Bearer <key>"
   bool metrics_require_key = false;  // /metrics too
+  bool web = true;             // GET / serves the page (static, so open: it asks for the key); false: 404
   std::string model_name;      // what /v1/models lists and requests may name
   int http_threads = 64;
   const ChatTemplate* chat_template = nullptr;  // the model's; null: chat requests get a 400

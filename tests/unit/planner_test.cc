@@ -1,0 +1,128 @@
+// tools/lib/planner: its sums checked against counts made elsewhere (ModelConfig::active_params_per_token,
+// the selector's cost model, the probability of a routing), and its cluster files' errors.
+#include "tools/lib/planner.h"
+
+#include <gtest/gtest.h>
+
+#include "moex/base/error.h"
+#include "moex/comm/selector.h"
+#include "tools/lib/synthetic.h"
+
+namespace moex::tools::plan {
+namespace {
+
+nlohmann::json fig(double v) { return {{"value", v}, {"source", "test"}}; }
+
+// A device that is bound by its memory only (peaks far beyond anything), no per-call cost.
+nlohmann::json memory_bound_cluster(int devices) {
+  return {{"name", "test"},
+          {"hosts", 1},
+          {"devices_per_host", devices},
+          {"device",
+           {{"memory_GB", fig(1000)}, {"read_GBps", fig(100)}, {"bf16_TFLOPS", fig(1e9)}, {"int8_TOPS", fig(1e9)},
+            {"f32_TFLOPS", fig(1e9)}}},
+          {"links", {{"intra_host", {{"latency_us", fig(5)}, {"bandwidth_GBps", fig(10)}}}}}};
+}
+
+TEST(Planner, OneRankDecodeReadsTheActiveWeightsOnce) {
+  const ModelConfig m = synthetic_preset("mixtral-8x7b");
+  const Cluster c = parse_cluster(memory_bound_cluster(1), "test");
+  PlanChoice p;  // bf16, one rank
+  const Workload w{1, 1};
+  const Prediction r = predict(m, c, p, 1, w);
+  // One token reads every weight it uses once: config.cc's count, less the norms and the embedding row (a lookup,
+  // not a matmul), in bf16; plus its one position of KV per layer.
+  const double d = m.hidden_size, L = m.num_hidden_layers;
+  const double params = double(m.active_params_per_token()) - d /*embedding row*/ - d /*final norm*/ - 2 * d * L;
+  const double kv = L * 2 * m.kv_dim() * 2.0;
+  const double expected = (params * 2 + kv) / 100e9;
+  EXPECT_NEAR(r.step_s, expected, expected * 1e-9);
+  EXPECT_EQ(r.comm_s, 0);
+  EXPECT_TRUE(r.collectives.empty());
+  EXPECT_NEAR(r.tokens_per_s, 1 / expected, 1e-6 / expected);
+}
+
+TEST(Planner, AFormatsOwnEfficiencyScalesItsReads) {
+  const ModelConfig m = synthetic_preset("mixtral-8x7b");
+  nlohmann::json j = memory_bound_cluster(1);
+  const Prediction all = predict(m, parse_cluster(j, "t"), PlanChoice{}, 1, Workload{1, 1});
+  j["device"]["format_efficiency"] = {{"bf16", {{"memory", fig(0.5)}, {"compute", fig(1)}}},
+                                      {"int8", {{"memory", fig(0.25)}, {"compute", fig(1)}}}};
+  const Prediction half = predict(m, parse_cluster(j, "t"), PlanChoice{}, 1, Workload{1, 1});
+  // Every matmul reads at half the rate; the router (as stored) and the KV cache keep theirs.
+  const double router_and_kv = m.num_hidden_layers * (m.num_local_experts * m.hidden_size * 2.0 + 2 * m.kv_dim() * 2.0) / 100e9;
+  EXPECT_NEAR(half.step_s - router_and_kv, 2 * (all.step_s - router_and_kv), 1e-12);
+}
+
+TEST(Planner, TensorParallelSendsTwoAllReducesPerLayerPricedByTheSelectorModel) {
+  const ModelConfig m = synthetic_preset("mixtral-8x7b");
+  const Cluster c = parse_cluster(memory_bound_cluster(2), "test");
+  PlanChoice p;
+  p.tp = 2;
+  const Prediction r = predict(m, c, p, 2, Workload{16, 64});
+  ASSERT_EQ(r.collectives.size(), 2u);
+  comm::CostModel model;
+  model.alpha_s = 5e-6, model.beta_s_per_byte = 1 / 10e9, model.gamma_s_per_byte = 1 / 10e9;
+  const uint64_t bytes = 16 * 4096 * 4;
+  double best = 1e30;
+  for (comm::AllreduceAlgo a : comm::all_allreduce_algos())
+    if (a != comm::AllreduceAlgo::kShm) best = std::min(best, comm::allreduce_cost_seconds(a, 2, bytes, model));
+  for (const CollectiveCost& col : r.collectives) {
+    EXPECT_EQ(col.per_step, m.num_hidden_layers);
+    EXPECT_NEAR(col.seconds, best, best * 1e-12);
+    EXPECT_DOUBLE_EQ(col.bytes, double(bytes));
+  }
+  EXPECT_NEAR(r.comm_s, 2 * m.num_hidden_layers * best, 1e-12);
+  // Every algorithm but recursive doubling sends 2 (p - 1) / p of the buffer: with p = 2, the buffer once.
+  EXPECT_NEAR(r.wire_bytes_per_token, 2.0 * m.num_hidden_layers * bytes / 16, 1e-6);
+}
+
+TEST(Planner, ExpertParallelWaitsForTheBusiestRank) {
+  // One token, top-2 of 8 experts, 4 experts per rank on 2 ranks: both on one rank with probability 3/7, so
+  // the busiest rank runs 2 x 3/7 + 1 x 4/7 = 10/7 experts against a mean of 1.
+  const ModelConfig m = synthetic_preset("mixtral-8x7b");
+  const Cluster c = parse_cluster(memory_bound_cluster(2), "test");
+  PlanChoice p;
+  p.moe = "ep", p.ep = 2;
+  const Prediction r = predict(m, c, p, 2, Workload{1, 1});
+  EXPECT_NEAR(r.expert_imbalance, 10.0 / 7, 0.03);
+  PlanChoice tp;
+  tp.tp = 2;
+  EXPECT_DOUBLE_EQ(predict(m, c, tp, 2, Workload{1, 1}).expert_imbalance, 1.0);
+}
+
+TEST(Planner, CandidatePlansAreTheOnesTheEngineAccepts) {
+  const ModelConfig m = synthetic_preset("mixtral-8x7b");  // 32 heads, 8 KV heads, 8 experts
+  std::vector<std::string> names;
+  for (const PlanChoice& p : candidate_plans(m, 4, "bf16", "f32")) names.push_back(p.name());
+  EXPECT_EQ(names, (std::vector<std::string>{"TP=4", "EP=4", "EP=4 dp-attn", "TP=2 x EP=2"}));
+  EXPECT_EQ(candidate_plans(m, 3, "bf16", "f32").size(), 0u);  // 8 experts and 32 heads do not split 3 ways
+  EXPECT_THROW(candidate_plans(m, 2, "int3", "f32"), Error);
+}
+
+TEST(Planner, ClusterFileErrorsNameTheField) {
+  nlohmann::json j = memory_bound_cluster(1);
+  j["device"]["read_GBps"].erase("source");
+  try {
+    parse_cluster(j, "f.json");
+    FAIL() << "a figure without a source was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("device.read_GBps"), std::string::npos) << e.what();
+  }
+  j = memory_bound_cluster(1);
+  j["hosts"] = 2;  // two hosts need an inter-host link
+  EXPECT_THROW(parse_cluster(j, "f.json"), Error);
+  j = memory_bound_cluster(1);
+  j["device"]["memory_efficiency"] = fig(1.5);
+  EXPECT_THROW(parse_cluster(j, "f.json"), Error);
+  j = memory_bound_cluster(1);
+  j["device"]["format_efficiency"] = {{"int3", {{"memory", fig(0.5)}, {"compute", fig(0.5)}}}};
+  EXPECT_THROW(parse_cluster(j, "f.json"), Error);
+  const Cluster c = parse_cluster(memory_bound_cluster(2), "t");
+  PlanChoice p;
+  p.tp = 4;
+  EXPECT_THROW(predict(synthetic_preset("mixtral-8x7b"), c, p, 4, Workload{}), Error);  // 4 ranks on 2 devices
+}
+
+}  // namespace
+}  // namespace moex::tools::plan

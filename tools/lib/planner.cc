@@ -1,0 +1,409 @@
+#include "tools/lib/planner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <random>
+#include <sstream>
+
+#include "moex/base/error.h"
+#include "moex/comm/codec.h"
+#include "moex/comm/selector.h"
+#include "moex/comm/types.h"
+#include "moex/moe/parallel_plan.h"
+
+namespace moex::tools::plan {
+namespace {
+
+// What a weight format costs the step: bytes per weight (codes and scales, kernels/packed.h's layouts) and
+// which dot-product peak its kernels run at (the activations' type).
+enum class Peak { kF32, kBF16, kInt8 };
+struct FormatCost {
+  const char* name;
+  double bytes_per_weight;  // int4's add 8 bytes of f32 scale and offset per group (divided by the group below)
+  bool per_group;
+  Peak peak;
+};
+constexpr FormatCost kFormats[] = {
+    {"as-stored", 2, false, Peak::kF32},  // a bf16 checkpoint read by the f32-activation matmul
+    {"bf16", 2, false, Peak::kBF16},
+    {"int8", 1, false, Peak::kF32},        // weight-only: decoded to f32 FMAs
+    {"int8-w8a8", 1, false, Peak::kInt8},
+    {"int4", 0.5, true, Peak::kBF16},
+    {"int4-w4a8", 0.5, true, Peak::kInt8},
+    {"fp8", 1 + 4.0 / (128 * 128), false, Peak::kBF16},
+};
+
+const FormatCost& format_cost(const std::string& name) {
+  for (const FormatCost& f : kFormats)
+    if (name == f.name) return f;
+  throw_error(ErrorKind::kInvalidInput,
+              "--weights " + name + ": use as-stored, bf16, int8, int8-w8a8, int4, int4-w4a8 or fp8");
+}
+
+double bytes_per_weight(const PlanChoice& p) {
+  const FormatCost& f = format_cost(p.weights);
+  return f.bytes_per_weight + (f.per_group ? 8.0 / p.group : 0.0);
+}
+
+// {memory, compute} efficiency of the format's kernels on the device.
+std::pair<double, double> efficiency(const Device& d, const PlanChoice& p) {
+  const auto it = d.format_efficiency.find(p.weights);
+  return it != d.format_efficiency.end() ? it->second : std::pair{d.memory_efficiency, d.compute_efficiency};
+}
+
+double peak_of(const Device& d, const PlanChoice& p) {
+  const Peak peak = format_cost(p.weights).peak;
+  const double v = peak == Peak::kBF16 ? d.bf16_flops : peak == Peak::kInt8 ? d.int8_ops : d.f32_flops;
+  return v * efficiency(d, p).second;
+}
+
+// ---- cluster files ------------------------------------------------------------------------------------------
+
+double figure(const nlohmann::json& j, const std::string& key, const std::string& where, bool required = true,
+              double fallback = 0) {
+  const std::string field = where + "." + key;
+  if (!j.contains(key)) {
+    MOEX_CHECK_INPUT(!required, "cluster file: \"", field, "\" is missing");
+    return fallback;
+  }
+  const nlohmann::json& f = j.at(key);
+  MOEX_CHECK_INPUT(f.is_object() && f.contains("value") && f.at("value").is_number(), "cluster file: \"", field,
+                   "\" must be {\"value\": number, \"source\": \"...\"}");
+  MOEX_CHECK_INPUT(f.contains("source") && f.at("source").is_string() && !f.at("source").get<std::string>().empty(),
+                   "cluster file: \"", field, "\" has no \"source\" (say where the figure comes from)");
+  const double v = f.at("value").get<double>();
+  MOEX_CHECK_INPUT(std::isfinite(v) && v >= 0, "cluster file: \"", field, "\" must be a finite number >= 0, got ", v);
+  return v;
+}
+
+const nlohmann::json& object(const nlohmann::json& j, const std::string& key, const std::string& where) {
+  MOEX_CHECK_INPUT(j.contains(key) && j.at(key).is_object(), "cluster file: \"", where, key, "\" must be an object");
+  return j.at(key);
+}
+
+Link parse_link(const nlohmann::json& j, const std::string& where) {
+  Link l;
+  l.alpha_s = figure(j, "latency_us", where) * 1e-6;
+  l.bytes_per_s = figure(j, "bandwidth_GBps", where) * 1e9;
+  l.reduce_bytes_per_s = figure(j, "reduce_GBps", where, false, 10) * 1e9;
+  MOEX_CHECK_INPUT(l.bytes_per_s > 0 && l.reduce_bytes_per_s > 0, "cluster file: \"", where,
+                   "\" needs a bandwidth above 0");
+  return l;
+}
+
+int whole(const nlohmann::json& j, const std::string& key, int lo, int hi, int fallback, bool required) {
+  if (!j.contains(key)) {
+    MOEX_CHECK_INPUT(!required, "cluster file: \"", key, "\" is missing");
+    return fallback;
+  }
+  MOEX_CHECK_INPUT(j.at(key).is_number_integer(), "cluster file: \"", key, "\" must be a whole number");
+  const int64_t v = j.at(key).get<int64_t>();
+  MOEX_CHECK_INPUT(v >= lo && v <= hi, "cluster file: \"", key, "\" must be in ", lo, "..", hi, ", got ", v);
+  return static_cast<int>(v);
+}
+
+// ---- the step -------------------------------------------------------------------------------------------------
+
+// One matmul of `rows` tokens over `weights` weights on one device: bound by its bytes or its arithmetic.
+double matmul_seconds(const Device& d, const PlanChoice& p, double rows, double weights, double time_share) {
+  if (weights <= 0 || rows <= 0) return 0;
+  const double read = weights * bytes_per_weight(p) / (d.read_bytes_per_s * efficiency(d, p).first);
+  const double math = 2 * rows * weights / peak_of(d, p);
+  return (std::max(read, math) + d.op_overhead_s) * time_share;
+}
+
+comm::CostModel cost_model(const Link& l, bool shm) {
+  comm::CostModel m;
+  m.alpha_s = l.alpha_s;
+  m.beta_s_per_byte = 1 / l.bytes_per_s;
+  m.gamma_s_per_byte = 1 / l.reduce_bytes_per_s;
+  if (!shm) m.shm_alpha_s = std::numeric_limits<double>::infinity();
+  return m;
+}
+
+// The all-reduce the communicator's cost model would run (selector.cc's choice without a table), its time and
+// the bytes a rank counts as sent.
+CollectiveCost allreduce(const std::string& what, const Cluster& c, int group, bool crosses_hosts, double bytes,
+                         const std::string& dtype, int per_step) {
+  CollectiveCost out;
+  out.what = what;
+  out.bytes = bytes;
+  out.per_step = per_step;
+  out.crosses_hosts = crosses_hosts;
+  if (group <= 1) return out;
+  const bool shm = c.shared_memory_collectives && !crosses_hosts;
+  const comm::CostModel model = cost_model(crosses_hosts ? c.inter : c.intra, shm);
+  const comm::CommDType d = dtype == "bf16" ? comm::CommDType::kBF16 : dtype == "fp8" ? comm::CommDType::kF8 : comm::CommDType::kF32;
+  double best = std::numeric_limits<double>::infinity();
+  comm::AllreduceAlgo pick = comm::AllreduceAlgo::kRing;
+  for (comm::AllreduceAlgo a : comm::all_allreduce_algos()) {
+    if ((a == comm::AllreduceAlgo::kShm && !shm) || !comm::allreduce_auto_candidate(a, d)) continue;
+    const double s = comm::allreduce_cost_seconds(a, group, static_cast<uint64_t>(bytes), model);
+    if (s < best) best = s, pick = a;
+  }
+  out.algorithm = std::string(comm::algo_name(pick));
+  out.seconds = best;
+  const double p = group;
+  out.wire_bytes = pick == comm::AllreduceAlgo::kShm                  ? bytes
+                   : pick == comm::AllreduceAlgo::kRecursiveDoubling ? std::floor(std::log2(p)) * bytes
+                                                                      : 2 * (p - 1) / p * bytes;
+  return out;
+}
+
+// Pairwise exchange (comm/alltoall_pairwise.cc): p - 1 rounds, each one message to one peer.
+CollectiveCost alltoall(const std::string& what, const Cluster& c, int group, bool crosses_hosts,
+                        double bytes_per_peer, int per_step) {
+  CollectiveCost out;
+  out.what = what;
+  out.algorithm = "pairwise";
+  out.bytes = bytes_per_peer * group;
+  out.per_step = per_step;
+  out.crosses_hosts = crosses_hosts;
+  if (group <= 1) return out;
+  const Link& l = crosses_hosts ? c.inter : c.intra;
+  out.seconds = (group - 1) * (l.alpha_s + bytes_per_peer / l.bytes_per_s);
+  out.wire_bytes = (group - 1) * bytes_per_peer;
+  return out;
+}
+
+// The expected time of the busiest rank's routed experts over sampled routings (uniform top-k, as an untrained
+// router gives; docs/plan.md), and that busiest / mean ratio.
+struct ExpertTime {
+  double busiest_s = 0, imbalance = 1;
+};
+ExpertTime routed_experts(const ModelConfig& m, const Device& dev, const PlanChoice& p, int ranks, int tokens,
+                          double time_share) {
+  const int E = m.num_local_experts, k = m.num_experts_per_tok;
+  const double I_local = static_cast<double>(m.intermediate_size) / p.tp;
+  const double expert_weights = 3.0 * m.hidden_size * I_local;
+  const int experts_per_group = E / p.ep;
+  std::mt19937 rng(1);  // fixed: the same prediction every run
+  constexpr int kSamples = 1000;
+  std::vector<int> rows(E), order(E);
+  double busiest_sum = 0, mean_sum = 0;
+  for (int s = 0; s < kSamples; ++s) {
+    std::fill(rows.begin(), rows.end(), 0);
+    for (int t = 0; t < tokens; ++t) {  // k distinct experts per token (a partial Fisher-Yates shuffle)
+      for (int e = 0; e < E; ++e) order[e] = e;
+      for (int j = 0; j < k; ++j) {
+        const int pick = j + static_cast<int>(rng() % static_cast<unsigned>(E - j));
+        std::swap(order[j], order[pick]);
+        ++rows[order[j]];
+      }
+    }
+    double busiest = 0, total = 0;
+    for (int g = 0; g < p.ep; ++g) {  // every tp rank of an EP group does the same work
+      double t = 0;
+      for (int e = g * experts_per_group; e < (g + 1) * experts_per_group; ++e)
+        t += matmul_seconds(dev, p, rows[e], expert_weights, time_share);
+      busiest = std::max(busiest, t);
+      total += t;
+    }
+    busiest_sum += busiest;
+    mean_sum += total / p.ep;
+  }
+  (void)ranks;
+  ExpertTime out;
+  out.busiest_s = busiest_sum / kSamples;
+  out.imbalance = mean_sum > 0 ? busiest_sum / mean_sum : 1;
+  return out;
+}
+
+}  // namespace
+
+std::string PlanChoice::name() const {
+  std::string n = moe == "tp" ? "TP=" + std::to_string(tp)
+                  : moe == "ep" ? "EP=" + std::to_string(ep)
+                                : "TP=" + std::to_string(tp) + " x EP=" + std::to_string(ep);
+  if (attn == "dp") n += " dp-attn";
+  return n;
+}
+
+Cluster parse_cluster(const nlohmann::json& j, const std::string& origin) {
+  MOEX_CHECK_INPUT(j.is_object(), "cluster file ", origin, ": must be a JSON object");
+  Cluster c;
+  c.name = j.contains("name") && j.at("name").is_string() ? j.at("name").get<std::string>() : origin;
+  c.hosts = whole(j, "hosts", 1, 4096, 1, true);
+  c.devices_per_host = whole(j, "devices_per_host", 1, 1024, 1, true);
+  c.cores_per_host = whole(j, "cores_per_host", 0, 1 << 16, 0, false);
+  c.host_read_bytes_per_s = figure(j, "host_read_GBps", "", false, 0) * 1e9;
+  if (j.contains("shared_memory_collectives")) {
+    MOEX_CHECK_INPUT(j.at("shared_memory_collectives").is_boolean(), "cluster file: \"shared_memory_collectives\" must be true or false");
+    c.shared_memory_collectives = j.at("shared_memory_collectives").get<bool>();
+  }
+  const nlohmann::json& d = object(j, "device", "");
+  c.device.name = d.contains("name") && d.at("name").is_string() ? d.at("name").get<std::string>() : "device";
+  c.device.memory_bytes = figure(d, "memory_GB", "device") * 1e9;
+  c.device.read_bytes_per_s = figure(d, "read_GBps", "device") * 1e9;
+  c.device.bf16_flops = figure(d, "bf16_TFLOPS", "device") * 1e12;
+  c.device.int8_ops = figure(d, "int8_TOPS", "device") * 1e12;
+  c.device.f32_flops = figure(d, "f32_TFLOPS", "device") * 1e12;
+  c.device.memory_efficiency = figure(d, "memory_efficiency", "device", false, 1);
+  c.device.compute_efficiency = figure(d, "compute_efficiency", "device", false, 1);
+  c.device.op_overhead_s = figure(d, "op_overhead_us", "device", false, 0) * 1e-6;
+  if (d.contains("format_efficiency")) {
+    const nlohmann::json& fe = object(d, "format_efficiency", "device.");
+    for (const auto& [name, e] : fe.items()) {
+      format_cost(name);
+      MOEX_CHECK_INPUT(e.is_object(), "cluster file: \"device.format_efficiency.", name, "\" must be an object");
+      const std::string where = "device.format_efficiency." + name;
+      const double mem = figure(e, "memory", where), comp = figure(e, "compute", where);
+      MOEX_CHECK_INPUT(mem > 0 && mem <= 1 && comp > 0 && comp <= 1, "cluster file: \"", where,
+                       "\" efficiencies must be in (0, 1]");
+      c.device.format_efficiency[name] = {mem, comp};
+    }
+  }
+  MOEX_CHECK_INPUT(c.device.read_bytes_per_s > 0 && c.device.memory_bytes > 0, "cluster file: \"device\" needs read_GBps and memory_GB above 0");
+  MOEX_CHECK_INPUT(c.device.bf16_flops > 0 && c.device.int8_ops > 0 && c.device.f32_flops > 0,
+                   "cluster file: \"device\" needs bf16_TFLOPS, int8_TOPS and f32_TFLOPS above 0");
+  MOEX_CHECK_INPUT(c.device.memory_efficiency > 0 && c.device.memory_efficiency <= 1 && c.device.compute_efficiency > 0 &&
+                       c.device.compute_efficiency <= 1,
+                   "cluster file: \"device\" efficiencies must be in (0, 1]");
+  const nlohmann::json& links = object(j, "links", "");
+  c.intra = parse_link(object(links, "intra_host", "links."), "links.intra_host");
+  if (c.hosts > 1) c.inter = parse_link(object(links, "inter_host", "links."), "links.inter_host");
+  return c;
+}
+
+Cluster load_cluster(const std::string& path) {
+  std::ifstream in(path);
+  MOEX_CHECK_INPUT(in.good(), "--cluster ", path, ": cannot read the file");
+  std::stringstream text;
+  text << in.rdbuf();
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text.str());
+  } catch (const nlohmann::json::exception& e) {
+    throw_error(ErrorKind::kInvalidInput, "--cluster " + path + ": not JSON (" + e.what() + ")");
+  }
+  return parse_cluster(j, path);
+}
+
+std::vector<PlanChoice> candidate_plans(const ModelConfig& model, int ranks, const std::string& weights,
+                                        const std::string& comm_dtype) {
+  format_cost(weights);  // a bad name is an error, not an empty list
+  std::vector<PlanChoice> out;
+  const auto add = [&](const std::string& moe, const std::string& attn, int tp, int ep) {
+    PlanRequest r{moe, attn, tp, ep, comm_dtype, false};
+    try {
+      make_parallel_plan(r, PlanShape{model.num_attention_heads, model.num_key_value_heads, model.num_local_experts,
+                                      model.intermediate_size},
+                         ranks, 0);
+    } catch (const Error&) {
+      return;  // this model cannot take it (heads, experts or the intermediate size do not split)
+    }
+    PlanChoice p;
+    p.moe = moe, p.attn = attn, p.tp = tp, p.ep = ep, p.weights = weights, p.comm_dtype = comm_dtype;
+    out.push_back(p);
+  };
+  if (ranks == 1) {
+    add("tp", "tp", 1, 1);
+    return out;
+  }
+  add("tp", "tp", ranks, 1);
+  add("ep", "tp", 1, ranks);
+  add("ep", "dp", 1, ranks);
+  for (int tp = 2; tp < ranks; ++tp)
+    if (ranks % tp == 0) add("tpxep", "tp", tp, ranks / tp);
+  return out;
+}
+
+Prediction predict(const ModelConfig& m, const Cluster& c, const PlanChoice& p, int ranks, const Workload& w) {
+  MOEX_CHECK_INPUT(ranks >= 1 && ranks <= c.hosts * c.devices_per_host, ranks, " ranks do not fit cluster \"", c.name,
+                   "\" (", c.hosts, " hosts x ", c.devices_per_host, " devices)");
+  MOEX_CHECK_INPUT(w.batch >= 1 && w.context >= 1, "--batch and --context must be at least 1");
+  MOEX_CHECK_INPUT(p.tp * p.ep == ranks, "plan ", p.name(), ": tp x ep must be ", ranks);
+  const ParallelPlan plan =
+      make_parallel_plan(PlanRequest{p.moe, p.attn, p.tp, p.ep, p.comm_dtype, false},
+                         PlanShape{m.num_attention_heads, m.num_key_value_heads, m.num_local_experts, m.intermediate_size},
+                         ranks, 0);
+  Prediction out;
+  out.plan = p;
+  out.ranks = ranks;
+  // Ranks fill a host before the next one (mpirun's default by slot), so a group spans hosts once it is larger
+  // than a host.
+  const int per_host = std::min(ranks, c.devices_per_host);
+  const double time_share = c.cores_per_host > 0 ? std::max(1.0, double(per_host) / c.cores_per_host) : 1.0;
+  // The ranks that read at once share the host's rate (those beyond the cores wait their turn: time_share).
+  Device dev = c.device;
+  if (c.host_read_bytes_per_s > 0) {
+    const int reading = c.cores_per_host > 0 ? std::min(per_host, c.cores_per_host) : per_host;
+    dev.read_bytes_per_s = std::min(dev.read_bytes_per_s, c.host_read_bytes_per_s / reading);
+  }
+  const double d = m.hidden_size, hd = m.head_dim, L = m.num_hidden_layers, B = w.batch;
+  const bool dp = plan.attn == AttnParallel::kDP;
+  // Attention: this rank's heads (TP) or all of them for its own sequences (DP). KV heads are replicated when
+  // there are fewer than ranks (parallel_plan.h).
+  const SliceRange heads = local_heads(plan, m.num_attention_heads);
+  const SliceRange kv = local_kv_heads(plan, m.num_attention_heads, m.num_key_value_heads);
+  const double q_local = double(heads.end - heads.begin) * hd, kv_local = double(kv.end - kv.begin) * hd;
+  const double seqs = dp ? std::ceil(B / ranks) : B;  // the busiest rank's sequences
+  const double kv_bytes = 2.0;                        // a bf16 KV cache
+  double attention = matmul_seconds(dev, p, seqs, d * q_local, time_share) +
+                     2 * matmul_seconds(dev, p, seqs, d * kv_local, time_share) +
+                     matmul_seconds(dev, p, seqs, q_local * d, time_share);
+  const double kv_read = seqs * w.context * 2 * kv_local * kv_bytes;
+  attention += std::max(kv_read / (dev.read_bytes_per_s * dev.memory_efficiency),
+                        4 * seqs * w.context * q_local / (dev.f32_flops * dev.compute_efficiency)) * time_share;
+  // Routing: the router's [E, d] weights as stored (f32 activations) for the rank's tokens.
+  PlanChoice stored = p;
+  stored.weights = "as-stored";
+  const double routing = matmul_seconds(dev, stored, seqs, double(m.num_local_experts) * d, time_share);
+  // Dense MLP and shared experts run whole on every rank (model/weights.cc loads them unsplit).
+  int moe_layers = 0;
+  double mlp = 0;
+  for (int l = 0; l < m.num_hidden_layers; ++l) {
+    if (m.moe_layer(l)) {
+      ++moe_layers;
+      mlp += matmul_seconds(dev, p, seqs, 3 * d * m.shared_expert_intermediate_size, time_share);
+    } else {
+      mlp += matmul_seconds(dev, p, seqs, 3 * d * m.dense_intermediate_size, time_share);
+    }
+  }
+  const ExpertTime experts = routed_experts(m, dev, p, ranks, w.batch, time_share);
+  out.expert_imbalance = experts.imbalance;
+  out.attention_s = attention * L;
+  out.routing_s = routing * moe_layers;
+  out.experts_s = experts.busiest_s * moe_layers;
+  out.other_s = mlp + matmul_seconds(dev, p, seqs, double(m.vocab_size) * d, time_share);  // + lm_head
+  // Collectives per step.
+  const bool crosses = ranks > c.devices_per_host;
+  const double elem = comm::wire_bytes(comm::wire_format_for(plan.comm_dtype), 1 << 20) / double(1 << 20);
+  if (ranks > 1) {
+    if (!dp) {
+      out.collectives.push_back(allreduce("attention all-reduce", c, ranks, crosses, B * d * elem, p.comm_dtype,
+                                          m.num_hidden_layers));
+      out.collectives.push_back(allreduce("MoE all-reduce", c, ranks, crosses, B * d * elem, p.comm_dtype, moe_layers));
+    } else {
+      // Each token's k expert rows go to the ranks that hold the experts; (ranks - 1) / ranks of them leave.
+      const double rows_per_peer = seqs * m.num_experts_per_tok / ranks;
+      const double row_bytes = d * elem + 8;  // the row and its (token, weight) header
+      out.collectives.push_back(alltoall("dispatch all-to-all", c, ranks, crosses, rows_per_peer * row_bytes, moe_layers));
+      out.collectives.push_back(alltoall("combine all-to-all", c, ranks, crosses, rows_per_peer * d * elem, moe_layers));
+    }
+  }
+  double wire = 0;
+  for (const CollectiveCost& col : out.collectives) {
+    out.comm_s += col.seconds * col.per_step;
+    wire += col.wire_bytes * col.per_step;
+  }
+  const double compute = out.attention_s + out.routing_s + out.experts_s + out.other_s;
+  out.step_s = compute + out.comm_s;
+  out.tokens_per_s = B / out.step_s;
+  out.comm_share = out.comm_s / out.step_s;
+  out.wire_bytes_per_token = wire / (dp ? seqs : B);
+  // Memory: this rank's weights and KV cache.
+  const double experts_local = double(local_experts(plan, m.num_local_experts).count);
+  const double I_local = double(m.intermediate_size) / p.tp;
+  double weights = L * d * (2 * q_local + 2 * kv_local) + 2 * double(m.vocab_size) * d;
+  for (int l = 0; l < m.num_hidden_layers; ++l)
+    weights += m.moe_layer(l) ? experts_local * 3 * d * I_local + 3 * d * m.shared_expert_intermediate_size
+                              : 3 * d * m.dense_intermediate_size;
+  out.device_bytes = weights * bytes_per_weight(p) + seqs * w.context * L * 2 * kv_local * kv_bytes;
+  out.fits = out.device_bytes <= dev.memory_bytes;
+  return out;
+}
+
+}  // namespace moex::tools::plan

@@ -1,0 +1,109 @@
+// `moex plan`: a model of a decode step, to predict a deployment before it exists. For a model's geometry,
+// a cluster (devices, hosts, links) and a parallel plan it adds up, per rank and per layer, what the step
+// must do: the bytes each rank reads and the arithmetic it does (each matmul bound by whichever of the two
+// takes longer on its device), the routed experts' imbalance across EP ranks (sampled), and the collectives
+// the plan sends, each priced by the communicator's own alpha-beta model (comm/selector.h) with the
+// algorithm that model would pick. It knows nothing the engine does not: a step is the sum of its parts,
+// with no overlap except what --overlap does. docs/plan.md lists what it leaves out.
+#pragma once
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "moex/model/config.h"
+
+namespace moex::tools::plan {
+
+// One accelerator or one CPU rank. Rates are what one device reaches while every device of its host runs.
+struct Device {
+  std::string name;
+  double memory_bytes = 0;         // capacity (weights + KV cache must fit)
+  double read_bytes_per_s = 0;     // streaming read rate
+  double bf16_flops = 0;           // dot-product peaks by activation type (FLOP/s; int8: OP/s)
+  double int8_ops = 0;
+  double f32_flops = 0;
+  double memory_efficiency = 1;    // share of read_bytes_per_s the engine's decode kernels reach
+  double compute_efficiency = 1;   // share of the peaks its GEMMs reach
+  // The same per weight format where measured (`moex plan calibrate` times each format's own kernels):
+  // format name -> {memory, compute}; a format not listed takes the two above.
+  std::map<std::string, std::pair<double, double>> format_efficiency;
+  double op_overhead_s = 0;        // fixed cost of one matmul call (a parallel region, a launch)
+};
+
+// A level of the network: alpha-beta-gamma as comm::CostModel takes them.
+struct Link {
+  double alpha_s = 0;             // per message
+  double bytes_per_s = 0;         // per byte moved (1 / beta)
+  double reduce_bytes_per_s = 0;  // per byte reduced (1 / gamma)
+};
+
+struct Cluster {
+  std::string name;
+  int hosts = 1;
+  int devices_per_host = 1;
+  // A CPU host: ranks share its cores; more ranks than cores time-share them (0: devices are separate chips).
+  int cores_per_host = 0;
+  // A CPU host's read rate with every core reading (0: none given): its ranks share it, each reading at most
+  // device.read_bytes_per_s.
+  double host_read_bytes_per_s = 0;
+  bool shared_memory_collectives = false;  // ranks of one host may use the shm all-reduce
+  Device device;
+  Link intra, inter;  // inside a host; between hosts (unused with one host)
+};
+
+// Reads and checks a cluster file (docs/plan.md: every figure is {"value": x, "source": "..."}). Throws
+// Error(kInvalidInput) with one line naming the field.
+Cluster load_cluster(const std::string& path);
+Cluster parse_cluster(const nlohmann::json& j, const std::string& origin);
+
+struct Workload {
+  int batch = 1;      // sequences decoding together (one token each per step)
+  int context = 512;  // positions each sequence's attention reads
+};
+
+struct PlanChoice {
+  std::string moe = "tp";   // tp | ep | tpxep
+  std::string attn = "tp";  // tp | dp
+  int tp = 1, ep = 1;       // MoE split: tp * ep = ranks
+  std::string weights = "bf16";  // as-stored | bf16 | int8 | int8-w8a8 | int4 | int4-w4a8 | fp8 (experts and dense)
+  std::string comm_dtype = "f32";
+  int group = 32;            // int4 group size
+  std::string name() const;  // "EP=4 dp-attn bf16"
+};
+
+struct CollectiveCost {
+  std::string what;       // "attention all-reduce", "MoE all-reduce", "dispatch all-to-all", ...
+  std::string algorithm;  // the one the cost model picks
+  double bytes = 0;       // the payload each rank contributes
+  int per_step = 0;       // calls per decode step
+  double seconds = 0;     // per call
+  double wire_bytes = 0;  // bytes each rank sends per call (what the profiler counts as sent)
+  bool crosses_hosts = false;
+};
+
+struct Prediction {
+  PlanChoice plan;
+  int ranks = 1;
+  double attention_s = 0, routing_s = 0, experts_s = 0, other_s = 0;  // compute of the busiest rank
+  double comm_s = 0;
+  double step_s = 0;
+  double tokens_per_s = 0;
+  double comm_share = 0;
+  double wire_bytes_per_token = 0;       // bytes one rank sends per generated token, all layers
+  double device_bytes = 0;               // weights + KV cache one rank holds
+  bool fits = true;
+  double expert_imbalance = 1;           // busiest EP rank's expert time / mean (1 without EP)
+  std::vector<CollectiveCost> collectives;
+};
+
+// Every plan `ranks` can run for this model (the engine's own constraints, moe/parallel_plan.h), in `weights`.
+std::vector<PlanChoice> candidate_plans(const ModelConfig& model, int ranks, const std::string& weights,
+                                        const std::string& comm_dtype);
+// Throws Error(kInvalidInput) when the plan cannot run (splits, ranks beyond the cluster).
+Prediction predict(const ModelConfig& model, const Cluster& cluster, const PlanChoice& plan, int ranks,
+                   const Workload& workload);
+
+}  // namespace moex::tools::plan

@@ -1,0 +1,381 @@
+// `moex plan`: predicts each parallel plan's decode throughput, communication share and bytes on the wire for
+// a model on a cluster described by a file (tools/lib/planner.h, docs/plan.md), ranked. `moex plan calibrate`
+// writes the file for this machine from its probes (and, under mpirun, the links between ranks).
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "moex/base/cpu.h"
+#include "moex/base/error.h"
+#include "moex/base/threads.h"
+#include "moex/comm/communicator.h"
+#include "moex/comm/selector.h"
+#include "moex/base/dtype.h"
+#include "moex/kernels/matmul.h"
+#include "moex/kernels/packed.h"
+#include "moex/kernels/probe.h"
+#include "moex/model/gguf.h"
+#include "tools/lib/output_dir.h"
+#include "tools/lib/planner.h"
+#include "tools/lib/synthetic.h"
+#include "tools/moex/command.h"
+#include "tools/moex/flags.h"
+
+namespace moex::tools {
+namespace {
+
+struct PlanFlags {
+  std::string model, cluster;
+  std::vector<int> ranks;  // empty: 1, 2, 4, ... up to the cluster's devices
+  int batch = 16, context = 512;
+  std::vector<std::string> weights = {"bf16"};
+  std::vector<std::string> comm_dtypes = {"f32"};
+  bool json = false;
+};
+
+ModelConfig model_config(const std::string& model) {
+  if (std::filesystem::is_directory(model) || std::filesystem::exists(model)) return load_checkpoint_config(model);
+  for (const std::string& name : synthetic_preset_names())
+    if (name == model) return synthetic_preset(model);
+  std::string list;
+  for (const std::string& name : synthetic_preset_names()) list += (list.empty() ? "" : ", ") + name;
+  throw_error(ErrorKind::kInvalidInput, "--model " + model + ": neither a checkpoint nor a preset (" + list + ")");
+}
+
+std::string human_bytes(double b) {
+  char s[32];
+  if (b >= 1e9) std::snprintf(s, sizeof s, "%.1f GB", b / 1e9);
+  else if (b >= 1e6) std::snprintf(s, sizeof s, "%.1f MB", b / 1e6);
+  else if (b >= 1e3) std::snprintf(s, sizeof s, "%.1f KB", b / 1e3);
+  else std::snprintf(s, sizeof s, "%.0f B", b);
+  return s;
+}
+
+nlohmann::json to_json(const plan::Prediction& p) {
+  nlohmann::json cols = nlohmann::json::array();
+  for (const plan::CollectiveCost& c : p.collectives)
+    cols.push_back({{"what", c.what}, {"algorithm", c.algorithm}, {"bytes", c.bytes}, {"per_step", c.per_step},
+                    {"seconds", c.seconds}, {"wire_bytes", c.wire_bytes}, {"crosses_hosts", c.crosses_hosts}});
+  return {{"plan", p.plan.name()}, {"moe", p.plan.moe}, {"attn", p.plan.attn}, {"tp", p.plan.tp}, {"ep", p.plan.ep},
+          {"ranks", p.ranks}, {"weights", p.plan.weights}, {"comm_dtype", p.plan.comm_dtype},
+          {"step_seconds", p.step_s}, {"tokens_per_s", p.tokens_per_s}, {"comm_share", p.comm_share},
+          {"attention_seconds", p.attention_s}, {"routing_seconds", p.routing_s}, {"experts_seconds", p.experts_s},
+          {"other_seconds", p.other_s}, {"comm_seconds", p.comm_s}, {"wire_bytes_per_token", p.wire_bytes_per_token},
+          {"device_bytes", p.device_bytes}, {"fits", p.fits}, {"expert_imbalance", p.expert_imbalance},
+          {"collectives", cols}};
+}
+
+void run_plan(const PlanFlags& f) {
+  const ModelConfig model = model_config(f.model);
+  const plan::Cluster cluster = plan::load_cluster(f.cluster);
+  const int devices = cluster.hosts * cluster.devices_per_host;
+  std::vector<int> ranks = f.ranks;
+  if (ranks.empty())
+    for (int n = 1; n <= devices; n *= 2) ranks.push_back(n);
+  for (int n : ranks)
+    MOEX_CHECK_INPUT(n <= devices, "--ranks ", n, ": cluster \"", cluster.name, "\" has ", devices, " devices");
+  const plan::Workload work{f.batch, f.context};
+  std::vector<plan::Prediction> rows;
+  for (int n : ranks)
+    for (const std::string& w : f.weights)
+      for (const std::string& dt : f.comm_dtypes)
+        for (const plan::PlanChoice& p : plan::candidate_plans(model, n, w, dt))
+          rows.push_back(plan::predict(model, cluster, p, n, work));
+  MOEX_CHECK_INPUT(!rows.empty(), "no plan of ", f.model, " runs on the ranks asked for");
+  std::stable_sort(rows.begin(), rows.end(), [](const plan::Prediction& a, const plan::Prediction& b) {
+    if (a.fits != b.fits) return a.fits;
+    return a.tokens_per_s > b.tokens_per_s;
+  });
+  if (f.json) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const plan::Prediction& p : rows) out.push_back(to_json(p));
+    std::printf("%s\n", nlohmann::json{{"model", f.model}, {"cluster", cluster.name}, {"batch", f.batch},
+                                        {"context", f.context}, {"plans", out}}
+                            .dump(1)
+                            .c_str());
+    return;
+  }
+  std::printf("moex plan: %s on %s (%d host%s x %d %s), decode batch %d, context %d\n", f.model.c_str(),
+              cluster.name.c_str(), cluster.hosts, cluster.hosts > 1 ? "s" : "", cluster.devices_per_host,
+              cluster.device.name.c_str(), f.batch, f.context);
+  std::printf("%-3s %-20s %5s %-9s %-4s %10s %8s %9s %9s %9s %9s %12s %10s  %s\n", "#", "plan", "ranks", "weights", "comm",
+              "tokens/s", "comm %", "attn ms", "route ms", "expert ms", "comm ms", "wire B/tok", "per device",
+              "collectives (algorithm the cost model picks)");
+  int i = 0;
+  for (const plan::Prediction& p : rows) {
+    std::string cols;
+    for (const plan::CollectiveCost& c : p.collectives)
+      cols += (cols.empty() ? "" : ", ") + c.what + " " + c.algorithm + (c.crosses_hosts ? " (inter-host)" : "");
+    std::printf("%-3d %-20s %5d %-9s %-4s %10.1f %7.1f%% %9.2f %9.3f %9.2f %9.3f %12s %10s  %s%s\n", ++i,
+                p.plan.name().c_str(), p.ranks, p.plan.weights.c_str(), p.plan.comm_dtype.c_str(), p.tokens_per_s,
+                100 * p.comm_share, p.attention_s * 1e3, p.routing_s * 1e3, p.experts_s * 1e3, p.comm_s * 1e3,
+                human_bytes(p.wire_bytes_per_token).c_str(), human_bytes(p.device_bytes).c_str(),
+                p.fits ? "" : "DOES NOT FIT; ", cols.empty() ? "-" : cols.c_str());
+  }
+}
+
+// ---- calibrate ------------------------------------------------------------------------------------------------
+
+struct CalibrateFlags {
+  std::string out;
+  bool force = false;
+  int devices_per_host = 0;  // 0: the cores
+};
+
+// "AMD EPYC (family 25 model 17)": every calibrated figure names the CPU it came from.
+std::string cpu_name() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line, name = "unknown CPU", family, model;
+  const auto value = [](const std::string& l) { return l.substr(l.find(':') + 2); };
+  while (std::getline(in, line) && (name == "unknown CPU" || family.empty() || model.empty())) {
+    if (line.rfind("model name", 0) == 0) name = value(line);
+    else if (line.rfind("cpu family", 0) == 0) family = value(line);
+    else if (line.rfind("model\t", 0) == 0) model = value(line);
+  }
+  return name + " (family " + family + " model " + model + ")";
+}
+
+nlohmann::json fig(double value, const std::string& source) { return {{"value", value}, {"source", source}}; }
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// What the engine's own kernels reach for one format on a 4096 x 4096 weight, on this rank's threads: the bytes
+// of a 1-row call (decode) and the arithmetic of a 128-row one (a GEMM), medians.
+struct KernelRates {
+  double bytes_per_s = 0, flops = 0, call_s = 0;
+};
+KernelRates kernel_rates(const std::string& format) {
+  constexpr int64_t kRows = 4096, kCols = 4096, kMany = 128;
+  std::vector<uint16_t> w(kRows * kCols);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = f32_to_bf16(static_cast<float>((i * 2654435761u) % 1000) * 1e-3f - 0.5f);
+  const TensorView view{w.data(), DType::kBF16, Shape{kRows, kCols}};
+  std::shared_ptr<kernels::PackedWeights> packed;
+  if (format == "bf16") packed = std::make_shared<kernels::PackedWeights>(kernels::pack(kernels::quantize_bf16(view)));
+  else if (format == "int8") packed = std::make_shared<kernels::PackedWeights>(kernels::pack(kernels::quantize_int8(view)));
+  else if (format == "int8-w8a8")
+    packed = std::make_shared<kernels::PackedWeights>(kernels::pack(kernels::quantize_int8(view, kernels::WeightFormat::kInt8W8A8)));
+  else if (format == "int4")
+    packed = std::make_shared<kernels::PackedWeights>(kernels::pack(kernels::quantize_int4(view, 32, true)));
+  else if (format == "int4-w4a8")
+    packed = std::make_shared<kernels::PackedWeights>(
+        kernels::pack(kernels::quantize_int4(view, 32, true, kernels::WeightFormat::kInt4W4A8)));
+  else if (format == "fp8") packed = std::make_shared<kernels::PackedWeights>(kernels::pack(kernels::quantize_fp8(view)));
+  std::vector<float> x(kMany * kCols, 0.25f), y(kMany * kRows);
+  const auto time = [&](int64_t rows, int reps) {
+    std::vector<double> t;
+    for (int r = 0; r < reps; ++r) {
+      const auto start = std::chrono::steady_clock::now();
+      if (packed) kernels::packed_matmul(x.data(), rows, *packed, y.data());
+      else kernels::matmul(x.data(), rows, view, y.data());  // as-stored: the f32-activation loop over bf16
+      t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
+    return median(t);
+  };
+  KernelRates r;
+  r.bytes_per_s = (packed ? double(packed->weight_bytes()) : double(view.bytes())) / time(1, 21);
+  r.flops = 2.0 * kMany * kRows * kCols / time(kMany, 5);
+  return r;
+}
+
+// One call's floor: a 1-row bf16 call over 64 x 64, median.
+double call_seconds() {
+  std::vector<float> w(64 * 64, 0.5f), x(64, 0.25f), y(64);
+  const kernels::PackedWeights tiny = kernels::pack(kernels::quantize_bf16(TensorView{w.data(), DType::kF32, Shape{64, 64}}));
+  std::vector<double> t;
+  for (int r = 0; r < 201; ++r) {
+    const auto start = std::chrono::steady_clock::now();
+    kernels::packed_matmul(x.data(), 1, tiny, y.data());
+    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  return median(t);
+}
+
+// Round trip between rank 0 and `peer` (ping-pong of `bytes`), median of `reps`: alpha + bytes / rate each way.
+double ping_pong(comm::Communicator& world, int peer, size_t bytes, int reps) {
+  std::vector<char> buf(std::max<size_t>(bytes, 1));
+  std::vector<double> t;
+  const int me = world.rank();
+  for (int r = 0; r < reps; ++r) {
+    world.barrier();
+    const auto start = std::chrono::steady_clock::now();
+    if (me == 0) {
+      comm::P2PRequest s = world.isend(buf.data(), bytes, peer, 7);
+      world.wait_all(std::span(&s, 1));
+      comm::P2PRequest q = world.irecv(buf.data(), bytes, peer, 8);
+      world.wait_all(std::span(&q, 1));
+    } else if (me == peer) {
+      comm::P2PRequest q = world.irecv(buf.data(), bytes, 0, 7);
+      world.wait_all(std::span(&q, 1));
+      comm::P2PRequest s = world.isend(buf.data(), bytes, 0, 8);
+      world.wait_all(std::span(&s, 1));
+    }
+    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  return median(t);
+}
+
+nlohmann::json measure_link(comm::Communicator& world, int peer, const std::string& what) {
+  constexpr size_t kLarge = 4 << 20;
+  const double small = ping_pong(world, peer, 8, 201), large = ping_pong(world, peer, kLarge, 21);
+  const double alpha = small / 2, rate = kLarge / std::max(large / 2 - alpha, 1e-9);
+  const std::string how = "moex plan calibrate: ping-pong rank 0 <-> rank " + std::to_string(peer) + " (" + what +
+                          "), median; 8 B -> latency, 4 MB -> bandwidth";
+  return {{"latency_us", fig(alpha * 1e6, how)}, {"bandwidth_GBps", fig(rate / 1e9, how)},
+          {"reduce_GBps", fig(10, "comm::CostModel's default gamma (docs/comm.md), not measured")}};
+}
+
+void run_calibrate(const CalibrateFlags& f) {
+  comm::Communicator& world = comm::world();
+  const std::filesystem::path out = f.out;
+  if (world.rank() == 0)
+    MOEX_CHECK_INPUT(f.force || !std::filesystem::exists(out), "--out ", f.out, " exists: give --force to replace it");
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int devices = f.devices_per_host > 0 ? f.devices_per_host : cores;
+  const int threads = std::max(1, cores / devices);
+  // Links first (every rank takes part), then the probes on rank 0 alone.
+  nlohmann::json links = nlohmann::json::object();
+  const comm::Topology& topo = world.topology();
+  if (world.size() > 1) {
+    int same = -1, other = -1;
+    for (int r = 1; r < world.size(); ++r) {
+      if (topo.host_of_rank[r] == topo.host_of_rank[0]) { if (same < 0) same = r; }
+      else if (other < 0) other = r;
+    }
+    if (same > 0) links["intra_host"] = measure_link(world, same, "same host");
+    if (other > 0) links["inter_host"] = measure_link(world, other, "another host");
+  }
+  if (world.rank() != 0) return;
+  if (!links.contains("intra_host")) {
+    const comm::CostModel m;
+    const std::string src = "comm::CostModel defaults (docs/comm.md), not measured: run calibrate under mpirun -n 2";
+    links["intra_host"] = {{"latency_us", fig(m.alpha_s * 1e6, src)}, {"bandwidth_GBps", fig(1e-9 / m.beta_s_per_byte, src)},
+                           {"reduce_GBps", fig(1e-9 / m.gamma_s_per_byte, src)}};
+  }
+  // Streaming reads of 1 GB, median of 5: all cores at once (the host's rate, shared by its ranks), and one
+  // rank's threads alone; a rank reads at the smaller of its own rate and its share of the host's.
+  std::vector<char> buf(size_t{1} << 30, 1);
+  const auto read_rate = [&] {
+    std::vector<double> t;
+    for (int r = 0; r < 5; ++r) {
+      const auto start = std::chrono::steady_clock::now();
+      volatile float s = kernels::stream_read(buf.data(), buf.size());
+      (void)s;
+      t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
+    return buf.size() / median(t);
+  };
+  set_num_threads(cores);
+  const double host_read = read_rate();
+  set_num_threads(threads);
+  const double rank_read = read_rate();
+  buf = {};
+  const double bf16 = kernels::dot_peak_bf16(1 << 22, true).per_second;
+  const double vnni = kernels::dot_peak_vnni(1 << 22, true).per_second;
+  const double f32 = kernels::fma_peak_f32(1 << 22, true).per_second;
+  const KernelRates k = kernel_rates("bf16");
+  const double call_s = call_seconds();
+  const double device_read = std::min(rank_read, host_read / std::min(devices, cores));
+  const double memory_efficiency = std::min(1.0, k.bytes_per_s / rank_read);
+  const std::string cpu = cpu_name();
+  const std::string probe = "moex plan calibrate on " + cpu + ": ";
+  const std::string probe_all_cores = probe + "stream_read probe of 1 GB on all " + std::to_string(cores) + " cores, median of 5";
+  nlohmann::json j;
+  j["name"] = "this machine (" + std::to_string(cores) + " cores, " + std::to_string(devices) + " ranks of " +
+              std::to_string(threads) + " thread" + (threads > 1 ? "s" : "") + ")";
+  j["hosts"] = std::max(1, topo.hosts());
+  j["devices_per_host"] = devices;
+  j["cores_per_host"] = cores;
+  j["shared_memory_collectives"] = true;
+  j["host_read_GBps"] = fig(host_read / 1e9, probe_all_cores);
+  const double total_memory = [] {
+    std::ifstream in("/proc/meminfo");
+    std::string key;
+    double kb = 0;
+    while (in >> key >> kb)
+      if (key == "MemTotal:") return kb * 1024;
+    return 0.0;
+  }();
+  j["device"] = {
+      {"name", "CPU rank"},
+      {"memory_GB", fig(total_memory / devices / 1e9, probe + "/proc/meminfo MemTotal / devices")},
+      {"read_GBps", fig(rank_read / 1e9, probe + "stream_read probe of 1 GB on one rank's " + std::to_string(threads) +
+                                             " thread(s) alone, median of 5")},
+      {"bf16_TFLOPS", fig(bf16 / 1e12, probe + "vdpbf16ps probe per rank (its threads, CPU clock)")},
+      {"int8_TOPS", fig(vnni / 1e12, probe + "vpdpbusd probe per rank (its threads, CPU clock)")},
+      {"f32_TFLOPS", fig(f32 / 1e12, probe + "vfmadd231ps probe per rank (its threads, CPU clock)")},
+      {"memory_efficiency", fig(memory_efficiency, probe + "bf16 packed_matmul, 1 row over 4096 x 4096 on one rank's threads, "
+                                                           "against the read probe on the same threads")},
+      {"compute_efficiency", fig(bf16 > 0 ? std::min(1.0, k.flops / bf16) : 1.0,
+                                 probe + "bf16 packed_matmul, 128 rows over 4096 x 4096, against the vdpbf16ps probe")},
+      {"op_overhead_us", fig(call_s * 1e6, probe + "bf16 packed_matmul of 1 row over 64 x 64, median")}};
+  // Each format's own kernels against the probe its arithmetic runs at (planner.cc's table).
+  nlohmann::json fe = nlohmann::json::object();
+  for (const std::string format : {"as-stored", "bf16", "int8", "int8-w8a8", "int4", "int4-w4a8", "fp8"}) {
+    const KernelRates r = format == "bf16" ? k : kernel_rates(format);
+    const bool int8_peak = format == "int8-w8a8" || format == "int4-w4a8";
+    const bool f32_peak = format == "as-stored" || format == "int8";
+    const double peak = int8_peak ? vnni : f32_peak ? f32 : bf16;
+    if (peak <= 0) continue;
+    const std::string src = probe + format + " kernel on 4096 x 4096: 1 row against the read probe on the same threads, " +
+                            std::to_string(128) + " rows against the " + (int8_peak ? "vpdpbusd" : f32_peak ? "vfmadd231ps" : "vdpbf16ps") +
+                            " probe";
+    fe[format] = {{"memory", fig(std::clamp(r.bytes_per_s / rank_read, 0.01, 1.0), src)},
+                  {"compute", fig(std::clamp(r.flops / peak, 0.01, 1.0), src)}};
+  }
+  j["device"]["format_efficiency"] = fe;
+  j["links"] = links;
+  StagingFile file(out, "calibrate");
+  {
+    std::ofstream o(file.path());
+    o << j.dump(2) << "\n";
+    MOEX_CHECK_INPUT(o.good(), "--out ", f.out, ": cannot write");
+  }
+  file.publish();
+  std::printf("moex plan calibrate: wrote %s (read %.1f GB/s per rank, bf16 %.2f TFLOPS, decode %.0f%%, GEMM %.0f%%)\n",
+              f.out.c_str(), device_read / 1e9, bf16 / 1e12, 100 * memory_efficiency,
+              bf16 > 0 ? 100 * std::min(1.0, k.flops / bf16) : 100.0);
+}
+
+void setup_plan(CLI::App& app) {
+  auto f = std::make_shared<PlanFlags>();
+  auto* cmd = app.add_subcommand("plan", "Predict each parallel plan's decode throughput and communication share on a cluster");
+  cmd->add_option("--model", f->model, "Checkpoint folder or file, or a gen-model preset (mixtral-8x7b, ...)");
+  cmd->add_option("--cluster", f->cluster, "Cluster file (docs/plan.md; `moex plan calibrate` writes one for this machine)");
+  add_list_flag(cmd, "--ranks", f->ranks, "Rank counts to plan for (default 1, 2, 4, ... up to the cluster's devices)")
+      ->check(whole_number_in(1, 1 << 16));
+  cmd->add_option("--batch", f->batch, "Sequences decoding together")->check(whole_number_in(1, 1 << 16))->capture_default_str();
+  cmd->add_option("--context", f->context, "Positions each sequence's attention reads")
+      ->check(whole_number_in(1, 1 << 24))
+      ->capture_default_str();
+  add_list_flag(cmd, "--weights", f->weights, "Weight formats: as-stored, bf16, int8, int8-w8a8, int4, int4-w4a8, fp8")
+      ->check(CLI::IsMember({"as-stored", "bf16", "int8", "int8-w8a8", "int4", "int4-w4a8", "fp8"}));
+  add_list_flag(cmd, "--comm-dtype", f->comm_dtypes, "Activation dtypes between ranks: f32, bf16, fp8")
+      ->check(CLI::IsMember(kCommDTypeNames));
+  cmd->add_flag("--json", f->json, "Machine-readable output");
+  auto c = std::make_shared<CalibrateFlags>();
+  auto* cal = cmd->add_subcommand("calibrate", "Measure this machine (run under mpirun for its links) and write a cluster file");
+  add_output_flag(cal, "--out", c->out, "Cluster file to write")->required();
+  cal->add_flag("--force", c->force, "Replace --out if it exists");
+  cal->add_option("--devices-per-host", c->devices_per_host, "Ranks per host the file describes (default: one per core)")
+      ->check(whole_number_in(1, 1 << 12));
+  cal->callback([c] { run_calibrate(*c); });
+  cmd->callback([cmd, f] {
+    if (!cmd->got_subcommand("calibrate")) {
+      MOEX_CHECK_INPUT(!f->model.empty() && !f->cluster.empty(), "moex plan needs --model and --cluster (or: moex plan calibrate --out FILE)");
+      run_plan(*f);
+    }
+  });
+}
+MOEX_REGISTER_COMMAND(setup_plan);
+
+}  // namespace
+}  // namespace moex::tools
