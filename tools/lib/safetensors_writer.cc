@@ -26,8 +26,12 @@ std::string shard_header(const std::vector<TensorToWrite>& tensors, const Safete
   std::string header = R"({"__metadata__":{"format":"pt")";
   if (!checkpoint_id.empty())
     header += "," + nlohmann::json(kCheckpointIdKey).dump() + ":" + nlohmann::json(checkpoint_id).dump();
-  for (const auto& [key, value] : options.metadata)
-    header += "," + nlohmann::json(key).dump() + ":" + nlohmann::json(value).dump();
+  for (const auto& [key, value] : options.metadata) {  // appended piece by piece: g++ 12 warns (a false
+    header += ',';                                       // -Wstringop-overflow) on "," + ... here
+    header += nlohmann::json(key).dump();
+    header += ':';
+    header += nlohmann::json(value).dump();
+  }
   header += '}';
   for (size_t i = 0; i < shard.tensors.size(); ++i) {
     const TensorToWrite& t = tensors[shard.tensors[i]];
