@@ -203,6 +203,11 @@ def main():
         ("group_size_without_int4", "--group-size applies to --weights int4 or int4-w4a8 only", ["generate", "--model", good, "--prompt", "hi", "--weights", "int8", "--group-size", "64"]),
         ("group_size_bad", "--group-size: 48 not in", ["logits", "--model", good, "--ids", "1", "--out", "x.npy", "--weights", "int4", "--group-size", "48"]),
         ("weights_with_overlap", "--weights int8 is not supported with --overlap yet", ["logits", "--model", good, "--ids", "1", "--out", "x.npy", "--weights", "int8", "--overlap"]),
+        # --exact is --weights as-stored --dense-weights as-stored --kv-cache-dtype f32: another value given with it is refused.
+        ("exact_contradicts_weights", "--exact runs the experts as stored; it contradicts --weights bf16", ["logits", "--model", good, "--ids", "1", "--out", "x.npy", "--exact", "--weights", "bf16"]),
+        ("exact_contradicts_dense_weights", "it contradicts --dense-weights int8", ["generate", "--model", good, "--prompt", "hi", "--dense-weights", "int8", "--exact"]),
+        ("exact_contradicts_kv_cache_dtype", "it contradicts --kv-cache-dtype bf16", ["generate", "--model", good, "--prompt", "hi", "--exact", "--kv-cache-dtype", "bf16"]),
+        ("bench_quality_exact", "not --exact", ["bench", "quality", "--model", good, "--exact"]),
         # Lists are parsed one way in every command: each item checked, the error naming it.
         ("bench_tokens_zero", "'0' is not a whole number in 1..", ["bench", "router", "--tokens", "1,0"]),
         ("bench_kernels_tokens_bad", "'x' is not a whole number", ["bench", "kernels", "--tokens", "x"]),

@@ -255,7 +255,7 @@ def run_checks(moex, collectives_test, root):
           f"first) against the exact sum and MPI_Allreduce, every all-to-all(v) ({t:.1f} s)", proc.stdout + proc.stderr)
 
     ids = "5,17,42,9,33,71,2,60,11,28"
-    common = ["logits", "--model", model, "--ids", ids, "--decode", "8", "--threads", "1"]
+    common = ["logits", "--model", model, "--ids", ids, "--decode", "8", "--threads", "1", "--exact"]
 
     def logits(tag, launch):
         out = os.path.join(root, tag + ".npy")

@@ -69,7 +69,7 @@ def main():
     def logits(model, ids, out, *extra, ranks=1):
         launcher = [] if ranks == 1 else ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(ranks)]
         run([*launcher, moex, "logits", "--model", model, "--ids", ",".join(map(str, ids)), "--out", out,
-             "--threads", "1", *extra])
+             "--threads", "1", "--exact", *extra])
         return np.load(out)
 
     def convert(src, gguf, t):

@@ -80,7 +80,7 @@ def main():
         src = "bf16" if t == "bf16" else "f32"
         run([args.moex, "convert", "--model", srcs[src], "--out", gguf, "--type", t, "--force"])
         ours_path = os.path.join(args.workdir, f"moex-{t}.npy")
-        run([args.moex, "logits", "--model", gguf, "--ids", ids_arg, "--out", ours_path, "--threads", "1"])
+        run([args.moex, "logits", "--model", gguf, "--ids", ids_arg, "--out", ours_path, "--threads", "1", "--exact"])
         ours = log_softmax(np.load(ours_path))
         theirs = llama_logprobs(gguf, ids, vocab)
         d_llama = np.median(np.abs(ours - theirs).max(-1))
@@ -131,7 +131,7 @@ def main():
     for t in [t for t in ("f32", "q4_K") if t in types]:
         gguf, out = os.path.join(args.workdir, f"model-{t}.gguf"), os.path.join(args.workdir, f"moex-ep-{t}.npy")
         run([*mpi, "-np", "2", args.moex, "logits", "--model", gguf, "--ids", ids_arg, "--out", out,
-             "--moe-parallel", "ep", "--ep", "2", "--threads", "1"], timeout=300)
+             "--moe-parallel", "ep", "--ep", "2", "--threads", "1", "--exact"], timeout=300)
         ep = log_softmax(np.load(out))
         if t == "f32":
             d = np.abs(ep - refs["f32"]).max()

@@ -5,6 +5,7 @@ With ring all-reduce (it adds each chunk of a message starting from a different 
 is summed in depends on where it sits in the step's rows) sequences served together get logprobs that differ
 from each alone: the check sees that (it can fail). With --batch-invariant, `auto` is pinned to an all-reduce
 that adds every element in one order: no step moves. --batch-invariant with ring is refused with one line.
+On the exact path (--exact), whose f32 sums the ring's order moves.
 """
 import argparse
 import json
@@ -17,7 +18,7 @@ import tempfile
 def run(moex, model, extra):
     cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "4", moex, "bench", "batch-variance", "--model",
            model, "--prompts", "6", "-n", "4", "--moe-parallel", "tp", "--attn-parallel", "tp", "--threads", "1",
-           "--json"] + extra
+           "--json", "--exact"] + extra
     env = dict(os.environ, OMPI_MCA_mpi_yield_when_idle="1", MOEX_COMM_TUNING="none")
     return subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
 

@@ -46,7 +46,7 @@ def main():
     import json
     vocab = json.load(open(os.path.join(model, "config.json")))["vocab_size"]
     ids = ",".join(str(i) for i in np.random.default_rng(3).integers(3, vocab, size=args.prompt_len))
-    common = ["logits", "--model", model, "--ids", ids, "--decode", str(args.decode), "--threads", "1"]
+    common = ["logits", "--model", model, "--ids", ids, "--decode", str(args.decode), "--threads", "1", "--exact"]
 
     def logits(tag, launcher, extra):
         out = os.path.join(args.workdir, tag + ".npy")
@@ -89,7 +89,7 @@ def main():
             print(f"FAIL np={n} {' '.join(extra)}: expected an error mentioning {needle!r}\n{(text or '')[-1000:]}")
     # `generate` with a batch whose sequences are spread over the ranks (dp attention: 3 sequences on 2
     # and 4 ranks, so some ranks run out of work early) prints the single-rank greedy text.
-    gen = ["generate", "--model", model, "--threads", "1", "-n", "8", "--ignore-eos",
+    gen = ["generate", "--model", model, "--threads", "1", "-n", "8", "--ignore-eos", "--exact",
            "--prompt", "The old man", "--prompt", "A quiet river runs", "--prompt", "Seven"]
     ok, single_text = run([moex, *gen])
     single_lines = [l for l in single_text.splitlines() if l.startswith("[")]

@@ -59,7 +59,7 @@ def main():
     def moex_logits(name, *flags):
         out, stats = os.path.join(args.workdir, name + ".npy"), os.path.join(args.workdir, name + ".json")
         run([args.moex, "logits", "--model", model, "--ids", ids, "--decode", str(args.decode), "--out", out,
-             "--stats-out", stats, *flags])
+             "--stats-out", stats, "--exact", *flags])
         return np.load(out), json.load(open(stats))
 
     def ref_logits(name, *flags):

@@ -64,7 +64,7 @@ def main():
         expected.append(hf(args.modules, tokenizer, {"decode": ids + tokens})["text"])
         print(f"prompt {s}: {len(ids)} ids, reference continuation {tokens}")
 
-    cmd = [args.moex, "generate", "--model", model, "-n", str(args.n), "--temperature", "0"]
+    cmd = [args.moex, "generate", "--model", model, "-n", str(args.n), "--temperature", "0", "--exact"]
     for prompt in PROMPTS:
         cmd += ["--prompt", prompt]
     # The continuation may hold newlines: the printed block is "[s] TEXT\n" per prompt, then the timings.

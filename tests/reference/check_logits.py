@@ -56,8 +56,16 @@ def main():
     ours, theirs = os.path.join(args.workdir, "moex.npy"), os.path.join(args.workdir, "ref.npy")
     ours_tok, theirs_tok = ours + ".tokens", theirs + ".tokens"
     launcher = [] if args.ranks == 1 else ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(args.ranks)]
+    # The exact path unless the test names a format: `--exact` (f32 activations, the weights as stored), or with
+    # --weights F the dense layers as stored (the reference quantizes the experts only; moex's default would
+    # pack them to bf16 too).
+    moex_args = args.moex_args.split()
+    if "--weights" not in moex_args:
+        moex_args.append("--exact")
+    elif "--dense-weights" not in moex_args:
+        moex_args += ["--dense-weights", "as-stored"]
     run([*launcher, args.moex, "logits", "--model", model, "--ids", ids, "--decode", str(args.decode), "--out", ours,
-         "--tokens-out", ours_tok, *args.moex_args.split()])
+         "--tokens-out", ours_tok, *moex_args])
     # int8's activations as this engine's kernels take them (quantize_ref.py: s16 codes on VNNI CPUs without AMX).
     sys.path.insert(0, HERE)
     import quantize_ref

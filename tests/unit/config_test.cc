@@ -289,6 +289,18 @@ TEST(RunMemory, RefusesWithTheFiguresWhatDoesNotFit) {
   EXPECT_NO_THROW(check_run_memory(need, c, options, std::nullopt));  // unknown: not checked
 }
 
+TEST(RunMemory, WhenThePackedCopyIsMostOfItTheHintIsTheMappedCheckpoint) {
+  const ModelConfig c = tiny_config();
+  ModelOptions options;  // the default path: the experts and dense weights packed to bf16 at load
+  options.expert_weights.packed = options.dense_weights.packed = true;
+  RunMemory need = estimate_run_memory(c, options, 1);
+  EXPECT_GT(need.packed_bytes, 0);
+  need.packed_bytes = 1e12;  // a checkpoint far larger than the KV cache and buffers
+  const AvailableMemory small{uint64_t{3} << 30, "MemAvailable in /proc/meminfo"};
+  expect_input_error([&] { check_run_memory(need, c, options, small); }, "packed weights 1000.0 GB");
+  expect_input_error([&] { check_run_memory(need, c, options, small); }, "--exact");
+}
+
 // Sets an environment variable for the scope.
 struct ScopedEnv {
   std::string name;

@@ -13,6 +13,7 @@
 
 #include "moex/base/dtype.h"
 #include "moex/base/error.h"
+#include "moex/base/progress.h"
 #include "moex/base/small_file.h"
 #include "moex/model/config.h"
 #include "moex/model/safetensors.h"
@@ -106,9 +107,11 @@ void GgufWriter::write(const std::string& path) const {
   MOEX_CHECK_INPUT(f, "cannot create ", path);
   bool ok = std::fwrite(head.data(), 1, head.size(), f.get()) == head.size();
   std::vector<uint8_t> bytes;
+  Progress progress("converting tensors", static_cast<double>(tensors_.size()), ProgressUnit::kItems);
   for (const Tensor& t : tensors_) {
     bytes.clear();
     t.produce(&bytes);
+    progress.add(1);
     MOEX_CHECK(bytes.size() == t.bytes, "tensor ", t.name, " produced ", bytes.size(), " bytes, expected ", t.bytes);
     bytes.resize((bytes.size() + kAlignment - 1) / kAlignment * kAlignment, 0);
     ok = ok && std::fwrite(bytes.data(), 1, bytes.size(), f.get()) == bytes.size();

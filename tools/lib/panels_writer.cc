@@ -53,7 +53,7 @@ PanelsWritten write_panels(const std::string& dir) {
     const kernels::AlignedBytes& bytes = packed.buffer(b);
     MOEX_CHECK(begin + size <= bytes.size, tensors[index].name, " packs to ", bytes.size, " bytes");
     std::memcpy(dst, bytes.as<const uint8_t>() + begin, size);
-  });
+  }, 64ull << 20, "packing panels.moex");
   // Out of the page cache: the first load reads it back in 2 MB folios (MappedFile::advise_huge_pages); the
   // writes left it in smaller ones.
   MappedFile::drop_cache(staged.path());

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "moex/base/error.h"
+#include "moex/base/progress.h"
 
 namespace moex {
 namespace {
@@ -25,8 +26,12 @@ std::string shard_header(const std::vector<TensorToWrite>& tensors, const Safete
   std::string header = R"({"__metadata__":{"format":"pt")";
   if (!checkpoint_id.empty())
     header += "," + nlohmann::json(kCheckpointIdKey).dump() + ":" + nlohmann::json(checkpoint_id).dump();
-  for (const auto& [key, value] : options.metadata)
-    header += "," + nlohmann::json(key).dump() + ":" + nlohmann::json(value).dump();
+  for (const auto& [key, value] : options.metadata) {  // appended piece by piece: g++ 12 warns (a false
+    header += ',';                                       // -Wstringop-overflow) on "," + ... here
+    header += nlohmann::json(key).dump();
+    header += ':';
+    header += nlohmann::json(value).dump();
+  }
   header += '}';
   for (size_t i = 0; i < shard.tensors.size(); ++i) {
     const TensorToWrite& t = tensors[shard.tensors[i]];
@@ -188,7 +193,12 @@ SafetensorsPlan plan_safetensors(const std::vector<TensorToWrite>& tensors, uint
 }
 
 void write_safetensors(const std::string& dir, const std::vector<TensorToWrite>& tensors,
-                       const SafetensorsPlan& plan, const TensorFill& fill, uint64_t chunk_bytes) {
+                       const SafetensorsPlan& plan, const TensorFill& fill, uint64_t chunk_bytes,
+                       const std::string& progress_what) {
+  double total = 0;
+  for (const SafetensorsShardPlan& shard : plan.shards)
+    for (size_t index : shard.tensors) total += static_cast<double>(tensors[index].num_bytes());
+  Progress progress(progress_what, total);
   // Two chunk buffers: the kernel copies one into the page cache (a background thread in write())
   // while `fill` generates the next; on a small VM the copy costs about as much as the generation.
   std::vector<uint8_t> chunks[2];
@@ -213,6 +223,7 @@ void write_safetensors(const std::string& dir, const std::vector<TensorToWrite>&
           std::vector<uint8_t>& chunk = chunks[current];
           if (chunk.size() < size) chunk.resize(size);
           fill(index, begin, chunk.data(), size);
+          progress.add(static_cast<double>(size));
           if (pending.valid()) pending.get();  // rethrows a failed write
           pending = std::async(std::launch::async, [fd, &chunk, size, &path] { write_all(fd, chunk.data(), size, path); });
           current ^= 1;

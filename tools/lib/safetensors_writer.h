@@ -75,8 +75,10 @@ using TensorFill = std::function<void(size_t tensor_index, uint64_t byte_begin, 
 // Writes the files of `plan` into `dir` (which must exist), and the index when sharded. Each file is written
 // under a temporary name, synced and renamed over its final name: a file of the same name is replaced by a
 // new inode, never truncated, so a process that has the old one mapped keeps reading the old bytes.
-// Throws Error(kInvalidInput) naming the file when it cannot be written.
+// Throws Error(kInvalidInput) naming the file when it cannot be written. On a terminal, one progress line
+// "<progress>: bytes written of total, rate, time left" (base/progress.h; none with --quiet).
 void write_safetensors(const std::string& dir, const std::vector<TensorToWrite>& tensors,
-                       const SafetensorsPlan& plan, const TensorFill& fill, uint64_t chunk_bytes = 64ull << 20);
+                       const SafetensorsPlan& plan, const TensorFill& fill, uint64_t chunk_bytes = 64ull << 20,
+                       const std::string& progress = "writing");
 
 }  // namespace moex

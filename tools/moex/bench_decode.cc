@@ -131,8 +131,9 @@ void run_decode(DecodeFlags& f) {
     f.profile.finish(stderr);  // stdout stays one JSON line
     return;
   }
-  std::printf("decode batch %d: %.2f ms/step, %.1f tokens/s (median of %d runs of %d steps)\n", f.batch, step * 1e3,
-              tokens_per_s, f.repeats, f.steps);
+  std::printf("decode batch %d: %.2f ms/step, %.1f tokens/s (median of %d runs of %d steps; experts %s, dense %s)\n",
+              f.batch, step * 1e3, tokens_per_s, f.repeats, f.steps, model->options().expert_weights.name().c_str(),
+              model->options().dense_weights.name().c_str());
   std::printf("with the prefill of its %d-token prompts: %.1f tokens/s (%d new tokens per sequence / prefill + decode)\n",
               f.prompt_len, with_prefill_tokens_per_s, f.steps);
   std::printf("weights read per step: %.1f MB (attention, router, %d of %d experts, lm_head)\n", bytes / 1e6,

@@ -299,6 +299,9 @@ void setup_e2e_bench(CLI::App& bench) {
   f->model.kv_cache_dtype = "bf16";
   f->model.add_to(cmd);
   cmd->remove_option(cmd->get_option("--weights"));  // a list here
+  f->model.weights_option = nullptr;
+  cmd->remove_option(cmd->get_option("--exact"));  // the rows name their formats; the exact path is as-stored with
+                                                    // --dense-weights as-stored --kv-cache-dtype f32
   add_list_flag(cmd, "--weights", f->weights, "Expert weight formats: as-stored, bf16, int8, int8-w8a8, int4, int4-w4a8, fp8");
   cmd->add_option("--pp", f->prompt_tokens, "Prompt tokens of the prefill test (0: skip)")->capture_default_str();
   cmd->add_option("--tg", f->generate_tokens, "Decode steps of the batch-1 test (0: skip)")->capture_default_str();

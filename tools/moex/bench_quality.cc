@@ -63,14 +63,17 @@ void run_quality(QualityFlags& f) {
                    " must be at most --step-tokens (", f.model.max_step_tokens, "): each prompt is one prefill");
   MOEX_CHECK_INPUT(f.prompt_len <= f.model.max_seq_len, "--prompt-len ", f.prompt_len, " must be at most --max-seq-len");
   const bool compare_checkpoint = !f.quantized_dir.empty();
-  MOEX_CHECK_INPUT(compare_checkpoint || f.model.weights != "as-stored" || f.model.dense_weights != "as-stored",
+  // What runs against the as-stored reference: --weights / --dense-weights (auto: bf16 on a bf16/f16/f32
+  // checkpoint), or the --quantized checkpoint as stored.
+  const ModelFlags::WeightPath path = f.model.weight_path();  // a bad flag combination is refused before the long runs
+  MOEX_CHECK_INPUT(compare_checkpoint || path.experts.packed || path.dense.packed,
                    "bench quality compares a format with the as-stored model: give --weights, --dense-weights or "
-                   "--quantized DIR");
+                   "--quantized DIR (not --exact: that is the reference itself)");
   // The reference: the checkpoint as stored.
   ModelFlags base = f.model;
   base.weights = base.dense_weights = "as-stored";
-  base.group_size_option = nullptr;
-  f.model.expert_weight_format();  // a bad flag combination is refused before the long runs
+  base.exact = false;
+  base.group_size_option = base.weights_option = base.dense_weights_option = nullptr;
   const auto start = std::chrono::steady_clock::now();
   std::vector<std::vector<int>> prompts;
   std::vector<float> reference;
@@ -89,7 +92,7 @@ void run_quality(QualityFlags& f) {
     reference = all_logits(*model, prompts);
   }
   ModelFlags other = f.model;
-  std::string name = "weights " + f.model.expert_weight_format().name() + ", dense " + f.model.dense_weight_format().name();
+  std::string name = "weights " + path.experts.name() + ", dense " + path.dense.name();
   if (compare_checkpoint) {
     other.model_dir = f.quantized_dir;
     name = "checkpoint " + f.quantized_dir;

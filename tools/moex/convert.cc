@@ -55,6 +55,7 @@ void setup_convert(CLI::App& app) {
                   "are not whole blocks fall back to q8_0, then f16)")
       ->capture_default_str();
   cmd->add_flag("--force", options->force, "Replace an existing --out (by a new file, never rewritten in place)");
+  add_quiet_flag(cmd);
   cmd->callback([options] { run_convert(*options); });
 }
 MOEX_REGISTER_COMMAND(setup_convert);

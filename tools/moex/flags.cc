@@ -3,6 +3,7 @@
 #include <charconv>
 #include <limits>
 
+#include "moex/base/progress.h"
 #include "moex/base/threads.h"
 #include "moex/comm/selector.h"
 
@@ -72,6 +73,11 @@ void ParallelFlags::add_to(CLI::App* cmd) {
       ->capture_default_str()
       ->check(CLI::IsMember(kCommDTypeNames));
   cmd->add_flag("--overlap", plan.overlap, "Overlap the MoE all-reduce with the expert computation (chunked)");
+}
+
+CLI::Option* add_quiet_flag(CLI::App* cmd) {
+  return cmd->add_flag_callback("-q,--quiet", [] { set_progress_quiet(true); },
+                                "No progress line on the terminal (there is none when stderr is not a terminal)");
 }
 
 }  // namespace moex::tools

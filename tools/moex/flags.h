@@ -49,6 +49,8 @@ CLI::Option* add_seed_flag(CLI::App* cmd, uint64_t& seed, const std::string& hel
 
 // A flag naming a file or folder to write (--out, --tokens-out, ...): an empty value is a usage error.
 CLI::Option* add_output_flag(CLI::App* cmd, const std::string& name, std::string& path, const std::string& help);
+// -q / --quiet: no progress line on the terminal (base/progress.h) in this run.
+CLI::Option* add_quiet_flag(CLI::App* cmd);
 
 // Each value (each item of a list) a whole number in lo..hi; the error names the item and the range (CLI11's
 // own range checks print the bounds as doubles).

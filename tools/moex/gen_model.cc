@@ -201,7 +201,7 @@ void run_gen_model(const GenModelOptions& o) {
   } joiner{tokenizer_thread};
 
   const auto weights_start = std::chrono::steady_clock::now();
-  write_safetensors(dir, model.tensors(), plan, model.filler());
+  write_safetensors(dir, model.tensors(), plan, model.filler(), 64ull << 20, "generating weights");
   const double weights_seconds = seconds_since(weights_start);
   tokenizer_thread.join();
   if (tokenizer_error) std::rethrow_exception(tokenizer_error);
@@ -281,6 +281,7 @@ void setup_gen_model(CLI::App& app) {
                 "by new files, never rewritten in place)");
   cmd->add_option("--layers", options->layers, "Number of layers (cuts or extends the preset's depth)");
   add_seed_flag(cmd, options->seed, "Weights are a pure function of the seed");
+  add_quiet_flag(cmd);
   cmd->add_option("--router-skew", options->router_skew,
                   "Zipf exponent S of expert popularity: expert e gets a share ~ 1/(e+1)^S (0 = balanced; at most 16: "
                   "the calibration stays finite to ~300, and past 16 the tail experts already get no tokens)");

@@ -36,6 +36,10 @@ void setup_info(CLI::App& app) {
       if (many != few) std::printf("/%s", std::string(kernels::isa_name(many)).c_str());
     }
     std::printf("\n");
+    // What a command runs without --weights / --dense-weights (tools/moex/model_flags.h, weight_path).
+    std::printf("default path: --weights auto: a bf16/f16/f32 checkpoint runs bf16 (experts + dense, bf16 activations, "
+                "%s); a quantized one its own format; --exact: as stored with f32 activations (the reference path)\n",
+                std::string(kernels::isa_name(kernels::kernel_isa(WeightFormat::kBF16))).c_str());
     const comm::Topology& topology = world.topology();
     std::printf("ranks:        %d on %d host%s\n", topology.ranks(), topology.hosts(), topology.hosts() > 1 ? "s" : "");
     for (const std::string& line : comm::describe_topology(topology)) std::printf("  %s\n", line.c_str());

@@ -1,8 +1,10 @@
 #include "tools/moex/model_flags.h"
 
 #include <cmath>
+#include <cstdio>
 
 #include "moex/base/error.h"
+#include "moex/base/progress.h"
 #include "moex/base/system_memory.h"
 #include "moex/base/threads.h"
 #include "moex/comm/selector.h"
@@ -25,22 +27,29 @@ void ModelFlags::add_to(CLI::App* cmd) {
       ->capture_default_str();
   cmd->add_flag("--check-weights", check_weights,
                 "Read every weight once and refuse a checkpoint holding NaN or infinity, naming the tensor");
-  cmd->add_option("--weights", weights,
-                  "Expert weights: as-stored (checkpoint dtype, f32 activations) | bf16 | int8 (weight-only) | int8-w8a8 "
-                  "(int8 activations per token) | int4 "
-                  "(symmetric, per --group-size) | int4-w4a8 (int4 with int8 activations per token and group) | fp8 (e4m3, "
-                  "128x128 blocks, bf16 activations): quantized and packed once at load")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"as-stored", "bf16", "int8", "int8-w8a8", "int4", "int4-w4a8", "fp8"}));
-  cmd->add_option("--dense-weights", dense_weights,
-                  "Attention projections and lm_head: as-stored | bf16 | int8 | int8-w8a8 | int4 | int4-w4a8 | fp8, as "
-                  "--weights, or experts (the --weights format); the router and the norms stay as stored")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"as-stored", "experts", "bf16", "int8", "int8-w8a8", "int4", "int4-w4a8", "fp8"}));
+  weights_option =
+      cmd->add_option("--weights", weights,
+                      "Expert weights: auto (bf16 for a bf16/f16/f32 checkpoint, a quantized one as stored) | as-stored "
+                      "(checkpoint dtype, f32 activations) | bf16 | int8 (weight-only) | int8-w8a8 (int8 activations per "
+                      "token) | int4 (symmetric, per --group-size) | int4-w4a8 (int4 with int8 activations per token and "
+                      "group) | fp8 (e4m3, 128x128 blocks, bf16 activations): quantized and packed once at load")
+          ->capture_default_str()
+          ->check(CLI::IsMember({"auto", "as-stored", "bf16", "int8", "int8-w8a8", "int4", "int4-w4a8", "fp8"}));
+  dense_weights_option =
+      cmd->add_option("--dense-weights", dense_weights,
+                      "Attention projections and lm_head: auto (bf16 for a bf16/f16/f32 checkpoint unless --weights "
+                      "as-stored; a quantized one as stored) | as-stored | bf16 | int8 | int8-w8a8 | int4 | int4-w4a8 | "
+                      "fp8, as --weights, or experts (the --weights format); the router and the norms stay as stored")
+          ->capture_default_str()
+          ->check(CLI::IsMember({"auto", "as-stored", "experts", "bf16", "int8", "int8-w8a8", "int4", "int4-w4a8", "fp8"}));
+  cmd->add_flag("--exact", exact,
+                "The exact path of the PyTorch reference comparisons: the weights as stored with f32 activations and an "
+                "f32 KV cache (= --weights as-stored --dense-weights as-stored --kv-cache-dtype f32)");
+  add_quiet_flag(cmd);
   group_size_option = cmd->add_option("--group-size", group_size, "int4, int4-w4a8: weights per scale along K (32 | 64 | 128)")
                           ->capture_default_str()
                           ->check(CLI::IsMember({32, 64, 128}));
-  cmd->add_option("--kv-cache-dtype", kv_cache_dtype,
+  kv_cache_dtype_option = cmd->add_option("--kv-cache-dtype", kv_cache_dtype,
                   "KV cache element type: f32 (exact) | bf16 (twice the positions in the same bytes)")
       ->capture_default_str()
       ->check(CLI::IsMember({"f32", "bf16"}));
@@ -67,17 +76,55 @@ static ExpertWeightFormat weight_format_from_flag(const std::string& weights, in
   return f;
 }
 
-ExpertWeightFormat ModelFlags::expert_weight_format() const {
-  const auto int4 = [](const std::string& w) { return w == "int4" || w == "int4-w4a8"; };
-  MOEX_CHECK_INPUT(group_size_option == nullptr || group_size_option->count() == 0 || int4(weights) || int4(dense_weights),
-                   "--group-size applies to --weights int4 or int4-w4a8 only (or --dense-weights int4; got --weights ", weights,
-                   ", --dense-weights ", dense_weights, ")");
-  return weight_format_from_flag(weights, group_size);
+ModelFlags::WeightPath ModelFlags::weight_path(const ModelConfig& config) const {
+  const auto given = [](const CLI::Option* o) { return o != nullptr && o->count() > 0; };
+  std::string w = weights, dw = dense_weights;
+  WeightPath path;
+  path.kv_cache_dtype = kv_cache_dtype;
+  if (exact) {
+    MOEX_CHECK_INPUT(!given(weights_option) || weights == "as-stored", "--exact runs the experts as stored; it contradicts "
+                     "--weights ", weights, " (give one of them)");
+    MOEX_CHECK_INPUT(!given(dense_weights_option) || dense_weights == "as-stored", "--exact runs the dense weights as "
+                     "stored; it contradicts --dense-weights ", dense_weights, " (give one of them)");
+    MOEX_CHECK_INPUT(!given(kv_cache_dtype_option) || kv_cache_dtype == "f32", "--exact keeps an f32 KV cache; it "
+                     "contradicts --kv-cache-dtype ", kv_cache_dtype, " (give one of them)");
+    w = dw = "as-stored";
+    path.kv_cache_dtype = "f32";
+  }
+  const bool quantized = config.quantization.quantized();
+  std::string reason;  // why auto is not the fast path here
+  if (w == "auto") {
+    if (quantized) {
+      w = "as-stored";  // (the description says so)
+    } else if (plan.overlap) {
+      w = "as-stored";
+      reason = "--overlap needs the experts as stored";
+    } else {
+      w = "bf16";
+    }
+  }
+  if (dw == "auto") dw = quantized || weights == "as-stored" || exact ? "as-stored" : "bf16";
+  if (dw == "experts") dw = w;
+  const auto int4 = [](const std::string& f) { return f == "int4" || f == "int4-w4a8"; };
+  MOEX_CHECK_INPUT(group_size_option == nullptr || group_size_option->count() == 0 || int4(w) || int4(dw),
+                   "--group-size applies to --weights int4 or int4-w4a8 only (or --dense-weights int4; got --weights ", w,
+                   ", --dense-weights ", dw, ")");
+  path.experts = weight_format_from_flag(w, group_size);
+  path.dense = weight_format_from_flag(dw, group_size);
+  const std::string e = path.experts.name(), d = path.dense.name();
+  if (w == "bf16" && dw == "bf16") {
+    path.description = "bf16 (experts + dense, bf16 activations; --exact for the f32 path)";
+  } else if (!path.experts.packed && !path.dense.packed) {
+    path.description = quantized ? "as stored (quantized checkpoint: its own format)"
+                                 : "as stored (f32 activations: the exact path)";
+  } else {
+    path.description = "experts " + e + ", dense " + d;
+  }
+  if (!reason.empty()) path.description += "; --weights auto: " + reason;
+  return path;
 }
 
-ExpertWeightFormat ModelFlags::dense_weight_format() const {
-  return weight_format_from_flag(dense_weights == "experts" ? weights : dense_weights, group_size);
-}
+ModelFlags::WeightPath ModelFlags::weight_path() const { return weight_path(load_checkpoint_config(model_dir)); }
 
 namespace {
 
@@ -131,13 +178,17 @@ std::unique_ptr<MixtralModel> ModelFlags::load(int batch) const {
                                      config.intermediate_size},
                                     comm.size(), comm.rank());
   options.comm = &comm;
-  options.expert_weights = expert_weight_format();
-  options.kv_cache_dtype = parse_kv_cache_dtype(kv_cache_dtype);
+  const WeightPath path = weight_path(config);
+  options.expert_weights = path.experts;
+  options.kv_cache_dtype = parse_kv_cache_dtype(path.kv_cache_dtype);
   options.kv_cache_gb = kv_cache_gb;
-  options.dense_weights = dense_weight_format();
+  options.dense_weights = path.dense;
   options.batch_invariant = batch_invariant;
   if (batch_invariant && comm.size() > 2) pin_batch_invariant_allreduce();
   check_run_memory(estimate_run_memory(config, options, num_threads()), config, options, available_memory());
+  // On a terminal only: pipes and logs (and the tests that count stderr lines) see the path in each command's
+  // report instead (generate's load line, serve's listening line, the bench headers).
+  if (comm.rank() == 0 && progress_enabled()) std::fprintf(stderr, "moex: weights: %s\n", path.description.c_str());
   return std::make_unique<MixtralModel>(model_dir, options);
 }
 

@@ -20,18 +20,35 @@ struct ModelFlags : ThreadsFlags, ParallelFlags, CommFlags {
   std::string router_fusion = "full";
   float capacity_factor = 0.0f;
   bool check_weights = false;  // scan every tensor for NaN / infinity before loading
-  std::string weights = "as-stored";  // the experts: as-stored | bf16 | int8 | int4 | fp8 (packed at load)
+  // --weights auto / --dense-weights auto (the defaults) are the fast path: a bf16/f16/f32 checkpoint's experts,
+  // attention projections and lm_head packed to bf16 at load and run with bf16 activations; a quantized
+  // checkpoint runs as stored (its own format). --exact is the f32-activation path (as stored, f32 KV cache).
+  std::string weights = "auto";       // the experts: auto | as-stored | bf16 | int8 | ... | fp8 (packed at load)
   int group_size = 128;               // int4: weights per scale along K
   CLI::Option* group_size_option = nullptr;
   std::string kv_cache_dtype = "f32";  // the paged KV pool: f32 (exact) | bf16 (`serve` sets bf16 before add_to)
   double kv_cache_gb = 0.0;            // > 0: the pool's size (`serve --kv-cache-gb`); else batch x --max-seq-len
-  std::string dense_weights = "as-stored";  // attention projections and lm_head, same choices (packed at load)
+  std::string dense_weights = "auto";  // attention projections and lm_head: auto | experts | as --weights (packed at load)
+  bool exact = false;            // --exact: --weights as-stored --dense-weights as-stored --kv-cache-dtype f32
   bool batch_invariant = false;  // --batch-invariant: ModelOptions::batch_invariant
+  // Set by add_to; null when the flags were not added to a command (a copy made in code). They tell a value the
+  // user gave from a default (--exact refuses only what contradicts it).
+  CLI::Option* weights_option = nullptr;
+  CLI::Option* dense_weights_option = nullptr;
+  CLI::Option* kv_cache_dtype_option = nullptr;
 
-  // --weights / --group-size as the model option (one error line for a bad combination).
-  ExpertWeightFormat expert_weight_format() const;
-  // --dense-weights (with --group-size for int4).
-  ExpertWeightFormat dense_weight_format() const;
+  // What runs, with --weights / --dense-weights auto resolved for this checkpoint: the two formats and one line
+  // saying which path runs and why (e.g. "bf16 (experts + dense, bf16 activations; --exact for the f32 path)").
+  struct WeightPath {
+    ExpertWeightFormat experts, dense;
+    std::string kv_cache_dtype;
+    std::string description;
+  };
+  // One error line for a bad combination (--exact against an explicit contradicting value, --group-size without
+  // int4).
+  WeightPath weight_path(const ModelConfig& config) const;
+  // weight_path for the checkpoint --model names (reads its config.json).
+  WeightPath weight_path() const;
 
   // Adds these flags and the three groups'.
   void add_to(CLI::App* cmd);

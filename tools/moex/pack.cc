@@ -44,6 +44,7 @@ void setup_pack(CLI::App& app) {
   cmd->add_option("--model", o->model_dir, "Quantized Hugging Face model folder (compressed-tensors or fp8 blocks)")
       ->required();
   cmd->add_flag("--force", o->force, "Replace an existing panels.moex");
+  add_quiet_flag(cmd);
   o->threads.add_to(cmd);
   cmd->callback([o] { run_pack(*o); });
 }

@@ -54,10 +54,11 @@ void run_profile(ProfileCommandFlags& f) {
     std::printf("moex profile: %s, batch %d, prompt %d tokens, %lld decode steps, threads %d, ranks %d\n",
                 f.model.model_dir.c_str(), f.batch, f.prompt_len, static_cast<long long>(result.decode_steps),
                 num_threads(), comm::world().size());
-    std::printf("model: %d layers, hidden %d, %d experts (top %d), router fusion %s; warm-up of %d decode steps "
-                "not counted\n\n",
+    std::printf("model: %d layers, hidden %d, %d experts (top %d), router fusion %s, weights: experts %s, dense %s; "
+                "warm-up of %d decode steps not counted\n\n",
                 c.num_hidden_layers, c.hidden_size, c.num_local_experts, c.num_experts_per_tok,
-                f.model.router_fusion.c_str(), f.warmup);
+                f.model.router_fusion.c_str(), model->options().expert_weights.name().c_str(),
+                model->options().dense_weights.name().c_str(), f.warmup);
   }
   nlohmann::json report = profile.finish(stdout, /*expert_detail=*/true);
   if (f.json && rank0) {

@@ -230,7 +230,7 @@ void run_quantize(const QuantizeOptions& o) {
     }
     std::memcpy(dst, bytes.data() + begin, size);
   };
-  write_safetensors(staging.path().string(), tensors, plan, fill);
+  write_safetensors(staging.path().string(), tensors, plan, fill, 64ull << 20, "quantizing");
   const auto panels_start = std::chrono::steady_clock::now();
   const uint64_t panels_bytes = write_panels(staging.path().string()).bytes;
   const double panels_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - panels_start).count();
@@ -268,6 +268,7 @@ void setup_quantize(CLI::App& app) {
                   "when complete")
       ->required();
   cmd->add_flag("--force", o->force, "Replace what a non-empty --out holds (swapped atomically when complete)");
+  add_quiet_flag(cmd);
   cmd->add_option("--max-shard-size", o->max_shard_size, "Split the safetensors above this size (default 2GB)");
   o->threads.add_to(cmd);
   cmd->callback([o] { run_quantize(*o); });

@@ -133,9 +133,10 @@ void run_serve(ServeFlags flags) {
   const std::string open_paths = std::string(so.web ? "/, " : "") + "/health" + (so.metrics_require_key ? "" : " and /metrics");
   const std::string access = so.api_key.empty() ? "no API key: every client that can connect may use it"
                                                 : "API key required (all but " + open_paths + ")";
-  std::printf("moex serve: listening on http://%s:%d (%s; model '%s'; chat template %s; KV cache %s, %lld blocks = %lld positions; "
+  std::printf("moex serve: listening on http://%s:%d (%s; model '%s'; weights: experts %s, dense %s; chat template %s; KV cache %s, %lld blocks = %lld positions; "
               "--max-num-seqs %lld, --max-batch-tokens %lld, --max-model-len %lld, prefix caching %s%s%s)\n",
               so.host.c_str(), server.port(), access.c_str(), so.model_name.c_str(),
+              model->options().expert_weights.name().c_str(), model->options().dense_weights.name().c_str(),
               chat_template ? chat_template->family().c_str() : "none", kv_cache_dtype_name(kv.dtype()),
               static_cast<long long>(kv.num_blocks()), static_cast<long long>(kv.capacity_positions()),
               static_cast<long long>(eo.max_num_seqs), static_cast<long long>(eo.max_batch_tokens), static_cast<long long>(eo.max_model_len),

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <set>
 #include <span>
 #include <tuple>
@@ -14,6 +15,7 @@
 #include <string>
 
 #include "moex/base/error.h"
+#include "moex/base/progress.h"
 #include "moex/comm/communicator.h"
 #include "tools/lib/measure.h"
 #include "tools/lib/output_dir.h"
@@ -85,6 +87,13 @@ void run_tune_comm(const TuneCommFlags& flags) {
     options.min_total_ms = 20;
     return options;
   };
+  // One progress line on the leader's terminal: a step is one message size of one collective.
+  int steps = 0;
+  const bool f32 = std::find(flags.dtypes.begin(), flags.dtypes.end(), "f32") != flags.dtypes.end();
+  for (uint64_t bytes = 8; bytes <= max_bytes; bytes *= 2) steps += static_cast<int>(flags.dtypes.size()) + (f32 ? 1 : 0);
+  for (uint64_t per_peer = 1; flags.alltoall && per_peer * p <= max_bytes; per_peer *= 2) ++steps;
+  std::optional<Progress> progress;
+  if (leader) progress.emplace("tuning collectives", steps, ProgressUnit::kItems);
   for (const std::string& name : flags.dtypes) {
     const auto dtype = comm::comm_dtype_from_name(name);
     MOEX_CHECK(dtype.has_value(), "--dtypes was checked against kCommDTypeNames: ", name);
@@ -114,6 +123,7 @@ void run_tune_comm(const TuneCommFlags& flags) {
           std::printf("allreduce %-4s%s %10llu B: %-13s %10.2f us\n", name.c_str(), registered ? " registered" : "",
                       static_cast<unsigned long long>(bytes), entry.algo.c_str(), entry.time_us);
         table.add(std::move(entry));
+        if (progress) progress->add(1);
       }
     }
   }
@@ -129,6 +139,7 @@ void run_tune_comm(const TuneCommFlags& flags) {
     const std::string winner(comm::algo_name(alltoall_candidates[best]));
     table.add({comm::Collective::kAlltoall, p, comm::CommDType::kF32, per_peer, winner, results[best].seconds * 1e6,
                false, hosts});
+    if (progress) progress->add(1);
     if (leader) std::printf("alltoall %10llu B/peer: %-9s %10.2f us\n", static_cast<unsigned long long>(per_peer),
                             winner.c_str(), results[best].seconds * 1e6);
   }
@@ -171,6 +182,7 @@ void setup_tune_comm(CLI::App& app) {
       ->check(CLI::IsMember(kCommDTypeNames));
   cmd->add_option("--max-bytes", flags->max_bytes, "largest message size (64K, 16M, ...)")->capture_default_str();
   cmd->add_option("--iters", flags->iters, "timed samples per algorithm and size")->capture_default_str();
+  add_quiet_flag(cmd);
   cmd->callback([flags] { run_tune_comm(*flags); });
 }
 MOEX_REGISTER_COMMAND(setup_tune_comm);

@@ -1,11 +1,15 @@
 #include "moex/model/weights.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cmath>
 #include <cstring>
 #include <optional>
 
 #include "moex/base/error.h"
+#include "moex/base/progress.h"
+#include "moex/base/system_memory.h"
 #include "moex/base/threads.h"
 #include "moex/kernels/matmul.h"
 #include "moex/model/panels_file.h"
@@ -237,6 +241,88 @@ kernels::PackedWeights pack_stored_gate_up(const WeightStore& s, QuantMethod met
   return p;
 }
 
+// Memory for packed panels, not zero-filled (pack_bf16_direct writes every byte of its buffers, so its own writes
+// are the first touch). A layer's experts (`layer`), and any matrix from 4 MB: whole 2 MB pages, advised for huge
+// pages before that touch (as kernels::WeightArena); a smaller matrix 64-byte aligned (a 2 MB page for it would
+// be mostly waste).
+constexpr size_t kHugePage = size_t{2} << 20;
+std::shared_ptr<uint8_t> allocate_arena(size_t bytes, bool layer = false) {
+  const bool huge = layer || bytes >= 2 * kHugePage;
+  const size_t alignment = huge ? kHugePage : 64;
+  bytes = (std::max<size_t>(bytes, 1) + alignment - 1) / alignment * alignment;
+  std::shared_ptr<uint8_t> p(static_cast<uint8_t*>(std::aligned_alloc(alignment, bytes)), [](uint8_t* q) { std::free(q); });
+  MOEX_CHECK(p, "out of memory packing ", bytes, " bytes of weights");
+  if (huge) advise_huge_pages(p.get(), bytes);
+  return p;
+}
+
+size_t round_up_64(size_t bytes) { return (bytes + 63) / 64 * 64; }
+
+// Fills panel `panel` of `p` (kBF16: u16 [P][k_padded/2][64][2], a lane's 32-bit word holding W[n][k], W[n][k+1]).
+// Padding lanes and padded k are written as zeros.
+void fill_bf16_panel(const TensorView& a, const TensorView* b, const kernels::PackedWeights& p, int64_t panel) {
+  constexpr int kLanes = kernels::kPanel;
+  const int64_t K = p.cols, pairs = p.k_padded / 2, full = K / 2;
+  uint32_t* out = p.data.as<uint32_t>() + panel * pairs * kLanes;
+  const void* src[kLanes];
+  bool any_missing = false;
+  for (int lane = 0; lane < kLanes; ++lane) {
+    const int64_t row = p.gate_up ? panel * (kLanes / 2) + lane % (kLanes / 2) : panel * kLanes + lane;
+    const TensorView& m = p.gate_up && lane >= kLanes / 2 ? *b : a;
+    src[lane] = row < p.rows ? static_cast<const char*>(m.data) + row * m.stride0() * dtype_size(m.dtype) : nullptr;
+    any_missing |= src[lane] == nullptr;
+  }
+  const auto pair_at = [&](int lane, int64_t k) -> uint32_t {  // W[n][k], W[n][k+1] (zero past K)
+    if (!src[lane] || k >= K) return 0;
+    uint16_t lo, hi = 0;
+    if (a.dtype == DType::kBF16) {
+      const auto* r = static_cast<const uint16_t*>(src[lane]);
+      lo = r[k];
+      if (k + 1 < K) hi = r[k + 1];
+    } else {
+      const auto* r = static_cast<const float*>(src[lane]);
+      lo = f32_to_bf16(r[k]);
+      if (k + 1 < K) hi = f32_to_bf16(r[k + 1]);
+    }
+    return uint32_t{lo} | (uint32_t{hi} << 16);
+  };
+  if (a.dtype == DType::kBF16 && !any_missing) {  // the common case: 64 rows of bf16 pairs, 32-bit words as they are
+    for (int64_t j = 0; j < full; ++j) {
+      uint32_t* o = out + j * kLanes;
+      for (int lane = 0; lane < kLanes; ++lane) std::memcpy(o + lane, static_cast<const uint16_t*>(src[lane]) + 2 * j, 4);
+    }
+  } else {
+    for (int64_t j = 0; j < full; ++j)
+      for (int lane = 0; lane < kLanes; ++lane) out[j * kLanes + lane] = pair_at(lane, 2 * j);
+  }
+  for (int64_t j = full; j < pairs; ++j)
+    for (int lane = 0; lane < kLanes; ++lane) out[j * kLanes + lane] = pair_at(lane, 2 * j);
+}
+
+}  // namespace
+
+kernels::PackedWeights pack_bf16_direct(const TensorView& w, const TensorView* w3, std::shared_ptr<uint8_t> into) {
+  MOEX_CHECK(w.shape.rank == 2 && (w.dtype == DType::kBF16 || w.dtype == DType::kF32), "pack_bf16_direct: a bf16 or f32 matrix");
+  MOEX_CHECK(!w3 || (w3->shape == w.shape && w3->dtype == w.dtype), "pack_bf16_direct: w1 and w3 differ");
+  kernels::PackedWeights p = kernels::packed_layout(kernels::WeightFormat::kBF16, w.shape[0], w.shape[1], 0, w3 != nullptr);
+  p.data.ptr = into ? std::move(into) : allocate_arena(round_up_64(p.data.size));
+  parallel_for(p.panels, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t panel = begin; panel < end; ++panel) fill_bf16_panel(w, w3, p, panel);
+  });
+  return p;
+}
+
+namespace {
+
+// The source bytes packing `view` reads (the progress line's unit).
+double view_bytes(const TensorView& v) { return static_cast<double>(v.numel()) * dtype_size(v.dtype); }
+
+// A format packed at load from a bf16/f32 view: bf16 straight into panels, the others through the quantizers.
+kernels::PackedWeights pack_as(const TensorView& w, const ExpertWeightFormat& f) {
+  if (f.format == WeightFormat::kBF16) return pack_bf16_direct(w);
+  return kernels::pack(quantize_as(w, f));
+}
+
 }  // namespace
 
 void check_weights_finite(const WeightStore& store) {
@@ -245,7 +331,12 @@ void check_weights_finite(const WeightStore& store) {
     if (bad < 0) continue;
     std::string where = std::to_string(bad);
     if (view.shape.rank == 2) {
-      where = "[" + std::to_string(bad / view.shape[1]) + ", " + std::to_string(bad % view.shape[1]) + "]";
+      // Appended piece by piece: g++ 12 warns (a false -Wstringop-overflow) on "[" + std::to_string(...) here.
+      where = "[";
+      where += std::to_string(bad / view.shape[1]);
+      where += ", ";
+      where += std::to_string(bad % view.shape[1]);
+      where += "]";
     }
     throw_error(ErrorKind::kInvalidInput, "--check-weights: tensor \"" + name + "\" holds a non-finite value (NaN or " +
                                               "infinity) at element " + where + ": the checkpoint is corrupt");
@@ -273,6 +364,21 @@ MixtralWeights load_mixtral_weights(const std::string& model_dir, const ModelCon
     fn();
     w.pack_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   };
+  // One progress line over the bytes packed at load from bf16/f32 tensors (a terminal only; base/progress.h).
+  double to_pack = 0;
+  {
+    const std::string embed = "model.embed_tokens.weight";  // (a missing one is reported below)
+    const double elem = s.contains(embed) ? dtype_size(s.get(embed).dtype) : 2;
+    if (!qc.quantized() && expert_format.packed)
+      for (int l = 0; l < c.num_hidden_layers; ++l)
+        if (c.moe_layer(l)) to_pack += experts.count * 3.0 * static_cast<double>(w.intermediate_local) * d * elem;
+    if (!qc.quantized() && dense_format.packed)
+      to_pack += elem * (static_cast<double>(V) * d + c.num_hidden_layers * static_cast<double>(d) *
+                                                          (2.0 * w.heads_local * hd + 2.0 * w.kv_heads_local * hd));
+  }
+  std::string what = "packing weights to ";
+  what += expert_format.packed ? expert_format.name() : dense_format.name();
+  const std::unique_ptr<Progress> progress = std::make_unique<Progress>(what, to_pack);
   // moex quantize's panels.moex: the stored matrices already packed (panels_file.h).
   const std::shared_ptr<const PanelsFile> panels = qc.quantized() ? PanelsFile::open(model_dir, s, qc) : nullptr;
   w.panels_mapped = panels != nullptr;
@@ -299,7 +405,8 @@ MixtralWeights load_mixtral_weights(const std::string& model_dir, const ModelCon
     }
     out.view = slice(expect(s, m + ".weight", shape));
     if (dense_format.packed) {
-      timed([&] { out.packed = std::make_shared<kernels::PackedWeights>(kernels::pack(quantize_as(out.view, dense_format))); });
+      timed([&] { out.packed = std::make_shared<kernels::PackedWeights>(pack_as(out.view, dense_format)); });
+      progress->add(view_bytes(out.view));
       if (mapped) release_mapped({out.view});
     }
     return out;
@@ -313,8 +420,10 @@ MixtralWeights load_mixtral_weights(const std::string& model_dir, const ModelCon
   } else {
     MOEX_CHECK_INPUT(c.tie_word_embeddings, "checkpoint has no tensor \"lm_head.weight\" and tie_word_embeddings is false");
     w.lm_head.view = resident(w.embed);
-    if (dense_format.packed)  // the embedding's pages stay: its rows are still looked up
-      timed([&] { w.lm_head.packed = std::make_shared<kernels::PackedWeights>(kernels::pack(quantize_as(w.embed, dense_format))); });
+    if (dense_format.packed) {  // the embedding's pages stay: its rows are still looked up
+      timed([&] { w.lm_head.packed = std::make_shared<kernels::PackedWeights>(pack_as(w.embed, dense_format)); });
+      progress->add(view_bytes(w.embed));
+    }
   }
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
@@ -431,10 +540,49 @@ MixtralWeights load_mixtral_weights(const std::string& model_dir, const ModelCon
     MOEX_CHECK_INPUT(stored_quantized == 0 || stored_quantized == c.num_local_experts, "quantized checkpoint: layer ", l,
                      " has ", stored_quantized, " of ", c.num_local_experts,
                      " experts stored quantized; MoEX needs all of a layer's experts stored one way");
-    if (expert_format.packed) {  // once per load; the quantizers and pack split rows over the threads
+    if (expert_format.packed && expert_format.format == WeightFormat::kBF16) {
+      // One arena for the layer's experts, written in place: the panels of all of them are split over the threads
+      // at once (an expert's [I, d] panels are few under TP), and nothing but the arena is allocated.
       timed([&] {
-        for (const ExpertWeights& e : lw.moe.local) keep_packed(pack_expert(e, expert_format));
+        const size_t n = lw.moe.local.size();
+        std::vector<kernels::PackedWeights> layouts;
+        size_t bytes = 0;
+        for (const ExpertWeights& e : lw.moe.local) {
+          layouts.push_back(kernels::packed_layout(WeightFormat::kBF16, e.w1.shape[0], e.w1.shape[1], 0, true));
+          layouts.push_back(kernels::packed_layout(WeightFormat::kBF16, e.w2.shape[0], e.w2.shape[1], 0, false));
+          bytes += round_up_64(layouts[layouts.size() - 2].data.size) + round_up_64(layouts.back().data.size);
+        }
+        const std::shared_ptr<uint8_t> arena = allocate_arena(bytes, /*layer=*/true);
+        std::vector<int64_t> first_panel{0};  // matrix i's panels are [first_panel[i], first_panel[i + 1])
+        size_t used = 0;
+        for (kernels::PackedWeights& p : layouts) {
+          p.data.ptr = std::shared_ptr<uint8_t>(arena, arena.get() + used);
+          used += round_up_64(p.data.size);
+          first_panel.push_back(first_panel.back() + p.panels);
+        }
+        parallel_for(first_panel.back(), 1, [&](int64_t begin, int64_t end) {
+          size_t i = std::upper_bound(first_panel.begin(), first_panel.end(), begin) - first_panel.begin() - 1;
+          for (int64_t panel = begin; panel < end; ++panel) {
+            while (panel >= first_panel[i + 1]) ++i;
+            const ExpertWeights& e = lw.moe.local[i / 2];
+            const kernels::PackedWeights& p = layouts[i];
+            if (i % 2 == 0) fill_bf16_panel(e.w1, &e.w3, p, panel - first_panel[i]);
+            else fill_bf16_panel(e.w2, nullptr, p, panel - first_panel[i]);
+            const double rows = static_cast<double>(std::min(p.rows_per_panel(), p.rows - (panel - first_panel[i]) * p.rows_per_panel()));
+            progress->add(rows * p.cols * dtype_size(e.w1.dtype) * (p.gate_up ? 2 : 1));
+          }
+        });
+        for (size_t e = 0; e < n; ++e) lw.moe.packed.push_back({std::move(layouts[2 * e]), std::move(layouts[2 * e + 1])});
       });
+    } else if (expert_format.packed) {  // once per load; the quantizers and pack split rows over the threads
+      timed([&] {
+        for (const ExpertWeights& e : lw.moe.local) {
+          keep_packed(pack_expert(e, expert_format));
+          progress->add(view_bytes(e.w1) + view_bytes(e.w3) + view_bytes(e.w2));
+        }
+      });
+    }
+    if (expert_format.packed) {
       for (const ExpertWeights& e : lw.moe.local) {
         release_mapped({e.w1, e.w3});
         if (w.intermediate_local == I) release_mapped({e.w2});  // else w2 is an owned copy

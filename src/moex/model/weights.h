@@ -71,6 +71,14 @@ MixtralWeights load_mixtral_weights(const std::string& model_dir, const ModelCon
                                     const ExpertWeightFormat& experts = ExpertWeightFormat{},
                                     const ExpertWeightFormat& dense = ExpertWeightFormat{});
 
+// W (bf16 or f32 [rows, cols], rows may be strided) in kernels::WeightFormat::kBF16 panels, written straight from
+// the view in one pass: no f32 or bf16 copy in between, threads split the panels. With `w3`, the gate/up pair
+// (kernels::pack_gate_up's layout). The same bytes as kernels::pack(quantize_bf16(w)) / pack_gate_up (unit-tested);
+// what a load with --weights / --dense-weights bf16 (or auto) runs. `into`: the buffer to write the panels to
+// (kernels::packed_layout's data size, 64-byte aligned, owned by the caller's shared arena), else allocated.
+kernels::PackedWeights pack_bf16_direct(const TensorView& w, const TensorView* w3 = nullptr,
+                                        std::shared_ptr<uint8_t> into = nullptr);
+
 // One matrix a load of a quantized checkpoint packs from the stored codes: its name in panels.moex, its geometry
 // (sizes only) and how to pack it (reads the codes through the store, as the load does, and drops their pages).
 struct PanelsToWrite {

@@ -77,6 +77,8 @@ void check_run_memory(const RunMemory& need, const ModelConfig& c, const ModelOp
                       const std::optional<AvailableMemory>& available) {
   if (!available || need.total() <= static_cast<double>(available->bytes)) return;
   const bool cache_dominates = need.kv_cache_bytes >= need.buffer_bytes;
+  // The packed copy (bf16 by default) is the largest part: the weights can run from the mapped checkpoint instead.
+  const bool packed_dominates = need.packed_bytes > need.kv_cache_bytes && need.packed_bytes > need.buffer_bytes;
   throw_error(ErrorKind::kInvalidInput,
               "the run needs " + format_bytes(need.total()) + " (KV cache " + format_bytes(need.kv_cache_bytes) +
                   (o.kv_cache_gb > 0 ? " for --kv-cache-gb " + std::to_string(o.kv_cache_gb)
@@ -87,8 +89,10 @@ void check_run_memory(const RunMemory& need, const ModelConfig& c, const ModelOp
                   " tokens" + (need.packed_bytes > 0 ? "; packed weights " + format_bytes(need.packed_bytes) : std::string()) +
                   ") but " + format_bytes(static_cast<double>(available->bytes)) + " is available (" +
                   available->source + "); " +
-                  (cache_dominates ? (o.kv_cache_gb > 0 ? "lower --kv-cache-gb" : "lower --max-seq-len or the number of sequences")
-                                   : "lower --step-tokens"));
+                  (packed_dominates ? "run the weights as stored, from the mapped checkpoint (--exact, or --weights as-stored "
+                                      "--dense-weights as-stored), or a smaller --weights format"
+                   : cache_dominates ? (o.kv_cache_gb > 0 ? "lower --kv-cache-gb" : "lower --max-seq-len or the number of sequences")
+                                     : "lower --step-tokens"));
 }
 
 }  // namespace moex
