@@ -13,6 +13,7 @@
 
 #include "moex/base/cpu.h"
 #include "moex/base/error.h"
+#include "moex/base/progress.h"
 #include "moex/base/threads.h"
 #include "moex/comm/communicator.h"
 #include "moex/comm/selector.h"
@@ -46,15 +47,6 @@ ModelConfig model_config(const std::string& model) {
   std::string list;
   for (const std::string& name : synthetic_preset_names()) list += (list.empty() ? "" : ", ") + name;
   throw_error(ErrorKind::kInvalidInput, "--model " + model + ": neither a checkpoint nor a preset (" + list + ")");
-}
-
-std::string human_bytes(double b) {
-  char s[32];
-  if (b >= 1e9) std::snprintf(s, sizeof s, "%.1f GB", b / 1e9);
-  else if (b >= 1e6) std::snprintf(s, sizeof s, "%.1f MB", b / 1e6);
-  else if (b >= 1e3) std::snprintf(s, sizeof s, "%.1f KB", b / 1e3);
-  else std::snprintf(s, sizeof s, "%.0f B", b);
-  return s;
 }
 
 nlohmann::json to_json(const plan::Prediction& p) {
@@ -115,7 +107,7 @@ void run_plan(const PlanFlags& f) {
     std::printf("%-3d %-20s %5d %-9s %-4s %10.1f %7.1f%% %9.2f %9.3f %9.2f %9.3f %12s %10s  %s%s\n", ++i,
                 p.plan.name().c_str(), p.ranks, p.plan.weights.c_str(), p.plan.comm_dtype.c_str(), p.tokens_per_s,
                 100 * p.comm_share, p.attention_s * 1e3, p.routing_s * 1e3, p.experts_s * 1e3, p.comm_s * 1e3,
-                human_bytes(p.wire_bytes_per_token).c_str(), human_bytes(p.device_bytes).c_str(),
+                bytes_text(p.wire_bytes_per_token).c_str(), bytes_text(p.device_bytes).c_str(),
                 p.fits ? "" : "DOES NOT FIT; ", cols.empty() ? "-" : cols.c_str());
   }
 }

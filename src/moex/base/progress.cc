@@ -16,15 +16,6 @@ double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-std::string bytes_text(double bytes) {
-  char buf[32];
-  if (bytes >= 1e9) std::snprintf(buf, sizeof buf, "%.2f GB", bytes / 1e9);
-  else if (bytes >= 1e6) std::snprintf(buf, sizeof buf, "%.0f MB", bytes / 1e6);
-  else if (bytes >= 1e3) std::snprintf(buf, sizeof buf, "%.0f kB", bytes / 1e3);
-  else std::snprintf(buf, sizeof buf, "%.0f B", bytes);
-  return buf;
-}
-
 std::string duration_text(double seconds) {
   char buf[32];
   const long long s = std::llround(seconds);
@@ -35,6 +26,15 @@ std::string duration_text(double seconds) {
 }
 
 }  // namespace
+
+std::string bytes_text(double bytes) {
+  char buf[32];
+  if (bytes >= 1e9) std::snprintf(buf, sizeof buf, "%.2f GB", bytes / 1e9);
+  else if (bytes >= 1e6) std::snprintf(buf, sizeof buf, "%.0f MB", bytes / 1e6);
+  else if (bytes >= 1e3) std::snprintf(buf, sizeof buf, "%.0f kB", bytes / 1e3);
+  else std::snprintf(buf, sizeof buf, "%.0f B", bytes);
+  return buf;
+}
 
 void set_progress_quiet(bool q) { quiet = q; }
 

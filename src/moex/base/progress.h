@@ -20,6 +20,9 @@ enum class ProgressUnit { kBytes, kItems };
 // The line's text for `done` of `total` after `seconds` (pure: the unit test's subject). Bytes as kB / MB / GB
 // (decimal) with a rate per second, items as counts; the time left is extrapolated from the rate so far and
 // left out until there is a rate to extrapolate from. E.g. "packing experts: 412 MB of 1.58 GB, 1.2 GB/s, 1 s left".
+// "1.58 GB", "463 MB", "12 kB", "512 B": the sizes a progress line (and `moex plan`) prints.
+std::string bytes_text(double bytes);
+
 std::string progress_line(const std::string& what, double done, double total, ProgressUnit unit, double seconds);
 
 // When to redraw: at most once per `interval` seconds, and always on the last update (done == total).

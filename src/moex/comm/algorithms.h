@@ -69,6 +69,8 @@ void mesh_allgather(MpiCommunicator& comm, float* data, std::span<const Range> o
 // Two levels (allreduce_hier.cc): reduce-scatter inside each host, `algo`'s flat algorithm between hosts on
 // each slice, all-gather inside each host. algo: kHierRing .. kHierNhr.
 void allreduce_hier(MpiCommunicator& comm, AllreduceAlgo algo, float* data, size_t count, WireFormat wire);
+// A two-level collective's traffic and waits, counted on the levels' communicators, added to `comm`'s stats.
+void add_level_stats(MpiCommunicator& comm, const MpiCommunicator& intra, const MpiCommunicator& inter);
 void allreduce_shm(MpiCommunicator& comm, float* data, size_t count, WireFormat wire);
 // fp32 sum over registered memory: `data` sits at `offset` in `window` on every rank (zero-copy, one pass:
 // each rank sums its chunk from every buffer and stores the sum into every buffer).

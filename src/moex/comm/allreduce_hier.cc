@@ -58,6 +58,10 @@ void allreduce_hier(MpiCommunicator& comm, AllreduceAlgo algo, float* data, size
     }
   }
   if (intra.size() > 1) mesh_allgather(intra, data, owned, wire);
+  add_level_stats(comm, intra, inter);
+}
+
+void add_level_stats(MpiCommunicator& comm, const MpiCommunicator& intra, const MpiCommunicator& inter) {
   CollectiveStats& stats = comm.stats();
   for (const MpiCommunicator* level : {&intra, &inter}) {
     stats.bytes_sent += level->stats_view().bytes_sent;

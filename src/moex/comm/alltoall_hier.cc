@@ -138,12 +138,7 @@ void alltoall_hier(MpiCommunicator& comm, const AlltoallArgs& args) {
       }
     }
   }
-  CollectiveStats& stats = comm.stats();
-  for (const MpiCommunicator* level : {&intra, &inter}) {
-    stats.bytes_sent += level->stats_view().bytes_sent;
-    stats.bytes_received += level->stats_view().bytes_received;
-    stats.wait_ns += level->stats_view().wait_ns;
-  }
+  add_level_stats(comm, intra, inter);
 }
 
 }  // namespace moex::comm::detail
