@@ -15,7 +15,7 @@
 #include <thread>
 
 #include "moex/base/error.h"
-#include "moex/runtime/stop_strings.h"
+#include "moex/text/stop_strings.h"
 #include "moex/serve/http_connections.h"
 #include "moex/serve/openai.h"
 
