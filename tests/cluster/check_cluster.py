@@ -263,21 +263,25 @@ def run_checks(moex, collectives_test, root):
         if proc.returncode != 0:
             return None, None, t, proc.stdout + proc.stderr
         with open(out + ".tokens") as f:
-            return np.load(out), f.read().split(), t, ""
+            return np.load(out), f.read().split(), t, proc.stdout  # its "plan:" line
 
     base, base_tokens, _, text = logits("one-rank", lambda *a: run([moex, *a]))
     if base is None:
         check(False, "one-rank logits", text)
         return
-    # 2 hosts x 1 rank each plan; 2 x 2 with TP, whose all-reduces auto runs in two levels (the cost model's pick
-    # there, CommSelector.CostModelPicksTwoLevelsAcrossHosts).
-    for plan, ranks in (("tp", 1), ("ep", 1), ("tp", 2)):
+    # 2 hosts x 1 rank each plan; 2 x 2 with the default plan, which must be TP inside each host x EP across
+    # them, and whose world all-reduces auto runs in two levels (the cost model's pick there,
+    # CommSelector.CostModelPicksTwoLevelsAcrossHosts).
+    for plan, ranks in (("tp", 1), ("ep", 1), ("auto", 2)):
         tag = plan if ranks == 1 else f"{plan} 2x{ranks}"
         got, tokens, t, text = logits(tag.replace(" ", "-"), lambda *a: mpirun(
             "-np", str(2 * ranks), "--map-by", f"ppr:{ranks}:node", moex, *a, "--moe-parallel", plan))
         if got is None:
             check(False, f"{tag} across 2 hosts: run failed", text)
             continue
+        if plan == "auto":
+            check("plan: moe tp=2 x ep=2," in text, "the default plan on 2 hosts x 2 ranks is TP inside x EP across",
+                  text)
         rel = float(np.abs(got.astype(np.float64) - base).max() / np.abs(base).max())
         check(rel <= TOL and tokens == base_tokens,
               f"{tag} across 2 hosts: max logit error {rel:.2e} (tolerance {TOL}), greedy tokens "

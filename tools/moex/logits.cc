@@ -203,6 +203,7 @@ void run_logits(const LogitsFlags& flags) {
   if (stats_out) stats_out->commit();
   std::printf("wrote %s: [%lld, %d] float32 (%zu prompt positions, %d decode steps)\n", flags.out.c_str(),
               static_cast<long long>(rows), vocab, prompt.size(), flags.decode_steps);
+  if (!model->options().plan.single()) std::printf("plan: %s\n", model->options().plan.describe().c_str());
 }
 
 void setup_logits(CLI::App& app) {

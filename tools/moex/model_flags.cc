@@ -176,7 +176,7 @@ std::unique_ptr<DecoderModel> ModelFlags::load(int batch) const {
   options.plan = make_parallel_plan(plan,
                                     {config.num_attention_heads, config.num_key_value_heads, config.num_local_experts,
                                      config.intermediate_size},
-                                    comm.size(), comm.rank());
+                                    comm.size(), comm.rank(), &comm.topology());
   options.comm = &comm;
   const WeightPath path = weight_path(config);
   options.expert_weights = path.experts;
