@@ -12,6 +12,7 @@
 
 #include "moex/base/error.h"
 #include "moex/runtime/generation.h"
+#include "tests/unit/plain_forward.h"
 #include "moex/serve/engine.h"
 
 namespace moex::serve {
@@ -73,7 +74,7 @@ TEST(ServeEngine, ConcurrentRequestsGetTheTokensOfEachAlone) {
   DecoderModel model(tiny_model_dir(), model_options());
   EngineOptions eo;
   eo.max_num_seqs = 4;  // 6 requests: two wait for a place
-  eo.max_batch_tokens = 32;
+  eo.max_step_tokens = 32;
   eo.max_model_len = 128;
   Engine engine(model, eo);
   std::vector<std::shared_ptr<RequestStream>> streams;
@@ -161,22 +162,22 @@ TEST(ServeEngine, PenaltiesSeeTheRequestsOwnOutput) {
   {
     DecoderModel model(tiny_model_dir(), model_options());
     const int V = model.config().vocab_size;
-    KvBlockManager kv = make_block_manager(model);
+    KvBlockManager kv = test::plain_blocks(model);
     std::vector<float> logits(V);
-    prefill(model, kv, 0, prompt, logits.data());
+    test::plain_prefill(model, kv, 0, prompt, logits.data());
     Sampler sampler(so);
     TokenCounts counts;
     for (int s = 0; s < steps; ++s) {
       const int32_t token = sampler.sample(logits.data(), V, &counts), position = static_cast<int32_t>(prompt.size()) + s;
       counts.add(token);
       want.push_back(token);
-      if (s + 1 < steps) decode_step(model, kv, {0}, &token, &position, logits.data());
+      if (s + 1 < steps) test::plain_decode_step(model, kv, {0}, &token, &position, logits.data());
     }
   }
   DecoderModel model(tiny_model_dir(), model_options());
   EngineOptions eo;
   eo.max_num_seqs = 4;
-  eo.max_batch_tokens = 32;
+  eo.max_step_tokens = 32;
   eo.max_model_len = 128;
   Engine engine(model, eo);
   GenerationRequest r;
@@ -198,7 +199,7 @@ TEST(ServeEngine, CancelledRequestFreesItsBlocksAndOthersGoOn) {
   DecoderModel model(tiny_model_dir(), mo);
   EngineOptions eo;
   eo.max_num_seqs = 4;
-  eo.max_batch_tokens = 32;
+  eo.max_step_tokens = 32;
   eo.max_model_len = 2048;
   Engine engine(model, eo);
   GenerationRequest r;
@@ -229,7 +230,7 @@ TEST(ServeEngine, CancelledRequestFreesItsBlocksAndOthersGoOn) {
 namespace moex::serve {
 namespace {
 
-// Attention DP's request placement (serve/engine.h least_loaded_rank): fewest sequences, then the longest
+// Attention DP's request placement (runtime/engine.h least_loaded_rank): fewest sequences, then the longest
 // cached prefix, then the most free blocks, then the lowest rank.
 TEST(ServeEngine, DataParallelAssignsTheLeastLoadedRank) {
   EXPECT_EQ(least_loaded_rank({{0, 0, 10}}), 0);

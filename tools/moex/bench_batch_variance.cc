@@ -20,7 +20,6 @@
 #include "moex/runtime/generation.h"
 #include "moex/runtime/sampler.h"
 #include "moex/serve/engine.h"
-#include "moex/serve/step_sync.h"
 #include "tools/lib/synthetic.h"
 #include "tools/moex/bench.h"
 #include "tools/moex/model_flags.h"
@@ -46,20 +45,15 @@ SamplerOptions greedy_with_logprobs() {
   return o;
 }
 
+// The prompt alone on the engine (one sequence per step), under every rank as the served run.
 std::vector<SampledToken> run_alone(DecoderModel& model, const std::vector<int>& prompt, int n) {
-  const int V = model.config().vocab_size;
-  KvBlockManager kv = make_block_manager(model);
-  Sampler sampler(greedy_with_logprobs());
-  std::vector<SampledToken> out(n);
-  std::vector<float> logits(V);
-  prefill(model, kv, 0, prompt, logits.data());
-  for (int s = 0; s < n; ++s) {
-    sampler.sample(logits.data(), V, nullptr, &out[s]);
-    if (s + 1 == n) break;
-    const int32_t token = out[s].token, position = static_cast<int32_t>(prompt.size()) + s;
-    decode_step(model, kv, {0}, &token, &position, logits.data());
-  }
-  return out;
+  GenerationOptions options;
+  options.max_new_tokens = n;
+  options.stop_at_eos = false;
+  options.sampler = greedy_with_logprobs();
+  options.max_num_seqs = 1;
+  GenerationResult r = generate(model, {prompt}, options);
+  return r.logprobs.empty() ? std::vector<SampledToken>{} : std::move(r.logprobs[0]);
 }
 
 void run_variance(const VarianceFlags& f) {
@@ -92,21 +86,21 @@ void run_variance(const VarianceFlags& f) {
   // MPI_ERR_TRUNCATE, then a crash, in about one run in five on a loaded machine.)
   const ParallelPlan& plan = model->options().plan;
   if (plan.rank != 0) {
-    serve::run_step_worker(*model->options().comm, *model, f.max_num_seqs);
+    run_step_worker(*model->options().comm, *model, f.max_batch_tokens);
     return;  // rank 0 prints the report
   }
   {
-    serve::EngineOptions eo;
+    EngineOptions eo;
     if (!plan.single()) eo.comm = model->options().comm;
     eo.max_num_seqs = f.max_num_seqs;
-    eo.max_batch_tokens = f.max_batch_tokens;
+    eo.max_step_tokens = f.max_batch_tokens;
     eo.max_waiting = f.prompts;
     eo.max_model_len = f.model.max_seq_len;
     eo.prefix_caching = false;  // every prompt computed, as alone
     serve::Engine engine(*model, eo);
     std::vector<std::shared_ptr<serve::RequestStream>> streams;
     for (const auto& p : prompts) {
-      serve::GenerationRequest r;
+      GenerationRequest r;
       r.prompt.assign(p.begin(), p.end());
       r.max_tokens = f.tokens;
       r.ignore_eos = true;

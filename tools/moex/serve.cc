@@ -13,7 +13,7 @@
 #include "moex/text/tokenizer.h"
 #include "moex/serve/engine.h"
 #include "moex/serve/http_server.h"
-#include "moex/serve/step_sync.h"
+#include "moex/runtime/step_protocol.h"
 #include "tools/moex/command.h"
 #include "tools/moex/model_flags.h"
 
@@ -89,9 +89,9 @@ void run_serve(ServeFlags flags) {
   }
   const ParallelPlan& plan = model->options().plan;
   // Rank 0 owns HTTP and the scheduler(s). Attention TP: every rank runs rank 0's step. Attention DP: rank 0
-  // keeps a scheduler per rank and sends each rank its own sub-step (serve/step_sync.h).
+  // keeps a scheduler per rank and sends each rank its own sub-step (runtime/step_protocol.h).
   if (plan.rank != 0) {  // this rank runs each step rank 0 sends
-    serve::run_step_worker(*model->options().comm, *model, flags.max_num_seqs);
+    run_step_worker(*model->options().comm, *model, flags.max_batch_tokens);
     return;
   }
   MOEX_CHECK_INPUT(tokenizer.vocab_size() <= model->config().vocab_size, tokenizer.describe(),
@@ -102,10 +102,10 @@ void run_serve(ServeFlags flags) {
                       : flags.served_model_name;
   if (so.model_name.empty()) so.model_name = std::filesystem::path(flags.model.model_dir).parent_path().filename().string();
   so.chat_template = chat_template.get();
-  serve::EngineOptions eo;
+  EngineOptions eo;
   eo.model_name = so.model_name;
   eo.max_num_seqs = flags.max_num_seqs;
-  eo.max_batch_tokens = flags.max_batch_tokens;
+  eo.max_step_tokens = flags.max_batch_tokens;
   eo.max_waiting = flags.max_waiting;
   eo.max_model_len = model->options().max_seq_len;
   eo.prefix_caching = !flags.no_prefix_caching;
@@ -139,7 +139,7 @@ void run_serve(ServeFlags flags) {
               model->options().expert_weights.name().c_str(), model->options().dense_weights.name().c_str(),
               chat_template ? chat_template->family().c_str() : "none", kv_cache_dtype_name(kv.dtype()),
               static_cast<long long>(kv.num_blocks()), static_cast<long long>(kv.capacity_positions()),
-              static_cast<long long>(eo.max_num_seqs), static_cast<long long>(eo.max_batch_tokens), static_cast<long long>(eo.max_model_len),
+              static_cast<long long>(eo.max_num_seqs), static_cast<long long>(eo.max_step_tokens), static_cast<long long>(eo.max_model_len),
               eo.prefix_caching ? "on" : "off", plan.single() ? "" : ("; " + plan.describe()).c_str(),
               engine.num_pools() > 1 ? "; KV cache, --max-num-seqs and --max-batch-tokens per rank" : "");
   if (so.web) std::printf("moex serve: web page (chat, engine charts) at http://%s:%d/\n", so.host.c_str(), server.port());
