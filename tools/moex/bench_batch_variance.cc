@@ -32,7 +32,7 @@ struct VarianceFlags {
   int prompts = 64;
   int min_len = 4, max_len = 96;  // prompt lengths spread over [min_len, max_len]
   int tokens = 32;                // greedy tokens per prompt
-  int max_num_seqs = 64, max_batch_tokens = 512;  // the engine's (serve's defaults)
+  int max_num_seqs = 64;  // the engine's (serve's default); its step budget is --step-tokens
   bool json = false;
 };
 
@@ -62,9 +62,8 @@ void run_variance(const VarianceFlags& f) {
                    f.max_len, "]");
   MOEX_CHECK_INPUT(f.max_len + f.tokens <= f.model.max_seq_len, "--max-len + -n (", f.max_len + f.tokens,
                    ") must be at most --max-seq-len (", f.model.max_seq_len, ")");
-  MOEX_CHECK_INPUT(f.max_num_seqs >= 1 && f.max_batch_tokens >= f.max_num_seqs &&
-                       f.max_batch_tokens <= f.model.max_step_tokens,
-                   "--max-batch-tokens must be in [--max-num-seqs, --step-tokens]");
+  MOEX_CHECK_INPUT(f.max_num_seqs >= 1 && f.model.max_step_tokens >= f.max_num_seqs,
+                   "--step-tokens must be at least --max-num-seqs");
   const auto start = std::chrono::steady_clock::now();
   const std::unique_ptr<DecoderModel> model = f.model.load(f.max_num_seqs);
   const int V = model->config().vocab_size;
@@ -86,14 +85,14 @@ void run_variance(const VarianceFlags& f) {
   // MPI_ERR_TRUNCATE, then a crash, in about one run in five on a loaded machine.)
   const ParallelPlan& plan = model->options().plan;
   if (plan.rank != 0) {
-    run_step_worker(*model->options().comm, *model, f.max_batch_tokens);
+    run_step_worker(*model->options().comm, *model, f.model.max_step_tokens);
     return;  // rank 0 prints the report
   }
   {
     EngineOptions eo;
     if (!plan.single()) eo.comm = model->options().comm;
     eo.max_num_seqs = f.max_num_seqs;
-    eo.max_step_tokens = f.max_batch_tokens;
+    eo.max_step_tokens = f.model.max_step_tokens;
     eo.max_waiting = f.prompts;
     eo.max_model_len = f.model.max_seq_len;
     eo.prefix_caching = false;  // every prompt computed, as alone
@@ -164,7 +163,7 @@ void run_variance(const VarianceFlags& f) {
     std::printf("%s\n", nlohmann::json{{"model", f.model.model_dir}, {"weights", weights},
                                        {"batch_invariant", f.model.batch_invariant}, {"prompts", f.prompts},
                                        {"tokens", f.tokens}, {"max_num_seqs", f.max_num_seqs},
-                                       {"max_batch_tokens", f.max_batch_tokens}, {"differ", diffs.size()},
+                                       {"max_batch_tokens", f.model.max_step_tokens}, {"differ", diffs.size()},
                                        {"median_top2_gap_alone", median_gap}, {"differences", rows},
                                        {"same_token_steps", same_steps}, {"logprob_differs_steps", numeric_steps},
                                        {"max_logprob_diff", max_logprob_diff},
@@ -174,8 +173,8 @@ void run_variance(const VarianceFlags& f) {
     return;
   }
   std::printf("bench batch-variance: %d prompts of %d..%d tokens, %d greedy tokens each; alone vs served together "
-              "(max-num-seqs %d, max-batch-tokens %d); weights %s%s\n",
-              f.prompts, f.min_len, f.max_len, f.tokens, f.max_num_seqs, f.max_batch_tokens, weights.c_str(),
+              "(max-num-seqs %d, step-tokens %d); weights %s%s\n",
+              f.prompts, f.min_len, f.max_len, f.tokens, f.max_num_seqs, f.model.max_step_tokens, weights.c_str(),
               f.model.batch_invariant ? ", --batch-invariant" : "");
   if (!diffs.empty()) {
     std::printf("  %6s %6s %10s %8s %8s %12s %6s\n", "prompt", "len", "first diff", "alone", "served", "top-2 gap", "rank");  // rank 0: not in the top 20
@@ -201,7 +200,7 @@ void setup_variance(CLI::App& bench) {
   cmd->add_option("--max-len", f->max_len, "Longest prompt")->capture_default_str();
   cmd->add_option("-n,--max-new-tokens", f->tokens, "Greedy tokens per prompt")->capture_default_str();
   cmd->add_option("--max-num-seqs", f->max_num_seqs, "Sequences served at once (as serve)")->capture_default_str();
-  cmd->add_option("--max-batch-tokens", f->max_batch_tokens, "Tokens per step (as serve)")->capture_default_str();
+  cmd->add_option("--max-batch-tokens", f->model.max_step_tokens, "Another name of --step-tokens (as serve)");
   cmd->add_flag("--json", f->json, "One JSON object");
   cmd->callback([f] { run_variance(*f); });
 }
