@@ -24,6 +24,45 @@ BATCH, PROMPT, STEPS, STEP_TOKENS, WARMUP = 3, 9, 5, 4, 2
 failures = []
 
 
+def engine_schedule(batch, prompt, new_tokens, budget, max_seqs):
+    """The engine's steps for `batch` equal prompts (docs/serve.md, "Scheduler"; no preemption, no prefix cache):
+    each step gives every running decoder its token, then prompt chunks in arrival order up to the budget (a
+    chunk leaves room for the decoders behind it), then admits waiting prompts. Returns per kind (a prefill step
+    has a prompt row) [steps, rows]."""
+    waiting = [{"computed": 0, "length": prompt, "generated": 0} for _ in range(batch)]
+    running, kinds = [], {"prefill": [0, 0], "decode": [0, 0]}
+    while waiting or running:
+        left, rows, prompt_rows = budget, 0, 0
+        decoders = sum(1 for s in running if s["length"] - s["computed"] == 1)
+        planned = []
+        for s in running:
+            decoding = s["length"] - s["computed"] == 1
+            decoders -= decoding
+            take = 1 if decoding else min(s["length"] - s["computed"], left - decoders)
+            if take > 0:
+                planned.append((s, take))
+                left -= take
+        while waiting and left > 0 and len(running) < max_seqs:
+            s = waiting.pop(0)
+            running.append(s)
+            planned.append((s, min(s["length"], left)))
+            left -= planned[-1][1]
+        for s, take in planned:
+            rows += take
+            if s["computed"] + take <= prompt:
+                prompt_rows += take
+            s["computed"] += take
+            if s["computed"] == s["length"]:  # samples
+                s["generated"] += 1
+                s["length"] += 1
+                if s["generated"] == new_tokens:
+                    running.remove(s)
+        kind = kinds["prefill" if prompt_rows else "decode"]
+        kind[0] += 1
+        kind[1] += rows
+    return kinds
+
+
 def check(cond, what):
     if not cond:
         failures.append(what)
@@ -38,13 +77,15 @@ def run(cmd, env=None):
     return p
 
 
-def check_report(rep, config, label, world=1):
-    """One rank's report_to_json, from `moex profile` with the module's BATCH/PROMPT/STEPS."""
+SCHEDULE = engine_schedule(BATCH, PROMPT, STEPS + 1, STEP_TOKENS, BATCH)
+
+
+def check_report(rep, config, label, sampler=True):
+    """One rank's report_to_json, from `moex profile` with the module's BATCH/PROMPT/STEPS: the engine's steps
+    (SCHEDULE: decode rows ride along the prompt chunks). sampler: the rank that drives the engine (rank 0)."""
     layers, k = config["num_hidden_layers"], config["num_experts_per_tok"]
     phases = rep["phases"]
-    prefill_steps = BATCH * -(-PROMPT // STEP_TOKENS)
-    expected = {"prefill": (prefill_steps, BATCH * PROMPT), "decode": (STEPS, BATCH * STEPS)}
-    for phase, (steps, tokens) in expected.items():
+    for phase, (steps, tokens) in SCHEDULE.items():
         p = phases[phase]
         check(p["steps"] == steps, f"{label} {phase}: {p['steps']} steps, expected {steps} (warm-up excluded?)")
         check(p["tokens"] == tokens, f"{label} {phase}: {p['tokens']} tokens, expected {tokens}")
@@ -71,10 +112,12 @@ def check_report(rep, config, label, world=1):
             check(len(counts) == config["num_local_experts"], f"{label} {phase}: layer {layer} expert count")
             check(sum(counts) == tokens * k, f"{label} {phase}: layer {layer} routed {sum(counts)} != {tokens}*{k}")
     d = phases["decode"]["zones"]
-    check("sampling" in d and d["sampling"]["self_ns"] > 0 and d["sampling"]["calls"] == STEPS, "decode: sampling zone")
+    if sampler:
+        check("sampling" in d and d["sampling"]["self_ns"] > 0 and d["sampling"]["calls"] == SCHEDULE["decode"][0],
+              f"{label} decode: sampling zone")
 
 
-def check_trace(path, label, ranks=1, decode_steps=STEPS, prefill_steps=None):
+def check_trace(path, label, ranks=1, decode_steps=SCHEDULE["decode"][0], prefill_steps=None, sampler_ranks=1):
     with open(path) as f:
         trace = json.load(f)  # must parse
     events = trace["traceEvents"]
@@ -109,7 +152,7 @@ def check_trace(path, label, ranks=1, decode_steps=STEPS, prefill_steps=None):
         for cb, ce, cname in begin.get("_children", []):
             check(b <= cb and ce <= e, f"{label}: {cname} [{cb},{ce}] outside its parent {name} [{b},{e}]")
     check(pids == set(range(ranks)), f"{label}: trace processes {sorted(pids)}, expected {list(range(ranks))}")
-    for name in FORWARD_ZONES + ["sampling"]:
+    for name in FORWARD_ZONES + (["sampling"] if sampler_ranks else []):
         check(name in names, f"{label}: no {name} slice in the trace")
     for pid in range(ranks):
         mine = steps.get(pid, [])
@@ -148,16 +191,16 @@ def main():
         config = json.load(f)
     shape = ["--batch", str(BATCH), "--prompt-len", str(PROMPT), "--steps", str(STEPS), "--warmup", str(WARMUP),
              "--step-tokens", str(STEP_TOKENS), "--threads", "1"]
-    prefill_steps = BATCH * -(-PROMPT // STEP_TOKENS)
+    prefill_steps, decode_steps = SCHEDULE["prefill"][0], SCHEDULE["decode"][0]
 
     if not args.mpirun:  # one rank
         # 1. moex profile --json --trace
         trace_path = os.path.join(args.workdir, "profile.trace.json")
         out = json.loads(run([args.moex, "profile", "--model", model, *shape, "--json", "--trace", trace_path]).stdout)
         check(out["zones_compiled"], "built with MOEX_PROFILE_ZONES=OFF: the zone checks need zones")
-        check(out["steps"] == STEPS and out["batch"] == BATCH, "profile --json: run parameters")
+        check(out["steps"] == decode_steps and out["batch"] == BATCH, "profile --json: run parameters")
         check_report(out["profile"], config, "profile")
-        check_trace(trace_path, "profile trace", decode_steps=STEPS, prefill_steps=prefill_steps)
+        check_trace(trace_path, "profile trace", decode_steps=decode_steps, prefill_steps=prefill_steps)
 
         # 2. the human table: per phase, a "total" row at 100%, the expert load per layer
         text = run([args.moex, "profile", "--model", model, *shape]).stdout
@@ -199,10 +242,10 @@ def main():
         prof = out["profile"]
         check(out["world"] == 2 and [r["rank"] for r in prof["ranks"]] == [0, 1], "np2: one report per rank")
         for r in prof["ranks"]:
-            check_report(r, config, f"np2 rank {r['rank']}")
-        check(prof["slowest_rank"]["decode"] in (0, 1) and prof["mean"]["phases"]["decode"]["steps"] == STEPS,
+            check_report(r, config, f"np2 rank {r['rank']}", sampler=r["rank"] == 0)  # rank 0 samples every row
+        check(prof["slowest_rank"]["decode"] in (0, 1) and prof["mean"]["phases"]["decode"]["steps"] == decode_steps,
               "np2: mean and slowest rank")
-        check_trace(mpi_trace, "np2 trace", ranks=2, decode_steps=STEPS, prefill_steps=prefill_steps)
+        check_trace(mpi_trace, "np2 trace", ranks=2, decode_steps=decode_steps, prefill_steps=prefill_steps)
         text = run([args.mpirun, "--allow-run-as-root", "--oversubscribe", "-np", "2", args.moex, "profile",
                     "--model", model, *shape], env=env).stdout
         check("== rank 1 of 2 ==" in text and "== mean of 2 ranks ==" in text and "slowest rank:" in text,

@@ -22,6 +22,7 @@
 #include "moex/kernels/packed.h"
 #include "moex/model/decoder.h"
 #include "moex/runtime/generation.h"
+#include "tests/unit/plain_forward.h"
 #include "moex/runtime/sampler.h"
 #include "test_util.h"
 
@@ -164,13 +165,13 @@ constexpr int kSteps = 4;
 // Sequence P's logits: its last prompt position, then kSteps greedy decode steps ([1 + kSteps][V]), alone.
 std::vector<std::vector<float>> alone(DecoderModel& model, const std::vector<int>& prompt) {
   const int V = model.config().vocab_size;
-  KvBlockManager kv = make_block_manager(model);
+  KvBlockManager kv = test::plain_blocks(model);
   std::vector<std::vector<float>> out(1, std::vector<float>(V));
-  prefill(model, kv, 0, prompt, out[0].data());
+  test::plain_prefill(model, kv, 0, prompt, out[0].data());
   for (int s = 0; s < kSteps; ++s) {
     const int32_t token = argmax(out.back().data(), V), position = static_cast<int32_t>(prompt.size()) + s;
     out.emplace_back(V);
-    decode_step(model, kv, {0}, &token, &position, out.back().data());
+    test::plain_decode_step(model, kv, {0}, &token, &position, out.back().data());
   }
   return out;
 }
@@ -179,7 +180,7 @@ std::vector<std::vector<float>> alone(DecoderModel& model, const std::vector<int
 // chunks (ragged), then each decode row beside prefill chunks of other prompts and other sequences' decode rows.
 std::vector<std::vector<float>> batched(DecoderModel& model, const std::vector<int>& prompt) {
   const int V = model.config().vocab_size;
-  KvBlockManager kv = make_block_manager(model);
+  KvBlockManager kv = test::plain_blocks(model);
   struct Part {
     SeqId seq;
     std::vector<int> tokens;  // this step's tokens of seq

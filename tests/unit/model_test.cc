@@ -13,6 +13,7 @@
 #include "moex/base/error.h"
 #include "moex/model/decoder.h"
 #include "moex/runtime/generation.h"
+#include "tests/unit/plain_forward.h"
 #include "moex/runtime/sampler.h"
 
 namespace moex {
@@ -43,12 +44,12 @@ std::vector<std::vector<float>> decode_alone(const std::vector<int>& prompt, int
   DecoderModel model(tiny_model_dir(), options_for(1));
   const int V = model.config().vocab_size;
   std::vector<float> logits(V);
-  KvBlockManager kv = make_block_manager(model);
-  prefill(model, kv, 0, prompt, logits.data());
+  KvBlockManager kv = test::plain_blocks(model);
+  test::plain_prefill(model, kv, 0, prompt, logits.data());
   std::vector<std::vector<float>> out;
   for (int s = 0; s < steps; ++s) {
     const int32_t token = argmax(logits.data(), V), position = static_cast<int32_t>(prompt.size()) + s;
-    decode_step(model, kv, {0}, &token, &position, logits.data());
+    test::plain_decode_step(model, kv, {0}, &token, &position, logits.data());
     out.push_back(logits);
   }
   return out;
@@ -61,15 +62,15 @@ TEST(Model, BatchedDecodeEqualsSeparateRuns) {
   const int V = model.config().vocab_size;
   std::vector<float> logits(4 * V);
   std::vector<int32_t> next(4), position(4);
-  KvBlockManager kv = make_block_manager(model);
+  KvBlockManager kv = test::plain_blocks(model);
   for (int s = 0; s < 4; ++s) {
-    prefill(model, kv, s, prompts[s], logits.data() + s * V);
+    test::plain_prefill(model, kv, s, prompts[s], logits.data() + s * V);
     position[s] = static_cast<int32_t>(prompts[s].size());
   }
   std::vector<std::vector<std::vector<float>>> batched(4);
   for (int step = 0; step < steps; ++step) {
     for (int s = 0; s < 4; ++s) next[s] = argmax(logits.data() + s * V, V);
-    decode_step(model, kv, {0, 1, 2, 3}, next.data(), position.data(), logits.data());
+    test::plain_decode_step(model, kv, {0, 1, 2, 3}, next.data(), position.data(), logits.data());
     for (int s = 0; s < 4; ++s) {
       batched[s].emplace_back(logits.begin() + s * V, logits.begin() + (s + 1) * V);
       ++position[s];
@@ -104,7 +105,7 @@ TEST(Model, CachedPrefixGivesTheLogitsOfAFullPrefill) {
   const int V = model.config().vocab_size;
   KvBlockManager kv(static_cast<int32_t>(model.kv_cache().num_blocks()), 16, /*prefix_caching=*/true);
   std::vector<float> first(V), cached(V), fresh(V);
-  prefill(model, kv, 0, shared, first.data());
+  test::plain_prefill(model, kv, 0, shared, first.data());
   kv.cache_full_blocks(0, shared.data(), static_cast<int64_t>(shared.size()));
   ASSERT_EQ(kv.adopt_prefix(1, other.data(), static_cast<int64_t>(other.size())), 32);
   ASSERT_TRUE(kv.reserve(1, static_cast<int64_t>(other.size())));
@@ -122,8 +123,8 @@ TEST(Model, CachedPrefixGivesTheLogitsOfAFullPrefill) {
   model.forward(step, cached.data());
 
   DecoderModel scratch(tiny_model_dir(), options_for(1));
-  KvBlockManager kv2 = make_block_manager(scratch);
-  prefill(scratch, kv2, 0, other, fresh.data());
+  KvBlockManager kv2 = test::plain_blocks(scratch);
+  test::plain_prefill(scratch, kv2, 0, other, fresh.data());
   float max_diff = 0;
   for (int i = 0; i < V; ++i) max_diff = std::max(max_diff, std::fabs(cached[i] - fresh[i]));
   EXPECT_LE(max_diff, 1e-6f * max_abs_of(fresh));
@@ -144,13 +145,13 @@ TEST(Model, Bf16KvCacheStaysWithinItsRoundingOfTheF32Cache) {
     o.kv_cache_dtype = dtype;
     DecoderModel model(tiny_model_dir(), o);
     const int V = model.config().vocab_size;
-    KvBlockManager kv = make_block_manager(model);
+    KvBlockManager kv = test::plain_blocks(model);
     std::vector<float> all(prompt.size() * V), last(V);
-    prefill(model, kv, 0, prompt, last.data(), all.data());
+    test::plain_prefill(model, kv, 0, prompt, last.data(), all.data());
     int32_t token = 7;  // fixed inputs, so both runs see the same tokens
     for (int s = 0; s < 8; ++s) {
       const int32_t position = static_cast<int32_t>(prompt.size()) + s;
-      decode_step(model, kv, {0}, &token, &position, last.data());
+      test::plain_decode_step(model, kv, {0}, &token, &position, last.data());
       all.insert(all.end(), last.begin(), last.end());
       token = 11 + 13 * s;
     }

@@ -97,11 +97,12 @@ void check_recorded_steps(const std::string& preset, bool int8_experts) {
   DecoderModel model(model_dir(preset), o);
   const ModelConfig& c = model.config();
   const std::vector<std::vector<int>> prompts = synthetic_prompts(1, 1, c.vocab_size);
-  tools::StepReadRecorder recorder(model, prompts, false);
+  tools::StepReadRecorder recorder(model, false);
   GenerationOptions g;
   g.max_new_tokens = 5;
   g.stop_at_eos = false;
-  const GenerationResult result = generate(model, prompts, g, recorder.on_token());
+  g.after_forward = recorder.on_step();
+  const GenerationResult result = generate(model, prompts, g);
   ASSERT_EQ(recorder.steps().size(), 5u);  // the 1-token prompt's call and four decode steps
   const double expected = config_step_bytes(c, int8_experts);
   const size_t row = c.hidden_size * 2;

@@ -52,7 +52,7 @@ class FakeModel {
 
 TEST(Scheduler, LongPromptIsChunkedWhileOthersDecodeEveryStep) {
   KvBlockManager blocks(64, 16);
-  Scheduler scheduler({/*max_num_seqs=*/8, /*max_batch_tokens=*/32}, blocks);
+  Scheduler scheduler({/*max_num_seqs=*/8, /*max_step_tokens=*/32}, blocks);
   FakeModel model(blocks);
   scheduler.add(1, tokens_from(4, 10), 100);
   scheduler.add(2, tokens_from(5, 20), 100);
@@ -165,11 +165,18 @@ TEST(Scheduler, FinishedSequenceFreesItsBlocksAtTheNextStep) {
   Scheduler scheduler({4, 64}, blocks);
   FakeModel model(blocks);
   scheduler.add(1, tokens_from(20, 0), /*max_new_tokens=*/2);
-  scheduler.add(2, tokens_from(5, 50), 10);
+  // FakeModel samples 2000, 2001, 2002, ... for sequence 2: its stop token (EOS) is its third.
+  scheduler.add(2, tokens_from(5, 50), 10, /*stop_token=*/2002);
   for (int step = 0; step < 2; ++step) {  // prefill samples the first token, one decode the second
     const StepPlan& plan = scheduler.schedule();
     EXPECT_TRUE(plan.released.empty());
-    scheduler.complete(plan, model.run(plan, scheduler).data());
+    const std::vector<FinishedSeq> finished = scheduler.complete(plan, model.run(plan, scheduler).data());
+    if (step == 0) EXPECT_TRUE(finished.empty());
+    if (step == 1) {  // max_new_tokens
+      ASSERT_EQ(finished.size(), 1u);
+      EXPECT_EQ(finished[0].id, 1);
+      EXPECT_EQ(finished[0].reason, FinishReason::kLength);
+    }
   }
   EXPECT_EQ(scheduler.state(1), SeqState::kFinishing);
   EXPECT_EQ(scheduler.tokens(1).size(), 22u);
@@ -177,11 +184,16 @@ TEST(Scheduler, FinishedSequenceFreesItsBlocksAtTheNextStep) {
   const StepPlan& plan = scheduler.schedule();
   EXPECT_EQ(plan.released, std::vector<SeqId>{1});
   EXPECT_EQ(blocks.num_used_blocks(), 1);
-  // EOS: the engine calls finish(), with the same effect.
-  EXPECT_TRUE(scheduler.finish(2));
+  // The stop token: finished by complete() as well, freed at the next step.
+  const std::vector<FinishedSeq> finished = scheduler.complete(plan, model.run(plan, scheduler).data());
+  ASSERT_EQ(finished.size(), 1u);
+  EXPECT_EQ(finished[0].id, 2);
+  EXPECT_EQ(finished[0].reason, FinishReason::kStop);
+  EXPECT_EQ(scheduler.tokens(2).back(), 2002);
   EXPECT_EQ(scheduler.schedule().released, std::vector<SeqId>{2});
   EXPECT_EQ(blocks.num_used_blocks(), 0);
   EXPECT_TRUE(scheduler.idle());
+  EXPECT_FALSE(scheduler.cancel(2));  // forgotten once released
 }
 
 TEST(Scheduler, AdmitsInArrivalOrder) {
@@ -228,7 +240,7 @@ TEST(Scheduler, RefusesRequestsThatCouldNeverFit) {
 
 TEST(Scheduler, RandomWorkloadWithCancellationsEndsWithEveryBlockFree) {
   KvBlockManager blocks(48, 16);  // 768 positions: forces preemption
-  const SchedulerOptions options{/*max_num_seqs=*/12, /*max_batch_tokens=*/96};
+  const SchedulerOptions options{/*max_num_seqs=*/12, /*max_step_tokens=*/96};
   Scheduler scheduler(options, blocks);
   FakeModel model(blocks);
   std::mt19937 rng(2026);
@@ -257,7 +269,7 @@ TEST(Scheduler, RandomWorkloadWithCancellationsEndsWithEveryBlockFree) {
     const StepPlan& plan = scheduler.schedule();
     preemptions += static_cast<int64_t>(plan.preempted.size());
     for (SeqId id : plan.released) live.erase(std::find(live.begin(), live.end(), id));
-    EXPECT_LE(plan.num_tokens, options.max_batch_tokens);
+    EXPECT_LE(plan.num_tokens, options.max_step_tokens);
     EXPECT_LE(static_cast<int64_t>(plan.seqs.size()), options.max_num_seqs);
     for (size_t i = 1; i < plan.seqs.size(); ++i) EXPECT_NE(plan.seqs[i - 1].id, plan.seqs[i].id);
     if (plan.seqs.empty()) continue;

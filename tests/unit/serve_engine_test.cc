@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
@@ -12,6 +13,7 @@
 
 #include "moex/base/error.h"
 #include "moex/runtime/generation.h"
+#include "tests/unit/plain_forward.h"
 #include "moex/serve/engine.h"
 
 namespace moex::serve {
@@ -73,7 +75,7 @@ TEST(ServeEngine, ConcurrentRequestsGetTheTokensOfEachAlone) {
   DecoderModel model(tiny_model_dir(), model_options());
   EngineOptions eo;
   eo.max_num_seqs = 4;  // 6 requests: two wait for a place
-  eo.max_batch_tokens = 32;
+  eo.max_step_tokens = 32;
   eo.max_model_len = 128;
   Engine engine(model, eo);
   std::vector<std::shared_ptr<RequestStream>> streams;
@@ -161,22 +163,22 @@ TEST(ServeEngine, PenaltiesSeeTheRequestsOwnOutput) {
   {
     DecoderModel model(tiny_model_dir(), model_options());
     const int V = model.config().vocab_size;
-    KvBlockManager kv = make_block_manager(model);
+    KvBlockManager kv = test::plain_blocks(model);
     std::vector<float> logits(V);
-    prefill(model, kv, 0, prompt, logits.data());
+    test::plain_prefill(model, kv, 0, prompt, logits.data());
     Sampler sampler(so);
     TokenCounts counts;
     for (int s = 0; s < steps; ++s) {
       const int32_t token = sampler.sample(logits.data(), V, &counts), position = static_cast<int32_t>(prompt.size()) + s;
       counts.add(token);
       want.push_back(token);
-      if (s + 1 < steps) decode_step(model, kv, {0}, &token, &position, logits.data());
+      if (s + 1 < steps) test::plain_decode_step(model, kv, {0}, &token, &position, logits.data());
     }
   }
   DecoderModel model(tiny_model_dir(), model_options());
   EngineOptions eo;
   eo.max_num_seqs = 4;
-  eo.max_batch_tokens = 32;
+  eo.max_step_tokens = 32;
   eo.max_model_len = 128;
   Engine engine(model, eo);
   GenerationRequest r;
@@ -198,7 +200,7 @@ TEST(ServeEngine, CancelledRequestFreesItsBlocksAndOthersGoOn) {
   DecoderModel model(tiny_model_dir(), mo);
   EngineOptions eo;
   eo.max_num_seqs = 4;
-  eo.max_batch_tokens = 32;
+  eo.max_step_tokens = 32;
   eo.max_model_len = 2048;
   Engine engine(model, eo);
   GenerationRequest r;
@@ -229,7 +231,55 @@ TEST(ServeEngine, CancelledRequestFreesItsBlocksAndOthersGoOn) {
 namespace moex::serve {
 namespace {
 
-// Attention DP's request placement (serve/engine.h least_loaded_rank): fewest sequences, then the longest
+// The offline path (generate() stepping the engine on this thread) with all_logits: every row's logits equal
+// a plain loop of forward calls (the prompt in 32-token chunks, then one decode row per fed-back token), and
+// the tokens are the rows' argmaxes. A prompt beside others, with fewer sequences per step than prompts, so
+// steps mix prompt chunks, decode rows and a queued request.
+TEST(Engine, GenerateWithAllLogitsGivesThePlainLoopsLogits) {
+  std::vector<int> prompt(45);
+  for (int i = 0; i < 45; ++i) prompt[i] = 1 + (i * 29) % 500;
+  const int n = 6;
+  std::vector<float> want;
+  std::vector<int> want_tokens;
+  {
+    DecoderModel model(tiny_model_dir(), model_options());
+    const int V = model.config().vocab_size;
+    KvBlockManager kv = test::plain_blocks(model);
+    want.resize(static_cast<size_t>(prompt.size() + n - 1) * V);
+    std::vector<float> last(V);
+    test::plain_prefill(model, kv, 0, prompt, last.data(), want.data());
+    for (int s = 0; s < n; ++s) {
+      want_tokens.push_back(argmax(last.data(), V));
+      if (s + 1 == n) break;
+      const int32_t token = want_tokens.back(), position = static_cast<int32_t>(prompt.size()) + s;
+      float* row = want.data() + static_cast<size_t>(position) * V;
+      test::plain_decode_step(model, kv, {0}, &token, &position, row);
+      std::copy(row, row + V, last.begin());
+    }
+  }
+  DecoderModel model(tiny_model_dir(), model_options());
+  GenerationOptions options;
+  options.max_new_tokens = n;
+  options.stop_at_eos = false;
+  options.return_logits = true;
+  options.max_num_seqs = 2;  // three prompts: one waits for a place
+  const GenerationResult r = generate(model, {{7, 8, 9}, prompt, {3, 1, 4, 1, 5, 9, 2, 6}}, options);
+  ASSERT_EQ(r.logits.size(), 3u);
+  EXPECT_EQ(r.new_tokens[1], want_tokens);
+  ASSERT_EQ(r.logits[1].size(), want.size());
+  float max_diff = 0, max_abs = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    max_diff = std::max(max_diff, std::fabs(r.logits[1][i] - want[i]));
+    max_abs = std::max(max_abs, std::fabs(want[i]));
+  }
+  EXPECT_LE(max_diff, 1e-5f * max_abs);
+  EXPECT_GT(max_abs, 0.0f);
+  for (int s = 0; s < 3; ++s) EXPECT_EQ(r.new_tokens[s].size(), static_cast<size_t>(n)) << s;
+  EXPECT_GT(r.prefill_steps, 0);
+  EXPECT_EQ(r.prefill_tokens, 3 + 45 + 8);
+}
+
+// Attention DP's request placement (runtime/engine.h least_loaded_rank): fewest sequences, then the longest
 // cached prefix, then the most free blocks, then the lowest rank.
 TEST(ServeEngine, DataParallelAssignsTheLeastLoadedRank) {
   EXPECT_EQ(least_loaded_rank({{0, 0, 10}}), 0);

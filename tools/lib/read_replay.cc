@@ -96,20 +96,13 @@ RepeatStats repeat_stats(const std::vector<kernels::StepReads>& steps) {
   return r;
 }
 
-StepReadRecorder::StepReadRecorder(const DecoderModel& model, const std::vector<std::vector<int>>& prompts,
-                                   bool skip_prefill)
-    : model_(model), batch_(static_cast<int>(prompts.size())), skip_prefill_(skip_prefill) {
-  for (const std::vector<int>& p : prompts) inputs_.push_back(p.back());
-  sampled_.assign(batch_, 0);
-}
+StepReadRecorder::StepReadRecorder(const DecoderModel& model, bool skip_prefill)
+    : model_(model), skip_prefill_(skip_prefill) {}
 
-std::function<void(int, int)> StepReadRecorder::on_token() {
-  return [this](int seq, int token) {
-    sampled_[seq] = token;
-    if (seq != batch_ - 1) return;
-    if (!skip_prefill_ || prefill_done_) steps_.push_back(step_weight_reads(model_, inputs_));
-    prefill_done_ = true;
-    inputs_ = sampled_;
+std::function<void(const StepInput&, StepKind)> StepReadRecorder::on_step() {
+  return [this](const StepInput& step, StepKind kind) {
+    if (skip_prefill_ && kind == StepKind::kPrefill) return;
+    steps_.push_back(step_weight_reads(model_, std::vector<int32_t>(step.tokens, step.tokens + step.num_tokens)));
   };
 }
 

@@ -1,5 +1,5 @@
 // The replay roofline of the benchmarks (docs/kernels.md, "Probes"): which weight bytes each forward step of
-// a measured run read, recorded through generate()'s token callback, for kernels::stream_read_steps to
+// a measured run read, recorded after each engine step's forward (GenerationOptions::after_forward), for kernels::stream_read_steps to
 // stream again in the same order over the same sequence of steps.
 #pragma once
 #include <cstdint>
@@ -9,6 +9,7 @@
 
 #include "moex/kernels/probe.h"
 #include "moex/model/decoder.h"
+#include "moex/runtime/step_protocol.h"
 
 namespace moex::tools {
 
@@ -28,24 +29,19 @@ struct RepeatStats {
 };
 RepeatStats repeat_stats(const std::vector<kernels::StepReads>& steps);
 
-// Records the steps of generate() runs: pass on_token() as its callback. generate() calls it once per live
-// sequence after each round (the prompts' prefill, then every decode step), sequences in order; the recorder
-// closes a step at the last sequence's call, with the round's inputs (the prompts' last tokens, then the
-// tokens sampled in the round before). skip_prefill drops the first round (a prefill of several calls or of
-// long prompts: its reads are not one step's).
+// Records the steps of generate() runs: pass on_step() as GenerationOptions::after_forward. Each step's
+// reads are taken right after its forward, from its input tokens and the experts it routed to.
+// skip_prefill drops the prefill steps (a step with a prompt chunk: not what a decode step reads).
 class StepReadRecorder {
  public:
-  StepReadRecorder(const DecoderModel& model, const std::vector<std::vector<int>>& prompts, bool skip_prefill);
-  std::function<void(int, int)> on_token();
+  StepReadRecorder(const DecoderModel& model, bool skip_prefill);
+  std::function<void(const StepInput&, StepKind)> on_step();
   const std::vector<kernels::StepReads>& steps() const { return steps_; }
   double mean_step_bytes() const;
 
  private:
   const DecoderModel& model_;
-  int batch_;
   bool skip_prefill_;
-  bool prefill_done_ = false;
-  std::vector<int32_t> inputs_, sampled_;
   std::vector<kernels::StepReads> steps_;
 };
 

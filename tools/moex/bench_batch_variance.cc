@@ -20,7 +20,6 @@
 #include "moex/runtime/generation.h"
 #include "moex/runtime/sampler.h"
 #include "moex/serve/engine.h"
-#include "moex/serve/step_sync.h"
 #include "tools/lib/synthetic.h"
 #include "tools/moex/bench.h"
 #include "tools/moex/model_flags.h"
@@ -33,7 +32,7 @@ struct VarianceFlags {
   int prompts = 64;
   int min_len = 4, max_len = 96;  // prompt lengths spread over [min_len, max_len]
   int tokens = 32;                // greedy tokens per prompt
-  int max_num_seqs = 64, max_batch_tokens = 512;  // the engine's (serve's defaults)
+  int max_num_seqs = 64;  // the engine's (serve's default); its step budget is --step-tokens
   bool json = false;
 };
 
@@ -46,20 +45,15 @@ SamplerOptions greedy_with_logprobs() {
   return o;
 }
 
+// The prompt alone on the engine (one sequence per step), under every rank as the served run.
 std::vector<SampledToken> run_alone(DecoderModel& model, const std::vector<int>& prompt, int n) {
-  const int V = model.config().vocab_size;
-  KvBlockManager kv = make_block_manager(model);
-  Sampler sampler(greedy_with_logprobs());
-  std::vector<SampledToken> out(n);
-  std::vector<float> logits(V);
-  prefill(model, kv, 0, prompt, logits.data());
-  for (int s = 0; s < n; ++s) {
-    sampler.sample(logits.data(), V, nullptr, &out[s]);
-    if (s + 1 == n) break;
-    const int32_t token = out[s].token, position = static_cast<int32_t>(prompt.size()) + s;
-    decode_step(model, kv, {0}, &token, &position, logits.data());
-  }
-  return out;
+  GenerationOptions options;
+  options.max_new_tokens = n;
+  options.stop_at_eos = false;
+  options.sampler = greedy_with_logprobs();
+  options.max_num_seqs = 1;
+  GenerationResult r = generate(model, {prompt}, options);
+  return r.logprobs.empty() ? std::vector<SampledToken>{} : std::move(r.logprobs[0]);
 }
 
 void run_variance(const VarianceFlags& f) {
@@ -68,9 +62,8 @@ void run_variance(const VarianceFlags& f) {
                    f.max_len, "]");
   MOEX_CHECK_INPUT(f.max_len + f.tokens <= f.model.max_seq_len, "--max-len + -n (", f.max_len + f.tokens,
                    ") must be at most --max-seq-len (", f.model.max_seq_len, ")");
-  MOEX_CHECK_INPUT(f.max_num_seqs >= 1 && f.max_batch_tokens >= f.max_num_seqs &&
-                       f.max_batch_tokens <= f.model.max_step_tokens,
-                   "--max-batch-tokens must be in [--max-num-seqs, --step-tokens]");
+  MOEX_CHECK_INPUT(f.max_num_seqs >= 1 && f.model.max_step_tokens >= f.max_num_seqs,
+                   "--step-tokens must be at least --max-num-seqs");
   const auto start = std::chrono::steady_clock::now();
   const std::unique_ptr<DecoderModel> model = f.model.load(f.max_num_seqs);
   const int V = model->config().vocab_size;
@@ -92,21 +85,21 @@ void run_variance(const VarianceFlags& f) {
   // MPI_ERR_TRUNCATE, then a crash, in about one run in five on a loaded machine.)
   const ParallelPlan& plan = model->options().plan;
   if (plan.rank != 0) {
-    serve::run_step_worker(*model->options().comm, *model, f.max_num_seqs);
+    run_step_worker(*model->options().comm, *model, f.model.max_step_tokens);
     return;  // rank 0 prints the report
   }
   {
-    serve::EngineOptions eo;
+    EngineOptions eo;
     if (!plan.single()) eo.comm = model->options().comm;
     eo.max_num_seqs = f.max_num_seqs;
-    eo.max_batch_tokens = f.max_batch_tokens;
+    eo.max_step_tokens = f.model.max_step_tokens;
     eo.max_waiting = f.prompts;
     eo.max_model_len = f.model.max_seq_len;
     eo.prefix_caching = false;  // every prompt computed, as alone
     serve::Engine engine(*model, eo);
     std::vector<std::shared_ptr<serve::RequestStream>> streams;
     for (const auto& p : prompts) {
-      serve::GenerationRequest r;
+      GenerationRequest r;
       r.prompt.assign(p.begin(), p.end());
       r.max_tokens = f.tokens;
       r.ignore_eos = true;
@@ -170,7 +163,7 @@ void run_variance(const VarianceFlags& f) {
     std::printf("%s\n", nlohmann::json{{"model", f.model.model_dir}, {"weights", weights},
                                        {"batch_invariant", f.model.batch_invariant}, {"prompts", f.prompts},
                                        {"tokens", f.tokens}, {"max_num_seqs", f.max_num_seqs},
-                                       {"max_batch_tokens", f.max_batch_tokens}, {"differ", diffs.size()},
+                                       {"max_batch_tokens", f.model.max_step_tokens}, {"differ", diffs.size()},
                                        {"median_top2_gap_alone", median_gap}, {"differences", rows},
                                        {"same_token_steps", same_steps}, {"logprob_differs_steps", numeric_steps},
                                        {"max_logprob_diff", max_logprob_diff},
@@ -180,8 +173,8 @@ void run_variance(const VarianceFlags& f) {
     return;
   }
   std::printf("bench batch-variance: %d prompts of %d..%d tokens, %d greedy tokens each; alone vs served together "
-              "(max-num-seqs %d, max-batch-tokens %d); weights %s%s\n",
-              f.prompts, f.min_len, f.max_len, f.tokens, f.max_num_seqs, f.max_batch_tokens, weights.c_str(),
+              "(max-num-seqs %d, step-tokens %d); weights %s%s\n",
+              f.prompts, f.min_len, f.max_len, f.tokens, f.max_num_seqs, f.model.max_step_tokens, weights.c_str(),
               f.model.batch_invariant ? ", --batch-invariant" : "");
   if (!diffs.empty()) {
     std::printf("  %6s %6s %10s %8s %8s %12s %6s\n", "prompt", "len", "first diff", "alone", "served", "top-2 gap", "rank");  // rank 0: not in the top 20
@@ -207,7 +200,7 @@ void setup_variance(CLI::App& bench) {
   cmd->add_option("--max-len", f->max_len, "Longest prompt")->capture_default_str();
   cmd->add_option("-n,--max-new-tokens", f->tokens, "Greedy tokens per prompt")->capture_default_str();
   cmd->add_option("--max-num-seqs", f->max_num_seqs, "Sequences served at once (as serve)")->capture_default_str();
-  cmd->add_option("--max-batch-tokens", f->max_batch_tokens, "Tokens per step (as serve)")->capture_default_str();
+  cmd->add_option("--max-batch-tokens", f->model.max_step_tokens, "Another name of --step-tokens (as serve)");
   cmd->add_flag("--json", f->json, "One JSON object");
   cmd->callback([f] { run_variance(*f); });
 }

@@ -80,8 +80,10 @@ void run_decode(DecodeFlags& f) {
   std::vector<double> step_seconds, run_seconds;  // per repeat: mean decode step; prefill + decode
   // The replay probe's recording: one untimed run, outside the profile, records each decode step's reads
   // (greedy: the timed runs route the same way).
-  StepReadRecorder recorder(*model, prompts, /*skip_prefill=*/true);
-  generate(*model, prompts, options, recorder.on_token());
+  StepReadRecorder recorder(*model, /*skip_prefill=*/true);
+  GenerationOptions recording = options;
+  recording.after_forward = recorder.on_step();
+  generate(*model, prompts, recording);
   f.profile.start();
   // Median over repeats of the mean decode step time (each repeat re-prefills: same positions, same work).
   measure_median({.repeats = f.repeats}, [&] {
@@ -95,8 +97,8 @@ void run_decode(DecodeFlags& f) {
   std::sort(sorted.begin(), sorted.end());
   const double step = sorted[sorted.size() / 2];
   // With its prefill: the batch's new tokens over prefill + decode, what a server's output throughput
-  // counts (`bench serve` at concurrency B, --input-len prompt-len, --output-len steps). generate()
-  // prefills one sequence at a time; a server's steps hold several prompts' chunks.
+  // counts (`bench serve` at concurrency B, --input-len prompt-len, --output-len steps): generate() runs the
+  // server's engine, whose prefill steps hold several prompts' chunks.
   std::vector<double> runs(run_seconds.begin() + warm, run_seconds.end());
   std::sort(runs.begin(), runs.end());
   const double with_prefill_tokens_per_s = static_cast<double>(f.batch) * f.steps / runs[runs.size() / 2];

@@ -141,8 +141,8 @@ std::vector<E2eRow> bench_format(const E2EFlags& f, const std::string& weights) 
   // Dense bytes per token: everything but the experts (attention, router, norms, lm_head, one embedding row).
   const double dense_bytes = static_cast<double>(model->weight_bytes_per_token()) - expert_bytes_per_token(*model);
   const TimingOptions timing{.repeats = f.repeats, .cpu_clock = f.cpu_clock};
-  // Through generate(), the loop every command runs: its prefill of a prompt is one forward call of up to
-  // --step-tokens tokens, each decode step one call with a token of every live sequence.
+  // Through generate(), the engine every command runs: a prompt's prefill is one step of up to --step-tokens
+  // tokens per chunk, each decode step one forward call with a token of every live sequence.
   const auto run = [&](int batch, int prompt_len, int new_tokens) {
     GenerationOptions options;
     options.max_new_tokens = new_tokens;
@@ -175,11 +175,12 @@ std::vector<E2eRow> bench_format(const E2EFlags& f, const std::string& weights) 
     const int n = f.generate_tokens;
     // One untimed run records what each of its n steps read (greedy: every run routes the same way).
     const std::vector<std::vector<int>> prompts = synthetic_prompts(1, 1, c.vocab_size);
-    StepReadRecorder recorder(*model, prompts, false);
+    StepReadRecorder recorder(*model, false);
     GenerationOptions options;
     options.max_new_tokens = n;
     options.stop_at_eos = false;
-    generate(*model, prompts, options, recorder.on_token());
+    options.after_forward = recorder.on_step();
+    generate(*model, prompts, options);
     MOEX_CHECK(static_cast<int>(recorder.steps().size()) == n, "recorded ", recorder.steps().size(), " of ", n, " steps");
     const double seconds = measure_median(timing, [&] { run(1, 1, n); }).seconds / n;
     volatile float sink = 0.0f;

@@ -80,7 +80,8 @@ void run_sweep(SweepFlags& f) {
                                    {"EP=" + std::to_string(n) + " dp-attn", "ep", "dp", 1, n}};
   if (n % 2 == 0 && n > 2) plans.push_back({"TP=2 x EP=" + std::to_string(n / 2), "tpxep", "tp", 2, n / 2});
   const int max_batch = *std::max_element(f.batches.begin(), f.batches.end());
-  f.model.max_seq_len = std::max(f.prefill_len, f.prompt_len + f.steps + 2);
+  // +1: the engine samples a token after the prefill workload's prompt too (its context holds it).
+  f.model.max_seq_len = std::max(f.prefill_len + 1, f.prompt_len + f.steps + 2);
   f.model.max_step_tokens = std::max(f.prefill_len, max_batch);
   std::vector<SweepRow> rows;
   ProfileFlags profiling;

@@ -39,16 +39,18 @@ void log_softmax(const float* logits, int64_t n, std::vector<double>& out) {
   for (int64_t i = 0; i < n; ++i) out[i] = double(logits[i]) - log_sum;
 }
 
-// Logits [prompts * prompt_len, V] of every position: each prompt is one prefill of a fresh sequence.
+// Logits [prompts * prompt_len, V] of every position: each prompt is a request of one new token on the
+// engine, alone in its steps (as the reference run), returning every prompt row's logits.
 std::vector<float> all_logits(DecoderModel& model, const std::vector<std::vector<int>>& prompts) {
-  const int64_t V = model.config().vocab_size;
-  std::vector<float> out, last(V);
-  KvBlockManager kv = make_block_manager(model);
+  GenerationOptions options;
+  options.max_new_tokens = 1;
+  options.stop_at_eos = false;
+  options.return_logits = true;
+  options.max_num_seqs = 1;
+  std::vector<float> out;
   for (const auto& p : prompts) {
-    const size_t at = out.size();
-    out.resize(at + p.size() * V);
-    prefill(model, kv, 0, p, last.data(), out.data() + at);
-    kv.free(0);
+    const GenerationResult r = generate(model, {p}, options);
+    out.insert(out.end(), r.logits[0].begin(), r.logits[0].end());
   }
   return out;
 }

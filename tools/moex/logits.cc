@@ -151,38 +151,34 @@ void run_logits(const LogitsFlags& flags) {
   auto model = flags.model.load(1);
   const int vocab = model->config().vocab_size;
   const int64_t rows = static_cast<int64_t>(prompt.size()) + flags.decode_steps;
-  MOEX_CHECK_INPUT(rows <= model->options().max_seq_len, "prompt + --decode is ", rows,
-                   " positions: increase --max-seq-len to at least ", rows);
-  std::vector<float> logits(static_cast<size_t>(rows) * vocab), last(vocab);
+  // The engine's limit, prompt + new tokens: --decode fed back and the one sampled after them.
+  MOEX_CHECK_INPUT(rows + 1 <= model->options().max_seq_len, "prompt + --decode is ", rows,
+                   " positions, and the engine samples one more: increase --max-seq-len to at least ", rows + 1);
   if (!flags.stats_out.empty())
     MOEX_CHECK_INPUT(static_cast<int64_t>(prompt.size()) <= model->options().max_step_tokens,
                      "--stats-out describes the prompt as one forward call: increase --step-tokens to at least ",
                      prompt.size());
-  // Under attention DP the sequence lives on rank 0; the other ranks join each step's collectives.
+  // One request on the engine, greedy, asking for the logits of every row it computes: the prompt's rows,
+  // then one row per generated token fed back (--decode of them; the last sampled token is not fed back).
+  // Under a parallel plan rank 0 drives the engine and the other ranks run its steps.
   const ParallelPlan& plan = model->options().plan;
-  const bool owner = rank_serves_sequence(plan, 0);
-  KvBlockManager kv = make_block_manager(*model);
-  if (owner) {
-    prefill(*model, kv, 0, prompt, last.data(), logits.data());
-  } else {
-    for (int64_t i = 0; i < prefill_steps(*model, static_cast<int64_t>(prompt.size())); ++i) idle_step(*model);
-  }
   std::string stats;  // written with the logits, at the end (the decode steps replace the model's stats)
-  if (!flags.stats_out.empty() && plan.rank == 0) stats = moe_stats_json(*model, static_cast<int64_t>(prompt.size()));
-  std::vector<int> generated;
-  for (int step = 0; step < flags.decode_steps; ++step) {
-    if (!owner) {
-      idle_step(*model);
-      continue;
-    }
-    const int32_t token = argmax(last.data(), vocab);
-    const int32_t position = static_cast<int32_t>(prompt.size()) + step;
-    generated.push_back(token);
-    float* row = logits.data() + static_cast<size_t>(position) * vocab;
-    decode_step(*model, kv, {0}, &token, &position, row);
-    std::copy(row, row + vocab, last.begin());
-  }
-  if (plan.rank != 0) return;  // rank 0 serves sequence 0 under every plan and writes the results
+  GenerationOptions options;
+  options.max_new_tokens = flags.decode_steps + 1;
+  options.stop_at_eos = false;
+  options.return_logits = true;
+  options.max_num_seqs = 1;
+  if (!flags.stats_out.empty())  // the prompt's step: the first (the prompt is one step, checked above)
+    options.after_forward = [&](const StepInput&, StepKind) {
+      if (stats.empty()) stats = moe_stats_json(*model, static_cast<int64_t>(prompt.size()));
+    };
+  GenerationResult result = generate(*model, {prompt}, options);
+  std::vector<int> generated = result.new_tokens[0];
+  generated.resize(flags.decode_steps);  // the tokens fed back; the last one only closes the run
+  if (plan.rank != 0) return;  // rank 0 drives the engine and writes the results
+  const std::vector<float>& logits = result.logits[0];
+  MOEX_CHECK(logits.size() == static_cast<size_t>(rows) * vocab, "the engine gave ", logits.size() / vocab,
+             " rows of logits for ", rows, " positions");
   check_logits_finite(logits, vocab, prompt.size());
   // Every output is complete under its temporary name before any replaces the user's file.
   OutputFile out(flags.out, "--out");

@@ -20,7 +20,8 @@ namespace moex::tools {
 void ModelFlags::add_to(CLI::App* cmd) {
   cmd->add_option("--model", model_dir, "Hugging Face model folder (config.json + safetensors), or a llama.cpp .gguf file")->required();
   cmd->add_option("--max-seq-len", max_seq_len, "KV cache length per sequence")->capture_default_str();
-  cmd->add_option("--step-tokens", max_step_tokens, "Most tokens in one forward call (prefill chunk)")
+  cmd->add_option("--step-tokens", max_step_tokens,
+                  "The step's token budget: most tokens in one forward call (decode rows plus prompt chunks)")
       ->capture_default_str();
   cmd->add_option("--router-fusion", router_fusion, "Router: none | topk_softmax | full")->capture_default_str();
   cmd->add_option("--capacity-factor", capacity_factor, "Expert capacity factor; <= 0 is dropless")

@@ -13,7 +13,7 @@
 #include "moex/text/tokenizer.h"
 #include "moex/serve/engine.h"
 #include "moex/serve/http_server.h"
-#include "moex/serve/step_sync.h"
+#include "moex/runtime/step_protocol.h"
 #include "tools/moex/command.h"
 #include "tools/moex/model_flags.h"
 
@@ -25,7 +25,6 @@ struct ServeFlags {
   std::string host = "127.0.0.1";
   int port = 8000;
   int64_t max_num_seqs = 64;
-  int64_t max_batch_tokens = 512;
   int64_t max_waiting = 256;
   double kv_cache_gb = 0.0;
   int max_model_len = 0;
@@ -43,9 +42,9 @@ struct ServeFlags {
 void run_serve(ServeFlags flags) {
   MOEX_CHECK_INPUT(flags.port >= 0 && flags.port <= 65535, "--port must be 0..65535 (0: any free port)");
   MOEX_CHECK_INPUT(flags.max_num_seqs >= 1 && flags.max_num_seqs <= 4096, "--max-num-seqs must be 1..4096");
-  MOEX_CHECK_INPUT(flags.max_batch_tokens >= flags.max_num_seqs && flags.max_batch_tokens <= (1 << 20),
-                   "--max-batch-tokens (", flags.max_batch_tokens, ") must be at least --max-num-seqs (",
-                   flags.max_num_seqs, ") and at most 1048576");
+  const int64_t step_tokens = flags.model.max_step_tokens;  // the step's token budget
+  MOEX_CHECK_INPUT(step_tokens >= flags.max_num_seqs && step_tokens <= (1 << 20), "--step-tokens (", step_tokens,
+                   ") must be at least --max-num-seqs (", flags.max_num_seqs, ") and at most 1048576");
   MOEX_CHECK_INPUT(flags.max_waiting >= 0, "--max-waiting must be >= 0");
   MOEX_CHECK_INPUT(flags.kv_cache_gb >= 0, "--kv-cache-gb must be positive (0: --max-num-seqs x --max-model-len)");
   MOEX_CHECK_INPUT(!flags.api_key_given || !flags.api_key.empty(),
@@ -55,7 +54,6 @@ void run_serve(ServeFlags flags) {
   MOEX_CHECK_INPUT(!flags.metrics_require_key || !flags.api_key.empty(), "--metrics-require-key needs --api-key");
   MOEX_CHECK_INPUT(flags.http_threads >= 0 && flags.http_threads <= 4096, "--http-threads must be 0..4096");
   if (flags.max_model_len > 0) flags.model.max_seq_len = flags.max_model_len;
-  flags.model.max_step_tokens = static_cast<int>(flags.max_batch_tokens);
   flags.model.kv_cache_gb = flags.kv_cache_gb;
   const Tokenizer tokenizer = Tokenizer::for_model(flags.model.model_dir);  // as generate: .gguf, tokenizer.json, tokenizer.model
   // The chat template: --chat-template FILE, else the checkpoint's (tokenizer_config.json, a .gguf's
@@ -89,9 +87,9 @@ void run_serve(ServeFlags flags) {
   }
   const ParallelPlan& plan = model->options().plan;
   // Rank 0 owns HTTP and the scheduler(s). Attention TP: every rank runs rank 0's step. Attention DP: rank 0
-  // keeps a scheduler per rank and sends each rank its own sub-step (serve/step_sync.h).
+  // keeps a scheduler per rank and sends each rank its own sub-step (runtime/step_protocol.h).
   if (plan.rank != 0) {  // this rank runs each step rank 0 sends
-    serve::run_step_worker(*model->options().comm, *model, flags.max_num_seqs);
+    run_step_worker(*model->options().comm, *model, step_tokens);
     return;
   }
   MOEX_CHECK_INPUT(tokenizer.vocab_size() <= model->config().vocab_size, tokenizer.describe(),
@@ -102,10 +100,10 @@ void run_serve(ServeFlags flags) {
                       : flags.served_model_name;
   if (so.model_name.empty()) so.model_name = std::filesystem::path(flags.model.model_dir).parent_path().filename().string();
   so.chat_template = chat_template.get();
-  serve::EngineOptions eo;
+  EngineOptions eo;
   eo.model_name = so.model_name;
   eo.max_num_seqs = flags.max_num_seqs;
-  eo.max_batch_tokens = flags.max_batch_tokens;
+  eo.max_step_tokens = step_tokens;
   eo.max_waiting = flags.max_waiting;
   eo.max_model_len = model->options().max_seq_len;
   eo.prefix_caching = !flags.no_prefix_caching;
@@ -134,14 +132,14 @@ void run_serve(ServeFlags flags) {
   const std::string access = so.api_key.empty() ? "no API key: every client that can connect may use it"
                                                 : "API key required (all but " + open_paths + ")";
   std::printf("moex serve: listening on http://%s:%d (%s; model '%s'; weights: experts %s, dense %s; chat template %s; KV cache %s, %lld blocks = %lld positions; "
-              "--max-num-seqs %lld, --max-batch-tokens %lld, --max-model-len %lld, prefix caching %s%s%s)\n",
+              "--max-num-seqs %lld, --step-tokens %lld, --max-model-len %lld, prefix caching %s%s%s)\n",
               so.host.c_str(), server.port(), access.c_str(), so.model_name.c_str(),
               model->options().expert_weights.name().c_str(), model->options().dense_weights.name().c_str(),
               chat_template ? chat_template->family().c_str() : "none", kv_cache_dtype_name(kv.dtype()),
               static_cast<long long>(kv.num_blocks()), static_cast<long long>(kv.capacity_positions()),
-              static_cast<long long>(eo.max_num_seqs), static_cast<long long>(eo.max_batch_tokens), static_cast<long long>(eo.max_model_len),
+              static_cast<long long>(eo.max_num_seqs), static_cast<long long>(eo.max_step_tokens), static_cast<long long>(eo.max_model_len),
               eo.prefix_caching ? "on" : "off", plan.single() ? "" : ("; " + plan.describe()).c_str(),
-              engine.num_pools() > 1 ? "; KV cache, --max-num-seqs and --max-batch-tokens per rank" : "");
+              engine.num_pools() > 1 ? "; KV cache, --max-num-seqs and --step-tokens per rank" : "");
   if (so.web) std::printf("moex serve: web page (chat, engine charts) at http://%s:%d/\n", so.host.c_str(), server.port());
   std::fflush(stdout);
   server.run();
@@ -158,9 +156,8 @@ void setup_serve(CLI::App& app) {
   cmd->add_option("--host", flags->host, "Address to listen on")->capture_default_str();
   cmd->add_option("--port", flags->port, "TCP port (0: any free port, printed at start-up)")->capture_default_str();
   cmd->add_option("--max-num-seqs", flags->max_num_seqs, "Sequences in one step")->capture_default_str();
-  cmd->add_option("--max-batch-tokens", flags->max_batch_tokens,
-                  "Tokens in one step: decoders plus prefill chunks (also the model's step size)")
-      ->capture_default_str();
+  // The step's token budget is the model flags' --step-tokens; --max-batch-tokens, its earlier name here, stays.
+  cmd->add_option("--max-batch-tokens", flags->model.max_step_tokens, "Another name of --step-tokens");
   cmd->add_option("--max-waiting", flags->max_waiting, "Requests queued beyond the running ones; more get HTTP 429")
       ->capture_default_str();
   cmd->add_option("--kv-cache-gb", flags->kv_cache_gb,

@@ -51,7 +51,7 @@ class Communicator {
   // Blocks until all complete; a peer that makes no progress for the comm timeout is an error (exit 3).
   virtual void wait_all(std::span<P2PRequest> requests) = 0;
   // Never blocks: true when all have completed (they are then released), else nothing changes. For a
-  // waiter that sleeps between tests instead of spinning (an idle `moex serve` rank, serve/step_sync).
+  // waiter that sleeps between tests instead of spinning (an idle `moex serve` rank, runtime/step_protocol).
   virtual bool test_all(std::span<P2PRequest> requests) = 0;
 
   // ---- collectives (blocking; every rank of the group calls them in the same order) ----

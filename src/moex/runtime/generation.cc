@@ -1,106 +1,52 @@
 #include "moex/runtime/generation.h"
 
 #include <algorithm>
-#include <chrono>
+#include <cstring>
+#include <exception>
 #include <string>
 
 #include "moex/base/error.h"
-#include "moex/base/threads.h"
-#include "moex/profile/profile.h"
 
 namespace moex {
 namespace {
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-}  // namespace
 
-KvBlockManager make_block_manager(const DecoderModel& model, bool prefix_caching) {
-  const kernels::PagedKvLayout& layout = model.kv_cache().layout();
-  return KvBlockManager(static_cast<int32_t>(layout.num_blocks), static_cast<int32_t>(layout.block_size),
-                        prefix_caching);
-}
-
-void prefill(DecoderModel& model, KvBlockManager& kv, SeqId seq, const std::vector<int>& prompt, float* last_logits,
-             float* all_logits) {
-  const int64_t len = static_cast<int64_t>(prompt.size());
-  const int vocab = model.config().vocab_size;
-  MOEX_CHECK_INPUT(len > 0, "the prompt is empty");
-  MOEX_CHECK_INPUT(len <= model.options().max_seq_len, "the prompt has ", len,
-                   " tokens: increase --max-seq-len to at least ", len);
-  MOEX_CHECK_INPUT(kv.reserve(seq, len), "the prompt of ", len, " tokens does not fit the KV cache (",
-                   kv.num_free_blocks(), " free blocks of ", kv.block_size(), " positions)");
-  const std::vector<int32_t>& table = kv.block_table(seq);
-  const int64_t chunk = model.options().max_step_tokens;
-  std::vector<int32_t> last_row(1);
-  for (int64_t begin = 0; begin < len; begin += chunk) {
-    const int64_t n = std::min(chunk, len - begin);
-    profile::ScopedStep profiled_step(profile::Phase::kPrefill, static_cast<int>(n));
-    const StepSeq one{table.data(), static_cast<int64_t>(table.size()), begin, n};
-    StepInput step;
-    step.tokens = prompt.data() + begin;
-    step.num_tokens = n;
-    step.seqs = &one;
-    step.num_seqs = 1;
-    if (all_logits) {
-      model.forward(step, all_logits + begin * vocab);
-      if (begin + n == len) std::copy(all_logits + (len - 1) * vocab, all_logits + len * vocab, last_logits);
-    } else if (begin + n == len) {
-      last_row[0] = static_cast<int32_t>(n - 1);
-      step.logit_rows = last_row.data();
-      step.num_logit_rows = 1;
-      model.forward(step, last_logits);
-    } else {
-      step.logit_rows = last_row.data();  // a middle chunk: only the KV cache matters
-      step.num_logit_rows = 0;
-      model.forward(step, last_logits);
-    }
+// One prompt's outputs, on rank 0.
+class Collector : public RequestSink {
+ public:
+  Collector(int seq, int vocab, bool logprobs, const std::function<void(int, int)>& on_token)
+      : seq_(seq), vocab_(vocab), keep_logprobs_(logprobs), on_token_(on_token) {}
+  void on_logits(int64_t first, int64_t rows, const float* logits) override {
+    const size_t end = static_cast<size_t>(first + rows) * vocab_;
+    if (logits_.size() < end) logits_.resize(end);
+    std::memcpy(logits_.data() + static_cast<size_t>(first) * vocab_, logits, static_cast<size_t>(rows) * vocab_ * sizeof(float));
   }
-}
-
-void decode_step(DecoderModel& model, KvBlockManager& kv, const std::vector<SeqId>& ids, const int32_t* tokens,
-                 const int32_t* positions, float* logits) {
-  std::vector<StepSeq> seqs(ids.size());
-  for (size_t i = 0; i < ids.size(); ++i)
-    MOEX_CHECK_INPUT(kv.reserve(ids[i], int64_t{positions[i]} + 1), "position ", positions[i],
-                     " does not fit the KV cache (", kv.num_free_blocks(), " free blocks)");
-  for (size_t i = 0; i < ids.size(); ++i) {  // tables read after every reserve: a reserve may move its own table
-    const std::vector<int32_t>& table = kv.block_table(ids[i]);
-    seqs[i] = StepSeq{table.data(), static_cast<int64_t>(table.size()), positions[i], 1};
+  void on_token(int32_t token, const SampledToken* logprobs) override {
+    tokens_.push_back(token);
+    if (keep_logprobs_ && logprobs) logprobs_.push_back(*logprobs);
+    if (on_token_) on_token_(seq_, token);
   }
-  StepInput step;
-  step.tokens = tokens;
-  step.num_tokens = static_cast<int64_t>(ids.size());
-  step.seqs = seqs.data();
-  step.num_seqs = step.num_tokens;
-  model.forward(step, logits);
-}
+  void on_finish(FinishReason reason, const std::string& error) override {
+    reason_ = reason;
+    error_ = error;
+  }
+  std::vector<int> tokens_;
+  std::vector<SampledToken> logprobs_;
+  std::vector<float> logits_;
+  FinishReason reason_ = FinishReason::kAbort;
+  std::string error_ = "did not finish";
 
-int64_t prefill_steps(const DecoderModel& model, int64_t length) {
-  const int64_t chunk = model.options().max_step_tokens;
-  return (length + chunk - 1) / chunk;
-}
+ private:
+  int seq_, vocab_;
+  bool keep_logprobs_;
+  const std::function<void(int, int)>& on_token_;
+};
 
-void idle_step(DecoderModel& model) {
-  StepInput step;  // zero tokens
-  model.forward(step, nullptr);
-}
-
-namespace {
-
-// Every rank's value of `local`, in rank order (the communicator's all-gather; one rank: just local).
-std::vector<int64_t> gather_counts(const DecoderModel& model, int64_t local) {
-  const ParallelPlan& plan = model.options().plan;
-  std::vector<int64_t> all(plan.world, local);
-  if (!plan.single()) model.options().comm->allgather(&local, sizeof(local), all.data());
-  return all;
-}
-
-int64_t max_of(const std::vector<int64_t>& values) { return *std::max_element(values.begin(), values.end()); }
-int64_t sum_of(const std::vector<int64_t>& values) {
-  int64_t total = 0;
-  for (int64_t v : values) total += v;
-  return total;
+template <typename T>
+void broadcast_vector(comm::Communicator& comm, std::vector<T>& v) {
+  int64_t n = static_cast<int64_t>(v.size());
+  comm.broadcast(&n, sizeof(n), 0);
+  v.resize(n);
+  if (n) comm.broadcast(v.data(), n * sizeof(T), 0);
 }
 
 }  // namespace
@@ -110,126 +56,109 @@ GenerationResult generate(DecoderModel& model, const std::vector<std::vector<int
   const int batch = static_cast<int>(prompts.size());
   const int vocab = model.config().vocab_size;
   const ParallelPlan& plan = model.options().plan;
-  const bool data_parallel = plan.attn == AttnParallel::kDP && !plan.single();
-  // The sequences this rank serves, each in its own cache slot.
-  std::vector<int> mine;
-  for (int s = 0; s < batch; ++s)
-    if (!data_parallel || s % plan.world == plan.rank) mine.push_back(s);
-  const int local = static_cast<int>(mine.size());
-  MOEX_CHECK_INPUT(batch >= 1 && local <= model.options().max_batch, "batch of ", batch,
-                   " sequences does not fit: the model was set up for ", model.options().max_batch);
-  // Every prompt is checked on every rank before the first step, so that no rank leaves a collective alone.
+  comm::Communicator* comm = plan.single() ? nullptr : model.options().comm;
   const int max_seq_len = model.options().max_seq_len;
+  MOEX_CHECK_INPUT(batch >= 1, "no prompt to generate from");
+  MOEX_CHECK_INPUT(options.max_new_tokens >= 0, "the number of new tokens must be >= 0, got ", options.max_new_tokens);
+
+  EngineOptions eo;
+  eo.max_num_seqs = options.max_num_seqs > 0 ? options.max_num_seqs : model.options().max_batch;
+  eo.max_num_seqs = std::min<int64_t>(eo.max_num_seqs, model.options().max_step_tokens);
+  eo.max_waiting = batch;
+  eo.prefix_caching = false;  // every prompt computed, as it was given
+  eo.step_breakdown = false;  // the profiler is the caller's (moex profile)
+  eo.comm = comm;
+  eo.after_forward = options.after_forward;
+  Engine engine(model, eo);
+
+  // Every request is checked on every rank before the first step, so no rank leaves a collective alone.
+  // A prompt that fills --max-seq-len stops there (kCacheFull): max_tokens is what fits.
+  const int want = std::max(options.max_new_tokens, 1);
+  std::vector<GenerationRequest> requests(batch);
+  std::vector<bool> clamped(batch, false);
   for (int s = 0; s < batch; ++s) {
-    const size_t len = prompts[s].size();
+    const int64_t len = static_cast<int64_t>(prompts[s].size());
     const std::string which = batch > 1 ? "prompt [" + std::to_string(s) + "]" : "the prompt";
     MOEX_CHECK_INPUT(len > 0, which, " is empty");
-    MOEX_CHECK_INPUT(len <= static_cast<size_t>(max_seq_len), which, " has ", len,
-                     " tokens, more than the KV cache holds (--max-seq-len ", max_seq_len,
-                     "): increase --max-seq-len to at least ", len + std::max(options.max_new_tokens, 1) - 1,
-                     " for the prompt and -n ", options.max_new_tokens, " new tokens");
+    MOEX_CHECK_INPUT(len < max_seq_len, which, " has ", len, " tokens, more than the KV cache leaves room for (--max-seq-len ",
+                     max_seq_len, "): increase --max-seq-len to at least ", len + want, " for the prompt and -n ",
+                     options.max_new_tokens, " new tokens");
+    GenerationRequest& r = requests[s];
+    r.prompt.assign(prompts[s].begin(), prompts[s].end());
+    r.max_tokens = std::min<int64_t>(want, max_seq_len - len);
+    clamped[s] = r.max_tokens < want;
+    r.sampler = options.sampler;
+    r.ignore_eos = !options.stop_at_eos;
+    r.all_logits = options.return_logits;
+    engine.validate(r);
   }
-  KvBlockManager kv = make_block_manager(model);  // local sequence i is block-manager sequence i
-  Sampler sampler(options.sampler);
+
   GenerationResult result;
   result.new_tokens.resize(batch);
   result.stop_reasons.assign(batch, StopReason::kMaxNewTokens);
-  std::vector<float> logits(static_cast<size_t>(std::max(local, 1)) * vocab);
-  std::vector<int32_t> next(local), lengths(local);
-  std::vector<bool> live(local, true);
-
-  auto start = std::chrono::steady_clock::now();
-  int64_t my_prefill_steps = 0, my_prefill_tokens = 0;
-  for (int i = 0; i < local; ++i) my_prefill_steps += prefill_steps(model, static_cast<int64_t>(prompts[mine[i]].size()));
-  // Every rank runs as many prefill steps as the busiest one; agreed before any step, since each step's
-  // collectives need every rank inside a forward call at the same time.
-  const int64_t prefill_step_count = data_parallel ? max_of(gather_counts(model, my_prefill_steps)) : my_prefill_steps;
-  for (int i = 0; i < local; ++i) {
-    prefill(model, kv, i, prompts[mine[i]], logits.data() + static_cast<size_t>(i) * vocab);
-    lengths[i] = static_cast<int32_t>(prompts[mine[i]].size());
-    my_prefill_tokens += lengths[i];
-  }
-  for (int64_t i = my_prefill_steps; i < prefill_step_count; ++i) idle_step(model);
-  result.prefill_seconds = seconds_since(start);
-  result.prefill_tokens = data_parallel ? sum_of(gather_counts(model, my_prefill_tokens)) : my_prefill_tokens;
-
-  const auto accept = [&](int i, int token) {
-    const int s = mine[i];
-    result.new_tokens[s].push_back(token);
-    if (on_token) on_token(s, token);
-    if (options.stop_at_eos && token == model.config().eos_token_id) {
-      live[i] = false;
-      result.stop_reasons[s] = StopReason::kEos;
-    } else if (static_cast<int>(result.new_tokens[s].size()) >= options.max_new_tokens) {
-      live[i] = false;
-      result.stop_reasons[s] = StopReason::kMaxNewTokens;
-    } else if (lengths[i] >= max_seq_len) {  // the token just sampled has no cache position to go to
-      live[i] = false;
-      result.stop_reasons[s] = StopReason::kCacheFull;
+  std::string error;
+  ErrorKind error_kind = ErrorKind::kInternal;
+  if (!comm || comm->rank() == 0) {
+    std::vector<std::shared_ptr<Collector>> outs;
+    try {
+      for (int s = 0; s < batch; ++s) {
+        outs.push_back(std::make_shared<Collector>(s, vocab, options.sampler.logprobs, on_token));
+        MOEX_CHECK(engine.submit(std::move(requests[s]), outs.back()), "the engine refused a prompt");
+      }
+      while (engine.has_work()) engine.step();
+    } catch (const std::exception& e) {
+      error = e.what();
+      if (const auto* err = dynamic_cast<const Error*>(&e)) error_kind = err->kind();
+      if (error.empty()) error = "generation failed";
     }
-    next[i] = token;
-  };
-  if (options.max_new_tokens > 0) {
-    for (int i = 0; i < local; ++i) accept(i, sampler.sample(logits.data() + static_cast<size_t>(i) * vocab, vocab));
+    engine.stop_workers();
+    for (int s = 0; s < static_cast<int>(outs.size()) && error.empty(); ++s) {
+      Collector& c = *outs[s];
+      if (c.reason_ == FinishReason::kAbort || c.reason_ == FinishReason::kCancelled) error = c.error_;
+      result.new_tokens[s] = std::move(c.tokens_);
+      if (options.max_new_tokens == 0) result.new_tokens[s].clear();
+      result.stop_reasons[s] = c.reason_ == FinishReason::kStop ? StopReason::kEos
+                               : clamped[s]                      ? StopReason::kCacheFull
+                                                                 : StopReason::kMaxNewTokens;
+    }
+    if (error.empty() && options.sampler.logprobs)
+      for (auto& c : outs) result.logprobs.push_back(std::move(c->logprobs_));
+    if (error.empty() && options.return_logits)
+      for (auto& c : outs) result.logits.push_back(std::move(c->logits_));
+    EngineMetrics& m = engine.metrics();
+    result.prefill_seconds = m.prefill_steps.step_seconds.value();
+    result.decode_seconds = m.decode_steps.step_seconds.value();
+    result.prefill_tokens = static_cast<int64_t>(m.prefill_steps.prompt_rows.value());
+    result.decode_tokens = static_cast<int64_t>(m.decode_steps.decode_rows.value());
+    result.prefill_steps = static_cast<int64_t>(m.prefill_steps.steps.value());
+    result.decode_steps = static_cast<int64_t>(m.decode_steps.steps.value());
   } else {
-    std::fill(live.begin(), live.end(), false);
+    run_step_worker(*comm, model, engine.options().max_step_tokens);
   }
-
-  start = std::chrono::steady_clock::now();
-  std::vector<int32_t> tokens, slots, positions, greedy;
-  std::vector<StepSeq> seqs;
-  int64_t my_decode_tokens = 0;
-  while (true) {
-    tokens.clear();
-    slots.clear();
-    positions.clear();
-    seqs.clear();
-    for (int i = 0; i < local; ++i) {
-      if (!live[i]) continue;
-      tokens.push_back(next[i]);
-      slots.push_back(i);
-      positions.push_back(lengths[i]++);
-      // The pool holds max_batch x max_seq_len positions and lengths stay below max_seq_len: always fits.
-      MOEX_CHECK(kv.reserve(i, lengths[i]), "the KV pool is full at sequence ", i);
-    }
-    for (size_t j = 0; j < slots.size(); ++j) {
-      const std::vector<int32_t>& table = kv.block_table(slots[j]);
-      seqs.push_back(StepSeq{table.data(), static_cast<int64_t>(table.size()), positions[j], 1});
-    }
-    // Under DP the ranks agree each step whether anyone still decodes (one small all-gather).
-    if (data_parallel ? max_of(gather_counts(model, static_cast<int64_t>(tokens.size()))) == 0 : tokens.empty()) break;
-    profile::ScopedStep profiled_step(profile::Phase::kDecode, static_cast<int>(tokens.size()));
-    StepInput step;
-    step.tokens = tokens.data();
-    step.num_tokens = static_cast<int64_t>(tokens.size());
-    step.seqs = seqs.data();
-    step.num_seqs = step.num_tokens;
-    model.forward(step, logits.data());
-    ++result.decode_steps;
-    my_decode_tokens += step.num_tokens;
-    MOEX_ZONE(kSampling);
-    if (sampler.greedy() && slots.size() > 1) {  // no penalties here: the rows' argmaxes over the threads
-      greedy.resize(slots.size());
-      parallel_for(static_cast<int64_t>(slots.size()), 8, [&](int64_t begin, int64_t end) {
-        for (int64_t i = begin; i < end; ++i) greedy[i] = argmax(logits.data() + i * vocab, vocab);
-      });
-      for (size_t i = 0; i < slots.size(); ++i) accept(slots[i], greedy[i]);
-      continue;
-    }
-    for (size_t i = 0; i < slots.size(); ++i) accept(slots[i], sampler.sample(logits.data() + i * vocab, vocab));
-  }
-  result.decode_seconds = seconds_since(start);
-  result.decode_tokens = data_parallel ? sum_of(gather_counts(model, my_decode_tokens)) : my_decode_tokens;
-  if (data_parallel) {  // every rank learns every sequence's tokens from its owner
-    for (int s = 0; s < batch; ++s) {
-      const int owner = s % plan.world;
-      int64_t count = static_cast<int64_t>(result.new_tokens[s].size());
-      model.options().comm->broadcast(&count, sizeof(count), owner);
-      model.options().comm->broadcast(&result.stop_reasons[s], sizeof(StopReason), owner);
-      result.new_tokens[s].resize(count);
-      if (count) model.options().comm->broadcast(result.new_tokens[s].data(), count * sizeof(int), owner);
+  if (comm) {  // every rank learns rank 0's outcome and the outputs
+    std::vector<char> message(error.begin(), error.end());
+    broadcast_vector(*comm, message);
+    int64_t kind = static_cast<int64_t>(error_kind);
+    comm->broadcast(&kind, sizeof(kind), 0);
+    error.assign(message.begin(), message.end());
+    error_kind = static_cast<ErrorKind>(kind);
+    if (error.empty()) {
+      for (int s = 0; s < batch; ++s) broadcast_vector(*comm, result.new_tokens[s]);
+      if (options.return_logits) {
+        result.logits.resize(batch);
+        for (int s = 0; s < batch; ++s) broadcast_vector(*comm, result.logits[s]);
+      }
+      comm->broadcast(result.stop_reasons.data(), batch * sizeof(StopReason), 0);
+      double seconds[2] = {result.prefill_seconds, result.decode_seconds};
+      int64_t counts[4] = {result.prefill_tokens, result.decode_tokens, result.prefill_steps, result.decode_steps};
+      comm->broadcast(seconds, sizeof(seconds), 0);
+      comm->broadcast(counts, sizeof(counts), 0);
+      result.prefill_seconds = seconds[0], result.decode_seconds = seconds[1];
+      result.prefill_tokens = counts[0], result.decode_tokens = counts[1];
+      result.prefill_steps = counts[2], result.decode_steps = counts[3];
     }
   }
+  if (!error.empty()) throw_error(error_kind, error);
   return result;
 }
 

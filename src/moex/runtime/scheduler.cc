@@ -6,31 +6,39 @@
 
 namespace moex {
 
+const char* finish_reason_name(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kCancelled: return "cancelled";
+    case FinishReason::kAbort: return "abort";
+  }
+  return "abort";
+}
 
 Scheduler::Scheduler(const SchedulerOptions& options, KvBlockManager& blocks) : options_(options), blocks_(blocks) {
   MOEX_CHECK_INPUT(options.max_num_seqs > 0, "--max-num-seqs must be positive, got ", options.max_num_seqs);
-  MOEX_CHECK_INPUT(options.max_batch_tokens >= options.max_num_seqs, "--max-batch-tokens (",
-                   options.max_batch_tokens, ") must be at least --max-num-seqs (", options.max_num_seqs,
+  MOEX_CHECK_INPUT(options.max_step_tokens >= options.max_num_seqs, "--max-step-tokens (",
+                   options.max_step_tokens, ") must be at least --max-num-seqs (", options.max_num_seqs,
                    "): every running sequence decodes one token per step");
   running_.reserve(options.max_num_seqs);
   plan_.seqs.reserve(options.max_num_seqs);
 }
 
-void Scheduler::add(SeqId id, std::vector<int32_t> prompt, int64_t max_new_tokens) {
-  MOEX_CHECK_INPUT(!prompt.empty(), "request ", id, ": the prompt is empty");
-  MOEX_CHECK_INPUT(max_new_tokens >= 1, "request ", id, ": max_tokens must be at least 1, got ", max_new_tokens);
-  MOEX_CHECK_INPUT(seqs_.count(id) == 0, "request id ", id, " is already in use");
+void Scheduler::add(SeqId id, std::vector<int32_t> prompt, int64_t max_new_tokens, int32_t stop_token) {
+  MOEX_CHECK(!prompt.empty() && max_new_tokens >= 1 && seqs_.count(id) == 0, "request ", id,
+             ": an empty prompt, max_tokens < 1 or an id in use reached the scheduler");
   const int64_t prompt_len = static_cast<int64_t>(prompt.size());
   const int64_t capacity = int64_t{blocks_.num_blocks()} * blocks_.block_size();
   // The last sampled token is never fed back, so prompt + max_new - 1 positions reach the cache.
-  MOEX_CHECK_INPUT(prompt_len + max_new_tokens - 1 <= capacity, "request ", id, ": ", prompt_len,
-                   " prompt tokens + max_tokens ", max_new_tokens, " exceed the KV cache (", capacity,
-                   " positions): lower max_tokens or increase --kv-cache-gb");
+  MOEX_CHECK(prompt_len + max_new_tokens - 1 <= capacity, "request ", id, ": ", prompt_len, " prompt tokens + max_tokens ",
+             max_new_tokens, " exceed the KV cache (", capacity, " positions) and reached the scheduler");
   Sequence& seq = seqs_[id];
   seq.id = id;
   seq.arrival = next_arrival_++;
   seq.prompt_len = prompt_len;
   seq.max_new_tokens = max_new_tokens;
+  seq.stop_token = stop_token;
   seq.tokens = std::move(prompt);
   seq.tokens.reserve(prompt_len + max_new_tokens);  // complete() appends without reallocating
   waiting_.push_back(&seq);                         // the newest arrival: FCFS order is kept
@@ -125,7 +133,7 @@ const StepPlan& Scheduler::schedule() {
 
   // Running sequences, oldest first. Decoders take one token each; a prompt still being prefilled takes what
   // the budget leaves after the decoders behind it (so they decode every step) and what the free blocks hold.
-  int64_t budget = options_.max_batch_tokens;
+  int64_t budget = options_.max_step_tokens;
   int64_t decoders_left = 0;
   for (const Sequence* seq : running_) decoders_left += seq->remaining() == 1;
   const int64_t bs = blocks_.block_size();
@@ -177,7 +185,8 @@ const StepPlan& Scheduler::schedule() {
   return plan_;
 }
 
-void Scheduler::complete(const StepPlan& plan, const int32_t* sampled) {
+const std::vector<FinishedSeq>& Scheduler::complete(const StepPlan& plan, const int32_t* sampled) {
+  finished_.clear();
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     const ScheduledSeq& s = plan.seqs[i];
     const auto it = seqs_.find(s.id);
@@ -188,8 +197,12 @@ void Scheduler::complete(const StepPlan& plan, const int32_t* sampled) {
     blocks_.cache_full_blocks(seq.id, seq.tokens.data(), seq.computed);
     if (!s.sample) continue;
     seq.tokens.push_back(sampled[i]);
-    if (seq.generated() >= seq.max_new_tokens) cancel(seq.id);  // finished: freed at the next step
+    const bool stop = seq.stop_token >= 0 && sampled[i] == seq.stop_token;
+    if (!stop && seq.generated() < seq.max_new_tokens) continue;
+    finished_.push_back({seq.id, stop ? FinishReason::kStop : FinishReason::kLength});
+    cancel(seq.id);  // freed at the next step
   }
+  return finished_;
 }
 
 }  // namespace moex

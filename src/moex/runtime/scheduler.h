@@ -2,11 +2,12 @@
 // Pure logic over a KvBlockManager (no model inside), so every policy is unit-testable:
 //  - FCFS: sequences are admitted, served and preempted by arrival order;
 //  - every step first gives each running sequence that is decoding its one token, then chunks of prompts
-//    (running ones first, then newly admitted) up to max_batch_tokens (chunked prefill), at most
+//    (running ones first, then newly admitted) up to max_step_tokens (chunked prefill), at most
 //    max_num_seqs sequences;
 //  - when the KV cache is full the newest running sequence is preempted: its blocks are freed and it waits
 //    again to be recomputed (prompt + what it generated so far);
-//  - a finished or cancelled sequence frees its blocks at the next schedule().
+//  - complete() is the one place that decides a sequence is finished: its stop token (EOS) or its
+//    max_new_tokens; a finished or cancelled sequence frees its blocks at the next schedule().
 #pragma once
 #include <cstdint>
 #include <deque>
@@ -19,7 +20,16 @@ namespace moex {
 
 struct SchedulerOptions {
   int64_t max_num_seqs = 64;       // sequences in one step
-  int64_t max_batch_tokens = 512;  // tokens in one step (>= max_num_seqs, so every decoder fits)
+  int64_t max_step_tokens = 512;   // the step's token budget (>= max_num_seqs, so every decoder fits)
+};
+
+// Why a request ended: its stop token, max_tokens, cancelled by its client, or an engine error.
+enum class FinishReason { kStop, kLength, kCancelled, kAbort };
+const char* finish_reason_name(FinishReason reason);  // "stop", "length", "cancelled", "abort" (OpenAI's words)
+
+struct FinishedSeq {
+  SeqId id = 0;
+  FinishReason reason = FinishReason::kLength;
 };
 
 // One sequence's share of a step: its tokens [begin, end) at positions begin .. end - 1. The KV of
@@ -53,19 +63,19 @@ class Scheduler {
  public:
   Scheduler(const SchedulerOptions& options, KvBlockManager& blocks);
 
-  // Queues a request. Throws Error(kInvalidInput) for an empty prompt, an id in use, or a request that
-  // could not fit the whole KV cache alone (prompt + max_new_tokens positions): refused now, not stuck later.
-  void add(SeqId id, std::vector<int32_t> prompt, int64_t max_new_tokens);
-  // The client went away, or the sequence sampled EOS: its blocks are freed at the next schedule().
-  // Returns false for an unknown id.
+  // Queues a request that the engine validated (Engine::validate); stop_token < 0: none (ignore EOS). An
+  // empty prompt, an id in use, or a request that could not fit the whole KV cache alone is a bug (Error
+  // kInternal), not stuck later.
+  void add(SeqId id, std::vector<int32_t> prompt, int64_t max_new_tokens, int32_t stop_token = -1);
+  // The client went away: its blocks are freed at the next schedule(). Returns false for an unknown id.
   bool cancel(SeqId id);
-  bool finish(SeqId id) { return cancel(id); }
 
   // Plans the next step (the returned plan is reused: valid until the next call).
   const StepPlan& schedule();
   // After the step ran: sampled[i] is the token sampled for plan.seqs[i] (read where sample is set).
-  // A sequence that reaches max_new_tokens finishes (freed at the next schedule()).
-  void complete(const StepPlan& plan, const int32_t* sampled);
+  // Returns the sequences this step finished (their stop token, or max_new_tokens), freed at the next
+  // schedule(); valid until the next call.
+  const std::vector<FinishedSeq>& complete(const StepPlan& plan, const int32_t* sampled);
 
   int64_t num_waiting() const { return static_cast<int64_t>(waiting_.size()); }
   int64_t num_running() const { return static_cast<int64_t>(running_.size()); }
@@ -82,6 +92,7 @@ class Scheduler {
     int64_t arrival = 0;  // FCFS rank
     std::vector<int32_t> tokens;
     int64_t prompt_len = 0, max_new_tokens = 0, computed = 0, preemptions = 0;
+    int32_t stop_token = -1;
     SeqState state = SeqState::kWaiting;
     int64_t remaining() const { return static_cast<int64_t>(tokens.size()) - computed; }
     int64_t generated() const { return static_cast<int64_t>(tokens.size()) - prompt_len; }
@@ -99,6 +110,7 @@ class Scheduler {
   std::vector<Sequence*> running_;  // by arrival: back() is the newest, the first to preempt
   std::vector<Sequence*> to_release_;
   StepPlan plan_;
+  std::vector<FinishedSeq> finished_;
 };
 
 }  // namespace moex

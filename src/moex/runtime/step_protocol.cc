@@ -1,4 +1,4 @@
-#include "moex/serve/step_sync.h"
+#include "moex/runtime/step_protocol.h"
 
 #include <algorithm>
 #include <array>
@@ -6,12 +6,13 @@
 #include <thread>
 
 #include "moex/base/error.h"
+#include "moex/profile/profile.h"
 
-namespace moex::serve {
+namespace moex {
 namespace {
 constexpr int kRoot = 0;
-// {command, num_tokens, num_seqs, num_logit_rows (-1: every row), table entries}
-using Header = std::array<int64_t, 5>;
+// {command, num_tokens, num_seqs, num_logit_rows (-1: every row), table entries, step kind, step number}
+using Header = std::array<int64_t, 7>;
 constexpr int kHeaderTag = 7301;  // the header's point-to-point messages (nothing else on this tag)
 constexpr int kArrayTag = 7302;   // attention DP: a sub-step's arrays, rank 0 -> rank r
 constexpr int kLogitsTag = 7303;  // attention DP: a sub-step's logit rows, rank r -> rank 0
@@ -42,7 +43,7 @@ void receive_header(comm::Communicator& comm, Header& h) {
   for (uint64_t tests = 0; !comm.test_all({&request, 1}); ++tests) {
     const auto waited = Clock::now() - start;
     if (waited >= limit)  // rank 0 is gone or stuck: a comm failure (exit 3), as a collective's timeout
-      throw_error(ErrorKind::kComm, detail::concat("moex serve: rank ", comm.rank(), " heard nothing from rank 0 for ",
+      throw_error(ErrorKind::kComm, detail::concat("moex: rank ", comm.rank(), " heard nothing from rank 0 for ",
                                                    comm::comm_timeout_seconds(), " s (MOEX_COMM_TIMEOUT)"));
     if (waited < std::chrono::milliseconds(1)) {
       std::this_thread::yield();
@@ -53,12 +54,13 @@ void receive_header(comm::Communicator& comm, Header& h) {
   }
 }
 
-Header header_of(const StepInput& step) {
+Header header_of(const StepInput& step, StepKind kind, int64_t number) {
   int64_t entries = 0;
   for (int64_t s = 0; s < step.num_seqs; ++s) entries += step.seqs[s].num_blocks;
   return {static_cast<int64_t>(StepCommand::kStep), step.num_tokens, step.num_seqs,
-          step.logit_rows ? step.num_logit_rows : -1, entries};
+          step.logit_rows ? step.num_logit_rows : -1, entries, static_cast<int64_t>(kind), number};
 }
+int64_t next_step_number = 0;  // rank 0's count of steps sent (the workers learn it from the header)
 
 // Per sequence {pos, len, table size}, and the tables end to end. Small steps: a few copies are cheaper than
 // a message per table.
@@ -82,13 +84,15 @@ void irecv_array(comm::Communicator& comm, std::vector<comm::P2PRequest>& reques
 }
 }  // namespace
 
+void before_step(DecoderModel&, int64_t) {}
+
 void send_command(comm::Communicator& comm, StepCommand command) {
-  std::vector<Header> h(static_cast<size_t>(comm.size()), Header{static_cast<int64_t>(command), 0, 0, 0, 0});
+  std::vector<Header> h(static_cast<size_t>(comm.size()), Header{static_cast<int64_t>(command), 0, 0, 0, 0, 0, 0});
   send_headers(comm, h.data());
 }
 
-void send_step(comm::Communicator& comm, const StepInput& step) {
-  std::vector<Header> h(static_cast<size_t>(comm.size()), header_of(step));
+void send_step(comm::Communicator& comm, const StepInput& step, StepKind kind) {
+  std::vector<Header> h(static_cast<size_t>(comm.size()), header_of(step, kind, next_step_number++));
   send_headers(comm, h.data());
   std::vector<int64_t> meta;
   std::vector<int32_t> tables;
@@ -101,13 +105,14 @@ void send_step(comm::Communicator& comm, const StepInput& step) {
                    kRoot);
 }
 
-void send_substeps(comm::Communicator& comm, std::span<const StepInput> steps) {
+void send_substeps(comm::Communicator& comm, std::span<const StepInput> steps, StepKind kind) {
+  const int64_t number = next_step_number++;
   const size_t ranks = static_cast<size_t>(comm.size());
   MOEX_CHECK(steps.size() == ranks, "one sub-step per rank: ", steps.size(), " for ", ranks, " ranks");
   std::vector<Header> h(ranks);
   for (size_t r = 0; r < ranks; ++r) {
     MOEX_CHECK(steps[r].logit_rows || steps[r].num_tokens == 0, "a sub-step names its logit rows");
-    h[r] = header_of(steps[r]);
+    h[r] = header_of(steps[r], kind, number);
     h[r][3] = std::max<int64_t>(h[r][3], 0);
   }
   send_headers(comm, h.data());
@@ -139,14 +144,14 @@ std::vector<comm::P2PRequest> receive_logits(comm::Communicator& comm, std::span
   return receives;
 }
 
-void run_step_worker(comm::Communicator& comm, DecoderModel& model, int64_t max_num_seqs) {
+void run_step_worker(comm::Communicator& comm, DecoderModel& model, int64_t max_logit_rows) {
   const int64_t T = model.options().max_step_tokens;
   const bool dp = data_parallel(model);
   const int vocab = model.config().vocab_size;
   std::vector<int32_t> tokens, tables, rows;
   std::vector<int64_t> meta;
   std::vector<StepSeq> seqs;
-  std::vector<float> logits(static_cast<size_t>(std::max<int64_t>(max_num_seqs, T)) * vocab);
+  std::vector<float> logits(static_cast<size_t>(std::max<int64_t>(max_logit_rows, 1)) * vocab);
   std::vector<comm::P2PRequest> requests;
   for (;;) {
     Header h;
@@ -155,7 +160,8 @@ void run_step_worker(comm::Communicator& comm, DecoderModel& model, int64_t max_
     if (command == StepCommand::kStop) return;
     if (command == StepCommand::kIdle) continue;
     MOEX_CHECK(command == StepCommand::kStep && h[1] >= 0 && h[1] <= T && h[2] >= 0 && h[2] <= T && h[3] <= T &&
-                   h[4] >= 0 && (!dp || (h[3] >= 0 && h[3] <= max_num_seqs)),
+                   h[4] >= 0 && h[3] >= 0 && h[3] <= max_logit_rows &&
+                   (h[5] == 0 || h[5] == 1),
                "rank 0 sent a bad step header");
     tokens.resize(h[1]);
     meta.resize(3 * h[2]);
@@ -190,7 +196,12 @@ void run_step_worker(comm::Communicator& comm, DecoderModel& model, int64_t max_
       step.logit_rows = rows.data();
       step.num_logit_rows = h[3];
     }
-    model.forward(step, logits.data());  // under DP 0 rows still join the step's MoE collectives
+    before_step(model, h[6]);
+    {
+      const auto phase = static_cast<StepKind>(h[5]) == StepKind::kPrefill ? profile::Phase::kPrefill : profile::Phase::kDecode;
+      profile::ScopedStep profiled_step(phase, static_cast<int>(h[1]));
+      model.forward(step, logits.data());  // under DP 0 rows still join the step's MoE collectives
+    }
     if (dp && h[3] > 0) {  // rank 0 samples this rank's rows
       requests.clear();
       requests.push_back(comm.isend(logits.data(), static_cast<size_t>(h[3]) * vocab * sizeof(float), kRoot, kLogitsTag));
@@ -200,4 +211,4 @@ void run_step_worker(comm::Communicator& comm, DecoderModel& model, int64_t max_
   }
 }
 
-}  // namespace moex::serve
+}  // namespace moex
