@@ -173,6 +173,7 @@ void run_logits(const LogitsFlags& flags) {
   for (int step = 0; step < flags.decode_steps; ++step) {
     if (!owner) {
       idle_step(*model);
+      model->between_steps();
       continue;
     }
     const int32_t token = argmax(last.data(), vocab);
@@ -181,6 +182,7 @@ void run_logits(const LogitsFlags& flags) {
     float* row = logits.data() + static_cast<size_t>(position) * vocab;
     decode_step(*model, kv, {0}, &token, &position, row);
     std::copy(row, row + vocab, last.begin());
+    model->between_steps();  // EPLB's rebalance (--eplb-interval): every rank, at the same step
   }
   if (plan.rank != 0) return;  // rank 0 serves sequence 0 under every plan and writes the results
   check_logits_finite(logits, vocab, prompt.size());

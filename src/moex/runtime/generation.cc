@@ -205,6 +205,7 @@ GenerationResult generate(DecoderModel& model, const std::vector<std::vector<int
     step.seqs = seqs.data();
     step.num_seqs = step.num_tokens;
     model.forward(step, logits.data());
+    model.between_steps();  // EPLB's rebalance (every rank, same step)
     ++result.decode_steps;
     my_decode_tokens += step.num_tokens;
     MOEX_ZONE(kSampling);

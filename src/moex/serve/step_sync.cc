@@ -191,6 +191,7 @@ void run_step_worker(comm::Communicator& comm, DecoderModel& model, int64_t max_
       step.num_logit_rows = h[3];
     }
     model.forward(step, logits.data());  // under DP 0 rows still join the step's MoE collectives
+    model.between_steps();  // EPLB's rebalance, as rank 0's engine step does
     if (dp && h[3] > 0) {  // rank 0 samples this rank's rows
       requests.clear();
       requests.push_back(comm.isend(logits.data(), static_cast<size_t>(h[3]) * vocab * sizeof(float), kRoot, kLogitsTag));
