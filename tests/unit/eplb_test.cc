@@ -148,6 +148,36 @@ TEST(Eplb, HierarchicalKeepsEveryExpertsReplicasOnOneHost) {
   EXPECT_LE(balancedness(rank_loads(p, load)), balancedness(rank_loads(place_experts(load, 4, 3), load)) + 1e-9);
 }
 
+TEST(Eplb, KeepingExpertsInPlaceOnlyRenumbersRanks) {
+  std::vector<double> load(8);
+  for (int e = 0; e < 8; ++e) load[e] = 100.0 / (e + 1);
+  const Placement prev = place_experts(load, 4, 3);
+  // The same placement with its ranks rotated: nothing needs to move once renumbered.
+  Placement next = prev;
+  std::rotate(next.slot_expert.begin(), next.slot_expert.begin() + 3, next.slot_expert.end());
+  next.index();
+  EXPECT_EQ(keep_experts_in_place(next, prev), 0);
+  EXPECT_EQ(next.slot_expert, prev.slot_expert);
+  // A new load: the loads per rank are those of the plain new placement, whatever the numbering.
+  std::vector<double> other(load.rbegin(), load.rend());
+  Placement moved = place_experts(other, 4, 3);
+  std::vector<double> plain = rank_loads(moved, other);
+  keep_experts_in_place(moved, prev);
+  std::vector<double> renumbered = rank_loads(moved, other);
+  std::sort(plain.begin(), plain.end());
+  std::sort(renumbered.begin(), renumbered.end());
+  EXPECT_EQ(plain, renumbered);
+  // Across hosts nothing is renumbered: ranks 0,1 on host 0 and 2,3 on host 1 keep their hosts' experts.
+  Placement hier = place_experts(other, 4, 3, {0, 0, 1, 1});
+  const Placement before = hier;
+  keep_experts_in_place(hier, place_experts(load, 4, 3, {0, 0, 1, 1}), {0, 0, 1, 1});
+  for (int r = 0; r < 2; ++r)
+    for (int i = 0; i < 3; ++i) {
+      const int32_t e = hier.slot_expert[r * 3 + i];
+      EXPECT_TRUE(std::find(before.slot_expert.begin(), before.slot_expert.begin() + 6, e) != before.slot_expert.begin() + 6);
+    }
+}
+
 TEST(Eplb, RefusesImpossibleShapes) {
   EXPECT_THROW(place_experts({1, 2, 3}, 1, 2), Error);   // 2 slots for 3 experts
   EXPECT_THROW(place_experts({1, -1}, 2, 1), Error);     // negative load

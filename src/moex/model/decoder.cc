@@ -225,9 +225,10 @@ int DecoderModel::between_steps() {
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     if (!weights_.layers[l].is_moe) continue;
     const std::vector<double> layer_load(load.begin() + l * E, load.begin() + (l + 1) * E);
-    const eplb::Placement p = eplb::place_experts(layer_load, plan.ep, options_.expert_placement->slots_per_rank,
-                                                  static_cast<int>(hosts.size()) == plan.ep ? hosts : std::vector<int>{});
-    if (p.slot_expert == weights_.layers[l].moe.placement.slot_expert) continue;
+    const std::vector<int> rank_host = static_cast<int>(hosts.size()) == plan.ep ? hosts : std::vector<int>{};
+    eplb::Placement p = eplb::place_experts(layer_load, plan.ep, options_.expert_placement->slots_per_rank, rank_host);
+    // Ranks are interchangeable within a host: renumber them so experts stay where they are when they can.
+    if (eplb::keep_experts_in_place(p, weights_.layers[l].moe.placement, rank_host) == 0) continue;
     reads += rehome_layer_experts(weights_, c, plan, l, p, options_.expert_weights);
   }
   ++rebalances_;

@@ -184,6 +184,57 @@ Placement place_experts(const std::vector<double>& load, int ranks, int slots_pe
   return p;
 }
 
+namespace {
+// Slots of rank r in `p` whose expert rank `b` of `q` does not hold (as a multiset).
+int new_slots(const Placement& p, int r, const Placement& q, int b) {
+  const int S = p.slots_per_rank;
+  std::vector<int32_t> have(q.slot_expert.begin() + int64_t{b} * S, q.slot_expert.begin() + int64_t{b + 1} * S);
+  int fresh = 0;
+  for (int i = 0; i < S; ++i) {
+    const auto it = std::find(have.begin(), have.end(), p.slot_expert[int64_t{r} * S + i]);
+    if (it == have.end()) ++fresh;
+    else *it = -1;
+  }
+  return fresh;
+}
+}  // namespace
+
+int keep_experts_in_place(Placement& next, const Placement& prev, const std::vector<int>& rank_host) {
+  MOEX_CHECK(next.ranks == prev.ranks && next.slots_per_rank == prev.slots_per_rank && next.experts == prev.experts,
+             "keep_experts_in_place: placements of different shapes");
+  const int N = next.ranks, S = next.slots_per_rank;
+  const auto host = [&](int r) { return rank_host.empty() ? 0 : rank_host[r]; };
+  std::vector<int> target(N, -1);  // next's rank r becomes rank target[r]
+  std::vector<bool> taken(N, false);
+  for (int round = 0; round < N; ++round) {
+    int best_a = -1, best_b = -1, best_fresh = S + 1;
+    for (int a = 0; a < N; ++a) {
+      if (target[a] >= 0) continue;
+      for (int b = 0; b < N; ++b) {
+        if (taken[b] || host(a) != host(b)) continue;
+        const int fresh = new_slots(next, a, prev, b);
+        if (fresh < best_fresh) {
+          best_fresh = fresh;
+          best_a = a;
+          best_b = b;
+        }
+      }
+    }
+    MOEX_CHECK(best_a >= 0, "keep_experts_in_place: ranks of a host do not match up");
+    target[best_a] = best_b;
+    taken[best_b] = true;
+  }
+  std::vector<int32_t> slots(next.slot_expert.size());
+  for (int a = 0; a < N; ++a)
+    std::copy(next.slot_expert.begin() + int64_t{a} * S, next.slot_expert.begin() + int64_t{a + 1} * S,
+              slots.begin() + int64_t{target[a]} * S);
+  next.slot_expert = std::move(slots);
+  next.index();
+  int fresh = 0;
+  for (int r = 0; r < N; ++r) fresh += new_slots(next, r, prev, r);
+  return fresh;
+}
+
 std::vector<double> rank_loads(const Placement& p, const std::vector<double>& load) {
   std::vector<double> out(p.ranks, 0.0);
   for (int s = 0; s < p.slots(); ++s) {

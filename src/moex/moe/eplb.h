@@ -42,6 +42,11 @@ Placement block_placement(int experts, int ranks);
 Placement place_experts(const std::vector<double>& load, int ranks, int slots_per_rank,
                         const std::vector<int>& rank_host = {});
 
+// Renumbers `next`'s ranks (only among ranks of one host, rank_host as for place_experts) so that each keeps as many
+// of the experts it holds in `prev` as it can (greedy on the overlap, largest first): the same expected loads, fewer
+// experts to move in an online rebalance. Returns the number of slots whose expert the rank did not hold before.
+int keep_experts_in_place(Placement& next, const Placement& prev, const std::vector<int>& rank_host = {});
+
 // The expected load of each rank: sum over its slots of load[e] / replicas(e).
 std::vector<double> rank_loads(const Placement& p, const std::vector<double>& load);
 // mean / max of `loads` (1 when all are zero): 1 is perfectly balanced.
