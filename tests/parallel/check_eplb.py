@@ -63,6 +63,7 @@ def main():
         must([moex, "gen-model", *args.gen_args.split(), "--out", model])
     config = json.load(open(os.path.join(model, "config.json")))
     vocab = config["vocab_size"]
+    experts = config.get("num_local_experts", config.get("num_experts"))
     ids = ",".join(str(i) for i in np.random.default_rng(5).integers(3, vocab, size=20))
     common = ["logits", "--model", model, "--ids", ids, "--decode", "12", "--threads", "1", "--exact"]
     failures = []
@@ -145,8 +146,8 @@ def main():
         # Bad placements: one line, exit 2.
         bad = os.path.join(work, "bad.json")
         for text, expect in [("{", "not JSON"),
-                             (json.dumps({"format": "moex-expert-placement", "experts": config["num_local_experts"],
-                                          "ranks": n + 1, "slots_per_rank": 5, "layers": []}), "expert placement"),
+                             (json.dumps({"format": "moex-expert-placement", "experts": experts,
+                                          "ranks": n + 1, "slots_per_rank": 5, "layers": []}), "placement"),
                              (open(placement).read().replace("[", "[99,", 2), "expert")]:
             open(bad, "w").write(text)
             code, out = run([*mpi, moex, *common, "--out", os.path.join(work, "x.npy"), *par, "--eplb",
