@@ -551,6 +551,25 @@ if (mpirun) {
     ep.child.kill('SIGTERM');
   });
 
+  // EPLB with online rebalancing every 2 steps: experts move between the steps of these streams (mid-stream), and
+  // no token changes; /metrics carries each MoE layer's rank balancedness and the tokens per expert.
+  await check('mpirun -np 2 moex serve --moe-parallel ep --eplb --eplb-interval 2: rebalancing mid-stream changes no token', async () => {
+    const ep = await startServer(['--moe-parallel', 'ep', '--comm-tuning', 'none', '--max-num-seqs', '8',
+                                  '--max-batch-tokens', '64', '--eplb', '--redundant-experts', '1',
+                                  '--eplb-interval', '2'], 2);
+    const epClient = new OpenAI({ baseURL: `${ep.url}/v1`, apiKey: 'unused', maxRetries: 0 });
+    const r = await epClient.completions.create({ model: modelName, prompt, max_tokens: 12, temperature: 0, ignore_eos: true });
+    assert.equal(r.choices[0].text, greedyText);
+    await expectSameTextsStreamed(epClient, ['A', 'Two words', 'Three short words', 'And a fourth prompt here']);
+    const m = await metrics(ep.url);
+    const b = m.value('moex:eplb_balancedness{layer="0"}');
+    assert.ok(b > 0 && b <= 1, `moex:eplb_balancedness ${b}`);
+    let tokens = 0;
+    for (let e = 0; e < 8; ++e) tokens += m.value(`moex:eplb_expert_tokens_total{layer="0",expert="${e}"}`);
+    assert.ok(tokens > 0, 'no tokens counted per expert');
+    ep.child.kill('SIGTERM');
+  });
+
   // The pid of rank `rank` of an mpirun child.
   const rankPid = (child, rank) => {
     const pid = readdirSync('/proc').filter((d) => /^\d+$/.test(d)).find((d) => {

@@ -5,6 +5,7 @@
 
 #include "moex/base/error.h"
 #include "moex/base/progress.h"
+#include "moex/base/small_file.h"
 #include "moex/base/system_memory.h"
 #include "moex/base/threads.h"
 #include "moex/comm/selector.h"
@@ -54,6 +55,14 @@ void ModelFlags::add_to(CLI::App* cmd) {
                   "KV cache element type: f32 (exact) | bf16 (twice the positions in the same bytes)")
       ->capture_default_str()
       ->check(CLI::IsMember({"f32", "bf16"}));
+  cmd->add_flag("--eplb", eplb, "Expert-parallel load balancing (--moe-parallel ep): experts on physical slots, hot "
+               "ones replicated (docs/moe.md)");
+  cmd->add_option("--redundant-experts", redundant_experts, "--eplb: extra expert slots per EP rank")->capture_default_str();
+  cmd->add_option("--eplb-window", eplb_window, "Steps over which tokens per expert are counted (0: off)")
+      ->capture_default_str();
+  cmd->add_option("--eplb-interval", eplb_interval, "--eplb: place the experts anew from the measured load every N "
+                  "steps (0: never)")->capture_default_str();
+  cmd->add_option("--expert-placement", expert_placement, "--eplb: the placement `moex plan-experts` wrote");
   cmd->add_flag("--batch-invariant", batch_invariant,
                 "Each sequence's numbers independent of the rest of the batch: one kernel loop for every row count "
                 "(needs dropless routing; docs/serve.md)");
@@ -152,6 +161,41 @@ void pin_batch_invariant_allreduce() {
 
 }  // namespace
 
+std::shared_ptr<const eplb::ModelPlacement> ModelFlags::expert_placement_for(const ModelConfig& config,
+                                                                            const ParallelPlan& plan,
+                                                                            comm::Communicator& comm) const {
+  MOEX_CHECK_INPUT(redundant_experts >= 0, "--redundant-experts ", redundant_experts, " must be >= 0");
+  MOEX_CHECK_INPUT(eplb_window >= 0, "--eplb-window ", eplb_window, " must be >= 0");
+  MOEX_CHECK_INPUT(eplb_interval >= 0, "--eplb-interval ", eplb_interval, " must be >= 0");
+  MOEX_CHECK_INPUT(eplb || eplb_interval == 0, "--eplb-interval needs --eplb");
+  MOEX_CHECK_INPUT(eplb || (redundant_experts == 0 && expert_placement.empty()), "--redundant-experts and ",
+                   "--expert-placement need --eplb");
+  if (!eplb) return nullptr;
+  MOEX_CHECK_INPUT(plan.moe == MoEParallel::kEP && plan.tp == 1, "--eplb needs --moe-parallel ep");
+  if (!expert_placement.empty()) {
+    eplb::ModelPlacement p;
+    try {
+      p = eplb::parse_placement_json(read_small_file(expert_placement, size_t{64} << 20));
+    } catch (const Error& e) {
+      throw_input_error("--expert-placement " + expert_placement, e.what());
+    }
+    MOEX_CHECK_INPUT(p.slots_per_rank == config.num_local_experts / plan.ep + redundant_experts, "--expert-placement ",
+                     expert_placement, ": ", p.slots_per_rank, " slots per rank, but --redundant-experts ",
+                     redundant_experts, " gives ", config.num_local_experts / plan.ep + redundant_experts);
+    return std::make_shared<const eplb::ModelPlacement>(std::move(p));
+  }
+  // No measured load yet: every expert equally loaded (the redundant slots replicate the lowest experts).
+  auto p = std::make_shared<eplb::ModelPlacement>();
+  p->experts = config.num_local_experts;
+  p->ranks = plan.ep;
+  p->slots_per_rank = config.num_local_experts / plan.ep + redundant_experts;
+  const std::vector<double> uniform(config.num_local_experts, 1.0);
+  for (int l = 0; l < config.num_hidden_layers; ++l)
+    p->layers.push_back(config.moe_layer(l) ? eplb::place_experts(uniform, plan.ep, p->slots_per_rank, comm.topology().host_of_rank)
+                                            : eplb::Placement{});
+  return p;
+}
+
 std::unique_ptr<DecoderModel> ModelFlags::load(int batch) const {
   ThreadsFlags::apply();
   comm::Communicator& comm = world();
@@ -185,6 +229,10 @@ std::unique_ptr<DecoderModel> ModelFlags::load(int batch) const {
   options.kv_cache_gb = kv_cache_gb;
   options.dense_weights = path.dense;
   options.batch_invariant = batch_invariant;
+  options.expert_placement = expert_placement_for(config, options.plan, comm);
+  // The window defaults to the interval: each rebalance sees the steps since the last one.
+  options.eplb_window = eplb_window > 0 ? eplb_window : eplb_interval;
+  options.eplb_interval = eplb_interval;
   if (batch_invariant && comm.size() > 2) pin_batch_invariant_allreduce();
   check_run_memory(estimate_run_memory(config, options, num_threads()), config, options, available_memory());
   // On a terminal only: pipes and logs (and the tests that count stderr lines) see the path in each command's

@@ -31,6 +31,14 @@ struct ModelFlags : ThreadsFlags, ParallelFlags, CommFlags {
   std::string dense_weights = "auto";  // attention projections and lm_head: auto | experts | as --weights (packed at load)
   bool exact = false;            // --exact: --weights as-stored --dense-weights as-stored --kv-cache-dtype f32
   bool batch_invariant = false;  // --batch-invariant: ModelOptions::batch_invariant
+  // EPLB (docs/moe.md, "Expert load balancing"): --eplb gives each EP rank --redundant-experts extra slots, filled
+  // by --expert-placement FILE (moex plan-experts) or, without one, from a uniform load; --eplb-window N keeps the
+  // tokens per expert of the last N steps (DecoderModel::expert_load()).
+  bool eplb = false;
+  int redundant_experts = 0;
+  int eplb_window = 0;
+  int eplb_interval = 0;  // --eplb-interval N: rebalance every N steps (DecoderModel::between_steps)
+  std::string expert_placement;
   // Set by add_to; null when the flags were not added to a command (a copy made in code). They tell a value the
   // user gave from a default (--exact refuses only what contradicts it).
   CLI::Option* weights_option = nullptr;
@@ -55,6 +63,10 @@ struct ModelFlags : ThreadsFlags, ParallelFlags, CommFlags {
   // Applies --threads, builds the plan for this rank and loads its share of the model for `batch`
   // sequence slots.
   std::unique_ptr<DecoderModel> load(int batch) const;
+  // The placement --eplb asks for (null without it): --expert-placement's file, checked against the model and plan,
+  // else one from a uniform load. One error line for a bad file or combination.
+  std::shared_ptr<const eplb::ModelPlacement> expert_placement_for(const ModelConfig& config, const ParallelPlan& plan,
+                                                                   comm::Communicator& comm) const;
 };
 
 // Bound on the synthetic prompt lengths and step counts of `bench decode` and `profile`, so that the sums

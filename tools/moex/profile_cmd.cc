@@ -2,14 +2,18 @@
 // warm-up that is not recorded, then prints the breakdown table (prefill and decode apart) and the expert
 // load per layer; --json for machines, --trace for Perfetto. Under mpirun every rank runs and rank 0 prints.
 #include <cstdio>
+#include <filesystem>
 
 #include <nlohmann/json.hpp>
 
 #include "moex/base/threads.h"
 #include "moex/comm/communicator.h"
+#include "moex/moe/eplb.h"
+#include "moex/profile/report.h"
 #include "moex/runtime/generation.h"
 #include "tools/moex/command.h"
 #include "tools/moex/model_flags.h"
+#include "tools/moex/plan_experts.h"
 #include "tools/moex/profile_flags.h"
 
 namespace moex::tools {
@@ -21,10 +25,38 @@ struct ProfileCommandFlags : SyntheticRunFlags {
   int warmup = 4;
   std::string trace;
   bool json = false;
+  std::string record_load;  // --record-load FILE: tokens per expert of the measured run (moex plan-experts)
+  bool force = false;
 };
+
+// The measured run's tokens per expert (prefill and decode), summed over the ranks when each routes its own
+// tokens (attention DP); under TP attention every rank routed every token and holds the whole count already.
+eplb::RecordedLoad measured_load(const DecoderModel& model, const profile::Report& report, int64_t steps) {
+  const ModelConfig& c = model.config();
+  eplb::RecordedLoad load;
+  load.experts = c.num_local_experts;
+  load.steps = steps;
+  std::vector<float> flat(static_cast<size_t>(c.num_hidden_layers) * c.num_local_experts, 0.0f);
+  for (const profile::PhaseReport& p : report.phases)
+    for (size_t l = 0; l < p.tokens_per_expert.size() && l < static_cast<size_t>(c.num_hidden_layers); ++l)
+      for (size_t e = 0; e < p.tokens_per_expert[l].size() && e < static_cast<size_t>(c.num_local_experts); ++e)
+        flat[l * c.num_local_experts + e] += static_cast<float>(p.tokens_per_expert[l][e]);
+  const ParallelPlan& plan = model.options().plan;
+  if (plan.attn == AttnParallel::kDP && !plan.single()) {  // exact in f32 below 2^24 tokens per expert
+    std::vector<uint16_t> unused;
+    comm::allreduce_f32(comm::world(), flat.data(), flat.size(), comm::CommDType::kF32, unused);
+  }
+  for (int l = 0; l < c.num_hidden_layers; ++l)
+    load.layers.push_back(c.moe_layer(l) ? std::vector<double>(flat.begin() + int64_t{l} * c.num_local_experts,
+                                                               flat.begin() + int64_t{l + 1} * c.num_local_experts)
+                                         : std::vector<double>{});
+  return load;
+}
 
 void run_profile(ProfileCommandFlags& f) {
   f.check();
+  MOEX_CHECK_INPUT(f.record_load.empty() || f.force || !std::filesystem::exists(f.record_load), "--record-load ",
+                   f.record_load, " exists: pass --force to replace it");
   MOEX_CHECK_INPUT(f.warmup >= 0 && f.warmup <= kMaxBenchTokens, "--warmup must be in 0..", kMaxBenchTokens);
   // +1: generate() samples the first new token from the prefill logits, so N decode steps make N+1 tokens.
   f.model.max_seq_len = std::max(f.model.max_seq_len, f.prompt_len + std::max(f.steps, f.warmup) + 2);
@@ -60,7 +92,15 @@ void run_profile(ProfileCommandFlags& f) {
                 f.model.router_fusion.c_str(), model->options().expert_weights.name().c_str(),
                 model->options().dense_weights.name().c_str(), f.warmup);
   }
+  const profile::Report mine = profile::collect();  // before finish(): the sum below is no part of the run
   nlohmann::json report = profile.finish(stdout, /*expert_detail=*/true);
+  if (!f.json && rank0 && model->options().eplb_interval > 0)
+    std::printf("eplb: %lld rebalances (warm-up included), %lld experts read on rank 0\n",
+                static_cast<long long>(model->rebalances()), static_cast<long long>(model->experts_moved()));
+  if (!f.record_load.empty()) {
+    const eplb::RecordedLoad load = measured_load(*model, mine, result.decode_steps);
+    if (comm::world().rank() == 0) write_new_text_file("--record-load", f.record_load, f.force, eplb::load_json(load));
+  }
   if (f.json && rank0) {
     const nlohmann::json out = {{"model", f.model.model_dir},
                                 {"batch", f.batch},
@@ -72,6 +112,8 @@ void run_profile(ProfileCommandFlags& f) {
                                 {"num_layers", c.num_hidden_layers},
                                 {"num_experts", c.num_local_experts},
                                 {"top_k", c.num_experts_per_tok},
+                                {"eplb_rebalances", model->rebalances()},
+                                {"eplb_experts_moved", model->experts_moved()},
 #ifdef MOEX_PROFILE_ZONES_OFF
                                 {"zones_compiled", false},
 #else
@@ -91,6 +133,9 @@ void setup_profile(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--trace", flags->trace, "Write a Chrome trace (JSON; open in ui.perfetto.dev) to this file");
   cmd->add_flag("--json", flags->json, "Machine-readable output");
+  add_output_flag(cmd, "--record-load", flags->record_load,
+                  "Write the run's tokens per expert (JSON) for `moex plan-experts --load`");
+  cmd->add_flag("--force", flags->force, "Replace an existing --record-load file");
   cmd->callback([flags] { run_profile(*flags); });
 }
 MOEX_REGISTER_COMMAND(setup_profile);

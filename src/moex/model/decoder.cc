@@ -27,6 +27,15 @@ static const ModelOptions& validated(const ModelOptions& options) {
   MOEX_CHECK_INPUT(!(options.batch_invariant && options.capacity_factor > 0), "--batch-invariant needs dropless ",
                    "routing (--capacity-factor <= 0, got ", options.capacity_factor,
                    "): which assignments a capacity drops depends on the whole step");
+  if (options.expert_placement) {
+    MOEX_CHECK_INPUT(options.plan.moe == MoEParallel::kEP && options.plan.tp == 1, "--eplb / --expert-placement need ",
+                     "--moe-parallel ep");
+    MOEX_CHECK_INPUT(options.capacity_factor <= 0, "--eplb / --expert-placement need dropless routing (",
+                     "--capacity-factor <= 0, got ", options.capacity_factor, "): a capacity per replica would change ",
+                     "which assignments drop");
+  }
+  MOEX_CHECK_INPUT(options.eplb_interval <= 0 || (options.expert_placement && options.eplb_window > 0),
+                   "--eplb-interval needs --eplb and --eplb-window > 0 (the load it places from)");
   return options;
 }
 
@@ -34,16 +43,21 @@ DecoderModel::DecoderModel(const std::string& model_dir, const ModelOptions& opt
     : config_(load_checkpoint_config(model_dir)),
       options_(options),
       weights_(load_mixtral_weights(model_dir, config_, validated(options).plan, options.expert_weights,
-                                    options.dense_weights)),
+                                    options.dense_weights, options.expert_placement.get())),
       kv_cache_(config_.num_hidden_layers, weights_.kv_heads_local, config_.head_dim,
                 kv_cache_layout(config_, options).num_blocks, options.kv_cache_dtype),
       moe_(MoELayerShape{config_.hidden_size, weights_.intermediate_local, config_.num_local_experts,
                          config_.num_experts_per_tok, config_.norm_topk_prob,
                          RouterSpec{config_.scoring == RouterScoring::kSigmoidGrouped, config_.n_group,
-                                    config_.topk_group, config_.routed_scaling_factor}},
+                                    config_.topk_group, config_.routed_scaling_factor},
+                         options.expert_placement ? options.expert_placement->ranks * options.expert_placement->slots_per_rank : 0},
            options.plan, options.comm, options.router_fusion, options.capacity_factor, options.max_step_tokens),
-      moe_stats_(config_.num_hidden_layers) {
+      moe_stats_(config_.num_hidden_layers),
+      moe_slot_stats_(config_.num_hidden_layers) {
   moe_.set_batch_invariant(options.batch_invariant);
+  if (options.eplb_window > 0) load_window_.emplace(config_.num_hidden_layers, config_.num_local_experts, options.eplb_window);
+  MOEX_CHECK_INPUT(options.eplb_interval <= 0 || !weights_.quantized_checkpoint, "--eplb-interval: a quantized ",
+                   "checkpoint's experts are not re-read at run time yet (use a static --expert-placement)");
   const ModelConfig& c = config_;
   const size_t T = options.max_step_tokens, d = c.hidden_size;
   const size_t q_local = static_cast<size_t>(weights_.heads_local) * c.head_dim,
@@ -166,10 +180,13 @@ void DecoderModel::forward(const StepInput& step, float* logits) {
     if (lw.is_moe) {
       moe_.forward(l, lw.moe, normed_.data(), T, hidden_.data());
       moe_stats_[l] = moe_.stats();
+      moe_slot_stats_[l] = moe_.slot_stats();
+      if (load_window_) load_window_->add(l, moe_stats_[l].tokens_per_expert.data());
     } else {  // a dense layer routes nothing
       moe_stats_[l] = MoELoadStats{};
       moe_stats_[l].tokens_per_expert.assign(c.num_local_experts, 0);
       moe_stats_[l].drops_per_expert.assign(c.num_local_experts, 0);
+      moe_slot_stats_[l] = moe_stats_[l];
     }
     if (lw.mlp.w1.data) mlp_block(l, T);
   }
@@ -184,6 +201,39 @@ void DecoderModel::forward(const StepInput& step, float* logits) {
                      weights_.final_norm.dtype == DType::kBF16, c.rms_norm_eps, final_rows_.data() + r * d);
   }
   kernels::linear(final_rows_.data(), rows, weights_.lm_head, logits, false, options_.batch_invariant);
+  if (load_window_) load_window_->end_step();
+}
+
+int DecoderModel::between_steps() {
+  if (options_.eplb_interval <= 0 || ++steps_since_rebalance_ < options_.eplb_interval) return 0;
+  steps_since_rebalance_ = 0;
+  MOEX_ZONE(kRebalance);
+  const ModelConfig& c = config_;
+  const ParallelPlan& plan = options_.plan;
+  const size_t E = c.num_local_experts;
+  std::vector<float> load(c.num_hidden_layers * E, 0.0f);
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    const std::vector<double> window = load_window_->load(l);
+    std::copy(window.begin(), window.end(), load.begin() + l * E);
+  }
+  // Under attention DP each rank counted its own tokens: the placement needs the sum, the same on every rank.
+  // (f32 holds the counts exactly below 2^24 per expert and window.)
+  if (plan.attn == AttnParallel::kDP && !plan.single()) comm::allreduce_f32(*options_.comm, load.data(), load.size(),
+                                                                           comm::CommDType::kF32, bf16_buffer_);
+  const std::vector<int> hosts = options_.comm ? options_.comm->topology().host_of_rank : std::vector<int>{};
+  int reads = 0;
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    if (!weights_.layers[l].is_moe) continue;
+    const std::vector<double> layer_load(load.begin() + l * E, load.begin() + (l + 1) * E);
+    const std::vector<int> rank_host = static_cast<int>(hosts.size()) == plan.ep ? hosts : std::vector<int>{};
+    eplb::Placement p = eplb::place_experts(layer_load, plan.ep, options_.expert_placement->slots_per_rank, rank_host);
+    // Ranks are interchangeable within a host: renumber them so experts stay where they are when they can.
+    if (eplb::keep_experts_in_place(p, weights_.layers[l].moe.placement, rank_host) == 0) continue;
+    reads += rehome_layer_experts(weights_, c, plan, l, p, options_.expert_weights);
+  }
+  ++rebalances_;
+  experts_moved_ += reads;
+  return reads;
 }
 
 // One row per token, widened to F32.

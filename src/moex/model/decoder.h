@@ -3,6 +3,8 @@
 // tokens (a prefill chunk is one sequence with many tokens; batched decode is B sequences with one each).
 #pragma once
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -11,6 +13,7 @@
 #include "moex/model/weights.h"
 #include "moex/comm/communicator.h"
 #include "moex/moe/dynamic_batch.h"
+#include "moex/moe/eplb.h"
 #include "moex/moe/gating.h"
 #include "moex/moe/moe_layer.h"
 #include "moex/moe/parallel_plan.h"
@@ -35,6 +38,14 @@ struct ModelOptions {
   // rows its experts got): every packed matmul runs KernelChoice::for_rows(rows, true)'s loop (kernels/formats.h).
   // Needs dropless routing (capacity drops depend on the whole step). docs/serve.md, "Batch invariance".
   bool batch_invariant = false;
+  // EPLB (moe/eplb.h, docs/moe.md "Expert load balancing"): each MoE layer's experts on the physical slots this
+  // placement names (EP plans, dropless routing); null: plain EP. eplb_window > 0 keeps the tokens per expert of
+  // the last eplb_window steps (expert_load()).
+  std::shared_ptr<const eplb::ModelPlacement> expert_placement;
+  int eplb_window = 0;
+  // > 0: every eplb_interval steps between_steps() places the experts anew from the window's load (online
+  // rebalancing; needs expert_placement, eplb_window > 0 and a bf16/f32 checkpoint).
+  int eplb_interval = 0;
 };
 
 // One sequence's share of a step: its next `len` rows of the step (sequences in order, rows consecutive)
@@ -75,8 +86,21 @@ class DecoderModel {
   // Throws Error(kInvalidInput) for a token id, position or block out of range, or rows that do not add up.
   void forward(const StepInput& step, float* logits);
 
+  // The engine loop's hook, called between steps on every rank (runtime/step_protocol.h before_step; at the same
+  // step: it is collective under attention DP). Every options().eplb_interval calls it computes a placement from the load window (each MoE
+  // layer, placed over the EP ranks' hosts) and moves the experts that changed rank (rehome_layer_experts: read from
+  // this rank's mapping of the checkpoint); profiler zone "rebalance". Returns the experts read (0: nothing moved).
+  int between_steps();
+  // Rebalances performed and the experts they read (on this rank), since construction.
+  int64_t rebalances() const { return rebalances_; }
+  int64_t experts_moved() const { return experts_moved_; }
+
   // Per layer, the MoE load of the last forward call.
   const std::vector<MoELoadStats>& moe_stats() const { return moe_stats_; }
+  // Per layer, the last forward call's tokens per physical slot (EPLB; else per expert, as moe_stats()).
+  const std::vector<MoELoadStats>& moe_slot_stats() const { return moe_slot_stats_; }
+  // Tokens per expert over the last --eplb-window steps (null when eplb_window is 0).
+  const eplb::LoadWindow* expert_load() const { return load_window_ ? &*load_window_ : nullptr; }
   // Bytes of weights one decode step of one token reads (the roofline numerator).
   int64_t weight_bytes_per_token() const;
 
@@ -96,6 +120,9 @@ class DecoderModel {
   PagedKvCache kv_cache_;
   MoELayer moe_;
   std::vector<MoELoadStats> moe_stats_;
+  std::vector<MoELoadStats> moe_slot_stats_;
+  std::optional<eplb::LoadWindow> load_window_;
+  int64_t steps_since_rebalance_ = 0, rebalances_ = 0, experts_moved_ = 0;
 
   // Activations, preallocated for max_step_tokens (T below): nothing on the step path allocates.
   std::vector<float> rope_cos_, rope_sin_;  // [max_seq_len, hd/2]

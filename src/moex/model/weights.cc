@@ -344,7 +344,20 @@ void check_weights_finite(const WeightStore& store) {
 }
 
 DecoderWeights load_mixtral_weights(const std::string& model_dir, const ModelConfig& c, const ParallelPlan& plan,
-                                    const ExpertWeightFormat& expert_format, const ExpertWeightFormat& dense_format) {
+                                    const ExpertWeightFormat& expert_format, const ExpertWeightFormat& dense_format,
+                                    const eplb::ModelPlacement* placement) {
+  if (placement) {
+    MOEX_CHECK_INPUT(plan.moe == MoEParallel::kEP && plan.tp == 1, "an expert placement (--eplb, --expert-placement) ",
+                     "needs --moe-parallel ep");
+    MOEX_CHECK_INPUT(placement->experts == c.num_local_experts && placement->ranks == plan.ep, "expert placement: for ",
+                     placement->experts, " experts over ", placement->ranks, " ranks; the model has ", c.num_local_experts,
+                     " experts over ", plan.ep, " EP ranks");
+    MOEX_CHECK_INPUT(static_cast<int>(placement->layers.size()) == c.num_hidden_layers, "expert placement: ",
+                     placement->layers.size(), " layers; the model has ", c.num_hidden_layers);
+    for (int l = 0; l < c.num_hidden_layers; ++l)
+      MOEX_CHECK_INPUT(placement->layers[l].empty() != c.moe_layer(l), "expert placement: layer ", l, " is ",
+                       c.moe_layer(l) ? "a MoE layer and needs" : "dense and takes no", " slots");
+  }
   DecoderWeights w;
   w.store = std::make_unique<WeightStore>(model_dir);
   const WeightStore& s = *w.store;
@@ -483,12 +496,24 @@ DecoderWeights load_mixtral_weights(const std::string& model_dir, const ModelCon
       lw.mlp = mlp_weights(moe + info.shared_prefix + ".", c.shared_expert_intermediate_size);
     if (c.shared_expert_gate) lw.shared_gate = resident(expect(s, moe + "shared_expert_gate.weight", {1, d}));
     lw.moe.experts = experts;
+    // The experts this rank loads, ascending (under a placement: those its slots name, each once).
+    std::vector<int> held;
+    for (int e = experts.first; e < experts.first + experts.count; ++e) held.push_back(e);
+    if (placement) {
+      const eplb::Placement& p = placement->layers[l];
+      const int S = p.slots_per_rank;
+      held.assign(p.slot_expert.begin() + int64_t{plan.ep_rank()} * S, p.slot_expert.begin() + int64_t{plan.ep_rank() + 1} * S);
+      std::sort(held.begin(), held.end());
+      held.erase(std::unique(held.begin(), held.end()), held.end());
+      lw.moe.placement = p;
+      lw.moe.experts = ExpertRange{plan.ep_rank() * S, S};
+    }
     // This layer's packed experts in one huge-page arena, in expert order (kernels::WeightArena says why): each
     // moves in as soon as it is packed, so the load holds at most one expert twice.
     kernels::WeightArena arena;
     const auto keep_packed = [&](PackedExpert packed) {
       if (!arena.base())
-        arena.reserve(experts.count * (kernels::WeightArena::bytes_for(packed.w13) + kernels::WeightArena::bytes_for(packed.w2)));
+        arena.reserve(held.size() * (kernels::WeightArena::bytes_for(packed.w13) + kernels::WeightArena::bytes_for(packed.w2)));
       arena.adopt(packed.w13);
       arena.adopt(packed.w2);
       lw.moe.packed.push_back(std::move(packed));
@@ -498,7 +523,7 @@ DecoderWeights load_mixtral_weights(const std::string& model_dir, const ModelCon
       const std::string q = moe + "experts." + std::to_string(e) + ".";
       const QuantScheme *s1 = stored_scheme(s, qc, q + info.expert_gate), *s3 = stored_scheme(s, qc, q + info.expert_up),
                         *s2 = stored_scheme(s, qc, q + info.expert_down);
-      const bool local = e >= experts.first && e < experts.first + experts.count;
+      const bool local = std::binary_search(held.begin(), held.end(), e);
       if (s1 || s2 || s3) {
         MOEX_CHECK_INPUT(s1 && s2 && s3, "quantized checkpoint: expert ", e, " of layer ", l,
                          " has w1, w2, w3 stored differently (all three quantized, or none)");
@@ -588,9 +613,69 @@ DecoderWeights load_mixtral_weights(const std::string& model_dir, const ModelCon
         if (w.intermediate_local == I) release_mapped({e.w2});  // else w2 is an owned copy
       }
     }
+    if (placement) {  // held order -> slot order; a repeated expert shares its views and packed buffers
+      const eplb::Placement& p = lw.moe.placement;
+      std::vector<ExpertWeights> local;
+      std::vector<PackedExpert> packed;
+      for (int slot = lw.moe.experts.first; slot < lw.moe.experts.first + lw.moe.experts.count; ++slot) {
+        const size_t i = std::lower_bound(held.begin(), held.end(), p.slot_expert[slot]) - held.begin();
+        local.push_back(lw.moe.local[i]);
+        if (!lw.moe.packed.empty()) packed.push_back(lw.moe.packed[i]);
+      }
+      lw.moe.local = std::move(local);
+      lw.moe.packed = std::move(packed);
+    }
     w.layers.push_back(std::move(lw));
   }
   return w;
+}
+
+int rehome_layer_experts(DecoderWeights& w, const ModelConfig& c, const ParallelPlan& plan, int layer,
+                         const eplb::Placement& placement, const ExpertWeightFormat& format) {
+  LayerWeights& lw = w.layers.at(layer);
+  MOEX_CHECK(lw.is_moe && !lw.moe.placement.empty() && !w.quantized_checkpoint, "rehome_layer_experts: layer ", layer);
+  MOEX_CHECK(placement.slots() == lw.moe.placement.slots() && placement.experts == c.num_local_experts,
+             "rehome_layer_experts: the placement's shape changed");
+  const int S = placement.slots_per_rank, first = plan.ep_rank() * S;
+  const int64_t d = c.hidden_size, I = c.intermediate_size;
+  const FamilyInfo& info = c.info();
+  const std::string q0 = "model.layers." + std::to_string(layer) + "." + info.moe_prefix + ".experts.";
+  std::vector<ExpertWeights> local;
+  std::vector<PackedExpert> packed;
+  int reads = 0;
+  for (int slot = first; slot < first + S; ++slot) {
+    const int e = placement.slot_expert[slot];
+    int held = -1;
+    for (int i = 0; i < S && held < 0; ++i)
+      if (lw.moe.placement.slot_expert[first + i] == e) held = i;
+    if (held >= 0) {
+      local.push_back(lw.moe.local[held]);
+      if (!lw.moe.packed.empty()) packed.push_back(lw.moe.packed[held]);
+      continue;
+    }
+    int twin = -1;  // an earlier new slot of this call with the same expert
+    for (int i = 0; i < slot - first && twin < 0; ++i)
+      if (placement.slot_expert[first + i] == e) twin = i;
+    if (twin >= 0) {
+      local.push_back(local[twin]);
+      if (format.packed) packed.push_back(packed[twin]);
+      continue;
+    }
+    const std::string q = q0 + std::to_string(e) + ".";
+    ExpertWeights x{resident(expect(*w.store, q + info.expert_gate + ".weight", {I, d})),
+                    resident(expect(*w.store, q + info.expert_up + ".weight", {I, d})),
+                    resident(expect(*w.store, q + info.expert_down + ".weight", {d, I}))};
+    if (format.packed) {
+      packed.push_back(pack_expert(x, format));
+      release_mapped({x.w1, x.w3, x.w2});
+    }
+    local.push_back(x);
+    ++reads;
+  }
+  lw.moe.local = std::move(local);
+  lw.moe.packed = std::move(packed);
+  lw.moe.placement = placement;
+  return reads;
 }
 
 std::vector<PanelsToWrite> stored_panels(const WeightStore& s, const ModelConfig& c) {

@@ -10,6 +10,7 @@
 #include "moex/kernels/linear.h"
 #include "moex/model/config.h"
 #include "moex/model/safetensors.h"
+#include "moex/moe/eplb.h"
 #include "moex/moe/moe_layer.h"
 #include "moex/moe/parallel_plan.h"
 
@@ -66,10 +67,22 @@ void check_weights_finite(const WeightStore& store);
 // load whole (one rank, or whole experts under EP with unsliced attention).
 // With a panels.moex beside a quantized checkpoint's files (model/panels_file.h), its quantized matrices are views
 // into that file instead: no unpacking, no packing, no copy.
+// With an expert `placement` (EPLB, EP plans only), each MoE layer's rank holds the slots the placement gives its
+// EP rank, in slot order (layers[l].moe.experts is then a range of physical slots); an expert held twice is loaded
+// (and packed) once and shared.
 DecoderWeights load_mixtral_weights(const std::string& model_dir, const ModelConfig& config,
                                     const ParallelPlan& plan = ParallelPlan{},
                                     const ExpertWeightFormat& experts = ExpertWeightFormat{},
-                                    const ExpertWeightFormat& dense = ExpertWeightFormat{});
+                                    const ExpertWeightFormat& dense = ExpertWeightFormat{},
+                                    const eplb::ModelPlacement* placement = nullptr);
+
+// EPLB's online rebalance: moves MoE layer `layer`'s experts on this rank to `placement` (this EP rank's slots of
+// it). A slot whose expert the rank already holds shares that expert's views and packed buffers; any other expert
+// is read from this rank's own mapping of the checkpoint and packed as at load (`format`). BF16/F32 checkpoints
+// under an EP plan with a placement already (load_mixtral_weights'); the old buffers are freed when no slot
+// refers to them. Returns the number of experts read and packed.
+int rehome_layer_experts(DecoderWeights& weights, const ModelConfig& config, const ParallelPlan& plan, int layer,
+                         const eplb::Placement& placement, const ExpertWeightFormat& format);
 
 // W (bf16 or f32 [rows, cols], rows may be strided) in kernels::WeightFormat::kBF16 panels, written straight from
 // the view in one pass: no f32 or bf16 copy in between, threads split the panels. With `w3`, the gate/up pair

@@ -37,8 +37,18 @@ MoELayer::MoELayer(const MoELayerShape& shape, const ParallelPlan& plan, comm::C
       plan_(plan),
       comm_(comm),
       router_(shape.experts, shape.top_k, fusion, shape.norm_topk_prob, shape.router),
-      batcher_(shape.experts, shape.top_k, capacity_factor) {
+      batcher_(shape.slots > 0 ? shape.slots : shape.experts, shape.top_k, capacity_factor),
+      eplb_(shape.slots > 0),
+      slots_(shape.slots > 0 ? shape.slots : shape.experts) {
   MOEX_CHECK(plan.single() || comm != nullptr, "a parallel plan needs a communicator");
+  MOEX_CHECK(slots_ % plan.ep == 0, "expert slots must split over the EP ranks");
+  rank_tokens_.resize(plan.ep);
+  if (eplb_) {
+    slot_ids_.resize(static_cast<size_t>(max_tokens) * shape.top_k);
+    replica_next_.resize(shape.experts);
+    logical_stats_.tokens_per_expert.assign(shape.experts, 0);
+    logical_stats_.drops_per_expert.assign(shape.experts, 0);
+  }
   const size_t T = max_tokens, k = shape.top_k, d = shape.hidden, I = shape.intermediate_local;
   expert_ids_.resize(T * k);
   expert_weights_.resize(T * k);
@@ -52,13 +62,13 @@ MoELayer::MoELayer(const MoELayerShape& shape, const ParallelPlan& plan, comm::C
   if (plan.overlap) column_chunk_.resize(k * d);
   if (plan.comm_dtype == comm::CommDType::kBF16) bf16_buffer_.resize(T * d);
   if (plan.attn == AttnParallel::kDP && !plan.single()) {
-    const size_t P = plan.world, per_rank = shape.experts / plan.ep;
+    const size_t P = plan.world, per_rank = slots_ / plan.ep;
     for (auto* v : {&dispatch_.send_counts, &dispatch_.send_offsets, &dispatch_.recv_counts, &dispatch_.recv_offsets})
       v->resize(P);
     dispatch_.count_per_peer.assign(P, per_rank);
     dispatch_.count_displs.resize(P);
     for (size_t p = 0; p < P; ++p) dispatch_.count_displs[p] = p * per_rank;
-    dispatch_.send_expert_rows.resize(shape.experts);
+    dispatch_.send_expert_rows.resize(slots_);
     dispatch_.recv_expert_rows.resize(P * per_rank);
     dispatch_.rows_from.resize(P);
     dispatch_.source_row.resize(P * per_rank);
@@ -71,12 +81,47 @@ void MoELayer::forward(int layer, const MoELayerWeights& w, const float* x, int6
     forward_dispatch(layer, w, x, tokens, residual);
   else
     forward_replicated(layer, w, x, tokens, residual);
-  profile::add_tokens_per_expert(layer, batcher_.stats().tokens_per_expert.data(), shape_.experts);
+  if (eplb_) {  // the load per logical expert: the sum over its replicas
+    const MoELoadStats& s = batcher_.stats();
+    std::fill(logical_stats_.tokens_per_expert.begin(), logical_stats_.tokens_per_expert.end(), 0);
+    std::fill(logical_stats_.drops_per_expert.begin(), logical_stats_.drops_per_expert.end(), 0);
+    for (int slot = 0; slot < slots_; ++slot) {
+      logical_stats_.tokens_per_expert[w.placement.slot_expert[slot]] += s.tokens_per_expert[slot];
+      logical_stats_.drops_per_expert[w.placement.slot_expert[slot]] += s.drops_per_expert[slot];
+    }
+    logical_stats_.assignments = s.assignments;
+    logical_stats_.drops = s.drops;
+    logical_stats_.capacity = s.capacity;
+  }
+  profile::add_tokens_per_expert(layer, stats().tokens_per_expert.data(), shape_.experts);
+  if (plan_.ep > 1 && profile::enabled()) {  // what each EP rank's experts (slots) computed: its balance
+    const int per_rank = slots_ / plan_.ep;
+    const MoELoadStats& s = batcher_.stats();
+    std::fill(rank_tokens_.begin(), rank_tokens_.end(), 0);
+    for (int slot = 0; slot < slots_; ++slot) rank_tokens_[slot / per_rank] += s.tokens_per_expert[slot];
+    profile::add_tokens_per_rank(layer, rank_tokens_.data(), plan_.ep);
+  }
 }
 
 void MoELayer::route(int layer, const MoELayerWeights& w, const float* x, int64_t tokens) {
   MOEX_ZONE_LAYER(kRouter, layer);
   router_.route(x, tokens, w.gate, expert_ids_.data(), expert_weights_.data(), w.gate_bias);
+  if (!eplb_) return;
+  // Each assignment to one replica of its expert: the n-th assignment of expert e in this step (token order,
+  // then choice) goes to replica (n + offset) mod replicas(e), so an expert's rows split evenly over its replicas
+  // and the choice depends on nothing but the step's ids. Under tp attention every rank routes the same tokens
+  // and must agree (offset 0); under dp attention each rank sends only its own and starts at its rank, spreading
+  // the ranks' small batches over the replicas.
+  const eplb::Placement& p = w.placement;
+  MOEX_CHECK(p.slots() == slots_ && p.experts == shape_.experts, "the layer's placement does not match the model's slots");
+  const int offset = plan_.attn == AttnParallel::kDP ? plan_.rank : 0;
+  std::fill(replica_next_.begin(), replica_next_.end(), offset);
+  const int64_t n = tokens * shape_.top_k;
+  for (int64_t i = 0; i < n; ++i) {
+    const int e = expert_ids_[i];
+    const int first = p.replica_offsets[e], count = p.replica_offsets[e + 1] - first;
+    slot_ids_[i] = p.replica_slots[first + replica_next_[e]++ % count];
+  }
 }
 
 void MoELayer::experts(int layer, const MoELayerWeights& w, const float* x_rows, const int64_t* begin,
@@ -129,7 +174,7 @@ void MoELayer::forward_replicated(int layer, const MoELayerWeights& w, const flo
   int64_t row_begin = 0, row_end = 0;
   {  // plan + gather: only the rows of this rank's experts, with each row's routing weight and token
     MOEX_ZONE_LAYER(kDispatch, layer);
-    batcher_.plan(expert_ids_.data(), tokens);
+    batcher_.plan(plan_ids(), tokens);
     row_begin = offsets[first];
     row_end = offsets[first + count];
     const auto& row_token = batcher_.row_token();
@@ -224,7 +269,7 @@ void MoELayer::experts_overlapped(int layer, const MoELayerWeights& w, int64_t t
 void MoELayer::forward_dispatch(int layer, const MoELayerWeights& w, const float* x, int64_t tokens,
                                 float* residual) {
   const int64_t d = shape_.hidden, I = shape_.intermediate_local;
-  const int E = shape_.experts, per_rank = w.experts.count, P = plan_.world;
+  const int E = slots_, per_rank = w.experts.count, P = plan_.world;
   const comm::WireFormat format = comm::wire_format_for(plan_.comm_dtype);
   route(layer, w, x, tokens);
   const auto& offsets = batcher_.expert_offsets();
@@ -234,7 +279,7 @@ void MoELayer::forward_dispatch(int layer, const MoELayerWeights& w, const float
   auto &send_expert_rows = dp.send_expert_rows, &recv_expert_rows = dp.recv_expert_rows;
   {
     MOEX_ZONE_LAYER(kDispatch, layer);
-    batcher_.plan(expert_ids_.data(), tokens);
+    batcher_.plan(plan_ids(), tokens);
     batcher_.gather(x, d, gathered_.data());  // plan order = expert order = destination-rank order
     for (int e = 0; e < E; ++e) send_expert_rows[e] = static_cast<int32_t>(offsets[e + 1] - offsets[e]);
   }

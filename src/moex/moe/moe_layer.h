@@ -10,6 +10,7 @@
 #include "moex/comm/communicator.h"
 #include "moex/kernels/packed.h"
 #include "moex/moe/dynamic_batch.h"
+#include "moex/moe/eplb.h"
 #include "moex/moe/gating.h"
 #include "moex/moe/parallel_plan.h"
 
@@ -32,7 +33,10 @@ PackedExpert pack_expert(const ExpertWeights& w, const ExpertWeightFormat& forma
 struct MoELayerWeights {
   TensorView gate;                     // [E, d] router (every rank)
   TensorView gate_bias;                // [E] e_score_correction_bias (sigmoid router only), else empty
-  ExpertRange experts;                 // the global experts this rank computes
+  ExpertRange experts;                 // the global experts (EPLB: physical slots) this rank computes
+  // EPLB (moe/eplb.h): which logical expert each physical slot holds, over all EP ranks; `local`/`packed` are this
+  // rank's slots in slot order. Empty: no EPLB, slot e is expert e.
+  eplb::Placement placement;
   std::vector<ExpertWeights> local;    // [experts.count]: w1/w3 [I_local, d], w2 [d, I_local] (strided under TP)
   std::vector<PackedExpert> packed;    // [experts.count] when the experts are packed; empty: `local` runs
 };
@@ -43,6 +47,7 @@ struct MoELayerShape {
   int experts = 0, top_k = 0;
   bool norm_topk_prob = true;
   RouterSpec router;               // softmax (default) or the sigmoid grouped router
+  int slots = 0;                   // EPLB: physical expert slots over all EP ranks (every layer's); 0: `experts`
 };
 
 class MoELayer {
@@ -57,16 +62,20 @@ class MoELayer {
   // `--batch-invariant`: the packed experts run one kernel loop whatever their row counts (ModelOptions).
   void set_batch_invariant(bool on) { batch_invariant_ = on; }
 
-  // The last call's load (this rank's tokens; identical on every rank under tp attention).
-  const MoELoadStats& stats() const { return batcher_.stats(); }
+  // The last call's load per logical expert (this rank's tokens; identical on every rank under tp attention).
+  const MoELoadStats& stats() const { return eplb_ ? logical_stats_ : batcher_.stats(); }
+  // ... per physical slot (EPLB; without it, the same as stats()): what each rank's experts computed.
+  const MoELoadStats& slot_stats() const { return batcher_.stats(); }
 
  private:
   // The plans compose the same stages: route -> plan -> gather (local copy, or all-to-all dispatch) ->
   // experts (up, then down + combine) -> all-reduce or all-to-all back.
   void forward_replicated(int layer, const MoELayerWeights& w, const float* x, int64_t tokens, float* residual);
   void forward_dispatch(int layer, const MoELayerWeights& w, const float* x, int64_t tokens, float* residual);
-  // Route: expert_ids_, expert_weights_ [T, k].
+  // Route: expert_ids_, expert_weights_ [T, k]; under EPLB also slot_ids_, each assignment's replica.
   void route(int layer, const MoELayerWeights& w, const float* x, int64_t tokens);
+  // The ids the plan groups by: logical experts, or (EPLB) the replicas route() chose.
+  const int32_t* plan_ids() const { return eplb_ ? slot_ids_.data() : expert_ids_.data(); }
   // This rank's experts over rows grouped by local expert: rows [begin[le], begin[le+1]) of x_rows [R, d] are
   // local expert le's. Up, then down + combine: out[out_rows[r]] += row_weights[r] * expert(x_rows[r]) (out
   // stride d). Packed weights: one kernels::fused_experts pass; as stored: expert by expert through matmul.
@@ -82,6 +91,12 @@ class MoELayer {
   GatingTopK router_;
   MoEDynamicBatch batcher_;
   bool batch_invariant_ = false;
+  bool eplb_ = false;                  // shape.slots set: the plan groups by physical slot
+  int slots_ = 0;                      // experts, or physical slots under EPLB
+  std::vector<int32_t> slot_ids_;      // [T, k] EPLB: the replica each assignment goes to
+  std::vector<int32_t> replica_next_;  // [E] EPLB: assignments of each expert seen in this step
+  MoELoadStats logical_stats_;         // EPLB: batcher_'s stats folded back onto logical experts
+  std::vector<int> rank_tokens_;       // [ep] tokens each EP rank's experts computed (the profiler's balance)
 
   std::vector<int32_t> expert_ids_;    // [T, k]
   std::vector<float> expert_weights_;  // [T, k]

@@ -15,8 +15,8 @@ namespace moex::profile {
 namespace {
 
 constexpr const char* kZoneNames[kNumZones] = {
-    "all_gather", "all_reduce", "all_to_all", "attention", "broadcast",      "combine", "dispatch",
-    "embedding",  "experts",    "lm_head",    "other",     "reduce_scatter", "router",  "sampling",
+    "all_gather", "all_reduce", "all_to_all", "attention", "broadcast", "combine",        "dispatch",
+    "embedding",  "experts",    "lm_head",    "other",     "rebalance", "reduce_scatter", "router",  "sampling",
 };
 constexpr const char* kPhaseNames[kNumPhases] = {"prefill", "decode"};
 
@@ -204,14 +204,35 @@ void record_comm_event(Zone zone, const char* algorithm, uint64_t bytes, int64_t
              buffer.next_order++);
 }
 
+namespace {
+void add_layer_counts(std::vector<std::vector<uint64_t>>& per_layer, int layer, const int* counts, int n) {
+  MOEX_CHECK(layer >= 0 && n >= 0 && (counts != nullptr || n == 0), layer, " ", n);
+  if (static_cast<int>(per_layer.size()) <= layer) per_layer.resize(layer + 1);
+  auto& row = per_layer[layer];
+  if (static_cast<int>(row.size()) < n) row.resize(n, 0);
+  for (int e = 0; e < n; ++e) row[e] += static_cast<uint64_t>(std::max(counts[e], 0));
+}
+// Adds `from` into `to` and zeroes `from` in place (no allocation on the next step).
+void drain_layer_counts(std::vector<std::vector<uint64_t>>& from, std::vector<std::vector<uint64_t>>& to) {
+  if (to.size() < from.size()) to.resize(from.size());
+  for (size_t l = 0; l < from.size(); ++l) {
+    if (to[l].size() < from[l].size()) to[l].resize(from[l].size(), 0);
+    for (size_t e = 0; e < from[l].size(); ++e) to[l][e] += from[l][e];
+    std::fill(from[l].begin(), from[l].end(), 0);
+  }
+}
+}  // namespace
+
 void add_tokens_per_expert(int layer, const int* counts, int num_experts) {
   if (!enabled()) return;
-  MOEX_CHECK(layer >= 0 && num_experts >= 0 && (counts != nullptr || num_experts == 0), layer, " ", num_experts);
-  auto& per_layer = detail::this_thread_buffer().phases[static_cast<int>(current_phase())].tokens_per_expert;
-  if (static_cast<int>(per_layer.size()) <= layer) per_layer.resize(layer + 1);
-  auto& per_expert = per_layer[layer];
-  if (static_cast<int>(per_expert.size()) < num_experts) per_expert.resize(num_experts, 0);
-  for (int e = 0; e < num_experts; ++e) per_expert[e] += static_cast<uint64_t>(std::max(counts[e], 0));
+  add_layer_counts(detail::this_thread_buffer().phases[static_cast<int>(current_phase())].tokens_per_expert, layer,
+                   counts, num_experts);
+}
+
+void add_tokens_per_rank(int layer, const int* counts, int ranks) {
+  if (!enabled()) return;
+  add_layer_counts(detail::this_thread_buffer().phases[static_cast<int>(current_phase())].tokens_per_rank, layer,
+                   counts, ranks);
 }
 
 namespace {
@@ -251,15 +272,8 @@ void drain_thread_totals(ThreadTotals& into) {
     phase.zones = {};
     phase.comm = {};
     phase.steps = phase.wall_ns = phase.tokens = 0;
-    if (into.tokens_per_expert.size() < phase.tokens_per_expert.size())
-      into.tokens_per_expert.resize(phase.tokens_per_expert.size());
-    for (size_t l = 0; l < phase.tokens_per_expert.size(); ++l) {
-      std::vector<uint64_t>& from = phase.tokens_per_expert[l];
-      std::vector<uint64_t>& to = into.tokens_per_expert[l];
-      if (to.size() < from.size()) to.resize(from.size(), 0);
-      for (size_t e = 0; e < from.size(); ++e) to[e] += from[e];
-      std::fill(from.begin(), from.end(), 0);  // zeroed in place: no allocation on the next step
-    }
+    drain_layer_counts(phase.tokens_per_expert, into.tokens_per_expert);
+    drain_layer_counts(phase.tokens_per_rank, into.tokens_per_rank);
   }
   buffer.slices.clear();
   buffer.comm.clear();

@@ -36,6 +36,7 @@ enum class Zone : uint8_t {
   kExperts,
   kLmHead,
   kOther,
+  kRebalance,  // EPLB: a new expert placement and the expert moves, between steps
   kReduceScatter,
   kRouter,
   kSampling,
@@ -106,6 +107,9 @@ void record_comm_event(Zone zone, const char* algorithm, uint64_t bytes, int64_t
 
 // Tokens routed to each expert of one MoE layer in this step (after capacity drops), summed per phase.
 void add_tokens_per_expert(int layer, const int* counts, int num_experts);
+// Tokens the experts of each EP rank computed in one MoE layer in this step (under EPLB, over the rank's physical
+// slots), summed per phase: the rank balancedness (mean / max) of docs/moe.md, "Expert load balancing".
+void add_tokens_per_rank(int layer, const int* counts, int ranks);
 
 // The wall time of one whole step and the tokens it processed; marks the calling thread as a step thread.
 void mark_step(Phase phase, int64_t wall_ns, int tokens);
@@ -135,6 +139,7 @@ void reset();
 struct ThreadTotals {
   std::array<int64_t, kNumZones> self_ns{};
   std::vector<std::vector<uint64_t>> tokens_per_expert;  // [layer][expert]; layers without experts empty
+  std::vector<std::vector<uint64_t>> tokens_per_rank;    // [layer][EP rank]; layers without experts empty
 };
 // Adds the calling thread's totals since its last drain (or reset) into `into`, then zeroes them and drops
 // that thread's trace slices, steps and comm events, so its buffer does not grow however long it runs. Only

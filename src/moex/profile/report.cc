@@ -210,7 +210,7 @@ double PhaseReport::us_per_layer(Zone z) const {
 }
 
 bool PhaseReport::empty() const {
-  if (steps > 0 || wall_ns > 0 || !tokens_per_expert.empty()) return false;
+  if (steps > 0 || wall_ns > 0 || !tokens_per_expert.empty() || !tokens_per_rank.empty()) return false;
   for (int z = 0; z < kNumZones; ++z) {
     if (zones[z].calls > 0 || worker_zones[z].calls > 0 || !is_empty(comm[z])) return false;
   }
@@ -238,6 +238,7 @@ Report collect() {
         add_into(into.comm[z], from.comm[z]);
       }
       add_into(into.tokens_per_expert, from.tokens_per_expert);
+      add_into(into.tokens_per_rank, from.tokens_per_rank);
     }
   }
   return report;
@@ -289,7 +290,8 @@ nlohmann::json report_to_json(const Report& report) {
         {"tokens", p.tokens},         {"step_ns", p.step_ns()},
         {"unzoned_ns", p.unzoned_ns()}, {"unzoned_share", p.unzoned_share()},
         {"zones", zones},             {"worker_zones", worker_zones},
-        {"comm", comm},               {"tokens_per_expert", p.tokens_per_expert}};
+        {"comm", comm},               {"tokens_per_expert", p.tokens_per_expert},
+        {"tokens_per_rank", p.tokens_per_rank}};
   }
   return {{"rank", report.rank},
           {"world", report.world},
@@ -328,6 +330,8 @@ Report report_from_json(const nlohmann::json& json) {
       }
       p.tokens_per_expert =
           pj.value("tokens_per_expert", nlohmann::json::array()).get<std::vector<std::vector<uint64_t>>>();
+      p.tokens_per_rank =
+          pj.value("tokens_per_rank", nlohmann::json::array()).get<std::vector<std::vector<uint64_t>>>();
     }
     return report;
   } catch (const nlohmann::json::exception& e) {
@@ -364,6 +368,7 @@ Report mean_report(std::span<const Report> ranks) {
         add_into(into.comm[z], from.comm[z]);
       }
       add_into(into.tokens_per_expert, from.tokens_per_expert);
+      add_into(into.tokens_per_rank, from.tokens_per_rank);
     }
   }
   const int64_t n = static_cast<int64_t>(ranks.size());
@@ -390,9 +395,9 @@ Report mean_report(std::span<const Report> ranks) {
       c.transfer_ns = mean_of(c.transfer_ns, n);
       c.events = mean_of(c.events, n);
     }
-    for (auto& per_expert : p.tokens_per_expert) {
-      for (uint64_t& count : per_expert) count = static_cast<uint64_t>(mean_of(static_cast<int64_t>(count), n));
-    }
+    for (auto* counts : {&p.tokens_per_expert, &p.tokens_per_rank})
+      for (auto& row : *counts)
+        for (uint64_t& count : row) count = static_cast<uint64_t>(mean_of(static_cast<int64_t>(count), n));
   }
   return mean;
 }
@@ -468,6 +473,14 @@ nlohmann::json rank_reports_to_json(std::span<const Report> ranks) {
           {"slowest_rank", slowest}};
 }
 
+double rank_balancedness(const std::vector<uint64_t>& tokens_per_rank) {
+  if (tokens_per_rank.empty()) return 1.0;
+  const uint64_t hi = *std::max_element(tokens_per_rank.begin(), tokens_per_rank.end());
+  if (hi == 0) return 1.0;
+  const double total = static_cast<double>(std::accumulate(tokens_per_rank.begin(), tokens_per_rank.end(), uint64_t{0}));
+  return total / static_cast<double>(tokens_per_rank.size()) / static_cast<double>(hi);
+}
+
 std::string format_expert_load(const Report& report) {
   std::string out;
   for (int phase = 0; phase < kNumPhases; ++phase) {
@@ -479,7 +492,9 @@ std::string format_expert_load(const Report& report) {
     const bool show_counts = experts <= 16;
     appendf(out, "%s expert load: tokens routed per expert per step (summed over %lld steps)\n",
             phase_name(static_cast<Phase>(phase)), static_cast<long long>(p.steps));
+    const bool ep = std::any_of(p.tokens_per_rank.begin(), p.tokens_per_rank.end(), [](const auto& r) { return r.size() > 1; });
     appendf(out, "  %-6s %10s %8s %8s %8s %9s", "layer", "tokens", "min", "max", "mean", "max/mean");
+    if (ep) appendf(out, " %9s", "rank bal.");
     if (show_counts) out += "   tokens per expert (whole phase)";
     out += "\n";
     for (size_t layer = 0; layer < p.tokens_per_expert.size(); ++layer) {
@@ -491,6 +506,7 @@ std::string format_expert_load(const Report& report) {
       const double mean = static_cast<double>(total) / counts.size();
       appendf(out, "  %-6zu %10.2f %8.2f %8.2f %8.2f %9.2f", layer, total / steps, lo / steps, hi / steps,
               mean / steps, mean > 0 ? hi / mean : 0.0);
+      if (ep) appendf(out, " %9.3f", layer < p.tokens_per_rank.size() ? rank_balancedness(p.tokens_per_rank[layer]) : 1.0);
       if (show_counts) {
         out += "   ";
         for (uint64_t c : counts) appendf(out, " %llu", static_cast<unsigned long long>(c));

@@ -37,6 +37,7 @@ struct PhaseReport {
   std::array<ZoneTime, kNumZones> worker_zones{};  // other threads: thread-time, outside the shares
   std::array<CommStats, kNumZones> comm{};         // all threads
   std::vector<std::vector<uint64_t>> tokens_per_expert;  // [layer][expert]
+  std::vector<std::vector<uint64_t>> tokens_per_rank;    // [layer][EP rank] tokens each rank's experts computed
 
   const ZoneTime& zone(Zone z) const { return zones[static_cast<int>(z)]; }
   int64_t zoned_ns() const;    // sum of self times over zones
@@ -62,8 +63,11 @@ Report collect();  // this process; see profile.h for when it is safe to call
 // Human table, prefill and decode separately; zones sorted by time. Its last row, "other", is the zone
 // kOther plus the unzoned rest, so the printed shares add up to 100%.
 std::string format_table(const Report& report);
-// Per layer and phase: tokens routed to each expert, their min/max/mean and busiest/mean.
+// Per layer and phase: tokens routed to each expert, their min/max/mean and busiest/mean, and (EP) the balancedness
+// of the EP ranks' tokens.
 std::string format_expert_load(const Report& report);
+// mean / max of the tokens each EP rank's experts computed (1: even; 1 when all are zero).
+double rank_balancedness(const std::vector<uint64_t>& tokens_per_rank);
 
 // Raw fields plus derived shares and per-layer times; report_from_json reads back the raw fields.
 nlohmann::json report_to_json(const Report& report);

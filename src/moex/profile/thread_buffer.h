@@ -35,6 +35,7 @@ struct PhaseCounters {
   std::array<ZoneTime, kNumZones> zones{};
   std::array<CommStats, kNumZones> comm{};
   std::vector<std::vector<uint64_t>> tokens_per_expert;  // [layer][expert]
+  std::vector<std::vector<uint64_t>> tokens_per_rank;    // [layer][EP rank]
 };
 
 struct ThreadBuffer {

@@ -94,6 +94,23 @@ Engine::Engine(DecoderModel& model, const EngineOptions& options)
       data_parallel_(options.comm && model.options().plan.attn == AttnParallel::kDP && !model.options().plan.single()),
       num_blocks_(model.kv_cache().num_blocks()),
       metrics_(options.model_name) {
+  if (const ParallelPlan& plan = model.options().plan; plan.ep > 1) {
+    const ModelConfig& c = model.config();
+    metrics_.eplb_balancedness.assign(c.num_hidden_layers, nullptr);
+    metrics_.eplb_expert_tokens.resize(c.num_hidden_layers);
+    for (int l = 0; l < c.num_hidden_layers; ++l) {
+      if (!c.moe_layer(l)) continue;
+      const metrics::Labels labels{{"model_name", options.model_name}, {"layer", std::to_string(l)}};
+      metrics_.eplb_balancedness[l] = &metrics_.registry.gauge(
+          "moex:eplb_balancedness", "Per MoE layer: mean / max of the last step's tokens over the EP ranks' experts.", labels);
+      for (int e = 0; e < c.num_local_experts; ++e) {
+        metrics::Labels el = labels;
+        el["expert"] = std::to_string(e);
+        metrics_.eplb_expert_tokens[l].push_back(&metrics_.registry.counter(
+            "moex:eplb_expert_tokens_total", "Tokens routed to each expert, per MoE layer.", el));
+      }
+    }
+  }
   MOEX_CHECK_INPUT(options_.max_step_tokens <= model.options().max_step_tokens, "--max-step-tokens ",
                    options_.max_step_tokens, " is more than the model's step size ", model.options().max_step_tokens);
   MOEX_CHECK_INPUT(options_.max_model_len >= 2 && options_.max_model_len <= model.options().max_seq_len,
@@ -498,6 +515,16 @@ void Engine::step() {
   k.prompt_rows.inc(static_cast<double>(prompt_rows));
   k.decode_rows.inc(static_cast<double>(decode_rows));
   k.step_duration.observe(step_s);
+  for (size_t l = 0; l < metrics_.eplb_balancedness.size(); ++l) {
+    if (!metrics_.eplb_balancedness[l]) continue;
+    const std::vector<int>& slots = model_.moe_slot_stats()[l].tokens_per_expert;
+    const int ep = model_.options().plan.ep, per_rank = static_cast<int>(slots.size()) / ep;
+    std::vector<double> ranks(ep, 0.0);
+    for (size_t s = 0; s < slots.size(); ++s) ranks[s / per_rank] += slots[s];
+    metrics_.eplb_balancedness[l]->set(eplb::balancedness(ranks));
+    const std::vector<int>& experts = model_.moe_stats()[l].tokens_per_expert;
+    for (size_t e = 0; e < experts.size(); ++e) metrics_.eplb_expert_tokens[l][e]->inc(experts[e]);
+  }
   ++step_number_;
   {
     std::lock_guard<std::mutex> lock(stats_mutex_);

@@ -104,6 +104,11 @@ struct EngineMetrics {
     metrics::Histogram& step_duration; // moex:engine_step_duration_seconds{kind}
   };
   StepKindMetrics prefill_steps, decode_steps;
+  // Under EP, per MoE layer (null for a dense one): mean / max of the last step's tokens over the EP ranks' experts
+  // (moex:eplb_balancedness{layer}) and the tokens routed to each expert (moex:eplb_expert_tokens_total{layer,
+  // expert}); under attention DP, of rank 0's tokens. docs/moe.md, "Expert load balancing".
+  std::vector<metrics::Gauge*> eplb_balancedness;
+  std::vector<std::vector<metrics::Counter*>> eplb_expert_tokens;
 };
 
 // Attention DP: which rank a new request goes to. The fewest sequences (running + waiting) first; on a tie

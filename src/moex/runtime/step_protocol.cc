@@ -84,7 +84,9 @@ void irecv_array(comm::Communicator& comm, std::vector<comm::P2PRequest>& reques
 }
 }  // namespace
 
-void before_step(DecoderModel&, int64_t) {}
+void before_step(DecoderModel& model, int64_t) {
+  model.between_steps();  // EPLB's online rebalance every --eplb-interval steps (collective under attention DP)
+}
 
 void send_command(comm::Communicator& comm, StepCommand command) {
   std::vector<Header> h(static_cast<size_t>(comm.size()), Header{static_cast<int64_t>(command), 0, 0, 0, 0, 0, 0});

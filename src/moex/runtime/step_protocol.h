@@ -27,7 +27,7 @@ enum class StepKind : int64_t { kPrefill = 0, kDecode = 1 };
 
 // Work between two steps (e.g. moving experts between ranks): runs on every rank before each step's forward,
 // on rank 0 inside Engine::step and on the others inside run_step_worker, so every rank runs it at the same
-// point of the step sequence. Nothing to do yet.
+// point of the step sequence: EPLB's online rebalance (DecoderModel::between_steps).
 void before_step(DecoderModel& model, int64_t step_number);
 
 // Rank 0, attention TP: the header (point to point), then the step's arrays (broadcasts).
