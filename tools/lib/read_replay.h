@@ -7,7 +7,7 @@
 #include <set>
 #include <vector>
 
-#include "moex/kernels/probe.h"
+#include "tools/lib/probes.h"
 #include "moex/model/mixtral.h"
 
 namespace moex::tools {

@@ -1,19 +1,27 @@
-#include "moex/kernels/probe.h"
+#include "tools/lib/probes.h"
 
+#include <sys/mman.h>
 #include <time.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <vector>
 
 #include "moex/base/cpu.h"
+#include "moex/base/error.h"
+#include "moex/base/system_memory.h"
 #include "moex/base/threads.h"
+#include "moex/kernels/x86/prefetch.h"
 
 namespace moex::kernels {
 
-float stream_read(const void* data, size_t bytes) {
+float stream_read(const void* data, size_t bytes, int64_t prefetch_lead) {
   const auto* base = static_cast<const uint8_t*>(data);
   constexpr int64_t kBlock = 1 << 16;
   const int64_t blocks = static_cast<int64_t>(bytes / kBlock);
@@ -21,9 +29,9 @@ float stream_read(const void* data, size_t bytes) {
   parallel_for(blocks, 1, [&](int64_t begin, int64_t end) {
     float sum = 0.0f;
     if (use_x86_kernels()) {
-      sum = x86::stream_read_avx512(base + begin * kBlock, static_cast<size_t>(end - begin) * kBlock);
+      sum = x86::stream_read_avx512(base + begin * kBlock, static_cast<size_t>(end - begin) * kBlock, prefetch_lead);
     } else if (use_avx2_kernels()) {
-      sum = x86::stream_read_avx2(base + begin * kBlock, static_cast<size_t>(end - begin) * kBlock);
+      sum = x86::stream_read_avx2(base + begin * kBlock, static_cast<size_t>(end - begin) * kBlock, prefetch_lead);
     } else {
       for (int64_t i = begin * kBlock; i < end * kBlock; i += 64) {
         float v;
@@ -94,6 +102,116 @@ double thread_cpu_seconds() {
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
   return static_cast<double>(ts.tv_sec) + ts.tv_nsec * 1e-9;
 }
+
+double now_seconds(bool cpu_clock) {
+  if (cpu_clock) return thread_cpu_seconds();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+ReadProbe read_probe(size_t bytes, int repeats, bool cpu_clock) {
+  // 2 MB aligned, so the whole buffer can sit on huge pages
+  constexpr size_t kHuge = size_t{2} << 20;
+  const size_t mapped = bytes + kHuge;
+  void* map = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  MOEX_CHECK(map != MAP_FAILED, "cannot map ", bytes, " bytes for the read probe");
+  auto* buffer = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(map) + kHuge - 1) & ~(kHuge - 1));
+  advise_huge_pages(buffer, bytes);
+  std::memset(buffer, 1, bytes);
+  volatile float sink = 0.0f;
+  const auto median_rate = [&](int64_t lead) {
+    sink = sink + stream_read(buffer, bytes, lead);  // warm-up
+    std::vector<double> samples;
+    for (int r = 0; r < std::max(repeats, 1); ++r) {
+      const double t0 = now_seconds(cpu_clock);
+      sink = sink + stream_read(buffer, bytes, lead);
+      samples.push_back(static_cast<double>(bytes) / (now_seconds(cpu_clock) - t0));
+    }
+    std::sort(samples.begin(), samples.end());
+    return samples[samples.size() / 2];
+  };
+  ReadProbe p;
+  // Alternated, so a change in the machine's load between them moves both alike.
+  for (int round = 0; round < 2; ++round) {
+    p.plain_bytes_per_s = std::max(p.plain_bytes_per_s, median_rate(0));
+    p.prefetch_bytes_per_s = std::max(p.prefetch_bytes_per_s, median_rate(x86::kStreamLead));
+  }
+  p.bytes_per_s = std::max(p.plain_bytes_per_s, p.prefetch_bytes_per_s);
+  p.method = p.prefetch_bytes_per_s > p.plain_bytes_per_s ? "loads + prefetch" : "loads";
+  ::munmap(map, mapped);
+  return p;
+}
+
+double core_clock_hz(int64_t adds_per_thread) {
+#if defined(__x86_64__)
+  const int threads = num_threads();
+  std::vector<double> hz(threads);
+  volatile uint64_t sink = 0;
+#pragma omp parallel num_threads(threads)
+  {
+    uint64_t x = 0;
+    const double t0 = thread_cpu_seconds();
+    for (int64_t i = 0; i < adds_per_thread; i += 8)  // 8 adds, each waiting for the last; the loop's own work
+      asm volatile(                                     // runs beside them on the other ALUs
+          "add $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\t"
+          "add $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\tadd $1, %0"
+          : "+r"(x));
+    hz[omp_get_thread_num()] = static_cast<double>(adds_per_thread) / (thread_cpu_seconds() - t0);
+    sink = sink + x;
+  }
+  std::sort(hz.begin(), hz.end());
+  return hz[hz.size() / 2];
+#else
+  return 0;
+#endif
+}
+
+CpuId cpu_id() {
+  CpuId id;
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid(0, &a, &b, &c, &d)) return id;
+  char vendor[13] = {};
+  std::memcpy(vendor, &b, 4);
+  std::memcpy(vendor + 4, &d, 4);
+  std::memcpy(vendor + 8, &c, 4);
+  id.amd = std::strcmp(vendor, "AuthenticAMD") == 0;
+  id.intel = std::strcmp(vendor, "GenuineIntel") == 0;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return id;
+  const int base_family = (a >> 8) & 0xf, base_model = (a >> 4) & 0xf;
+  id.family = base_family == 0xf ? base_family + ((a >> 20) & 0xff) : base_family;
+  id.model = base_family == 0xf || base_family == 0x6 ? base_model + (((a >> 16) & 0xf) << 4) : base_model;
+#endif
+  return id;
+}
+
+CpuClassRates cpu_class_rates() {
+  const CpuId id = cpu_id();
+  const CpuFeatures& f = cpu_features();
+  CpuClassRates r;
+  if (id.amd && id.family == 0x19 && f.avx512f) {  // family 19h with AVX-512: Zen 4 (Zen 3 has none)
+    r.name = "AMD Zen 4";
+    // Four 256-bit FP pipes, two of which multiply; a 512-bit op takes a pair: one zmm FMA or dot product per cycle.
+    r.fma_zmm = r.bf16_zmm = r.vnni_zmm = 1;
+    r.source = "AMD Software Optimization Guide for Zen 4 (pub. 57647), FP pipes; measured here with both SMT threads";
+  } else if (id.amd && id.family == 0x1a) {
+    r.name = "AMD Zen 5";
+    // EPYC 9005 / Ryzen 9000: the FP pipes are 512 bits wide, two of them multiply.
+    r.fma_zmm = r.bf16_zmm = r.vnni_zmm = 2;
+    r.source = "AMD Software Optimization Guide for Zen 5 (pub. 58455), 512-bit FP datapath with two FMA pipes";
+  } else if (id.intel && f.amx_tile) {
+    r.name = "Intel Xeon with AMX (Sapphire / Emerald / Granite Rapids)";
+    // Ports 0 (fused 0+1) and 5 each take a 512-bit FMA; the AMX TMUL does 1024 bf16 FLOP or 2048 int8 OP per
+    // cycle, i.e. one 16x16x32 tdpbf16ps or 16x16x64 tdpbusd every 16 cycles. vdpbf16ps / vpdpbusd: not assumed.
+    r.fma_zmm = 2;
+    r.amx_tile = 1.0 / 16;
+    r.source = "Intel 64 and IA-32 Architectures Optimization Reference Manual, AMX chapter (TMUL: 16 cycles per tile op)";
+  }
+  return r;
+}
+
+namespace {
 
 // Every thread runs loop(iterations); the rate counts all threads' instructions over the wall time, or
 // (cpu_clock) sums each thread's instructions over its own CPU time.
