@@ -376,17 +376,13 @@ KernelBenchReport bench_kernels(const KernelBenchOptions& o) {
   report.read = read_probe(o.roofline_mb << 20, o.repeats, o.cpu_clock);
   report.read_bytes_per_s = report.read.bytes_per_s;
   report.clock_hz = core_clock_hz();
-  for (int i = 0; i < 3; ++i) {  // best of three: the peak is what the core can do, not what it did once
-    const PeakResult b = dot_peak_bf16(1 << 22, o.cpu_clock), v = dot_peak_vnni(1 << 22, o.cpu_clock),
-                     m = dot_peak_maddubs(1 << 22, o.cpu_clock), f = fma_peak_f32(1 << 22, o.cpu_clock);
-    if (b.per_second > report.bf16_peak.per_second) report.bf16_peak = b;
-    if (v.per_second > report.vnni_peak.per_second) report.vnni_peak = v;
-    if (m.per_second > report.maddubs_peak.per_second) report.maddubs_peak = m;
-    if (f.per_second > report.fma_peak.per_second) report.fma_peak = f;
-    const PeakResult ab = dot_peak_amx_bf16(1 << 18, o.cpu_clock), ai = dot_peak_amx_int8(1 << 18, o.cpu_clock);
-    if (ab.per_second > report.amx_bf16_peak.per_second) report.amx_bf16_peak = ab;
-    if (ai.per_second > report.amx_int8_peak.per_second) report.amx_int8_peak = ai;
-  }
+  const PeakSet peaks = best_peaks(o.cpu_clock);
+  report.bf16_peak = peaks.bf16;
+  report.vnni_peak = peaks.vnni;
+  report.maddubs_peak = peaks.maddubs;
+  report.fma_peak = peaks.fma;
+  report.amx_bf16_peak = peaks.amx_bf16;
+  report.amx_int8_peak = peaks.amx_int8;
 
   const int64_t H = o.hidden, I = o.intermediate;
   std::mt19937 rng(7);

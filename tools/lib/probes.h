@@ -13,14 +13,17 @@ namespace moex::kernels {
 float stream_read(const void* data, size_t bytes, int64_t prefetch_lead = 0);
 
 // The read probe: bytes/s of stream_read over a buffer of `bytes` on huge pages (as the packed weights are: on 4 KB
-// pages a 1 GB stream also walks ~260,000 page-table entries), the median of `repeats` passes after a warm-up,
-// for each way of reading; the best is the probe (a kernel that beats a probe shows the probe was not the limit).
+// pages a 1 GB stream also walks ~260,000 page-table entries), `repeats` passes after a warm-up for each way of
+// reading, each pass timed in kReadSegments consecutive segments (each segment's bytes were last read a whole
+// buffer ago, so no cache above the buffer's size holds them); the best segment is the probe. Best, not median,
+// for the reason best_peaks gives.
 struct ReadProbe {
   double bytes_per_s = 0;        // the best of the methods below
   double plain_bytes_per_s = 0;  // loads alone (hardware prefetchers)
   double prefetch_bytes_per_s = 0;  // loads plus a software prefetch kStreamLead ahead
   const char* method = "loads";  // the best one's name
 };
+constexpr int kReadSegments = 8;
 ReadProbe read_probe(size_t bytes, int repeats, bool cpu_clock);
 
 // The replay probe (docs/kernels.md, "Probes"): the byte ranges a sequence of forward steps reads, in the
@@ -62,6 +65,15 @@ PeakResult fma_peak_f32(int64_t iterations_per_thread = 1 << 22, bool cpu_clock 
 // ~256 vdpbf16ps do, so the default iteration count is 16x smaller than the vector probes'.
 PeakResult dot_peak_amx_bf16(int64_t iterations_per_thread = 1 << 18, bool cpu_clock = false);
 PeakResult dot_peak_amx_int8(int64_t iterations_per_thread = 1 << 18, bool cpu_clock = false);
+
+// Every probe above, each the best of `trials` short runs (a few ms: one scheduler time slice), alternated. The
+// best, not the median: a machine shared with other processes slows some runs, never speeds one up, and the
+// probe must bound what a kernel can do while it has the cores (a median under load let a kernel measured in a
+// quieter moment reach 120% of it).
+struct PeakSet {
+  PeakResult bf16, vnni, maddubs, fma, amx_bf16, amx_int8;
+};
+PeakSet best_peaks(bool cpu_clock = false, int trials = 16);
 
 // The core clock, Hz: a chain of dependent integer adds (one cycle each on every x86 core since the P6) run in
 // every thread at once, each thread's adds over its own CPU time, the median thread. What a probe's instruction

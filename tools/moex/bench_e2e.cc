@@ -55,18 +55,17 @@ Probes measure_probes(const E2EFlags& f) {
   p.read = kernels::read_probe(f.roofline_mb << 20, f.repeats, f.cpu_clock);
   p.read_bytes_per_s = p.read.bytes_per_s;
   p.clock_hz = kernels::core_clock_hz();
-  const auto best = [](kernels::PeakResult& into, const kernels::PeakResult& r) {
-    if (r.per_second > into.per_second) into = r;
-    return into.per_second;
-  };
-  for (int i = 0; i < 3; ++i) {  // best of three: what the cores can do
-    p.bf16_flops = best(p.bf16, kernels::dot_peak_bf16(1 << 21, f.cpu_clock));
-    p.vnni_ops = best(p.vnni, kernels::dot_peak_vnni(1 << 21, f.cpu_clock));
-    p.maddubs_ops = std::max(p.maddubs_ops, kernels::dot_peak_maddubs(1 << 21, f.cpu_clock).per_second);
-    p.fma_flops = best(p.fma, kernels::fma_peak_f32(1 << 21, f.cpu_clock));
-    p.amx_bf16_flops = best(p.amx_bf16, kernels::dot_peak_amx_bf16(1 << 17, f.cpu_clock));
-    p.amx_int8_ops = std::max(p.amx_int8_ops, kernels::dot_peak_amx_int8(1 << 17, f.cpu_clock).per_second);
-  }
+  const kernels::PeakSet peaks = kernels::best_peaks(f.cpu_clock);
+  p.bf16 = peaks.bf16;
+  p.vnni = peaks.vnni;
+  p.fma = peaks.fma;
+  p.amx_bf16 = peaks.amx_bf16;
+  p.bf16_flops = peaks.bf16.per_second;
+  p.vnni_ops = peaks.vnni.per_second;
+  p.maddubs_ops = peaks.maddubs.per_second;
+  p.fma_flops = peaks.fma.per_second;
+  p.amx_bf16_flops = peaks.amx_bf16.per_second;
+  p.amx_int8_ops = peaks.amx_int8.per_second;
   return p;
 }
 
