@@ -66,14 +66,15 @@ PeakResult fma_peak_f32(int64_t iterations_per_thread = 1 << 22, bool cpu_clock 
 PeakResult dot_peak_amx_bf16(int64_t iterations_per_thread = 1 << 18, bool cpu_clock = false);
 PeakResult dot_peak_amx_int8(int64_t iterations_per_thread = 1 << 18, bool cpu_clock = false);
 
-// Every probe above, each the best of `trials` short runs (a few ms: one scheduler time slice), alternated. The
+// Every probe above, each the best of `trials` short runs (~2 ms: within one scheduler time slice even on a
+// machine loaded several times over, so some runs have both cores to themselves), alternated. The
 // best, not the median: a machine shared with other processes slows some runs, never speeds one up, and the
 // probe must bound what a kernel can do while it has the cores (a median under load let a kernel measured in a
 // quieter moment reach 120% of it).
 struct PeakSet {
   PeakResult bf16, vnni, maddubs, fma, amx_bf16, amx_int8;
 };
-PeakSet best_peaks(bool cpu_clock = false, int trials = 16);
+PeakSet best_peaks(bool cpu_clock = false, int trials = 48);
 
 // The core clock, Hz: a chain of dependent integer adds (one cycle each on every x86 core since the P6) run in
 // every thread at once, each thread's adds over its own CPU time, the median thread. What a probe's instruction
