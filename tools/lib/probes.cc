@@ -198,7 +198,7 @@ CpuClassRates cpu_class_rates() {
     r.name = "AMD Zen 4";
     // Four 256-bit FP pipes, two of which multiply; a 512-bit op takes a pair: one zmm FMA or dot product per cycle.
     r.fma_zmm = r.bf16_zmm = r.vnni_zmm = 1;
-    r.source = "AMD Software Optimization Guide for Zen 4 (pub. 57647), FP pipes; measured here with both SMT threads";
+    r.source = "AMD Software Optimization Guide for Zen 4 (pub. 57647), FP pipes";
   } else if (id.amd && id.family == 0x1a) {
     r.name = "AMD Zen 5";
     // EPYC 9005 / Ryzen 9000: the FP pipes are 512 bits wide, two of them multiply.
