@@ -7,7 +7,7 @@
 #include <fstream>
 #include <random>
 
-#include "moex/runtime/chat_template.h"
+#include "moex/text/chat_template.h"
 #include "moex/runtime/metrics.h"
 #include "moex/runtime/sampler.h"
 

@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "moex/base/error.h"
-#include "moex/runtime/tokenizer_json.h"
+#include "moex/text/tokenizer_json.h"
 
 namespace {
 

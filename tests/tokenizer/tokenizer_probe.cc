@@ -22,8 +22,8 @@
 #include <nlohmann/json.hpp>
 
 #include "moex/base/error.h"
-#include "moex/runtime/tokenizer.h"
-#include "moex/runtime/tokenizer_json.h"
+#include "moex/text/tokenizer.h"
+#include "moex/text/tokenizer_json.h"
 #include "tools/lib/tokenizer_train.h"
 
 namespace {

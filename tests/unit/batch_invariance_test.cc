@@ -20,7 +20,7 @@
 #include "moex/base/error.h"
 #include "moex/base/threads.h"
 #include "moex/kernels/packed.h"
-#include "moex/model/mixtral.h"
+#include "moex/model/decoder.h"
 #include "moex/runtime/generation.h"
 #include "moex/runtime/sampler.h"
 #include "test_util.h"
@@ -162,7 +162,7 @@ std::vector<int> ids(int length, int salt) {
 constexpr int kSteps = 4;
 
 // Sequence P's logits: its last prompt position, then kSteps greedy decode steps ([1 + kSteps][V]), alone.
-std::vector<std::vector<float>> alone(MixtralModel& model, const std::vector<int>& prompt) {
+std::vector<std::vector<float>> alone(DecoderModel& model, const std::vector<int>& prompt) {
   const int V = model.config().vocab_size;
   KvBlockManager kv = make_block_manager(model);
   std::vector<std::vector<float>> out(1, std::vector<float>(V));
@@ -177,7 +177,7 @@ std::vector<std::vector<float>> alone(MixtralModel& model, const std::vector<int
 
 // The same P inside steps of other compositions: its prompt prefilled in one step beside two other prompts'
 // chunks (ragged), then each decode row beside prefill chunks of other prompts and other sequences' decode rows.
-std::vector<std::vector<float>> batched(MixtralModel& model, const std::vector<int>& prompt) {
+std::vector<std::vector<float>> batched(DecoderModel& model, const std::vector<int>& prompt) {
   const int V = model.config().vocab_size;
   KvBlockManager kv = make_block_manager(model);
   struct Part {
@@ -234,7 +234,7 @@ std::vector<std::vector<float>> batched(MixtralModel& model, const std::vector<i
 // machine two spinning threads cost ten times one, so most cases run on one.
 int rows_that_differ(const std::string& weights, bool batch_invariant, int threads = 1) {
   set_num_threads(threads);
-  MixtralModel model(model_dir(), options(weights, batch_invariant));
+  DecoderModel model(model_dir(), options(weights, batch_invariant));
   const std::vector<int> prompt = ids(21, 0);
   const auto want = alone(model, prompt), got = batched(model, prompt);
   int differ = 0;
@@ -271,7 +271,7 @@ TEST(BatchInvariance, RefusesCapacityDrops) {
   ModelOptions o = options("as-stored", true);
   o.capacity_factor = 1.0f;
   try {
-    MixtralModel model(model_dir(), o);
+    DecoderModel model(model_dir(), o);
     FAIL() << "a capacity factor was accepted with batch invariance";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("--batch-invariant needs dropless"), std::string::npos) << e.what();

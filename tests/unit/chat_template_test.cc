@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "moex/base/error.h"
-#include "moex/runtime/chat_template.h"
-#include "moex/runtime/tokenizer.h"
+#include "moex/text/chat_template.h"
+#include "moex/text/tokenizer.h"
 #include "tools/lib/tokenizer_train.h"
 
 namespace moex {

@@ -20,10 +20,10 @@
 #include "moex/base/threads.h"
 #include "moex/comm/selector.h"
 #include "moex/model/config.h"
-#include "moex/model/mixtral.h"
+#include "moex/model/decoder.h"
 #include "moex/model/safetensors_index.h"
 #include "moex/runtime/run_memory.h"
-#include "moex/runtime/tokenizer.h"
+#include "moex/text/tokenizer.h"
 #include "test_util.h"
 
 namespace moex {
@@ -255,7 +255,7 @@ TEST(RunMemory, KvCacheEstimateIsWhatTheCacheAllocates) {
       for (const KvCacheDType dtype : {KvCacheDType::kF32, KvCacheDType::kBF16}) {
         options.kv_cache_dtype = dtype;
         const PagedKvCache cache(c.num_hidden_layers, c.num_key_value_heads, c.head_dim,
-                                 MixtralModel::kv_cache_layout(c, options).num_blocks, dtype);
+                                 DecoderModel::kv_cache_layout(c, options).num_blocks, dtype);
         EXPECT_EQ(estimate_run_memory(c, options, 2).kv_cache_bytes, static_cast<double>(cache.bytes()));
         EXPECT_GE(cache.capacity_positions(), int64_t{batch} * seq);  // every sequence its whole length
       }

@@ -15,8 +15,8 @@
 #include "moex/base/error.h"
 #include "moex/model/gguf.h"
 #include "moex/model/safetensors.h"
-#include "moex/runtime/tokenizer.h"
-#include "moex/runtime/tokenizer_json.h"
+#include "moex/text/tokenizer.h"
+#include "moex/text/tokenizer_json.h"
 #include "tools/lib/gguf_writer.h"
 #include "tools/lib/tokenizer_train.h"
 

@@ -13,7 +13,7 @@
 #include "moex/base/error.h"
 #include "moex/base/threads.h"
 #include "moex/kernels/paged_attention.h"
-#include "moex/model/mixtral.h"
+#include "moex/model/decoder.h"
 #include "moex/runtime/kv_block_manager.h"
 #include "moex/model/paged_kv_cache.h"
 

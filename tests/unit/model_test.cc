@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "moex/base/error.h"
-#include "moex/model/mixtral.h"
+#include "moex/model/decoder.h"
 #include "moex/runtime/generation.h"
 #include "moex/runtime/sampler.h"
 
@@ -40,7 +40,7 @@ ModelOptions options_for(int batch) {
 
 // Greedy decode of one sequence; returns the logits of every decode step, [steps][V].
 std::vector<std::vector<float>> decode_alone(const std::vector<int>& prompt, int steps) {
-  MixtralModel model(tiny_model_dir(), options_for(1));
+  DecoderModel model(tiny_model_dir(), options_for(1));
   const int V = model.config().vocab_size;
   std::vector<float> logits(V);
   KvBlockManager kv = make_block_manager(model);
@@ -57,7 +57,7 @@ std::vector<std::vector<float>> decode_alone(const std::vector<int>& prompt, int
 TEST(Model, BatchedDecodeEqualsSeparateRuns) {
   const std::vector<std::vector<int>> prompts = {{1, 17, 200}, {1, 5, 9, 44, 301, 7, 8}, {1, 3, 3, 3, 90, 91, 92, 93, 94, 95, 96, 97}, {1, 250, 2, 77, 310}};
   const int steps = 8;
-  MixtralModel model(tiny_model_dir(), options_for(4));
+  DecoderModel model(tiny_model_dir(), options_for(4));
   const int V = model.config().vocab_size;
   std::vector<float> logits(4 * V);
   std::vector<int32_t> next(4), position(4);
@@ -100,7 +100,7 @@ TEST(Model, CachedPrefixGivesTheLogitsOfAFullPrefill) {
   std::vector<int> shared(40), other(45);
   for (int i = 0; i < 40; ++i) shared[i] = 1 + (i * 37) % 500;
   for (int i = 0; i < 45; ++i) other[i] = i < 32 ? shared[i] : 3 + (i * 11) % 400;  // 2 blocks in common
-  MixtralModel model(tiny_model_dir(), options_for(2));
+  DecoderModel model(tiny_model_dir(), options_for(2));
   const int V = model.config().vocab_size;
   KvBlockManager kv(static_cast<int32_t>(model.kv_cache().num_blocks()), 16, /*prefix_caching=*/true);
   std::vector<float> first(V), cached(V), fresh(V);
@@ -121,7 +121,7 @@ TEST(Model, CachedPrefixGivesTheLogitsOfAFullPrefill) {
   step.num_logit_rows = 1;
   model.forward(step, cached.data());
 
-  MixtralModel scratch(tiny_model_dir(), options_for(1));
+  DecoderModel scratch(tiny_model_dir(), options_for(1));
   KvBlockManager kv2 = make_block_manager(scratch);
   prefill(scratch, kv2, 0, other, fresh.data());
   float max_diff = 0;
@@ -142,7 +142,7 @@ TEST(Model, Bf16KvCacheStaysWithinItsRoundingOfTheF32Cache) {
   for (const KvCacheDType dtype : {KvCacheDType::kF32, KvCacheDType::kBF16}) {
     ModelOptions o = options_for(1);
     o.kv_cache_dtype = dtype;
-    MixtralModel model(tiny_model_dir(), o);
+    DecoderModel model(tiny_model_dir(), o);
     const int V = model.config().vocab_size;
     KvBlockManager kv = make_block_manager(model);
     std::vector<float> all(prompt.size() * V), last(V);
@@ -164,7 +164,7 @@ TEST(Model, Bf16KvCacheStaysWithinItsRoundingOfTheF32Cache) {
 }
 
 TEST(Model, GenerateStopsEachSequenceOnItsOwn) {
-  MixtralModel model(tiny_model_dir(), options_for(2));
+  DecoderModel model(tiny_model_dir(), options_for(2));
   GenerationOptions options;
   options.max_new_tokens = 5;
   options.stop_at_eos = false;
@@ -182,7 +182,7 @@ TEST(Model, PackedExpertsOfALayerLieBackToBackInExpertOrder) {
   ModelOptions o = options_for(1);
   o.expert_weights.packed = true;
   o.expert_weights.format = kernels::WeightFormat::kBF16;
-  MixtralModel model(tiny_model_dir(), o);
+  DecoderModel model(tiny_model_dir(), o);
   for (const LayerWeights& l : model.weights().layers) {
     const std::vector<PackedExpert>& p = l.moe.packed;
     ASSERT_EQ(p.size(), static_cast<size_t>(model.config().num_local_experts));
@@ -198,7 +198,7 @@ TEST(Model, PackedExpertsOfALayerLieBackToBackInExpertOrder) {
 }
 
 TEST(Model, PositionsBeyondTheCacheAreAnError) {
-  MixtralModel model(tiny_model_dir(), options_for(1));
+  DecoderModel model(tiny_model_dir(), options_for(1));
   std::vector<float> logits(model.config().vocab_size);
   const int32_t token = 5;
   std::vector<int32_t> table(5, 0);  // covers 80 positions of the pool; the model has 64

@@ -26,7 +26,7 @@ TEST(ParallelPlan, RefusesWhatTheModelCannotTake) {
   EXPECT_NE(refusal({"tpxep", "tp", 2, 2}, kTiny, 2).find("must equal the number of ranks"), std::string::npos);
   EXPECT_NE(refusal({"tp", "dp"}, kTiny, 2).find("--attn-parallel dp needs --moe-parallel ep"), std::string::npos);
   EXPECT_NE(refusal({"tp", "tp", 0, 0, "fp16"}, kTiny, 2).find("--comm-dtype"), std::string::npos);
-  EXPECT_NE(refusal({"xp"}, kTiny, 2).find("valid: tp, ep, tpxep"), std::string::npos);
+  EXPECT_NE(refusal({"xp"}, kTiny, 2).find("valid: auto, tp, ep, tpxep"), std::string::npos);
 }
 
 TEST(ParallelPlan, HybridSplitsExpertsAndSlices) {
@@ -52,4 +52,58 @@ TEST(ParallelPlan, DataParallelAttentionKeepsAllHeads) {
 }
 
 }  // namespace
+}  // namespace moex
+
+namespace moex {
+namespace {
+comm::Topology hosts_of(std::vector<int> node_key) {
+  std::vector<std::string> names(node_key.size(), "h");
+  return comm::make_topology(node_key, names);
+}
+}  // namespace
+
+TEST(ParallelPlan, AutoIsTensorParallelOnOneHost) {
+  const comm::Topology one = hosts_of({0, 0, 0, 0});
+  const ParallelPlan p = make_parallel_plan({}, kTiny, 4, 1, &one);
+  EXPECT_EQ(p.moe, MoEParallel::kTP);
+  EXPECT_EQ(p.tp, 4);
+  EXPECT_EQ(make_parallel_plan({}, kTiny, 4, 1).moe, MoEParallel::kTP);  // no map: one host
+}
+
+TEST(ParallelPlan, AutoAcrossHostsIsTensorInsideAndExpertAcross) {
+  const comm::Topology two_by_two = hosts_of({0, 0, 2, 2});
+  for (int rank = 0; rank < 4; ++rank) {
+    const ParallelPlan p = make_parallel_plan({}, kTiny, 4, rank, &two_by_two);
+    EXPECT_EQ(p.moe, MoEParallel::kTPxEP);
+    EXPECT_EQ(p.tp, 2);
+    EXPECT_EQ(p.ep, 2);
+    // A TP group (the partners of every expert's all-reduce) is one host's ranks.
+    EXPECT_EQ(two_by_two.host_of_rank[rank], p.ep_rank());
+  }
+  const comm::Topology two_by_one = hosts_of({0, 1});
+  const ParallelPlan ep = make_parallel_plan({}, kTiny, 2, 1, &two_by_one);
+  EXPECT_EQ(ep.moe, MoEParallel::kEP);
+  EXPECT_EQ(ep.ep, 2);
+}
+
+TEST(ParallelPlan, AutoFallsBackToTensorParallelWhereTheHybridDoesNotFit) {
+  const comm::Topology interleaved = hosts_of({0, 1, 0, 1});  // a TP group would span both hosts
+  EXPECT_EQ(make_parallel_plan({}, kTiny, 4, 0, &interleaved).moe, MoEParallel::kTP);
+  const comm::Topology uneven = hosts_of({0, 0, 0, 3});
+  EXPECT_EQ(make_parallel_plan({}, kTiny, 4, 0, &uneven).moe, MoEParallel::kTP);
+  const PlanShape three_experts{kTiny.heads, kTiny.kv_heads, 3, kTiny.intermediate};
+  const comm::Topology two_by_two = hosts_of({0, 0, 2, 2});
+  EXPECT_EQ(make_parallel_plan({}, three_experts, 4, 0, &two_by_two).moe, MoEParallel::kTP);
+  // Sizes given with auto: the hybrid with those sizes.
+  const ParallelPlan given = make_parallel_plan({"auto", "tp", 1, 4}, kTiny, 4, 0, &two_by_two);
+  EXPECT_EQ(given.moe, MoEParallel::kTPxEP);
+  EXPECT_EQ(given.ep, 4);
+}
+
+TEST(ParallelPlan, AutoWithDataParallelAttentionIsExpertParallel) {
+  const ParallelPlan p = make_parallel_plan({"auto", "dp"}, kTiny, 2, 0);
+  EXPECT_EQ(p.moe, MoEParallel::kEP);
+  EXPECT_EQ(p.ep, 2);
+}
+
 }  // namespace moex

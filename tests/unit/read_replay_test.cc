@@ -94,7 +94,7 @@ void check_recorded_steps(const std::string& preset, bool int8_experts) {
     o.expert_weights.packed = true;
     o.expert_weights.format = kernels::WeightFormat::kInt8;
   }
-  MixtralModel model(model_dir(preset), o);
+  DecoderModel model(model_dir(preset), o);
   const ModelConfig& c = model.config();
   const std::vector<std::vector<int>> prompts = synthetic_prompts(1, 1, c.vocab_size);
   tools::StepReadRecorder recorder(model, prompts, false);

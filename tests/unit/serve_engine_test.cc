@@ -70,7 +70,7 @@ TEST(ServeEngine, ConcurrentRequestsGetTheTokensOfEachAlone) {
   }
   const int64_t max_tokens = 10;
 
-  MixtralModel model(tiny_model_dir(), model_options());
+  DecoderModel model(tiny_model_dir(), model_options());
   EngineOptions eo;
   eo.max_num_seqs = 4;  // 6 requests: two wait for a place
   eo.max_batch_tokens = 32;
@@ -92,7 +92,7 @@ TEST(ServeEngine, ConcurrentRequestsGetTheTokensOfEachAlone) {
     EXPECT_EQ(reason, "length");
   }
 
-  MixtralModel alone_model(tiny_model_dir(), model_options());
+  DecoderModel alone_model(tiny_model_dir(), model_options());
   GenerationOptions go;
   go.max_new_tokens = static_cast<int>(max_tokens);
   go.stop_at_eos = false;
@@ -159,7 +159,7 @@ TEST(ServeEngine, PenaltiesSeeTheRequestsOwnOutput) {
   const int steps = 16;
   std::vector<int32_t> want;
   {
-    MixtralModel model(tiny_model_dir(), model_options());
+    DecoderModel model(tiny_model_dir(), model_options());
     const int V = model.config().vocab_size;
     KvBlockManager kv = make_block_manager(model);
     std::vector<float> logits(V);
@@ -173,7 +173,7 @@ TEST(ServeEngine, PenaltiesSeeTheRequestsOwnOutput) {
       if (s + 1 < steps) decode_step(model, kv, {0}, &token, &position, logits.data());
     }
   }
-  MixtralModel model(tiny_model_dir(), model_options());
+  DecoderModel model(tiny_model_dir(), model_options());
   EngineOptions eo;
   eo.max_num_seqs = 4;
   eo.max_batch_tokens = 32;
@@ -195,7 +195,7 @@ TEST(ServeEngine, CancelledRequestFreesItsBlocksAndOthersGoOn) {
   // tiny model took ~11 ms once prefill got faster, less than the test thread's wake-up on a loaded machine.
   ModelOptions mo = model_options();
   mo.max_seq_len = 2048;
-  MixtralModel model(tiny_model_dir(), mo);
+  DecoderModel model(tiny_model_dir(), mo);
   EngineOptions eo;
   eo.max_num_seqs = 4;
   eo.max_batch_tokens = 32;

@@ -1,5 +1,5 @@
 // The OpenAI request checks of `moex serve` (src/moex/serve/openai.*); streamed text and stop strings are
-// runtime/stop_strings (stop_strings_test.cc).
+// text/stop_strings (stop_strings_test.cc).
 // The server end to end, driven by the official `openai` client, is tests/serve.
 #include <gtest/gtest.h>
 
@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <string>
 
-#include "moex/runtime/tokenizer.h"
+#include "moex/text/tokenizer.h"
 #include "moex/serve/openai.h"
 
 namespace moex::serve {

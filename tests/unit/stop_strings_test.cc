@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "moex/base/error.h"
-#include "moex/runtime/stop_strings.h"
-#include "moex/runtime/tokenizer.h"
+#include "moex/text/stop_strings.h"
+#include "moex/text/tokenizer.h"
 #include "tools/lib/tokenizer_train.h"
 
 namespace moex {

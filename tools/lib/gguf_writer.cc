@@ -17,8 +17,8 @@
 #include "moex/base/small_file.h"
 #include "moex/model/config.h"
 #include "moex/model/safetensors.h"
-#include "moex/runtime/chat_template.h"
-#include "moex/runtime/tokenizer_json.h"
+#include "moex/text/chat_template.h"
+#include "moex/text/tokenizer_json.h"
 
 namespace moex::tools {
 namespace {

@@ -21,8 +21,8 @@ void add(kernels::StepReads& reads, const DenseWeight& w) {
 
 }  // namespace
 
-kernels::StepReads step_weight_reads(const MixtralModel& model, const std::vector<int32_t>& tokens) {
-  const MixtralWeights& w = model.weights();
+kernels::StepReads step_weight_reads(const DecoderModel& model, const std::vector<int32_t>& tokens) {
+  const DecoderWeights& w = model.weights();
   const ModelConfig& c = model.config();
   MOEX_CHECK(model.options().plan.single(), "the replay probe records one rank's whole weights");
   kernels::StepReads reads;
@@ -96,7 +96,7 @@ RepeatStats repeat_stats(const std::vector<kernels::StepReads>& steps) {
   return r;
 }
 
-StepReadRecorder::StepReadRecorder(const MixtralModel& model, const std::vector<std::vector<int>>& prompts,
+StepReadRecorder::StepReadRecorder(const DecoderModel& model, const std::vector<std::vector<int>>& prompts,
                                    bool skip_prefill)
     : model_(model), batch_(static_cast<int>(prompts.size())), skip_prefill_(skip_prefill) {
   for (const std::vector<int>& p : prompts) inputs_.push_back(p.back());

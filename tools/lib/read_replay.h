@@ -7,8 +7,8 @@
 #include <set>
 #include <vector>
 
+#include "moex/model/decoder.h"
 #include "tools/lib/probes.h"
-#include "moex/model/mixtral.h"
 
 namespace moex::tools {
 
@@ -18,7 +18,7 @@ namespace moex::tools {
 // (`moe_stats()`; codes, scales, offsets and column sums when packed: all gate/up then all down, as
 // fused_experts reads them), shared expert or dense MLP; the final norm and lm_head. One rank, whole
 // (contiguous) views. KV-cache reads are not weights and not included.
-kernels::StepReads step_weight_reads(const MixtralModel& model, const std::vector<int32_t>& tokens);
+kernels::StepReads step_weight_reads(const DecoderModel& model, const std::vector<int32_t>& tokens);
 size_t bytes_of(const kernels::StepReads& step);
 
 // What a run's reads repeat (ranges compared by start and length): the mean bytes per step, the mean of
@@ -35,13 +35,13 @@ RepeatStats repeat_stats(const std::vector<kernels::StepReads>& steps);
 // long prompts: its reads are not one step's).
 class StepReadRecorder {
  public:
-  StepReadRecorder(const MixtralModel& model, const std::vector<std::vector<int>>& prompts, bool skip_prefill);
+  StepReadRecorder(const DecoderModel& model, const std::vector<std::vector<int>>& prompts, bool skip_prefill);
   std::function<void(int, int)> on_token();
   const std::vector<kernels::StepReads>& steps() const { return steps_; }
   double mean_step_bytes() const;
 
  private:
-  const MixtralModel& model_;
+  const DecoderModel& model_;
   int batch_;
   bool skip_prefill_;
   bool prefill_done_ = false;

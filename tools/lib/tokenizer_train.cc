@@ -14,8 +14,8 @@
 #include <nlohmann/json.hpp>
 
 #include "moex/base/error.h"
-#include "moex/runtime/chat_template.h"
-#include "moex/runtime/tokenizer_json.h"
+#include "moex/text/chat_template.h"
+#include "moex/text/tokenizer_json.h"
 
 // Exported by libsentencepiece (0.1.9x) but not declared in its public headers: silences the trainer's
 // INFO log, which would otherwise print a few hundred lines per gen-model.
@@ -370,7 +370,7 @@ std::string llama_tokenizer_config_json(int model_max_length) {
       {"added_tokens_decoder", {{"0", special("<unk>")}, {"1", special("<s>")}, {"2", special("</s>")}}},
       {"additional_special_tokens", json::array()},
       {"bos_token", "<s>"},
-      {"chat_template", kMixtralChatTemplate},  // the template Mixtral-8x7B-Instruct ships (runtime/chat_template.h)
+      {"chat_template", kMixtralChatTemplate},  // the template Mixtral-8x7B-Instruct ships (text/chat_template.h)
       {"clean_up_tokenization_spaces", false},
       {"eos_token", "</s>"},
       {"legacy", true},
@@ -517,7 +517,7 @@ ByteLevelBpeOptions family_tokenizer_options(const std::string& model_type, int 
                      "tokenizer: no byte-level tokenizer layout for model_type '", model_type, "'");
     o = qwen2_tokenizer_options(vocab_size);
     o.eos_token = "<|im_end|>";
-    o.chat_template = kChatMLTemplate;  // runtime/chat_template.h, checked against jinja2
+    o.chat_template = kChatMLTemplate;  // text/chat_template.h, checked against jinja2
   }
   o.model_max_length = model_max_length;
   return o;

@@ -46,7 +46,7 @@ SamplerOptions greedy_with_logprobs() {
   return o;
 }
 
-std::vector<SampledToken> run_alone(MixtralModel& model, const std::vector<int>& prompt, int n) {
+std::vector<SampledToken> run_alone(DecoderModel& model, const std::vector<int>& prompt, int n) {
   const int V = model.config().vocab_size;
   KvBlockManager kv = make_block_manager(model);
   Sampler sampler(greedy_with_logprobs());
@@ -72,7 +72,7 @@ void run_variance(const VarianceFlags& f) {
                        f.max_batch_tokens <= f.model.max_step_tokens,
                    "--max-batch-tokens must be in [--max-num-seqs, --step-tokens]");
   const auto start = std::chrono::steady_clock::now();
-  const std::unique_ptr<MixtralModel> model = f.model.load(f.max_num_seqs);
+  const std::unique_ptr<DecoderModel> model = f.model.load(f.max_num_seqs);
   const int V = model->config().vocab_size;
   // Prompt i: the first len_i ids of synthetic prompt i, lengths spread evenly over [min_len, max_len].
   const std::vector<std::vector<int>> ids = synthetic_prompts(f.prompts, f.max_len, V);

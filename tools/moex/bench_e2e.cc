@@ -17,10 +17,10 @@
 
 #include "moex/base/error.h"
 #include "moex/base/threads.h"
+#include "moex/model/decoder.h"
+#include "moex/runtime/generation.h"
 #include "tools/lib/kernel_bench.h"
 #include "tools/lib/probes.h"
-#include "moex/model/mixtral.h"
-#include "moex/runtime/generation.h"
 #include "tools/lib/read_replay.h"
 #include "tools/lib/synthetic.h"
 #include "tools/moex/bench.h"
@@ -102,7 +102,7 @@ struct E2eRow {
 };
 
 // The experts' bytes one step reads: per layer, every expert with a token in the last call.
-double expert_bytes_read(const MixtralModel& m) {
+double expert_bytes_read(const DecoderModel& m) {
   double total = 0;
   for (size_t l = 0; l < m.weights().layers.size(); ++l) {
     const MoELayerWeights& w = m.weights().layers[l].moe;
@@ -116,7 +116,7 @@ double expert_bytes_read(const MixtralModel& m) {
   return total;
 }
 
-double expert_bytes_per_token(const MixtralModel& m) {
+double expert_bytes_per_token(const DecoderModel& m) {
   double total = 0;
   for (const LayerWeights& l : m.weights().layers) {
     const MoELayerWeights& w = l.moe;
@@ -136,7 +136,7 @@ std::vector<E2eRow> bench_format(const E2EFlags& f, const std::string& weights) 
   for (int b : f.batches) max_batch = std::max(max_batch, b);
   mf.max_seq_len = std::max({f.prompt_tokens, f.generate_tokens, f.batch_steps}) + 2;
   mf.max_step_tokens = std::max(f.prompt_tokens, max_batch);
-  const std::unique_ptr<MixtralModel> model = mf.load(max_batch);
+  const std::unique_ptr<DecoderModel> model = mf.load(max_batch);
   const ModelConfig& c = model->config();
   const std::string name = model->options().expert_weights.name();
   const Probes probes = measure_probes(f);

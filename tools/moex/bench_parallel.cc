@@ -93,7 +93,7 @@ void run_sweep(SweepFlags& f) {
         ModelFlags flags = f.model;
         flags.plan = {choice.moe, choice.attn, choice.tp, choice.ep, dtype, overlap};
         flags.threads = 1;  // ranks already oversubscribe the cores
-        std::unique_ptr<MixtralModel> model;
+        std::unique_ptr<DecoderModel> model;
         try {
           model = flags.load(max_batch);
         } catch (const Error& e) {  // a plan this model cannot take (e.g. heads % N): say so, go on

@@ -40,7 +40,7 @@ void log_softmax(const float* logits, int64_t n, std::vector<double>& out) {
 }
 
 // Logits [prompts * prompt_len, V] of every position: each prompt is one prefill of a fresh sequence.
-std::vector<float> all_logits(MixtralModel& model, const std::vector<std::vector<int>>& prompts) {
+std::vector<float> all_logits(DecoderModel& model, const std::vector<std::vector<int>>& prompts) {
   const int64_t V = model.config().vocab_size;
   std::vector<float> out, last(V);
   KvBlockManager kv = make_block_manager(model);
@@ -79,7 +79,7 @@ void run_quality(QualityFlags& f) {
   std::vector<float> reference;
   std::string reference_name;
   {
-    const std::unique_ptr<MixtralModel> model = base.load(1);
+    const std::unique_ptr<DecoderModel> model = base.load(1);
     MOEX_CHECK_INPUT(!model->weights().quantized_checkpoint, "--model ", base.model_dir,
                      " is a quantized checkpoint: give the bf16 model as --model and the quantized one as --quantized");
     reference_name = model->config().torch_dtype;
@@ -100,7 +100,7 @@ void run_quality(QualityFlags& f) {
   std::vector<float> quantized;
   int64_t V = 0;
   {
-    const std::unique_ptr<MixtralModel> model = other.load(1);
+    const std::unique_ptr<DecoderModel> model = other.load(1);
     V = model->config().vocab_size;
     const ModelConfig& a = model->config();
     MOEX_CHECK_INPUT(static_cast<int64_t>(reference.size()) == f.prompts * int64_t{f.prompt_len} * V, "--quantized ",

@@ -63,7 +63,10 @@ CLI::Option* add_seed_flag(CLI::App* cmd, uint64_t& seed, const std::string& hel
 }
 
 void ParallelFlags::add_to(CLI::App* cmd) {
-  cmd->add_option("--moe-parallel", plan.moe, "MoE over ranks: tp | ep | tpxep")->capture_default_str();
+  cmd->add_option("--moe-parallel", plan.moe,
+                  "MoE over ranks: auto | tp | ep | tpxep (auto: tp on one host; across hosts TP inside each host x EP "
+                  "across them)")
+      ->capture_default_str();
   cmd->add_option("--attn-parallel", plan.attn, "Attention over ranks: tp (heads) | dp (sequences)")
       ->capture_default_str();
   // 0 stands for "derived" inside PlanRequest, so a 0 the user typed must not reach it.

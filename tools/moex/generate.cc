@@ -6,7 +6,7 @@
 #include <string>
 
 #include "moex/runtime/generation.h"
-#include "moex/runtime/tokenizer.h"
+#include "moex/text/tokenizer.h"
 #include "tools/moex/command.h"
 #include "tools/moex/model_flags.h"
 #include "tools/moex/profile_flags.h"
@@ -90,7 +90,7 @@ void run_generate(const GenerateFlags& flags) {
                  prompts.size() > 1 ? ("[" + std::to_string(s) + "] ").c_str() : "", result.new_tokens[s].size(),
                  flags.max_new_tokens, prompts[s].size(), model->options().max_seq_len);
   }
-  const MixtralWeights& weights = model->weights();
+  const DecoderWeights& weights = model->weights();
   std::printf("load:    %.3f s (experts %s, dense %s", load_seconds, model->options().expert_weights.name().c_str(),
               model->options().dense_weights.name().c_str());
   if (weights.quantized_checkpoint) std::printf(", quantized checkpoint");

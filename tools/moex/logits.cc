@@ -112,7 +112,7 @@ void check_outputs(const std::string& model_dir, const std::vector<std::pair<std
 
 // Per-layer MoE load of the prompt's forward call, in the keys of tests/reference/mixtral_ref.py --stats-out:
 // tokens_per_expert counts routed assignments (before capacity); kept_per_expert what capacity let through.
-std::string moe_stats_json(const MixtralModel& model, int64_t tokens) {
+std::string moe_stats_json(const DecoderModel& model, int64_t tokens) {
   nlohmann::json layers = nlohmann::json::array();
   for (const MoELoadStats& s : model.moe_stats()) {
     std::vector<int> routed(s.tokens_per_expert.size());
@@ -203,6 +203,7 @@ void run_logits(const LogitsFlags& flags) {
   if (stats_out) stats_out->commit();
   std::printf("wrote %s: [%lld, %d] float32 (%zu prompt positions, %d decode steps)\n", flags.out.c_str(),
               static_cast<long long>(rows), vocab, prompt.size(), flags.decode_steps);
+  if (!model->options().plan.single()) std::printf("plan: %s\n", model->options().plan.describe().c_str());
 }
 
 void setup_logits(CLI::App& app) {

@@ -23,7 +23,7 @@
 #include "moex/model/gguf.h"
 #include "moex/model/panels_file.h"
 #include "moex/model/safetensors.h"
-#include "moex/runtime/tokenizer.h"
+#include "moex/text/tokenizer.h"
 
 namespace moex::tools {
 namespace {

@@ -151,7 +151,7 @@ void pin_batch_invariant_allreduce() {
 
 }  // namespace
 
-std::unique_ptr<MixtralModel> ModelFlags::load(int batch) const {
+std::unique_ptr<DecoderModel> ModelFlags::load(int batch) const {
   ThreadsFlags::apply();
   comm::Communicator& comm = world();
   // Every rank must load the same model (same content; the path may differ): a mismatch is one error. One rank
@@ -176,7 +176,7 @@ std::unique_ptr<MixtralModel> ModelFlags::load(int batch) const {
   options.plan = make_parallel_plan(plan,
                                     {config.num_attention_heads, config.num_key_value_heads, config.num_local_experts,
                                      config.intermediate_size},
-                                    comm.size(), comm.rank());
+                                    comm.size(), comm.rank(), &comm.topology());
   options.comm = &comm;
   const WeightPath path = weight_path(config);
   options.expert_weights = path.experts;
@@ -189,7 +189,7 @@ std::unique_ptr<MixtralModel> ModelFlags::load(int batch) const {
   // On a terminal only: pipes and logs (and the tests that count stderr lines) see the path in each command's
   // report instead (generate's load line, serve's listening line, the bench headers).
   if (comm.rank() == 0 && progress_enabled()) std::fprintf(stderr, "moex: weights: %s\n", path.description.c_str());
-  return std::make_unique<MixtralModel>(model_dir, options);
+  return std::make_unique<DecoderModel>(model_dir, options);
 }
 
 void SyntheticRunFlags::add_to(CLI::App* cmd, const std::string& steps_help) {

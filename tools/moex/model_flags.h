@@ -8,7 +8,7 @@
 #include <CLI/CLI.hpp>
 
 #include "moex/comm/communicator.h"
-#include "moex/model/mixtral.h"
+#include "moex/model/decoder.h"
 #include "tools/moex/flags.h"
 
 namespace moex::tools {
@@ -54,7 +54,7 @@ struct ModelFlags : ThreadsFlags, ParallelFlags, CommFlags {
   void add_to(CLI::App* cmd);
   // Applies --threads, builds the plan for this rank and loads its share of the model for `batch`
   // sequence slots.
-  std::unique_ptr<MixtralModel> load(int batch) const;
+  std::unique_ptr<DecoderModel> load(int batch) const;
 };
 
 // Bound on the synthetic prompt lengths and step counts of `bench decode` and `profile`, so that the sums

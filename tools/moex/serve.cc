@@ -9,8 +9,8 @@
 #include <thread>
 
 #include "moex/base/threads.h"
-#include "moex/runtime/chat_template.h"
-#include "moex/runtime/tokenizer.h"
+#include "moex/text/chat_template.h"
+#include "moex/text/tokenizer.h"
 #include "moex/serve/engine.h"
 #include "moex/serve/http_server.h"
 #include "moex/serve/step_sync.h"

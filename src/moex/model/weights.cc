@@ -343,9 +343,9 @@ void check_weights_finite(const WeightStore& store) {
   }
 }
 
-MixtralWeights load_mixtral_weights(const std::string& model_dir, const ModelConfig& c, const ParallelPlan& plan,
+DecoderWeights load_mixtral_weights(const std::string& model_dir, const ModelConfig& c, const ParallelPlan& plan,
                                     const ExpertWeightFormat& expert_format, const ExpertWeightFormat& dense_format) {
-  MixtralWeights w;
+  DecoderWeights w;
   w.store = std::make_unique<WeightStore>(model_dir);
   const WeightStore& s = *w.store;
   const QuantizationConfig& qc = c.quantization;

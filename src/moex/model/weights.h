@@ -37,7 +37,7 @@ struct LayerWeights {
   TensorView shared_gate;  // [1, d] qwen2_moe's shared_expert_gate, else empty
 };
 
-struct MixtralWeights {
+struct DecoderWeights {
   std::unique_ptr<WeightStore> store;  // owns the mappings the views point into
   // Column slices under TP (w2, o_proj) copied out of the mapping: a strided slice would keep whole pages
   // of the other ranks' columns resident, so a rank's memory would not fall as 1/N.
@@ -66,7 +66,7 @@ void check_weights_finite(const WeightStore& store);
 // load whole (one rank, or whole experts under EP with unsliced attention).
 // With a panels.moex beside a quantized checkpoint's files (model/panels_file.h), its quantized matrices are views
 // into that file instead: no unpacking, no packing, no copy.
-MixtralWeights load_mixtral_weights(const std::string& model_dir, const ModelConfig& config,
+DecoderWeights load_mixtral_weights(const std::string& model_dir, const ModelConfig& config,
                                     const ParallelPlan& plan = ParallelPlan{},
                                     const ExpertWeightFormat& experts = ExpertWeightFormat{},
                                     const ExpertWeightFormat& dense = ExpertWeightFormat{});

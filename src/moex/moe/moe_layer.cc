@@ -67,7 +67,6 @@ MoELayer::MoELayer(const MoELayerShape& shape, const ParallelPlan& plan, comm::C
 }
 
 void MoELayer::forward(int layer, const MoELayerWeights& w, const float* x, int64_t tokens, float* residual) {
-  last_bytes_sent_ = 0;
   if (plan_.attn == AttnParallel::kDP && !plan_.single())
     forward_dispatch(layer, w, x, tokens, residual);
   else
@@ -160,7 +159,6 @@ void MoELayer::forward_replicated(int layer, const MoELayerWeights& w, const flo
     experts_overlapped(layer, w, tokens, row_begin, row_end, partial);
   }
   for (int64_t i = 0; i < tokens * d; ++i) residual[i] += partial[i];
-  last_bytes_sent_ = static_cast<uint64_t>(tokens * d) * comm::wire_bytes(comm::wire_format_for(plan_.comm_dtype), 1);
 }
 
 void MoELayer::experts_overlapped(int layer, const MoELayerWeights& w, int64_t tokens, int64_t row_begin,
@@ -288,7 +286,6 @@ void MoELayer::forward_dispatch(int layer, const MoELayerWeights& w, const float
       row += rows_from[p];
     }
   }
-  last_bytes_sent_ = send_bytes;
   // 3. Regroup arrivals by local expert (they come grouped by source, then expert) and run the experts
   // once over all of them; each output row goes straight back to its arrival's place in received_.
   auto &source_row = dp.source_row, &expert_begin = dp.expert_begin;
@@ -337,7 +334,6 @@ void MoELayer::forward_dispatch(int layer, const MoELayerWeights& w, const float
       comm::wire_decode(format, send_wire_.data() + send_offsets[p], static_cast<size_t>(rows * d),
                         expert_out_.data() + row0 * d);
     }
-    last_bytes_sent_ += recv_bytes;
   }
   MOEX_ZONE_LAYER(kCombine, layer);
   batcher_.combine(expert_out_.data(), expert_weights_.data(), tokens, d, residual, /*accumulate=*/true);

@@ -59,8 +59,6 @@ class MoELayer {
 
   // The last call's load (this rank's tokens; identical on every rank under tp attention).
   const MoELoadStats& stats() const { return batcher_.stats(); }
-  // Bytes this rank put on the wire in the last call (for the parallel sweep).
-  uint64_t last_bytes_sent() const { return last_bytes_sent_; }
 
  private:
   // The plans compose the same stages: route -> plan -> gather (local copy, or all-to-all dispatch) ->
@@ -83,7 +81,6 @@ class MoELayer {
   comm::Communicator* comm_;
   GatingTopK router_;
   MoEDynamicBatch batcher_;
-  uint64_t last_bytes_sent_ = 0;
   bool batch_invariant_ = false;
 
   std::vector<int32_t> expert_ids_;    // [T, k]

@@ -12,7 +12,31 @@ std::string ParallelPlan::describe() const {
          std::string(comm::comm_dtype_name(comm_dtype)) + (overlap ? ", overlap" : "");
 }
 
-ParallelPlan make_parallel_plan(const PlanRequest& r, const PlanShape& s, int world, int rank) {
+AutoMoE resolve_auto_moe(const PlanShape& s, int world, const comm::Topology* t) {
+  if (world <= 1 || t == nullptr || t->ranks() != world || t->hosts() <= 1 || !t->uniform()) return {"tp", 0, 0};
+  const int hosts = t->hosts(), per_host = world / hosts;
+  for (int r = 0; r < world; ++r)
+    if (t->host_of_rank[r] != r / per_host) return {"tp", 0, 0};  // a TP group would span hosts
+  if (s.experts % hosts != 0 || s.intermediate % per_host != 0) return {"tp", 0, 0};
+  if (per_host == 1) return {"ep", 1, hosts};
+  return {"tpxep", per_host, hosts};
+}
+
+ParallelPlan make_parallel_plan(const PlanRequest& request, const PlanShape& s, int world, int rank,
+                                const comm::Topology* topology) {
+  PlanRequest r = request;
+  if (r.moe == "auto") {
+    if (r.attn == "dp") {
+      r.moe = "ep";  // tokens reach their experts by all-to-all: the one MoE plan attention DP runs with
+    } else if (r.tp || r.ep) {
+      r.moe = "tpxep";  // sizes given: the hybrid with those sizes (tp = world is plain TP)
+    } else {
+      const AutoMoE a = resolve_auto_moe(s, world, topology);
+      r.moe = a.moe;
+      r.tp = a.tp;
+      r.ep = a.ep;
+    }
+  }
   ParallelPlan p;
   p.world = world;
   p.rank = rank;
@@ -37,7 +61,7 @@ ParallelPlan make_parallel_plan(const PlanRequest& r, const PlanShape& s, int wo
     p.tp = r.tp ? r.tp : (r.ep ? world / r.ep : 2);
     p.ep = r.ep ? r.ep : world / p.tp;
   } else {
-    throw_error(ErrorKind::kInvalidInput, "unknown --moe-parallel \"" + r.moe + "\" (valid: tp, ep, tpxep)");
+    throw_error(ErrorKind::kInvalidInput, "unknown --moe-parallel \"" + r.moe + "\" (valid: auto, tp, ep, tpxep)");
   }
   MOEX_CHECK_INPUT(p.tp >= 1 && p.ep >= 1 && p.tp * p.ep == world, "--tp ", p.tp, " x --ep ", p.ep,
                    " must equal the number of ranks (", world, ")");

@@ -12,6 +12,7 @@
 #pragma once
 #include <string>
 
+#include "moex/comm/topology.h"
 #include "moex/comm/types.h"
 
 namespace moex {
@@ -39,14 +40,29 @@ struct PlanShape {
 };
 
 struct PlanRequest {
-  std::string moe = "tp";   // tp | ep | tpxep
+  std::string moe = "auto";  // auto | tp | ep | tpxep (auto: resolve_auto_moe below)
   std::string attn = "tp";  // tp | dp
   int tp = 0, ep = 0;       // 0: derived (tp: tp = N; ep: ep = N; tpxep: both needed, or tp = 2)
   std::string comm_dtype = "f32";
   bool overlap = false;
 };
 
-ParallelPlan make_parallel_plan(const PlanRequest& request, const PlanShape& shape, int world, int rank);
+// `topology` (the world's rank -> host map; null: one host) only matters for --moe-parallel auto.
+ParallelPlan make_parallel_plan(const PlanRequest& request, const PlanShape& shape, int world, int rank,
+                                const comm::Topology* topology = nullptr);
+
+// What --moe-parallel auto runs. On one host: tp (every rank reads a slice of every expert, the
+// fewest bytes per rank at small batches). Across H hosts of L ranks each, ranks numbered host by host:
+// the field report's hybrid, TP inside a host and EP across hosts (tpxep, tp = L, ep = H; ep when L = 1):
+// each expert's all-reduce partners share memory, and the network carries one all-reduce per MoE layer of
+// the host's partial sums instead of slices of every expert. Falls back to tp where the shape does not
+// divide (experts by H, intermediate by L) or the hosts are uneven or interleaved. With attention DP
+// auto is ep (the only MoE plan it runs with).
+struct AutoMoE {
+  std::string moe;  // "tp", "ep" or "tpxep"
+  int tp = 0, ep = 0;
+};
+AutoMoE resolve_auto_moe(const PlanShape& shape, int world, const comm::Topology* topology);
 
 // What one rank holds.
 struct ExpertRange {

@@ -88,19 +88,6 @@ const char* phase_name(Phase phase) {
   return index >= 0 && index < kNumPhases ? kPhaseNames[index] : "invalid";
 }
 
-bool is_comm_zone(Zone zone) {
-  switch (zone) {
-    case Zone::kAllGather:
-    case Zone::kAllReduce:
-    case Zone::kAllToAll:
-    case Zone::kBroadcast:
-    case Zone::kReduceScatter:
-      return true;
-    default:
-      return false;
-  }
-}
-
 void enable(bool on) {
   if (on) detail::this_thread_buffer();  // the enabling thread is track 0, and its first zone is not slowed
   detail::g_enabled.store(on, std::memory_order_relaxed);

@@ -48,7 +48,6 @@ inline constexpr int kNumPhases = static_cast<int>(Phase::kCount);
 
 const char* zone_name(Zone zone);     // "all_reduce", "lm_head", ...
 const char* phase_name(Phase phase);  // "prefill", "decode"
-bool is_comm_zone(Zone zone);         // the collectives: all_gather, all_reduce, all_to_all, broadcast, reduce_scatter
 
 namespace detail {
 inline std::atomic<bool> g_enabled{false};

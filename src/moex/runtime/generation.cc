@@ -15,13 +15,13 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 }
 }  // namespace
 
-KvBlockManager make_block_manager(const MixtralModel& model, bool prefix_caching) {
+KvBlockManager make_block_manager(const DecoderModel& model, bool prefix_caching) {
   const kernels::PagedKvLayout& layout = model.kv_cache().layout();
   return KvBlockManager(static_cast<int32_t>(layout.num_blocks), static_cast<int32_t>(layout.block_size),
                         prefix_caching);
 }
 
-void prefill(MixtralModel& model, KvBlockManager& kv, SeqId seq, const std::vector<int>& prompt, float* last_logits,
+void prefill(DecoderModel& model, KvBlockManager& kv, SeqId seq, const std::vector<int>& prompt, float* last_logits,
              float* all_logits) {
   const int64_t len = static_cast<int64_t>(prompt.size());
   const int vocab = model.config().vocab_size;
@@ -58,7 +58,7 @@ void prefill(MixtralModel& model, KvBlockManager& kv, SeqId seq, const std::vect
   }
 }
 
-void decode_step(MixtralModel& model, KvBlockManager& kv, const std::vector<SeqId>& ids, const int32_t* tokens,
+void decode_step(DecoderModel& model, KvBlockManager& kv, const std::vector<SeqId>& ids, const int32_t* tokens,
                  const int32_t* positions, float* logits) {
   std::vector<StepSeq> seqs(ids.size());
   for (size_t i = 0; i < ids.size(); ++i)
@@ -76,12 +76,12 @@ void decode_step(MixtralModel& model, KvBlockManager& kv, const std::vector<SeqI
   model.forward(step, logits);
 }
 
-int64_t prefill_steps(const MixtralModel& model, int64_t length) {
+int64_t prefill_steps(const DecoderModel& model, int64_t length) {
   const int64_t chunk = model.options().max_step_tokens;
   return (length + chunk - 1) / chunk;
 }
 
-void idle_step(MixtralModel& model) {
+void idle_step(DecoderModel& model) {
   StepInput step;  // zero tokens
   model.forward(step, nullptr);
 }
@@ -89,7 +89,7 @@ void idle_step(MixtralModel& model) {
 namespace {
 
 // Every rank's value of `local`, in rank order (the communicator's all-gather; one rank: just local).
-std::vector<int64_t> gather_counts(const MixtralModel& model, int64_t local) {
+std::vector<int64_t> gather_counts(const DecoderModel& model, int64_t local) {
   const ParallelPlan& plan = model.options().plan;
   std::vector<int64_t> all(plan.world, local);
   if (!plan.single()) model.options().comm->allgather(&local, sizeof(local), all.data());
@@ -105,7 +105,7 @@ int64_t sum_of(const std::vector<int64_t>& values) {
 
 }  // namespace
 
-GenerationResult generate(MixtralModel& model, const std::vector<std::vector<int>>& prompts,
+GenerationResult generate(DecoderModel& model, const std::vector<std::vector<int>>& prompts,
                           const GenerationOptions& options, const std::function<void(int, int)>& on_token) {
   const int batch = static_cast<int>(prompts.size());
   const int vocab = model.config().vocab_size;

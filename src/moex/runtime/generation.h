@@ -4,28 +4,28 @@
 #include <functional>
 #include <vector>
 
-#include "moex/model/mixtral.h"
+#include "moex/model/decoder.h"
 #include "moex/runtime/kv_block_manager.h"
 #include "moex/runtime/sampler.h"
 
 namespace moex {
 
 // A block manager over the model's KV pool (its block ids are the pool's).
-KvBlockManager make_block_manager(const MixtralModel& model, bool prefix_caching = false);
+KvBlockManager make_block_manager(const DecoderModel& model, bool prefix_caching = false);
 
 // Runs `prompt` as sequence `seq` of `kv` (a new one: its table grows from position 0). Writes the logits of
 // every prompt position to all_logits ([len, V]) when it is non-null, and the last position's to
 // last_logits ([V]). Throws Error(kInvalidInput) when the prompt does not fit the cache.
-void prefill(MixtralModel& model, KvBlockManager& kv, SeqId seq, const std::vector<int>& prompt,
+void prefill(DecoderModel& model, KvBlockManager& kv, SeqId seq, const std::vector<int>& prompt,
              float* last_logits, float* all_logits = nullptr);
 // One step with one token per sequence: tokens[i] at position positions[i] of ids[i] (its next position);
 // logits [ids.size(), V]. Grows each table to cover the position (Error(kInvalidInput) when the pool is full).
-void decode_step(MixtralModel& model, KvBlockManager& kv, const std::vector<SeqId>& ids, const int32_t* tokens,
+void decode_step(DecoderModel& model, KvBlockManager& kv, const std::vector<SeqId>& ids, const int32_t* tokens,
                  const int32_t* positions, float* logits);
 // Forward calls a prompt of `length` tokens takes (one per step-sized chunk).
-int64_t prefill_steps(const MixtralModel& model, int64_t length);
+int64_t prefill_steps(const DecoderModel& model, int64_t length);
 // A step with no tokens of this rank's own: keeps it in step with the others' collectives (attention DP).
-void idle_step(MixtralModel& model);
+void idle_step(DecoderModel& model);
 
 struct GenerationOptions {
   int max_new_tokens = 32;
@@ -50,7 +50,7 @@ struct GenerationResult {
 // Under a parallel plan every rank calls this with the same prompts: with attention DP each rank serves
 // sequences s % world == rank and the ranks step in lockstep (a rank with nothing left still joins each
 // step's collectives); at the end every rank holds every sequence's tokens and the totals of all ranks.
-GenerationResult generate(MixtralModel& model, const std::vector<std::vector<int>>& prompts,
+GenerationResult generate(DecoderModel& model, const std::vector<std::vector<int>>& prompts,
                           const GenerationOptions& options,
                           const std::function<void(int, int)>& on_token = nullptr);
 

@@ -47,7 +47,6 @@ class KvBlockManager {
   bool has_sequence(SeqId seq) const { return tables_.count(seq) != 0; }
   const std::vector<int32_t>& block_table(SeqId seq) const;  // empty for an unknown sequence
   int32_t ref_count(int32_t block) const { return blocks_[block].ref; }
-  bool is_cached(int32_t block) const { return blocks_[block].cached; }
   // Blocks with no reference in eviction order (least recently freed first), for tests and metrics.
   std::vector<int32_t> evictable_in_order() const;
 

@@ -33,7 +33,7 @@ RunMemory estimate_run_memory(const ModelConfig& c, const ModelOptions& o, int t
                                     local_intermediate(plan, c.intermediate_size).begin);
   const double f32 = 4;
   RunMemory m;
-  // The paged pool (MixtralModel::kv_cache_layout, in double): --kv-cache-gb, or every sequence's longest table.
+  // The paged pool (DecoderModel::kv_cache_layout, in double): --kv-cache-gb, or every sequence's longest table.
   const double bs = kernels::kKvBlockSize, elem = o.kv_cache_dtype == KvCacheDType::kF32 ? 4 : 2;
   const double block_bytes = 2 * double(c.num_hidden_layers) * kv_local * bs * elem;
   m.kv_cache_bytes = o.kv_cache_gb > 0 ? std::floor(o.kv_cache_gb * 1e9 / block_bytes) * block_bytes

@@ -5,12 +5,12 @@
 #include <optional>
 
 #include "moex/base/system_memory.h"
-#include "moex/model/mixtral.h"
+#include "moex/model/decoder.h"
 
 namespace moex {
 
 struct RunMemory {
-  // The paged KV pool (MixtralModel::kv_cache_layout): blocks x layers x 2 x local KV heads x 16 x head_dim.
+  // The paged KV pool (DecoderModel::kv_cache_layout): blocks x layers x 2 x local KV heads x 16 x head_dim.
   double kv_cache_bytes = 0;
   // The rest: RoPE tables and attention scratch (grow with max_seq_len), activations and MoE buffers (grow
   // with max_step_tokens), one row of logits per sequence.
@@ -21,7 +21,7 @@ struct RunMemory {
   double total() const { return kv_cache_bytes + buffer_bytes + packed_bytes; }
 };
 
-// For a MixtralModel built with `options` on a team of `threads`, and generation over max_batch sequences.
+// For a DecoderModel built with `options` on a team of `threads`, and generation over max_batch sequences.
 RunMemory estimate_run_memory(const ModelConfig& config, const ModelOptions& options, int threads);
 
 // Throws Error(kInvalidInput), one line with the figures and the flag to lower, when the run needs more than

@@ -113,7 +113,7 @@ Engine::Pool::Pool(int32_t num_blocks, const EngineOptions& o, EngineMetrics& m,
                                   "Attention DP: KV-cache blocks referenced by a request in this rank's pool.", labels);
 }
 
-Engine::Engine(MixtralModel& model, const EngineOptions& options)
+Engine::Engine(DecoderModel& model, const EngineOptions& options)
     : model_(model),
       options_(options),
       data_parallel_(options.comm && model.options().plan.attn == AttnParallel::kDP && !model.options().plan.single()),

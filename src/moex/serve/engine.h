@@ -16,7 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "moex/model/mixtral.h"
+#include "moex/model/decoder.h"
 #include "moex/profile/profile.h"
 #include "moex/runtime/kv_block_manager.h"
 #include "moex/runtime/sampler.h"
@@ -127,7 +127,7 @@ int least_loaded_rank(const std::vector<RankLoad>& ranks);
 class Engine {
  public:
   // The model's pool and step size bound the options (max_batch_tokens <= the model's step tokens).
-  Engine(MixtralModel& model, const EngineOptions& options);
+  Engine(DecoderModel& model, const EngineOptions& options);
   ~Engine();  // stops the engine thread
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -137,7 +137,7 @@ class Engine {
   std::shared_ptr<RequestStream> submit(GenerationRequest request);
 
   const EngineOptions& options() const { return options_; }
-  const MixtralModel& model() const { return model_; }
+  const DecoderModel& model() const { return model_; }
   // One pool's positions (a request lives on one rank, so this bounds a request under attention DP too).
   int64_t capacity_positions() const { return num_blocks_ * kernels::kKvBlockSize; }
   int num_pools() const { return static_cast<int>(pools_.size()); }  // ranks under attention DP, else 1
@@ -192,7 +192,7 @@ class Engine {
     metrics::Gauge* blocks_used = nullptr;
   };
 
-  MixtralModel& model_;
+  DecoderModel& model_;
   EngineOptions options_;
   bool data_parallel_;
   int64_t num_blocks_;  // per pool

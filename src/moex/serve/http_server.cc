@@ -15,7 +15,7 @@
 #include <thread>
 
 #include "moex/base/error.h"
-#include "moex/runtime/stop_strings.h"
+#include "moex/text/stop_strings.h"
 #include "moex/serve/http_connections.h"
 #include "moex/serve/openai.h"
 
@@ -46,7 +46,7 @@ std::string token_text(const Tokenizer& tokenizer, std::vector<int> before, int 
   return text.size() > head ? text.substr(head) : std::string();
 }
 
-// One request's answer in the making: the tokens it has, the text so far (runtime/stop_strings: the
+// One request's answer in the making: the tokens it has, the text so far (text/stop_strings: the
 // incremental detokenizer and the stop strings), its logprobs not yet sent.
 struct Completion {
   Completion(const Tokenizer& tokenizer, ApiRequest request, std::shared_ptr<RequestStream> stream, std::string id,

@@ -9,8 +9,8 @@
 #include <memory>
 #include <string>
 
-#include "moex/runtime/chat_template.h"
-#include "moex/runtime/tokenizer.h"
+#include "moex/text/chat_template.h"
+#include "moex/text/tokenizer.h"
 #include "moex/serve/engine.h"
 
 namespace httplib {

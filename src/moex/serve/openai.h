@@ -1,7 +1,7 @@
 // The OpenAI API's shapes: request bodies of /v1/completions and /v1/chat/completions checked field by
 // field into a GenerationRequest (the chat prompt rendered by the model's chat template,
-// runtime/chat_template.h), logprobs objects, usage and error objects. Pure functions of their inputs, so
-// the HTTP server (http_server.cc) only moves bytes; streamed text and stop strings are runtime/stop_strings.
+// text/chat_template.h), logprobs objects, usage and error objects. Pure functions of their inputs, so
+// the HTTP server (http_server.cc) only moves bytes; streamed text and stop strings are text/stop_strings.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -9,8 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "moex/runtime/chat_template.h"
-#include "moex/runtime/tokenizer.h"
+#include "moex/text/chat_template.h"
+#include "moex/text/tokenizer.h"
 #include "moex/serve/engine.h"
 
 namespace moex::serve {

@@ -16,7 +16,7 @@ constexpr int kHeaderTag = 7301;  // the header's point-to-point messages (nothi
 constexpr int kArrayTag = 7302;   // attention DP: a sub-step's arrays, rank 0 -> rank r
 constexpr int kLogitsTag = 7303;  // attention DP: a sub-step's logit rows, rank r -> rank 0
 
-bool data_parallel(const MixtralModel& model) {
+bool data_parallel(const DecoderModel& model) {
   const ParallelPlan& plan = model.options().plan;
   return plan.attn == AttnParallel::kDP && !plan.single();
 }
@@ -139,7 +139,7 @@ std::vector<comm::P2PRequest> receive_logits(comm::Communicator& comm, std::span
   return receives;
 }
 
-void run_step_worker(comm::Communicator& comm, MixtralModel& model, int64_t max_num_seqs) {
+void run_step_worker(comm::Communicator& comm, DecoderModel& model, int64_t max_num_seqs) {
   const int64_t T = model.options().max_step_tokens;
   const bool dp = data_parallel(model);
   const int vocab = model.config().vocab_size;

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "moex/comm/communicator.h"
-#include "moex/model/mixtral.h"
+#include "moex/model/decoder.h"
 
 namespace moex::serve {
 
@@ -35,6 +35,6 @@ void send_command(comm::Communicator& comm, StepCommand command);  // kIdle or k
 
 // The other ranks: runs every step rank 0 sends through `model` until kStop (under attention DP its own
 // sub-steps, sending their logit rows back).
-void run_step_worker(comm::Communicator& comm, MixtralModel& model, int64_t max_num_seqs);
+void run_step_worker(comm::Communicator& comm, DecoderModel& model, int64_t max_num_seqs);
 
 }  // namespace moex::serve

@@ -1,4 +1,4 @@
-#include "moex/model/mixtral.h"
+#include "moex/model/decoder.h"
 
 #include <algorithm>
 #include <cmath>
@@ -30,7 +30,7 @@ static const ModelOptions& validated(const ModelOptions& options) {
   return options;
 }
 
-MixtralModel::MixtralModel(const std::string& model_dir, const ModelOptions& options)
+DecoderModel::DecoderModel(const std::string& model_dir, const ModelOptions& options)
     : config_(load_checkpoint_config(model_dir)),
       options_(options),
       weights_(load_mixtral_weights(model_dir, config_, validated(options).plan, options.expert_weights,
@@ -82,7 +82,7 @@ MixtralModel::MixtralModel(const std::string& model_dir, const ModelOptions& opt
   shared_gate_.resize(T);
 }
 
-kernels::PagedKvLayout MixtralModel::kv_cache_layout(const ModelConfig& c, const ModelOptions& o) {
+kernels::PagedKvLayout DecoderModel::kv_cache_layout(const ModelConfig& c, const ModelOptions& o) {
   const SliceRange kv = local_kv_heads(o.plan, c.num_attention_heads, c.num_key_value_heads);
   kernels::PagedKvLayout layout;
   layout.layers = c.num_hidden_layers;
@@ -102,7 +102,7 @@ kernels::PagedKvLayout MixtralModel::kv_cache_layout(const ModelConfig& c, const
   return layout;
 }
 
-int64_t MixtralModel::weight_bytes_per_token() const {
+int64_t DecoderModel::weight_bytes_per_token() const {
   const auto bytes = [](const TensorView& v) { return v.data ? static_cast<int64_t>(v.bytes()) : int64_t{0}; };
   int64_t total = bytes(weights_.embed) / config_.vocab_size + bytes(weights_.final_norm) + weights_.lm_head.bytes();
   for (const LayerWeights& l : weights_.layers) {
@@ -122,7 +122,7 @@ int64_t MixtralModel::weight_bytes_per_token() const {
   return total;
 }
 
-void MixtralModel::forward(const StepInput& step, float* logits) {
+void DecoderModel::forward(const StepInput& step, float* logits) {
   const ModelConfig& c = config_;
   const int64_t T = step.num_tokens, d = c.hidden_size;
   const bool may_be_empty = options_.plan.attn == AttnParallel::kDP && !options_.plan.single();
@@ -187,7 +187,7 @@ void MixtralModel::forward(const StepInput& step, float* logits) {
 }
 
 // One row per token, widened to F32.
-void MixtralModel::embed(const StepInput& step) {
+void DecoderModel::embed(const StepInput& step) {
   MOEX_ZONE(kEmbedding);
   const int64_t d = config_.hidden_size;
   parallel_for(step.num_tokens, 16, [&](int64_t begin, int64_t end) {  // a row of the table per token, from DRAM
@@ -203,7 +203,7 @@ void MixtralModel::embed(const StepInput& step) {
   });
 }
 
-void MixtralModel::attention_block(int layer, const StepInput& step) {
+void DecoderModel::attention_block(int layer, const StepInput& step) {
   const ModelConfig& c = config_;
   const LayerWeights& lw = weights_.layers[layer];
   const int64_t T = step.num_tokens, hd = c.head_dim, H = weights_.heads_local, KV = weights_.kv_heads_local;
@@ -284,7 +284,7 @@ void MixtralModel::attention_block(int layer, const StepInput& step) {
 // olmoe's RMSNorm over the whole q (and k) projection when this rank holds only some heads (attention TP):
 // the per-token sums of squares of every rank's slice, summed by one all-reduce (f32 whatever --comm-dtype:
 // 2T floats), then each rank scales its slice by rsqrt(mean + eps) and its slice of the norm weight.
-void MixtralModel::whole_qk_norm_split(int layer, int64_t T) {
+void DecoderModel::whole_qk_norm_split(int layer, int64_t T) {
   const ModelConfig& c = config_;
   const LayerWeights& lw = weights_.layers[layer];
   const int64_t qw = int64_t{weights_.heads_local} * c.head_dim, kw = int64_t{weights_.kv_heads_local} * c.head_dim;
@@ -312,7 +312,7 @@ void MixtralModel::whole_qk_norm_split(int layer, int64_t T) {
   }
 }
 
-void MixtralModel::mlp_block(int layer, int64_t T) {
+void DecoderModel::mlp_block(int layer, int64_t T) {
   const LayerWeights& lw = weights_.layers[layer];
   const int64_t d = config_.hidden_size;
   if (T == 0) return;

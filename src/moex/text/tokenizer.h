@@ -50,7 +50,7 @@ class Tokenizer {
   // Special tokens are left out (skip_special_tokens); ids that name no token are skipped. Byte pieces
   // ("<0xE8>") that form UTF-8 characters print as them and each other byte as U+FFFD, from tokenizer.json
   // too (SentencePiece's rule, where `tokenizers` writes U+FFFD for every piece of such a run): the text a
-  // stream of deltas (runtime/stop_strings) adds up to, and what the same ids give from tokenizer.model.
+  // stream of deltas (text/stop_strings) adds up to, and what the same ids give from tokenizer.model.
   std::string decode(const std::vector<int>& ids) const;
   int vocab_size() const;
   int bos_id() const { return bos_id_; }  // -1 when the tokenizer has none

@@ -1,4 +1,4 @@
-#include "moex/runtime/chat_template.h"
+#include "moex/text/chat_template.h"
 
 #include <nlohmann/json.hpp>
 
@@ -12,7 +12,7 @@
 #include "moex/base/error.h"
 #include "moex/base/small_file.h"
 #include "moex/model/gguf.h"
-#include "moex/runtime/tokenizer.h"
+#include "moex/text/tokenizer.h"
 
 namespace moex {
 

@@ -1,4 +1,4 @@
-#include "moex/runtime/tokenizer.h"
+#include "moex/text/tokenizer.h"
 
 #include <sentencepiece_processor.h>
 
@@ -9,7 +9,7 @@
 #include "moex/base/error.h"
 #include "moex/base/small_file.h"
 #include "moex/model/gguf.h"
-#include "moex/runtime/tokenizer_json.h"
+#include "moex/text/tokenizer_json.h"
 
 namespace moex {
 namespace {

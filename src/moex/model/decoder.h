@@ -1,4 +1,5 @@
-// The Mixtral forward pass over a ragged step: any mix of sequences, each contributing one or more
+// The decoder forward pass of every supported family (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, dots1; their
+// differences are ModelConfig fields) over a ragged step: any mix of sequences, each contributing one or more
 // tokens (a prefill chunk is one sequence with many tokens; batched decode is B sequences with one each).
 #pragma once
 #include <cstdint>
@@ -58,13 +59,13 @@ struct StepInput {
   int64_t num_logit_rows = 0;
 };
 
-class MixtralModel {
+class DecoderModel {
  public:
-  MixtralModel(const std::string& model_dir, const ModelOptions& options);
+  DecoderModel(const std::string& model_dir, const ModelOptions& options);
 
   const ModelConfig& config() const { return config_; }
   const ModelOptions& options() const { return options_; }
-  const MixtralWeights& weights() const { return weights_; }
+  const DecoderWeights& weights() const { return weights_; }
   const PagedKvCache& kv_cache() const { return kv_cache_; }
   // The pool a model built with `options` allocates (this rank's KV heads; num_blocks set).
   static kernels::PagedKvLayout kv_cache_layout(const ModelConfig& config, const ModelOptions& options);
@@ -91,7 +92,7 @@ class MixtralModel {
 
   ModelConfig config_;
   ModelOptions options_;
-  MixtralWeights weights_;
+  DecoderWeights weights_;
   PagedKvCache kv_cache_;
   MoELayer moe_;
   std::vector<MoELoadStats> moe_stats_;

@@ -1,9 +1,9 @@
-#include "moex/runtime/stop_strings.h"
+#include "moex/text/stop_strings.h"
 
 #include <algorithm>
 
 #include "moex/base/error.h"
-#include "moex/runtime/tokenizer.h"
+#include "moex/text/tokenizer.h"
 
 namespace moex {
 namespace {

@@ -6,7 +6,7 @@
 // The pipeline is `tokenizers`' own: added tokens split out of the raw text, the normalizer on what is
 // left, then the added tokens that match normalized text, the pre-tokenizer, BPE on each piece, and the
 // post-processor; decoding maps ids to tokens and runs the decoder chain.
-#include "moex/runtime/tokenizer_json.h"
+#include "moex/text/tokenizer_json.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
