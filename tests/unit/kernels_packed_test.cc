@@ -21,9 +21,9 @@
 #include "moex/base/dtype.h"
 #include "moex/base/error.h"
 #include "moex/base/threads.h"
-#include "moex/kernels/bench_kernels.h"
+#include "tools/lib/kernel_bench.h"
 #include "moex/kernels/packed.h"
-#include "moex/kernels/probe.h"
+#include "tools/lib/probes.h"
 #include "moex/kernels/x86/packed_x86.h"
 #include "test_util.h"
 
@@ -110,10 +110,12 @@ struct Shape3 {
 // from 16 tokens the weight-only kernels take their prefill path (weights decoded once per K block), the last
 // shape over two of its blocks. 17, 40 and 70 tokens over a K of several AMX slices (32 k steps up to 4 token
 // blocks, 128 above: 1024 / 4096 bf16 k, twice that in int8) take the tiles' slice-by-slice passes with two,
-// three and five token blocks.
+// three and five token blocks. The real models' K (Mixtral's hidden 4096 and intermediate 14336) in a slice of a
+// few rows, at batch 1 and 16 (decode; {70, 9, 8300} above covers the many-row path over several K blocks).
 const Shape3 kShapes[] = {{0, 5, 7},   {2, 5, 0},   {1, 1, 1},     {1, 65, 33},    {2, 7, 130},  {3, 64, 64},    {4, 129, 257},
                           {5, 31, 96}, {6, 70, 200},  {7, 3, 131},    {13, 67, 95}, {1, 9, 4100},   {8, 64, 2051},
-                          {17, 67, 1100}, {32, 9, 300}, {16, 5, 2100}, {40, 33, 2100}, {70, 9, 8300}, {35, 5, 0}};
+                          {17, 67, 1100}, {32, 9, 300}, {16, 5, 2100}, {40, 33, 2100}, {70, 9, 8300}, {35, 5, 0},
+                          {1, 9, 4096},   {16, 7, 4096}, {1, 5, 14336}, {16, 3, 14336}};
 
 void expect_close(const std::vector<float>& actual, const std::vector<float>& expected, const std::vector<double>& mag,
                   double rel, const std::string& what, const std::vector<double>* extra = nullptr) {
@@ -1059,6 +1061,29 @@ TEST(Probe, DotProductPeaksCountTheirInstructions) {
     EXPECT_EQ(amx_bf16.per_second, 0);
     EXPECT_EQ(amx_int8.per_second, 0);
   }
+}
+
+// The read probe's methods both ran and the best is the probe; the clock is a plausible x86 clock; CPUID's family
+// and model are /proc/cpuinfo's (an independent reader of the same registers, through the kernel).
+TEST(Probe, ReadProbeClockAndCpuClass) {
+  const kernels::ReadProbe r = kernels::read_probe(size_t{64} << 20, 1, false);
+  EXPECT_GT(r.plain_bytes_per_s, 0);
+  EXPECT_GT(r.prefetch_bytes_per_s, 0);
+  EXPECT_EQ(r.bytes_per_s, std::max(r.plain_bytes_per_s, r.prefetch_bytes_per_s));
+  const double hz = kernels::core_clock_hz(int64_t{1} << 22);
+  EXPECT_GT(hz, 0.3e9);  // a dependent add per cycle: any x86 core of the last 20 years, however loaded
+  EXPECT_LT(hz, 8e9);    // more would mean the adds were not dependent
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  int family = -1, model = -1;
+  while (std::getline(cpuinfo, line) && (family < 0 || model < 0)) {
+    if (line.rfind("cpu family", 0) == 0) family = std::stoi(line.substr(line.find(':') + 1));
+    else if (line.rfind("model\t", 0) == 0) model = std::stoi(line.substr(line.find(':') + 1));
+  }
+  if (family < 0) GTEST_SKIP() << "no /proc/cpuinfo family";
+  const kernels::CpuId id = kernels::cpu_id();
+  EXPECT_EQ(id.family, family);
+  EXPECT_EQ(id.model, model);
 }
 
 }  // namespace

@@ -12,7 +12,7 @@
 #include "moex/base/threads.h"
 #include "moex/kernels/matmul.h"
 #include "moex/kernels/ops.h"
-#include "moex/kernels/probe.h"
+#include "tools/lib/probes.h"
 #include "test_util.h"
 
 namespace moex {

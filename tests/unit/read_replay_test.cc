@@ -13,7 +13,7 @@
 
 #include "moex/base/cpu.h"
 #include "moex/base/threads.h"
-#include "moex/kernels/probe.h"
+#include "tools/lib/probes.h"
 #include "moex/runtime/generation.h"
 #include "tools/lib/read_replay.h"
 #include "tools/lib/synthetic.h"

@@ -7,9 +7,9 @@
 #include <set>
 #include <vector>
 
-#include "moex/kernels/probe.h"
 #include "moex/model/decoder.h"
 #include "moex/runtime/step_protocol.h"
+#include "tools/lib/probes.h"
 
 namespace moex::tools {
 

@@ -17,10 +17,10 @@
 
 #include "moex/base/error.h"
 #include "moex/base/threads.h"
-#include "moex/kernels/bench_kernels.h"
-#include "moex/kernels/probe.h"
 #include "moex/model/decoder.h"
 #include "moex/runtime/generation.h"
+#include "tools/lib/kernel_bench.h"
+#include "tools/lib/probes.h"
 #include "tools/lib/read_replay.h"
 #include "tools/lib/synthetic.h"
 #include "tools/moex/bench.h"
@@ -45,19 +45,27 @@ struct E2EFlags {
 struct Probes {
   double read_bytes_per_s = 0, bf16_flops = 0, vnni_ops = 0, maddubs_ops = 0, fma_flops = 0;
   double amx_bf16_flops = 0, amx_int8_ops = 0;  // AMX tiles (0 without them)
+  kernels::ReadProbe read;
+  double clock_hz = 0;
+  kernels::PeakResult bf16, vnni, fma, amx_bf16;  // the best runs, for describe_probes
 };
 
 Probes measure_probes(const E2EFlags& f) {
   Probes p;
-  p.read_bytes_per_s = kernels::read_bandwidth(f.roofline_mb << 20, f.repeats, f.cpu_clock);
-  for (int i = 0; i < 3; ++i) {  // best of three: what the cores can do
-    p.bf16_flops = std::max(p.bf16_flops, kernels::dot_peak_bf16(1 << 21, f.cpu_clock).per_second);
-    p.vnni_ops = std::max(p.vnni_ops, kernels::dot_peak_vnni(1 << 21, f.cpu_clock).per_second);
-    p.maddubs_ops = std::max(p.maddubs_ops, kernels::dot_peak_maddubs(1 << 21, f.cpu_clock).per_second);
-    p.fma_flops = std::max(p.fma_flops, kernels::fma_peak_f32(1 << 21, f.cpu_clock).per_second);
-    p.amx_bf16_flops = std::max(p.amx_bf16_flops, kernels::dot_peak_amx_bf16(1 << 17, f.cpu_clock).per_second);
-    p.amx_int8_ops = std::max(p.amx_int8_ops, kernels::dot_peak_amx_int8(1 << 17, f.cpu_clock).per_second);
-  }
+  p.read = kernels::read_probe(f.roofline_mb << 20, f.repeats, f.cpu_clock);
+  p.read_bytes_per_s = p.read.bytes_per_s;
+  p.clock_hz = kernels::core_clock_hz();
+  const kernels::PeakSet peaks = kernels::best_peaks(f.cpu_clock);
+  p.bf16 = peaks.bf16;
+  p.vnni = peaks.vnni;
+  p.fma = peaks.fma;
+  p.amx_bf16 = peaks.amx_bf16;
+  p.bf16_flops = peaks.bf16.per_second;
+  p.vnni_ops = peaks.vnni.per_second;
+  p.maddubs_ops = peaks.maddubs.per_second;
+  p.fma_flops = peaks.fma.per_second;
+  p.amx_bf16_flops = peaks.amx_bf16.per_second;
+  p.amx_int8_ops = peaks.amx_int8.per_second;
   return p;
 }
 
@@ -81,6 +89,7 @@ struct E2eRow {
   Probes probes;
   double replay_seconds = 0;   // per unit: the replay probe over the run's own reads (tg rows; 0: none)
   RepeatStats repeats;         // tg rows: what the run's reads repeat from step to step
+  std::string geometry;        // the model's shapes, e.g. "hidden 4096, intermediate 14336, 8 experts top-2, 2 layers"
   double tokens_per_s() const { return tokens / seconds; }
   // The read term: the replay probe's time where it ran, else bytes over the DRAM probe.
   double read_seconds() const { return replay_seconds > 0 ? replay_seconds : bytes / probes.read_bytes_per_s; }
@@ -162,6 +171,9 @@ std::vector<E2eRow> bench_format(const E2EFlags& f, const std::string& weights) 
     r.flops = flops;
     r.peak = peak;
     r.probes = probes;
+    r.geometry = "hidden " + std::to_string(c.hidden_size) + ", intermediate " + std::to_string(c.intermediate_size) +
+                 ", " + std::to_string(c.num_local_experts) + " experts top-" + std::to_string(c.num_experts_per_tok) +
+                 ", " + std::to_string(c.num_hidden_layers) + " layers";
     rows.push_back(r);
   };
   if (f.prompt_tokens > 0) {  // the prompt's forward call (its one new token is sampled from that call)
@@ -236,11 +248,12 @@ void run_e2e(E2EFlags& f) {
     rows.insert(rows.end(), r.begin(), r.end());
     if (!f.json) {
       const Probes& p = r.front().probes;
-      std::fprintf(stderr, "%s (dense layers %s, KV cache %s): probes read %.1f GB/s, vdpbf16ps %.0f GFLOPS, vpdpbusd %.0f GOPS, "
+      std::fprintf(stderr, "%s (%s; dense layers %s, KV cache %s): probes read %.1f GB/s, vdpbf16ps %.0f GFLOPS, vpdpbusd %.0f GOPS, "
                    "vpmaddubsw %.0f GOPS, vfmadd %.0f GFLOPS, AMX tdpbf16ps %.0f GFLOPS, tdpbusd %.0f GOPS\n",
-                   r.front().weights.c_str(), f.model.dense_weights == "experts" ? w.c_str() : f.model.dense_weights.c_str(),
+                   r.front().weights.c_str(), r.front().geometry.c_str(), f.model.dense_weights == "experts" ? w.c_str() : f.model.dense_weights.c_str(),
                    f.model.kv_cache_dtype.c_str(), p.read_bytes_per_s / 1e9, p.bf16_flops / 1e9, p.vnni_ops / 1e9,
                    p.maddubs_ops / 1e9, p.fma_flops / 1e9, p.amx_bf16_flops / 1e9, p.amx_int8_ops / 1e9);
+      std::fprintf(stderr, "%s", kernels::describe_probes(p.read, p.clock_hz, p.bf16, p.vnni, p.fma, p.amx_bf16).c_str());
       for (const E2eRow& row : r)
         if (row.replay_seconds > 0)
           std::fprintf(stderr, "%s %s: %.1f MB/step, %.1f MB of it (%.0f%%) read by the step before too; %.1f MB "
@@ -254,7 +267,7 @@ void run_e2e(E2EFlags& f) {
     nlohmann::json out = nlohmann::json::array();
     for (const E2eRow& r : rows) {
       nlohmann::json row = {{"weights", r.weights}, {"test", r.test}, {"batch", r.batch}, {"ms", r.seconds * 1e3},
-                            {"tokens_per_s", r.tokens_per_s()}, {"roofline_tokens_per_s", r.tokens / r.roof_seconds()},
+                            {"geometry", r.geometry}, {"tokens_per_s", r.tokens_per_s()}, {"roofline_tokens_per_s", r.tokens / r.roof_seconds()},
                             {"pct_roofline", 100.0 * r.roof_seconds() / r.seconds}, {"bound", r.bound()},
                             {"pct_dram_roofline", 100.0 * r.dram_roof_seconds() / r.seconds},
                             {"bytes", r.bytes}, {"flops", r.flops}, {"read_gb_per_s", r.probes.read_bytes_per_s / 1e9},
@@ -283,6 +296,10 @@ void run_e2e(E2EFlags& f) {
                 100.0 * r.roof_seconds() / r.seconds, 100.0 * r.dram_roof_seconds() / r.seconds, r.bound(),
                 r.bytes / 1e6, replay, r.flops / 1e9);
   }
+  for (const E2eRow& r : rows)  // a row faster than its roofline: the probe, not the model, is wrong
+    if (r.roof_seconds() > r.seconds)
+      std::printf("PROBE TOO LOW: %s %s at %.1f%% of its roofline (%s)\n", r.weights.c_str(), r.test.c_str(),
+                  100.0 * r.roof_seconds() / r.seconds, r.bound());
   std::printf("%d threads%s, median of %d runs after a warm-up. ms: per prompt (pp) or per step. roof: max(read time, "
               "FLOPs / peak), the peak AMX tdpbusd's or else vpdpbusd's for int8-w8a8 / int4-w4a8 (vpmaddubsw's without VNNI), AMX tdpbf16ps's or else vdpbf16ps's otherwise (vfmadd's on a CPU without them); the read time is the replay "
               "probe's (tg: the run's own weight reads streamed again, same order, same steps) or bytes / DRAM probe; "

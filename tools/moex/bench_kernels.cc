@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "moex/base/threads.h"
-#include "moex/kernels/bench_kernels.h"
+#include "tools/lib/kernel_bench.h"
 #include "tools/lib/synthetic.h"
 #include "tools/moex/bench.h"
 #include "tools/moex/flags.h"
@@ -53,6 +53,13 @@ void run_kernels(const KernelsFlags& f) {
                       {"pct_compute_peak", row.pct_compute_peak}, {"pct_roofline", row.pct_roofline}});
     std::printf("%s\n", nlohmann::json{{"hidden", o.hidden}, {"intermediate", o.intermediate}, {"threads", r.threads},
                                        {"read_gb_per_s", r.read_bytes_per_s / 1e9},
+                                       {"read_method", r.read.method},
+                                       {"read_plain_gb_per_s", r.read.plain_bytes_per_s / 1e9},
+                                       {"read_prefetch_gb_per_s", r.read.prefetch_bytes_per_s / 1e9},
+                                       {"clock_ghz", r.clock_hz / 1e9},
+                                       {"cpu_class", kernels::cpu_class_rates().name},
+                                       {"cpu_family", kernels::cpu_id().family},
+                                       {"cpu_model", kernels::cpu_id().model},
                                        {"bf16_peak_gflops", r.bf16_peak.per_second / 1e9},
                                        {"vnni_peak_gops", r.vnni_peak.per_second / 1e9},
                                        {"maddubs_peak_gops", r.maddubs_peak.per_second / 1e9},
@@ -70,6 +77,7 @@ void run_kernels(const KernelsFlags& f) {
               r.read_bytes_per_s / 1e9, r.bf16_peak.per_second / 1e9, r.vnni_peak.per_second / 1e9,
               r.maddubs_peak.per_second / 1e9, r.fma_peak.per_second / 1e9, r.amx_bf16_peak.per_second / 1e9,
               r.amx_int8_peak.per_second / 1e9);
+  std::printf("%s", kernels::describe_probes(r.read, r.clock_hz, r.bf16_peak, r.vnni_peak, r.fma_peak, r.amx_bf16_peak).c_str());
   std::printf("%-8s %-15s %-11s %5s %13s %10s %8s %8s %7s %7s %7s\n", "kernel", "format", "isa", "T", "matrix", "us",
               "GB/s", "GFLOPS", "%read", "%peak", "%roof");
   for (const auto& row : r.rows) {
@@ -87,6 +95,7 @@ void run_kernels(const KernelsFlags& f) {
               "tdpbf16ps (bf16) or tdpbusd (int8-w8a8), avx2 "
               "int8-w8a8 / int4-w4a8: vpmaddubsw, other avx512 and avx2: vfmadd231ps);\n"
               "%%roof: the batched roofline max(bytes / read, FLOPs / peak) over the time taken.\n");
+  std::printf("%s", kernels::rows_over_probe(r).c_str());
 }
 
 void setup_kernels_bench(CLI::App& bench) {

@@ -20,7 +20,7 @@
 #include "moex/base/dtype.h"
 #include "moex/kernels/matmul.h"
 #include "moex/kernels/packed.h"
-#include "moex/kernels/probe.h"
+#include "tools/lib/probes.h"
 #include "moex/model/gguf.h"
 #include "tools/lib/output_dir.h"
 #include "tools/lib/planner.h"

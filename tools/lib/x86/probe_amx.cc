@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "moex/kernels/probe.h"
+#include "tools/lib/probes.h"
 
 namespace moex::kernels::x86 {
 namespace {

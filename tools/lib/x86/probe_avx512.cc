@@ -2,13 +2,29 @@
 
 #include <cstdint>
 
-#include "moex/kernels/probe.h"
+#include "tools/lib/probes.h"
 
 namespace moex::kernels::x86 {
 
-float stream_read_avx512(const void* data, size_t bytes) {
+float stream_read_avx512(const void* data, size_t bytes, int64_t prefetch_lead) {
   const auto* p = static_cast<const uint8_t*>(data);
   __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  if (prefetch_lead > 0) {  // the same loop with the four lines prefetch_lead ahead (stopping at the buffer's end)
+    size_t i = 0;
+    const size_t lead = static_cast<size_t>(prefetch_lead);
+    for (; i + 256 + lead <= bytes; i += 256) {
+      _mm_prefetch(reinterpret_cast<const char*>(p + i + lead), _MM_HINT_T1);
+      _mm_prefetch(reinterpret_cast<const char*>(p + i + lead + 64), _MM_HINT_T1);
+      _mm_prefetch(reinterpret_cast<const char*>(p + i + lead + 128), _MM_HINT_T1);
+      _mm_prefetch(reinterpret_cast<const char*>(p + i + lead + 192), _MM_HINT_T1);
+      a0 = _mm512_add_ps(a0, _mm512_loadu_ps(p + i));
+      a1 = _mm512_add_ps(a1, _mm512_loadu_ps(p + i + 64));
+      a2 = _mm512_add_ps(a2, _mm512_loadu_ps(p + i + 128));
+      a3 = _mm512_add_ps(a3, _mm512_loadu_ps(p + i + 192));
+    }
+    p += i;
+    bytes -= i;
+  }
   for (size_t i = 0; i + 256 <= bytes; i += 256) {  // four independent chains: the loads, not the adds, limit
     a0 = _mm512_add_ps(a0, _mm512_loadu_ps(p + i));
     a1 = _mm512_add_ps(a1, _mm512_loadu_ps(p + i + 64));

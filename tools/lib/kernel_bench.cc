@@ -1,4 +1,4 @@
-#include "moex/kernels/bench_kernels.h"
+#include "tools/lib/kernel_bench.h"
 
 #include <sys/mman.h>
 #include <time.h>
@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <random>
@@ -48,14 +49,46 @@ double median_call_seconds(int repeats, double sample_ms, bool cpu_clock, const 
 
 }  // namespace
 
-double read_bandwidth(size_t bytes, int repeats, bool cpu_clock) {
-  void* buffer = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  MOEX_CHECK(buffer != MAP_FAILED, "cannot map ", bytes, " bytes for the read probe");
-  std::memset(buffer, 1, bytes);
-  volatile float sink = 0.0f;
-  const double seconds = median_call_seconds(repeats, 0, cpu_clock, [&] { sink = sink + stream_read(buffer, bytes); });
-  ::munmap(buffer, bytes);
-  return static_cast<double>(bytes) / seconds;
+double read_bandwidth(size_t bytes, int repeats, bool cpu_clock) { return read_probe(bytes, repeats, cpu_clock).bytes_per_s; }
+
+std::string describe_probes(const ReadProbe& read, double clock_hz, const PeakResult& bf16, const PeakResult& vnni,
+                            const PeakResult& fma, const PeakResult& amx_bf16) {
+  const CpuId id = cpu_id();
+  const CpuClassRates rates = cpu_class_rates();
+  char line[1024];
+  std::string out;
+  std::snprintf(line, sizeof line, "cpu: %s (family %d model %d), clock %.2f GHz (dependent adds, all threads at once)\n",
+                rates.name, id.family, id.model, clock_hz / 1e9);
+  out += line;
+  std::snprintf(line, sizeof line,
+                "read probe: %.1f GB/s (%s; loads alone %.1f, loads + prefetch %.1f), all threads, huge pages\n",
+                read.bytes_per_s / 1e9, read.method, read.plain_bytes_per_s / 1e9, read.prefetch_bytes_per_s / 1e9);
+  out += line;
+  // instructions per cycle per thread: FLOP/s over FLOP per instruction, threads and clock
+  const auto ipc = [&](const PeakResult& p, double ops) {
+    return p.per_second > 0 && clock_hz > 0 && p.threads > 0 ? p.per_second / ops / p.threads / clock_hz : 0.0;
+  };
+  const double fma_ops = use_x86_kernels() ? 32 : 16;
+  std::snprintf(line, sizeof line,
+                "dot-product probes, %d chains per thread, instructions per cycle per thread (documented per core): "
+                "vdpbf16ps %.2f (%.2g), vpdpbusd %.2f (%.2g), vfmadd231ps %.2f (%.2g), tdpbf16ps %.3f (%.3g)%s%s\n",
+                x86::kPeakChains, ipc(bf16, 64), rates.bf16_zmm, ipc(vnni, 128), rates.vnni_zmm, ipc(fma, fma_ops),
+                rates.fma_zmm, ipc(amx_bf16, 16384), rates.amx_tile, *rates.source ? "; source: " : "", rates.source);
+  out += line;
+  return out;
+}
+
+std::string rows_over_probe(const KernelBenchReport& report) {
+  std::string out;
+  for (const KernelBenchRow& r : report.rows)
+    if (r.pct_roofline > 100.0) {
+      char line[256];
+      std::snprintf(line, sizeof line, "PROBE TOO LOW: %s %s T=%lld at %.1f%% of its roofline (read %.1f%%, peak %.1f%%)\n",
+                    r.kernel.c_str(), r.format.c_str(), static_cast<long long>(r.tokens), r.pct_roofline,
+                    r.pct_read_roofline, r.pct_compute_peak);
+      out += line;
+    }
+  return out;
 }
 
 namespace {
@@ -340,18 +373,16 @@ KernelBenchReport bench_kernels(const KernelBenchOptions& o) {
   KernelBenchReport report;
   report.threads = num_threads();
   MOEX_CHECK_INPUT(!o.cpu_clock || report.threads == 1, "--cpu-clock times one thread: add --threads 1");
-  report.read_bytes_per_s = read_bandwidth(o.roofline_mb << 20, o.repeats, o.cpu_clock);
-  for (int i = 0; i < 3; ++i) {  // best of three: the peak is what the core can do, not what it did once
-    const PeakResult b = dot_peak_bf16(1 << 22, o.cpu_clock), v = dot_peak_vnni(1 << 22, o.cpu_clock),
-                     m = dot_peak_maddubs(1 << 22, o.cpu_clock), f = fma_peak_f32(1 << 22, o.cpu_clock);
-    if (b.per_second > report.bf16_peak.per_second) report.bf16_peak = b;
-    if (v.per_second > report.vnni_peak.per_second) report.vnni_peak = v;
-    if (m.per_second > report.maddubs_peak.per_second) report.maddubs_peak = m;
-    if (f.per_second > report.fma_peak.per_second) report.fma_peak = f;
-    const PeakResult ab = dot_peak_amx_bf16(1 << 18, o.cpu_clock), ai = dot_peak_amx_int8(1 << 18, o.cpu_clock);
-    if (ab.per_second > report.amx_bf16_peak.per_second) report.amx_bf16_peak = ab;
-    if (ai.per_second > report.amx_int8_peak.per_second) report.amx_int8_peak = ai;
-  }
+  report.read = read_probe(o.roofline_mb << 20, o.repeats, o.cpu_clock);
+  report.read_bytes_per_s = report.read.bytes_per_s;
+  report.clock_hz = core_clock_hz();
+  const PeakSet peaks = best_peaks(o.cpu_clock);
+  report.bf16_peak = peaks.bf16;
+  report.vnni_peak = peaks.vnni;
+  report.maddubs_peak = peaks.maddubs;
+  report.fma_peak = peaks.fma;
+  report.amx_bf16_peak = peaks.amx_bf16;
+  report.amx_int8_peak = peaks.amx_int8;
 
   const int64_t H = o.hidden, I = o.intermediate;
   std::mt19937 rng(7);

@@ -1,6 +1,6 @@
 #include <immintrin.h>
 
-#include "moex/kernels/probe.h"
+#include "tools/lib/probes.h"
 
 namespace moex::kernels::x86 {
 

@@ -1,4 +1,4 @@
-// Memory roofline probe: how fast this machine streams bytes from DRAM into registers, with the same
+// Roofline probes (tools/lib: only commands and tests call them): how fast this machine streams bytes from DRAM into registers, with the same
 // threads and loads the matmul uses. Decode throughput is judged against it.
 #pragma once
 #include <cstddef>
@@ -7,8 +7,24 @@
 
 namespace moex::kernels {
 
-// Reads every byte of data[0, bytes) once (all threads) and returns a checksum so the reads stay.
-float stream_read(const void* data, size_t bytes);
+// Reads every byte of data[0, bytes) once (all threads, each a contiguous share) and returns a checksum so the
+// reads stay. prefetch_lead > 0: each thread also prefetches (into L2) that many bytes ahead of its loads, as the
+// packed kernels do (x86/prefetch.h); some machines stream faster so, some without.
+float stream_read(const void* data, size_t bytes, int64_t prefetch_lead = 0);
+
+// The read probe: bytes/s of stream_read over a buffer of `bytes` on huge pages (as the packed weights are: on 4 KB
+// pages a 1 GB stream also walks ~260,000 page-table entries), `repeats` passes after a warm-up for each way of
+// reading, each pass timed in kReadSegments consecutive segments (each segment's bytes were last read a whole
+// buffer ago, so no cache above the buffer's size holds them); the best segment is the probe. Best, not median,
+// for the reason best_peaks gives.
+struct ReadProbe {
+  double bytes_per_s = 0;        // the best of the methods below
+  double plain_bytes_per_s = 0;  // loads alone (hardware prefetchers)
+  double prefetch_bytes_per_s = 0;  // loads plus a software prefetch kStreamLead ahead
+  const char* method = "loads";  // the best one's name
+};
+constexpr int kReadSegments = 8;
+ReadProbe read_probe(size_t bytes, int repeats, bool cpu_clock);
 
 // The replay probe (docs/kernels.md, "Probes"): the byte ranges a sequence of forward steps reads, in the
 // order the step reads them, streamed with no arithmetic and no barrier. Its time is the least any kernel
@@ -50,9 +66,43 @@ PeakResult fma_peak_f32(int64_t iterations_per_thread = 1 << 22, bool cpu_clock 
 PeakResult dot_peak_amx_bf16(int64_t iterations_per_thread = 1 << 18, bool cpu_clock = false);
 PeakResult dot_peak_amx_int8(int64_t iterations_per_thread = 1 << 18, bool cpu_clock = false);
 
+// Every probe above, each the best of `trials` short runs (~2 ms: within one scheduler time slice even on a
+// machine loaded several times over, so some runs have both cores to themselves), alternated. The
+// best, not the median: a machine shared with other processes slows some runs, never speeds one up, and the
+// probe must bound what a kernel can do while it has the cores (a median under load let a kernel measured in a
+// quieter moment reach 120% of it).
+struct PeakSet {
+  PeakResult bf16, vnni, maddubs, fma, amx_bf16, amx_int8;
+};
+PeakSet best_peaks(bool cpu_clock = false, int trials = 48);
+
+// The core clock, Hz: a chain of dependent integer adds (one cycle each on every x86 core since the P6) run in
+// every thread at once, each thread's adds over its own CPU time, the median thread. What a probe's instruction
+// rate is divided by to give instructions per cycle.
+double core_clock_hz(int64_t adds_per_thread = int64_t{1} << 27);
+
+// What this CPU class is documented to issue per core per cycle, for the instructions the probes time; 0 where
+// not known. Whether two of the probe's threads share a core (SMT siblings) is not knowable from inside a VM, so
+// the benchmarks print the measured instructions per cycle per thread beside these, and the reader compares.
+struct CpuClassRates {
+  const char* name = "unknown x86";
+  double fma_zmm = 0, bf16_zmm = 0, vnni_zmm = 0, amx_tile = 0;  // instructions per core per cycle
+  const char* source = "";
+};
+CpuClassRates cpu_class_rates();
+// family / model from CPUID leaf 1 (extended fields folded in), 0 off x86
+struct CpuId {
+  int family = 0, model = 0;
+  bool amd = false, intel = false;
+};
+CpuId cpu_id();
+
 namespace x86 {
-constexpr int kPeakChains = 12;  // independent accumulators per thread
-float stream_read_avx512(const void* data, size_t bytes);
+// Independent accumulators per thread: above latency x issue width of every dot-product instruction probed (Zen 4:
+// vdpbf16ps 6 cycles x 1 zmm per cycle; Zen 5 and Intel's two 512-bit ports: 4-6 x 2 = 8-12), twice over so a
+// thread alone, or one that SMT pairs with an idle sibling, still fills the pipes. 24 of the 32 zmm registers.
+constexpr int kPeakChains = 24;
+float stream_read_avx512(const void* data, size_t bytes, int64_t prefetch_lead = 0);
 // Every byte of data[0, bytes) exactly (a masked load for the last partial line); adds the bytes read to *read.
 float stream_read_exact_avx512(const void* data, size_t bytes, size_t* read);
 double dpbf16_loop_avx512bf16(int64_t iterations, uint16_t one_bf16);  // kPeakChains x iterations instructions
@@ -63,7 +113,7 @@ constexpr int kAmxPeakRounds = kPeakChains / 4;
 double tdpbf16_loop_amx(int64_t iterations, uint16_t one_bf16);
 double tdpbusd_loop_amx(int64_t iterations, uint8_t one);
 // x86/probe_avx2.cc: the same on CPUs with AVX2 + FMA but no AVX-512 (use_avx2_kernels()).
-float stream_read_avx2(const void* data, size_t bytes);
+float stream_read_avx2(const void* data, size_t bytes, int64_t prefetch_lead = 0);
 float stream_read_exact_avx2(const void* data, size_t bytes, size_t* read);
 double fma_loop_avx2(int64_t iterations, float one);  // 16 FLOP per instruction
 double maddubs_loop_avx2(int64_t iterations, uint8_t one);  // kPeakChains x iterations vpmaddubsw

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "moex/kernels/packed.h"
-#include "moex/kernels/probe.h"
+#include "tools/lib/probes.h"
 
 namespace moex::kernels {
 
@@ -38,6 +38,8 @@ struct KernelBenchRow {
 
 struct KernelBenchReport {
   double read_bytes_per_s = 0;
+  ReadProbe read;
+  double clock_hz = 0;  // core_clock_hz() in the same run
   PeakResult bf16_peak, vnni_peak, maddubs_peak, fma_peak, amx_bf16_peak, amx_int8_peak;
   int threads = 0;
   std::vector<KernelBenchRow> rows;
@@ -52,7 +54,16 @@ struct FormatSpec {
 // throws an input error otherwise.
 FormatSpec parse_format_spec(const std::string& name);
 KernelBenchReport bench_kernels(const KernelBenchOptions& options);
-// Read bandwidth (bytes/s): stream_read over a buffer of `bytes`, median of `repeats` passes after a warm-up.
+// Read bandwidth (bytes/s): read_probe(bytes, repeats, cpu_clock)'s best method.
 double read_bandwidth(size_t bytes, int repeats, bool cpu_clock);
+
+// What the probes assume, for a benchmark's header: the CPU class (family / model), the clock measured in the same
+// run, the read probe's methods, and each dot-product probe's instructions per cycle per thread beside the rate the
+// class is documented to issue per core (cpu_class_rates()). Several lines, each ending in a newline.
+std::string describe_probes(const ReadProbe& read, double clock_hz, const PeakResult& bf16, const PeakResult& vnni,
+                            const PeakResult& fma, const PeakResult& amx_bf16);
+// The rows over 100% of a probe, one line each ("" when none): a kernel faster than its probe shows the probe
+// was not the limit, so the percentages of that run are not to be trusted.
+std::string rows_over_probe(const KernelBenchReport& report);
 
 }  // namespace moex::kernels
