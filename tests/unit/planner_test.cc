@@ -117,6 +117,68 @@ TEST(Planner, ExpertParallelWaitsForTheBusiestRank) {
   EXPECT_DOUBLE_EQ(predict(m, c, tp, 2, Workload{1, 1}).expert_imbalance, 1.0);
 }
 
+TEST(Planner, RankZeroWaitsForTheBusiestExpertGroupInsideTheCollective) {
+  // As above: the busiest rank runs 10/7 experts, rank 0 (like any rank) 1 on average, so its profiler sees 3/7 of
+  // an expert per MoE layer inside the collective that waits for the busiest; the step itself is the busiest's.
+  const ModelConfig m = synthetic_preset("mixtral-8x7b");
+  const Cluster c = parse_cluster(memory_bound_cluster(2), "test");
+  PlanChoice p;
+  p.moe = "ep", p.ep = 2;
+  const Prediction r = predict(m, c, p, 2, Workload{1, 1});
+  const double expert = 3.0 * m.hidden_size * m.intermediate_size * 2 / 100e9;
+  EXPECT_NEAR(r.wait_s, 3.0 / 7 * expert * m.num_hidden_layers, 0.03 * expert * m.num_hidden_layers);
+  EXPECT_NEAR(r.comm_share, (r.comm_s + r.wait_s) / r.step_s, 1e-12);
+  EXPECT_NEAR(r.wire_share, r.comm_s / r.step_s, 1e-12);
+  PlanChoice tp;
+  tp.tp = 2;
+  EXPECT_EQ(predict(m, c, tp, 2, Workload{1, 1}).wait_s, 0);  // every TP rank does the same work
+}
+
+TEST(Planner, AKernelTableCostsEachOutputRowAndEachWeight) {
+  KernelTable t;
+  t.tokens = {1, 4};
+  t.per_weight_s = {0.1e-9, 0.2e-9};
+  t.per_row_s = {100e-9, 160e-9};
+  EXPECT_NEAR(t.seconds(1, 4096, 1024), 4096 * 100e-9 + 4096 * 1024 * 0.1e-9, 1e-15);
+  // Same weights, four times the rows: four times the row term.
+  EXPECT_NEAR(t.seconds(1, 16384, 256) - t.seconds(1, 4096, 1024), 12288 * 100e-9, 1e-15);
+  EXPECT_NEAR(t.seconds(2, 1, 0), 120e-9, 1e-18);  // linear between the points
+  EXPECT_NEAR(t.seconds(7, 1, 0), 220e-9, 1e-18);  // and beyond the last, from the last two
+  // A cluster file's table prices its format's matmuls (the router, as stored, keeps the rates).
+  const ModelConfig m = synthetic_preset("mini");
+  nlohmann::json j = memory_bound_cluster(1);
+  const Prediction rates = predict(m, parse_cluster(j, "t"), PlanChoice{}, 1, Workload{1, 1});
+  j["device"]["kernel_tables"] = {{"bf16", {{"source", "test"}, {"points", {{{"tokens", 1}, {"per_weight_ns", 0.02}, {"per_row_ns", 0}}}}}}};
+  const Prediction table = predict(m, parse_cluster(j, "t"), PlanChoice{}, 1, Workload{1, 1});
+  EXPECT_NEAR(table.other_s, rates.other_s, 1e-15);  // 0.02 ns a bf16 weight is 100 GB/s: the read rate
+  j["device"]["kernel_tables"]["bf16"]["points"][0]["per_weight_ns"] = 0.04;
+  EXPECT_NEAR(predict(m, parse_cluster(j, "t"), PlanChoice{}, 1, Workload{1, 1}).other_s, 2 * rates.other_s, 1e-12);
+  j["device"]["kernel_tables"]["bf16"]["points"][0].erase("per_row_ns");
+  EXPECT_THROW(parse_cluster(j, "t"), Error);
+}
+
+TEST(Planner, RanksBeyondTheCoresTakeTheMeasuredSlowdownAndWait) {
+  const ModelConfig m = synthetic_preset("mini");
+  nlohmann::json j = memory_bound_cluster(4);
+  j["cores_per_host"] = 2;
+  PlanChoice p;
+  p.tp = 4;
+  const Prediction plain = predict(m, parse_cluster(j, "t"), p, 4, Workload{1, 1});
+  EXPECT_DOUBLE_EQ(plain.time_share, 2.0);  // no measured point: the cores' share alone, no wait
+  EXPECT_EQ(plain.wait_s, 0);
+  j["time_sharing"] = {{{"ranks_per_core", fig(2)}, {"slowdown", fig(1.1)}, {"wait_share", fig(0.2)}}};
+  const Prediction shared = predict(m, parse_cluster(j, "t"), p, 4, Workload{1, 1});
+  EXPECT_DOUBLE_EQ(shared.time_share, 2.2);
+  const double compute = shared.attention_s + shared.routing_s + shared.experts_s + shared.other_s;
+  EXPECT_NEAR(compute, 1.1 * (plain.attention_s + plain.routing_s + plain.experts_s + plain.other_s), 1e-12);
+  EXPECT_NEAR(shared.wait_s, 0.2 * compute, 1e-12);
+  PlanChoice two;
+  two.tp = 2;  // 2 ranks on 2 cores: no sharing
+  EXPECT_DOUBLE_EQ(predict(m, parse_cluster(j, "t"), two, 2, Workload{1, 1}).time_share, 1.0);
+  j["time_sharing"][0]["ranks_per_core"] = fig(0.5);
+  EXPECT_THROW(parse_cluster(j, "t"), Error);
+}
+
 TEST(Planner, CandidatePlansAreTheOnesTheEngineAccepts) {
   const ModelConfig m = synthetic_preset("mixtral-8x7b");  // 32 heads, 8 KV heads, 8 experts
   std::vector<std::string> names;
