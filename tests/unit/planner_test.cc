@@ -175,7 +175,13 @@ TEST(Planner, RanksBeyondTheCoresTakeTheMeasuredSlowdownAndWait) {
   PlanChoice two;
   two.tp = 2;  // 2 ranks on 2 cores: no sharing
   EXPECT_DOUBLE_EQ(predict(m, parse_cluster(j, "t"), two, 2, Workload{1, 1}).time_share, 1.0);
-  j["time_sharing"][0]["ranks_per_core"] = fig(0.5);
+  j["cores_per_host"] = 4;
+  j["time_sharing"] = {{{"ranks_per_core", fig(0.5)}, {"slowdown", fig(1.3)}, {"wait_share", fig(0.1)}},
+                       {{"ranks_per_core", fig(2)}, {"slowdown", fig(1.1)}, {"wait_share", fig(0.2)}}};
+  // A point at or below one rank per core (a loaded machine) replaces (1, 1, 0): 2 ranks on 4 cores take it.
+  EXPECT_DOUBLE_EQ(predict(m, parse_cluster(j, "t"), two, 2, Workload{1, 1}).time_share, 1.3);
+  EXPECT_NEAR(predict(m, parse_cluster(j, "t"), p, 4, Workload{1, 1}).time_share, 1.3 + (1.1 - 1.3) / 3, 1e-12);  // linear
+  j["time_sharing"][1]["ranks_per_core"] = fig(0.4);  // not increasing
   EXPECT_THROW(parse_cluster(j, "t"), Error);
 }
 

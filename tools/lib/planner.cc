@@ -254,24 +254,22 @@ double interpolate(const std::vector<double>& xs, const std::vector<double>& ys,
   return ys[i - 1] + (ys[i] - ys[i - 1]) * (x - xs[i - 1]) / (xs[i] - xs[i - 1]);
 }
 
-// The measured time-sharing point for `ratio` ranks per core (docs/plan.md): linear between 1 (no slowdown, no
-// wait) and the measured points, the last one's beyond them.
+// The time-sharing point for `ratio` ranks per core (docs/plan.md): linear between the measured points, the
+// nearest one's outside them; without a measured point at or below one rank per core, (1, no slowdown, no wait)
+// is the first.
 Cluster::TimeSharing time_sharing_at(const Cluster& c, double ratio) {
-  Cluster::TimeSharing out;
-  out.ranks_per_core = ratio;
-  if (ratio <= 1 || c.time_sharing.empty()) return out;
-  Cluster::TimeSharing lo;  // ranks_per_core 1
-  for (const Cluster::TimeSharing& hi : c.time_sharing) {
+  std::vector<Cluster::TimeSharing> points;
+  if (c.time_sharing.empty() || c.time_sharing.front().ranks_per_core > 1) points.push_back({});
+  points.insert(points.end(), c.time_sharing.begin(), c.time_sharing.end());
+  if (ratio <= points.front().ranks_per_core) return {ratio, points.front().slowdown, points.front().wait_share};
+  for (size_t i = 1; i < points.size(); ++i) {
+    const Cluster::TimeSharing &lo = points[i - 1], &hi = points[i];
     if (ratio <= hi.ranks_per_core) {
       const double f = (ratio - lo.ranks_per_core) / (hi.ranks_per_core - lo.ranks_per_core);
-      out.slowdown = lo.slowdown + f * (hi.slowdown - lo.slowdown);
-      out.wait_share = lo.wait_share + f * (hi.wait_share - lo.wait_share);
-      return out;
+      return {ratio, lo.slowdown + f * (hi.slowdown - lo.slowdown), lo.wait_share + f * (hi.wait_share - lo.wait_share)};
     }
-    lo = hi;
   }
-  out.slowdown = lo.slowdown, out.wait_share = lo.wait_share;
-  return out;
+  return {ratio, points.back().slowdown, points.back().wait_share};
 }
 
 }  // namespace
@@ -367,9 +365,9 @@ Cluster parse_cluster(const nlohmann::json& j, const std::string& origin) {
       t.ranks_per_core = figure(e, "ranks_per_core", where);
       t.slowdown = figure(e, "slowdown", where);
       t.wait_share = figure(e, "wait_share", where);
-      MOEX_CHECK_INPUT(t.ranks_per_core > 1 && t.slowdown > 0 && t.wait_share < 1 &&
+      MOEX_CHECK_INPUT(t.ranks_per_core > 0 && t.slowdown > 0 && t.wait_share < 1 &&
                            (c.time_sharing.empty() || t.ranks_per_core > c.time_sharing.back().ranks_per_core),
-                       "cluster file: \"", where, "\" needs ranks_per_core > 1 (increasing), slowdown > 0, wait_share < 1");
+                       "cluster file: \"", where, "\" needs ranks_per_core > 0 (increasing), slowdown > 0, wait_share < 1");
       c.time_sharing.push_back(t);
     }
   }

@@ -63,10 +63,11 @@ struct Cluster {
   // device.read_bytes_per_s.
   double host_read_bytes_per_s = 0;
   bool shared_memory_collectives = false;  // ranks of one host may use the shm all-reduce
-  // Ranks time-sharing a CPU host's cores, measured (`moex plan calibrate --time-sharing` under mpirun with more
-  // ranks than cores): at `ranks_per_core`, a step's compute takes ranks_per_core x slowdown of one rank's alone,
-  // and each rank spends `wait_share` of it inside collectives waiting for ranks the scheduler has not run yet.
-  // Between measured points (and 1, where both are nil) linear; without a point, slowdown 1 and no wait.
+  // Ranks sharing a CPU host's cores, measured (`moex plan calibrate --time-sharing` under mpirun -n N): at
+  // `ranks_per_core`, a step's compute takes max(1, ranks_per_core) x slowdown of one rank's alone, and each rank
+  // spends `wait_share` of it inside collectives waiting for ranks the scheduler has not run yet. Linear between
+  // measured points, the nearest one's outside them; (1, 1, 0) is the first point when none is measured at or
+  // below one rank per core; without any point, slowdown 1 and no wait.
   struct TimeSharing {
     double ranks_per_core = 1, slowdown = 1, wait_share = 0;
   };

@@ -271,20 +271,22 @@ nlohmann::json measure_link(comm::Communicator& world, int peer, const std::stri
           {"reduce_GBps", fig(10, "comm::CostModel's default gamma (docs/comm.md), not measured")}};
 }
 
-// Ranks time-sharing the cores (planner.h, Cluster::TimeSharing), under mpirun with more ranks than cores: every
-// rank runs the engine's pattern of one thread, a short compute segment (attention) and a long one (experts,
-// 8x) each followed by a 4 KB all-reduce, 150 times. Per rank: slowdown = wall time / (ranks per core x the
-// segments' own CPU time); wait share = the all-reduces' wall time / the wall time. Their means over the ranks
-// are added to the existing --out file as the point for this ranks-per-core ratio.
+// Ranks time-sharing the cores (planner.h, Cluster::TimeSharing), under mpirun with N ranks: every rank runs the
+// engine's pattern of one thread, a short compute segment (attention) and a long one (experts, 8x) each followed
+// by a 4 KB all-reduce, 150 times. Per rank: slowdown = wall time / (max(1, ranks per core) x the segments' own
+// CPU time); wait share = the all-reduces' wall time / the wall time. Their means over the ranks are added to the
+// existing --out file as the point for this ranks-per-core ratio. With no more ranks than cores on a quiet
+// machine they come out near 1 and 0; on a loaded one they measure what the load does to the ranks.
 void run_time_sharing(const CalibrateFlags& f) {
   comm::Communicator& world = comm::world();
   const int n = world.size(), cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  MOEX_CHECK_INPUT(n > cores, "--time-sharing measures ranks sharing cores: run it under mpirun with more ranks than the ",
-                   cores, " cores (got ", n, ")");
+  // Every rank checks, so that none is left waiting in a collective for a rank 0 that stopped.
+  MOEX_CHECK_INPUT(std::filesystem::exists(f.out), "--out ", f.out,
+                   ": --time-sharing adds to a file `moex plan calibrate` wrote; it does not exist");
   nlohmann::json j;
   if (world.rank() == 0) {
     std::ifstream in(f.out);
-    MOEX_CHECK_INPUT(in.good(), "--out ", f.out, ": --time-sharing adds to a file `moex plan calibrate` wrote; it does not exist");
+    MOEX_CHECK_INPUT(in.good(), "--out ", f.out, ": cannot read it");
     try {
       j = nlohmann::json::parse(in);
     } catch (const nlohmann::json::exception& e) {
@@ -317,7 +319,7 @@ void run_time_sharing(const CalibrateFlags& f) {
   }
   const double wall = wall_now() - start;
   const double ratio = double(n) / cores;
-  std::vector<float> mine = {static_cast<float>(wall / (ratio * cpu)), static_cast<float>(wait / wall)};
+  std::vector<float> mine = {static_cast<float>(wall / (std::max(1.0, ratio) * cpu)), static_cast<float>(wait / wall)};
   world.allreduce(mine.data(), mine.size(), comm::CommDType::kF32);
   if (world.rank() != 0) return;
   const double slowdown = mine[0] / n, wait_share = mine[1] / n;
@@ -480,7 +482,8 @@ void setup_plan(CLI::App& app) {
   cal->add_option("--devices-per-host", c->devices_per_host, "Ranks per host the file describes (default: one per core)")
       ->check(whole_number_in(1, 1 << 12));
   cal->add_flag("--time-sharing", c->time_sharing,
-                "Under mpirun with more ranks than cores: measure their time-sharing and add it to the existing --out file");
+                "Under mpirun -n N: measure how N one-thread ranks share the cores (slowdown, wait in collectives) and add it "
+                "to the existing --out file");
   cal->callback([c] {
     if (c->time_sharing) run_time_sharing(*c);
     else run_calibrate(*c);
