@@ -8,6 +8,7 @@
 #                REPEATS=1  (sweeps per rank count; each row keeps its fastest run, the one others disturbed least:
 #                            use 3 on a loaded machine)
 #                RECORD=tests/plan/mini-validation.json  (also write the run as the planner test's recording)
+#                MEASURE=0  (only redo the table from OUT_DIR's files)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MOEX=${MOEX:-build/moex}
@@ -17,11 +18,13 @@ RANKS=${RANKS:-"1 2 4"}
 BATCHES=${BATCHES:-1,16}
 REPEATS=${REPEATS:-1}
 RECORD=${RECORD:-}
+MEASURE=${MEASURE:-1}
 OUT=${1:-plan-validation}
 mkdir -p "$OUT"
 MPIRUN=(mpirun --allow-run-as-root --oversubscribe --bind-to none)
 max=1
 for n in $RANKS; do (( n > max )) && max=$n; done
+if (( MEASURE )); then
 uptime | tee "$OUT/load-before.txt"
 # The sweep runs one thread per rank, so the file describes ranks of one thread: as many devices as ranks.
 "${MPIRUN[@]}" -np 2 "$MOEX" plan calibrate --out "$OUT/cluster.json" --devices-per-host "$max" --force
@@ -41,9 +44,10 @@ for n in $RANKS; do
       --comm-dtype f32,bf16,fp8 --batch "$b" --context 12 --json > "$OUT/predicted-$n-b$b.json"
   done
 done
-/usr/bin/python3 - "$OUT" "$PRESET" "$RECORD" "$REPEATS" $RANKS <<'EOF'
-import datetime, json, math, re, sys
-out, preset, record, repeats, ranks = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5:]
+fi
+/usr/bin/python3 - "$OUT" "$PRESET" "$RECORD" "$REPEATS" "$MODEL" $RANKS <<'EOF'
+import datetime, json, math, os, re, sys
+out, preset, record, repeats, model, ranks = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5], sys.argv[6:]
 cpu = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name"))
 fam = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("cpu family"))
 mod = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if re.match(r"model\s*:", l))
@@ -54,8 +58,10 @@ print(f"{'ranks':>5} {'plan':<16} {'comm':<5} {'batch':>5} {'meas tok/s':>10} {'
       f"{'comm% meas':>10} {'pred':>6} {'(wire':>6} {'wait)':>6} {'diff':>6}")
 rows, worst_rate, worst_share = [], 0.0, 0.0
 def fastest(n):
-    """Each (plan, comm dtype, batch)'s fastest run over the repeats, in the sweep's order. One rank runs the same
-    step whatever the plan says: the sweep's three one-rank plans are repeats of TP=1."""
+    """Each (plan, batch)'s fastest run, the one others disturbed least, in the sweep's order. The comm dtypes
+    change only the bytes on the wire, a fraction of a percent of these steps (the predictions' wire share), so the
+    three are repeats of the plan, as are the REPEATS runs; one rank runs the same step whatever the plan says, so
+    the sweep's three one-rank plans are repeats of TP=1. The row keeps its dtype, predicted as such."""
     best = {}
     for r in range(1, repeats + 1):
         for row in json.load(open(f"{out}/measured-{n}-{r}.json"))["rows"]:
@@ -63,7 +69,7 @@ def fastest(n):
                 continue
             if n == "1":
                 row["plan"] = "TP=1"
-            key = (row["plan"], row["comm_dtype"], row["workload"])
+            key = (row["plan"], row["workload"])
             if key not in best or row["tokens_per_s"] > best[key]["tokens_per_s"]:
                 best[key] = row
     return best.values()
@@ -95,6 +101,9 @@ if record:
     tol_share = max(0.05, math.ceil(1000 * worst_share) / 1000)
     json.dump({"cpu": f"{cpu} (family {fam} model {mod})",
                "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+               "model_config": {k: v for k, v in json.load(open(os.path.join(model, "config.json"))).items() if k in (
+                   "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                   "num_local_experts", "num_experts_per_tok", "vocab_size", "head_dim")},
                "load": loads, "command": f"scripts/plan-validate.sh, REPEATS={repeats} (bench parallel-sweep --steps 8 "
                "--prompt-len 8, as-stored, one thread per rank; each row the fastest of the repeats)", "model_preset": preset, "context": 12,
                "tolerance": {"tokens_per_s": tol_rate, "comm_share": tol_share},

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
+
 #include "moex/base/error.h"
 #include "moex/comm/selector.h"
 #include "tools/lib/synthetic.h"
@@ -183,6 +185,45 @@ TEST(Planner, RanksBeyondTheCoresTakeTheMeasuredSlowdownAndWait) {
   EXPECT_NEAR(predict(m, parse_cluster(j, "t"), p, 4, Workload{1, 1}).time_share, 1.3 + (1.1 - 1.3) / 3, 1e-12);  // linear
   j["time_sharing"][1]["ranks_per_core"] = fig(0.4);  // not increasing
   EXPECT_THROW(parse_cluster(j, "t"), Error);
+}
+
+// A recorded run of scripts/plan-validate.sh on this machine (tests/plan/mini-validation.json: the cluster file it
+// calibrated, every plan's measured decode tokens/s and comm share, the CPU, the date and the load), predicted
+// again: each prediction must stay within the error the recording states (docs/plan.md, "Validation"). Pure
+// computation; a change to the model that moves a prediction beyond it fails here.
+TEST(Planner, PredictsTheRecordedMeasurementsWithinTheStatedError) {
+  std::ifstream in(std::string(MOEX_SOURCE_DIR) + "/tests/plan/mini-validation.json");
+  ASSERT_TRUE(in.good());
+  const nlohmann::json rec = nlohmann::json::parse(in);
+  const ModelConfig m = synthetic_preset(rec.at("model_preset").get<std::string>());
+  // The checkpoint the run measured has the preset's geometry.
+  for (const auto& [key, value] : rec.at("model_config").items()) {
+    const int v = value.get<int>();
+    const int preset = key == "hidden_size" ? m.hidden_size : key == "intermediate_size" ? m.intermediate_size
+                     : key == "num_hidden_layers" ? m.num_hidden_layers : key == "num_attention_heads" ? m.num_attention_heads
+                     : key == "num_key_value_heads" ? m.num_key_value_heads : key == "num_local_experts" ? m.num_local_experts
+                     : key == "num_experts_per_tok" ? m.num_experts_per_tok : key == "vocab_size" ? m.vocab_size
+                     : key == "head_dim" ? m.head_dim : -1;
+    EXPECT_EQ(preset, v) << key;
+  }
+  const Cluster c = parse_cluster(rec.at("cluster"), "recorded");
+  const double rate_tol = rec.at("tolerance").at("tokens_per_s").get<double>();
+  const double share_tol = rec.at("tolerance").at("comm_share").get<double>();
+  ASSERT_FALSE(rec.at("rows").empty());
+  for (const nlohmann::json& row : rec.at("rows")) {
+    const int ranks = row.at("ranks").get<int>(), batch = row.at("batch").get<int>();
+    const std::string name = row.at("plan").get<std::string>(), dtype = row.at("comm_dtype").get<std::string>();
+    bool found = false;
+    for (const PlanChoice& p : candidate_plans(m, ranks, "as-stored", dtype)) {
+      if (p.name() != name) continue;
+      found = true;
+      const Prediction r = predict(m, c, p, ranks, Workload{batch, rec.at("context").get<int>()});
+      const std::string what = name + " " + dtype + " batch " + std::to_string(batch);
+      EXPECT_NEAR(r.tokens_per_s / row.at("tokens_per_s").get<double>(), 1.0, rate_tol) << what;
+      EXPECT_NEAR(r.comm_share, row.at("comm_share").get<double>(), share_tol) << what;
+    }
+    EXPECT_TRUE(found) << name << " is no candidate plan at " << ranks << " ranks";
+  }
 }
 
 TEST(Planner, CandidatePlansAreTheOnesTheEngineAccepts) {
