@@ -19,8 +19,8 @@ namespace moex::tools::plan {
 
 // A format's matmul as timed on the device (`moex plan calibrate`): for each token count, the seconds per weight
 // and per output row of one call, so that t(tokens, N x K) = N * per_row + N * K * per_weight. The row term is
-// the kernel's fixed work per output (a horizontal sum, a loop's start); it is why a [3584 x 1024] matrix reads
-// at two thirds of the rate of a [4096 x 4096] one of the same format. Token counts between two measured ones are
+// the kernel's fixed work per output (a horizontal sum, a loop's start); it is why an as-stored [3584 x 1024]
+// matrix reads at two thirds of the rate of a [4096 x 4096] one. Token counts between two measured ones are
 // interpolated linearly, beyond the last extrapolated from the last two.
 struct KernelTable {
   std::vector<double> tokens, per_weight_s, per_row_s;
