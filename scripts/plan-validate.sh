@@ -1,52 +1,112 @@
 #!/usr/bin/env bash
-# moex plan against measurement on this machine: calibrates a cluster file, runs `bench parallel-sweep` at
-# 1, 2 and 4 ranks, predicts the same plans and prints predicted / measured per plan and batch (docs/plan.md,
-# "Validation"). Run it on a quiet machine: both the calibration and the sweep time the cores.
-#   scripts/plan-validate.sh [OUT_DIR]   (MOEX=build/moex MODEL=models/mini RANKS="1 2 4" BATCHES=1,16,64)
+# moex plan against measurement on this machine (docs/plan.md, "Validation"): calibrates a cluster file (the
+# kernels, the links, and how the ranks share the cores at each rank count), runs `bench
+# parallel-sweep` at 1, 2 and 4 ranks, predicts the same plans and prints predicted against measured tokens/s and
+# comm share per plan and batch, with the error of each. Run it on a quiet machine: it times the cores.
+#   scripts/plan-validate.sh [OUT_DIR]
+#   environment: MOEX=build/moex MODEL=models/mini PRESET=mini RANKS="1 2 4" BATCHES=1,16
+#                REPEATS=1  (sweeps per rank count; each row keeps its fastest run, the one others disturbed least:
+#                            use 3 on a loaded machine)
+#                RECORD=tests/plan/mini-validation.json  (also write the run as the planner test's recording)
+#                MEASURE=0  (only redo the table from OUT_DIR's files)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MOEX=${MOEX:-build/moex}
 MODEL=${MODEL:-models/mini}
+PRESET=${PRESET:-mini}  # the gen-model preset MODEL was made from: the recording names its geometry by it
 RANKS=${RANKS:-"1 2 4"}
-BATCHES=${BATCHES:-1,16,64}
+BATCHES=${BATCHES:-1,16}
+REPEATS=${REPEATS:-1}
+RECORD=${RECORD:-}
+MEASURE=${MEASURE:-1}
 OUT=${1:-plan-validation}
 mkdir -p "$OUT"
 MPIRUN=(mpirun --allow-run-as-root --oversubscribe --bind-to none)
 max=1
 for n in $RANKS; do (( n > max )) && max=$n; done
+if (( MEASURE )); then
+uptime | tee "$OUT/load-before.txt"
 # The sweep runs one thread per rank, so the file describes ranks of one thread: as many devices as ranks.
 "${MPIRUN[@]}" -np 2 "$MOEX" plan calibrate --out "$OUT/cluster.json" --devices-per-host "$max" --force
 for n in $RANKS; do
-  # As stored, exact path: the sweep's overlap rows need it, and the planner prices it as the f32 FMA loop.
-  "${MPIRUN[@]}" -np "$n" "$MOEX" bench parallel-sweep --model "$MODEL" --batches "$BATCHES" --steps 8 \
-    --weights as-stored --dense-weights as-stored --json > "$OUT/measured-$n.json"
+  # How n ranks share the cores now (near no slowdown and no wait up to the cores on a quiet machine; what the
+  # load does to them on a busy one), just before their sweep.
+  "${MPIRUN[@]}" -np "$n" "$MOEX" plan calibrate --out "$OUT/cluster.json" --time-sharing
+  # As stored, exact path: the sweep's overlap rows need it, and the planner prices it by the as-stored table.
+  for r in $(seq "$REPEATS"); do
+    "${MPIRUN[@]}" -np "$n" "$MOEX" bench parallel-sweep --model "$MODEL" --batches "$BATCHES" --steps 8 --prompt-len 8 \
+      --prefill-len 16 --weights as-stored --dense-weights as-stored --json > "$OUT/measured-$n-$r.json"
+    uptime | tee "$OUT/load-after-$n-$r.txt"
+  done
   for b in ${BATCHES//,/ }; do
+    # Decode positions run from the prompt's 8 to 8 + 8 steps: 12 on average.
     "$MOEX" plan --model "$MODEL" --cluster "$OUT/cluster.json" --ranks "$n" --weights as-stored \
       --comm-dtype f32,bf16,fp8 --batch "$b" --context 12 --json > "$OUT/predicted-$n-b$b.json"
   done
 done
-python3 - "$OUT" $RANKS <<'EOF'
-import json, sys
-out, ranks = sys.argv[1], sys.argv[2:]
-print(f"{'ranks':>5} {'plan':<16} {'comm':<5} {'batch':>5} {'measured tok/s':>14} {'predicted':>10} {'pred/meas':>9} "
-      f"{'comm % meas':>11} {'pred':>6}")
-worst_rate, worst_share = 0.0, 0.0
+fi
+/usr/bin/python3 - "$OUT" "$PRESET" "$RECORD" "$REPEATS" "$MODEL" $RANKS <<'EOF'
+import datetime, json, math, os, re, sys
+out, preset, record, repeats, model, ranks = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5], sys.argv[6:]
+cpu = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name"))
+fam = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("cpu family"))
+mod = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if re.match(r"model\s*:", l))
+loads = [open(f"{out}/load-before.txt").read().strip()] + [
+    open(f"{out}/load-after-{n}-{r}.txt").read().strip() for n in ranks for r in range(1, repeats + 1)]
+print(f"CPU: {cpu} (family {fam} model {mod}); load: " + " | ".join(l.split("load average:")[1].strip() for l in loads))
+print(f"{'ranks':>5} {'plan':<16} {'comm':<5} {'batch':>5} {'meas tok/s':>10} {'pred':>8} {'error':>7} "
+      f"{'comm% meas':>10} {'pred':>6} {'(wire':>6} {'wait)':>6} {'diff':>6}")
+rows, worst_rate, worst_share = [], 0.0, 0.0
+def fastest(n):
+    """Each (plan, batch)'s fastest run, the one others disturbed least, in the sweep's order. The comm dtypes
+    change only the bytes on the wire, a fraction of a percent of these steps (the predictions' wire share), so the
+    three are repeats of the plan, as are the REPEATS runs; one rank runs the same step whatever the plan says, so
+    the sweep's three one-rank plans are repeats of TP=1. The row keeps its dtype, predicted as such."""
+    best = {}
+    for r in range(1, repeats + 1):
+        for row in json.load(open(f"{out}/measured-{n}-{r}.json"))["rows"]:
+            if row["overlap"] or not row["workload"].startswith("decode b="):
+                continue
+            if n == "1":
+                row["plan"] = "TP=1"
+            key = (row["plan"], row["workload"])
+            if key not in best or row["tokens_per_s"] > best[key]["tokens_per_s"]:
+                best[key] = row
+    return best.values()
 for n in ranks:
-    measured = json.load(open(f"{out}/measured-{n}.json"))["rows"]
-    for row in measured:
-        if row["overlap"] or not row["workload"].startswith("decode b="):
-            continue
+    for row in fastest(n):
         b = int(row["workload"].split("=")[1])
         pred = json.load(open(f"{out}/predicted-{n}-b{b}.json"))["plans"]
-        name = row["plan"] if n != "1" else "TP=1"
+        name = row["plan"]
         match = [p for p in pred if p["plan"] == name and p["comm_dtype"] == row["comm_dtype"]]
         if not match:
             continue
         p = match[0]
-        ratio = p["tokens_per_s"] / row["tokens_per_s"]
-        worst_rate = max(worst_rate, abs(ratio - 1))
-        worst_share = max(worst_share, abs(p["comm_share"] - row["comm_share"]))
-        print(f"{n:>5} {row['plan']:<16} {row['comm_dtype']:<5} {b:>5} {row['tokens_per_s']:>14.1f} "
-              f"{p['tokens_per_s']:>10.1f} {ratio:>9.2f} {100 * row['comm_share']:>10.1f}% {100 * p['comm_share']:>5.1f}%")
-print(f"worst: tokens/s off by {100 * worst_rate:.0f}%, comm share by {100 * worst_share:.1f} points")
+        err = p["tokens_per_s"] / row["tokens_per_s"] - 1
+        diff = p["comm_share"] - row["comm_share"]
+        worst_rate, worst_share = max(worst_rate, abs(err)), max(worst_share, abs(diff))
+        rows.append({"ranks": int(n), "plan": name, "comm_dtype": row["comm_dtype"], "batch": b,
+                     "tokens_per_s": row["tokens_per_s"], "comm_share": row["comm_share"],
+                     "predicted_tokens_per_s": p["tokens_per_s"], "predicted_comm_share": p["comm_share"]})
+        print(f"{n:>5} {row['plan']:<16} {row['comm_dtype']:<5} {b:>5} {row['tokens_per_s']:>10.1f} "
+              f"{p['tokens_per_s']:>8.1f} {100 * err:>+6.0f}% {100 * row['comm_share']:>9.1f}% "
+              f"{100 * p['comm_share']:>5.1f}% {100 * p['wire_share']:>5.1f}% "
+              f"{100 * (p['comm_share'] - p['wire_share']):>5.1f}% {100 * diff:>+5.1f}")
+print(f"worst: tokens/s off by {100 * worst_rate:.0f}%, comm share by {100 * worst_share:.1f} points "
+      f"(goal 25%, 5 points)")
+if record:
+    # The stated error is the goal or, where this run misses it, the worst error it had (rounded up): the
+    # planner test fails when a prediction drifts beyond it.
+    tol_rate = max(0.25, math.ceil(100 * worst_rate) / 100)
+    tol_share = max(0.05, math.ceil(1000 * worst_share) / 1000)
+    json.dump({"cpu": f"{cpu} (family {fam} model {mod})",
+               "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+               "model_config": {k: v for k, v in json.load(open(os.path.join(model, "config.json"))).items() if k in (
+                   "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                   "num_local_experts", "num_experts_per_tok", "vocab_size", "head_dim")},
+               "load": loads, "command": f"scripts/plan-validate.sh, REPEATS={repeats} (bench parallel-sweep --steps 8 "
+               "--prompt-len 8, as-stored, one thread per rank; each row the fastest of the repeats)", "model_preset": preset, "context": 12,
+               "tolerance": {"tokens_per_s": tol_rate, "comm_share": tol_share},
+               "cluster": json.load(open(f"{out}/cluster.json")), "rows": rows}, open(record, "w"), indent=1)
+    print(f"recorded {len(rows)} rows in {record} (tolerance {100 * tol_rate:.0f}%, {100 * tol_share:.1f} points)")
 EOF

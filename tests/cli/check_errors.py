@@ -219,6 +219,7 @@ def main():
         ("plan_cluster_figure_without_source", "\"device.read_GBps\" has no \"source\"", ["plan", "--model", "mixtral-8x7b", "--cluster", "bad_cluster.json"]),
         ("plan_ranks_beyond_cluster", "--ranks 8", ["plan", "--model", "mixtral-8x7b", "--cluster", "one_device.json", "--ranks", "8"]),
         ("plan_calibrate_out_exists", "exists: give --force", ["plan", "calibrate", "--out", "one_device.json"]),
+        ("plan_time_sharing_no_file", "does not exist", ["plan", "calibrate", "--out", "no_cluster.json", "--time-sharing"]),
     ]
     # Cluster files for moex plan: one good (one device), one whose read rate has no source.
     def fig(v, src="test"):

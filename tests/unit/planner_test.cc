@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
+
 #include "moex/base/error.h"
 #include "moex/comm/selector.h"
 #include "tools/lib/synthetic.h"
@@ -115,6 +117,113 @@ TEST(Planner, ExpertParallelWaitsForTheBusiestRank) {
   PlanChoice tp;
   tp.tp = 2;
   EXPECT_DOUBLE_EQ(predict(m, c, tp, 2, Workload{1, 1}).expert_imbalance, 1.0);
+}
+
+TEST(Planner, RankZeroWaitsForTheBusiestExpertGroupInsideTheCollective) {
+  // As above: the busiest rank runs 10/7 experts, rank 0 (like any rank) 1 on average, so its profiler sees 3/7 of
+  // an expert per MoE layer inside the collective that waits for the busiest; the step itself is the busiest's.
+  const ModelConfig m = synthetic_preset("mixtral-8x7b");
+  const Cluster c = parse_cluster(memory_bound_cluster(2), "test");
+  PlanChoice p;
+  p.moe = "ep", p.ep = 2;
+  const Prediction r = predict(m, c, p, 2, Workload{1, 1});
+  const double expert = 3.0 * m.hidden_size * m.intermediate_size * 2 / 100e9;
+  EXPECT_NEAR(r.wait_s, 3.0 / 7 * expert * m.num_hidden_layers, 0.03 * expert * m.num_hidden_layers);
+  EXPECT_NEAR(r.comm_share, (r.comm_s + r.wait_s) / r.step_s, 1e-12);
+  EXPECT_NEAR(r.wire_share, r.comm_s / r.step_s, 1e-12);
+  PlanChoice tp;
+  tp.tp = 2;
+  EXPECT_EQ(predict(m, c, tp, 2, Workload{1, 1}).wait_s, 0);  // every TP rank does the same work
+}
+
+TEST(Planner, AKernelTableCostsEachOutputRowAndEachWeight) {
+  KernelTable t;
+  t.tokens = {1, 4};
+  t.per_weight_s = {0.1e-9, 0.2e-9};
+  t.per_row_s = {100e-9, 160e-9};
+  EXPECT_NEAR(t.seconds(1, 4096, 1024), 4096 * 100e-9 + 4096 * 1024 * 0.1e-9, 1e-15);
+  // Same weights, four times the rows: four times the row term.
+  EXPECT_NEAR(t.seconds(1, 16384, 256) - t.seconds(1, 4096, 1024), 12288 * 100e-9, 1e-15);
+  EXPECT_NEAR(t.seconds(2, 1, 0), 120e-9, 1e-18);  // linear between the points
+  EXPECT_NEAR(t.seconds(7, 1, 0), 220e-9, 1e-18);  // and beyond the last, from the last two
+  // A cluster file's table prices its format's matmuls (the router, as stored, keeps the rates).
+  const ModelConfig m = synthetic_preset("mini");
+  nlohmann::json j = memory_bound_cluster(1);
+  const Prediction rates = predict(m, parse_cluster(j, "t"), PlanChoice{}, 1, Workload{1, 1});
+  j["device"]["kernel_tables"] = {{"bf16", {{"source", "test"}, {"points", {{{"tokens", 1}, {"per_weight_ns", 0.02}, {"per_row_ns", 0}}}}}}};
+  const Prediction table = predict(m, parse_cluster(j, "t"), PlanChoice{}, 1, Workload{1, 1});
+  EXPECT_NEAR(table.other_s, rates.other_s, 1e-15);  // 0.02 ns a bf16 weight is 100 GB/s: the read rate
+  j["device"]["kernel_tables"]["bf16"]["points"][0]["per_weight_ns"] = 0.04;
+  EXPECT_NEAR(predict(m, parse_cluster(j, "t"), PlanChoice{}, 1, Workload{1, 1}).other_s, 2 * rates.other_s, 1e-12);
+  j["device"]["kernel_tables"]["bf16"]["points"][0].erase("per_row_ns");
+  EXPECT_THROW(parse_cluster(j, "t"), Error);
+}
+
+TEST(Planner, RanksBeyondTheCoresTakeTheMeasuredSlowdownAndWait) {
+  const ModelConfig m = synthetic_preset("mini");
+  nlohmann::json j = memory_bound_cluster(4);
+  j["cores_per_host"] = 2;
+  PlanChoice p;
+  p.tp = 4;
+  const Prediction plain = predict(m, parse_cluster(j, "t"), p, 4, Workload{1, 1});
+  EXPECT_DOUBLE_EQ(plain.time_share, 2.0);  // no measured point: the cores' share alone, no wait
+  EXPECT_EQ(plain.wait_s, 0);
+  j["time_sharing"] = {{{"ranks_per_core", fig(2)}, {"slowdown", fig(1.1)}, {"wait_share", fig(0.2)}}};
+  const Prediction shared = predict(m, parse_cluster(j, "t"), p, 4, Workload{1, 1});
+  EXPECT_DOUBLE_EQ(shared.time_share, 2.2);
+  const double compute = shared.attention_s + shared.routing_s + shared.experts_s + shared.other_s;
+  EXPECT_NEAR(compute, 1.1 * (plain.attention_s + plain.routing_s + plain.experts_s + plain.other_s), 1e-12);
+  EXPECT_NEAR(shared.wait_s, 0.2 * compute, 1e-12);
+  PlanChoice two;
+  two.tp = 2;  // 2 ranks on 2 cores: no sharing
+  EXPECT_DOUBLE_EQ(predict(m, parse_cluster(j, "t"), two, 2, Workload{1, 1}).time_share, 1.0);
+  j["cores_per_host"] = 4;
+  j["time_sharing"] = {{{"ranks_per_core", fig(0.5)}, {"slowdown", fig(1.3)}, {"wait_share", fig(0.1)}},
+                       {{"ranks_per_core", fig(2)}, {"slowdown", fig(1.1)}, {"wait_share", fig(0.2)}}};
+  // A point at or below one rank per core (a loaded machine) replaces (1, 1, 0): 2 ranks on 4 cores take it.
+  EXPECT_DOUBLE_EQ(predict(m, parse_cluster(j, "t"), two, 2, Workload{1, 1}).time_share, 1.3);
+  EXPECT_NEAR(predict(m, parse_cluster(j, "t"), p, 4, Workload{1, 1}).time_share, 1.3 + (1.1 - 1.3) / 3, 1e-12);  // linear
+  j["time_sharing"][1]["ranks_per_core"] = fig(0.4);  // not increasing
+  EXPECT_THROW(parse_cluster(j, "t"), Error);
+}
+
+// A recorded run of scripts/plan-validate.sh on this machine (tests/plan/mini-validation.json: the cluster file it
+// calibrated, every plan's measured decode tokens/s and comm share, the CPU, the date and the load), predicted
+// again: each prediction must stay within the error the recording states (docs/plan.md, "Validation"). Pure
+// computation; a change to the model that moves a prediction beyond it fails here.
+TEST(Planner, PredictsTheRecordedMeasurementsWithinTheStatedError) {
+  std::ifstream in(std::string(MOEX_SOURCE_DIR) + "/tests/plan/mini-validation.json");
+  ASSERT_TRUE(in.good());
+  const nlohmann::json rec = nlohmann::json::parse(in);
+  const ModelConfig m = synthetic_preset(rec.at("model_preset").get<std::string>());
+  // The checkpoint the run measured has the preset's geometry.
+  for (const auto& [key, value] : rec.at("model_config").items()) {
+    const int v = value.get<int>();
+    const int preset = key == "hidden_size" ? m.hidden_size : key == "intermediate_size" ? m.intermediate_size
+                     : key == "num_hidden_layers" ? m.num_hidden_layers : key == "num_attention_heads" ? m.num_attention_heads
+                     : key == "num_key_value_heads" ? m.num_key_value_heads : key == "num_local_experts" ? m.num_local_experts
+                     : key == "num_experts_per_tok" ? m.num_experts_per_tok : key == "vocab_size" ? m.vocab_size
+                     : key == "head_dim" ? m.head_dim : -1;
+    EXPECT_EQ(preset, v) << key;
+  }
+  const Cluster c = parse_cluster(rec.at("cluster"), "recorded");
+  const double rate_tol = rec.at("tolerance").at("tokens_per_s").get<double>();
+  const double share_tol = rec.at("tolerance").at("comm_share").get<double>();
+  ASSERT_FALSE(rec.at("rows").empty());
+  for (const nlohmann::json& row : rec.at("rows")) {
+    const int ranks = row.at("ranks").get<int>(), batch = row.at("batch").get<int>();
+    const std::string name = row.at("plan").get<std::string>(), dtype = row.at("comm_dtype").get<std::string>();
+    bool found = false;
+    for (const PlanChoice& p : candidate_plans(m, ranks, "as-stored", dtype)) {
+      if (p.name() != name) continue;
+      found = true;
+      const Prediction r = predict(m, c, p, ranks, Workload{batch, rec.at("context").get<int>()});
+      const std::string what = name + " " + dtype + " batch " + std::to_string(batch);
+      EXPECT_NEAR(r.tokens_per_s / row.at("tokens_per_s").get<double>(), 1.0, rate_tol) << what;
+      EXPECT_NEAR(r.comm_share, row.at("comm_share").get<double>(), share_tol) << what;
+    }
+    EXPECT_TRUE(found) << name << " is no candidate plan at " << ranks << " ranks";
+  }
 }
 
 TEST(Planner, CandidatePlansAreTheOnesTheEngineAccepts) {

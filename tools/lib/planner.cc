@@ -106,10 +106,18 @@ int whole(const nlohmann::json& j, const std::string& key, int lo, int hi, int f
 
 // ---- the step -------------------------------------------------------------------------------------------------
 
-// One matmul of `rows` tokens over `weights` weights on one device: bound by its bytes or its arithmetic.
-double matmul_seconds(const Device& d, const PlanChoice& p, double rows, double weights, double time_share) {
+// One matmul of `rows` tokens over an [n_out x k_in] weight on one device: the format's measured table where the
+// cluster has one (with the device's share of the host's read rate as a floor), otherwise bound by its bytes or
+// its arithmetic.
+double matmul_seconds(const Device& d, const PlanChoice& p, double rows, double n_out, double k_in, double time_share) {
+  const double weights = n_out * k_in;
   if (weights <= 0 || rows <= 0) return 0;
   const double read = weights * bytes_per_weight(p) / (d.read_bytes_per_s * efficiency(d, p).first);
+  const auto table = d.kernel_tables.find(p.weights);
+  if (table != d.kernel_tables.end()) {
+    const double floor = weights * bytes_per_weight(p) / d.read_bytes_per_s;
+    return (std::max(table->second.seconds(rows, n_out, k_in), floor) + d.op_overhead_s) * time_share;
+  }
   const double math = 2 * rows * weights / peak_of(d, p);
   return (std::max(read, math) + d.op_overhead_s) * time_share;
 }
@@ -197,13 +205,12 @@ CollectiveCost alltoall(const std::string& what, const Cluster& c, int group, do
 // The expected time of the busiest rank's routed experts over sampled routings (uniform top-k, as an untrained
 // router gives; docs/plan.md), and that busiest / mean ratio.
 struct ExpertTime {
-  double busiest_s = 0, imbalance = 1;
+  double busiest_s = 0, mean_s = 0, imbalance = 1;
 };
 ExpertTime routed_experts(const ModelConfig& m, const Device& dev, const PlanChoice& p, int ranks, int tokens,
                           double time_share) {
   const int E = m.num_local_experts, k = m.num_experts_per_tok;
-  const double I_local = static_cast<double>(m.intermediate_size) / p.tp;
-  const double expert_weights = 3.0 * m.hidden_size * I_local;
+  const double I_local = static_cast<double>(m.intermediate_size) / p.tp, d = m.hidden_size;
   const int experts_per_group = E / p.ep;
   std::mt19937 rng(1);  // fixed: the same prediction every run
   constexpr int kSamples = 1000;
@@ -223,7 +230,7 @@ ExpertTime routed_experts(const ModelConfig& m, const Device& dev, const PlanCho
     for (int g = 0; g < p.ep; ++g) {  // every tp rank of an EP group does the same work
       double t = 0;
       for (int e = g * experts_per_group; e < (g + 1) * experts_per_group; ++e)
-        t += matmul_seconds(dev, p, rows[e], expert_weights, time_share);
+        t += 2 * matmul_seconds(dev, p, rows[e], I_local, d, time_share) + matmul_seconds(dev, p, rows[e], d, I_local, time_share);
       busiest = std::max(busiest, t);
       total += t;
     }
@@ -233,11 +240,45 @@ ExpertTime routed_experts(const ModelConfig& m, const Device& dev, const PlanCho
   (void)ranks;
   ExpertTime out;
   out.busiest_s = busiest_sum / kSamples;
+  out.mean_s = mean_sum / kSamples;
   out.imbalance = mean_sum > 0 ? busiest_sum / mean_sum : 1;
   return out;
 }
 
+// Linear in `x` between the measured points, extrapolated from the last two beyond them (and from the first two
+// below the first).
+double interpolate(const std::vector<double>& xs, const std::vector<double>& ys, double x) {
+  if (xs.size() == 1) return ys[0] * x / xs[0];
+  size_t i = 1;
+  while (i + 1 < xs.size() && x > xs[i]) ++i;
+  return ys[i - 1] + (ys[i] - ys[i - 1]) * (x - xs[i - 1]) / (xs[i] - xs[i - 1]);
+}
+
+// The time-sharing point for `ratio` ranks per core (docs/plan.md): linear between the measured points, the
+// nearest one's outside them; without a measured point at or below one rank per core, (1, no slowdown, no wait)
+// is the first.
+Cluster::TimeSharing time_sharing_at(const Cluster& c, double ratio) {
+  std::vector<Cluster::TimeSharing> points;
+  if (c.time_sharing.empty() || c.time_sharing.front().ranks_per_core > 1) points.push_back({});
+  points.insert(points.end(), c.time_sharing.begin(), c.time_sharing.end());
+  if (ratio <= points.front().ranks_per_core) return {ratio, points.front().slowdown, points.front().wait_share};
+  for (size_t i = 1; i < points.size(); ++i) {
+    const Cluster::TimeSharing &lo = points[i - 1], &hi = points[i];
+    if (ratio <= hi.ranks_per_core) {
+      const double f = (ratio - lo.ranks_per_core) / (hi.ranks_per_core - lo.ranks_per_core);
+      return {ratio, lo.slowdown + f * (hi.slowdown - lo.slowdown), lo.wait_share + f * (hi.wait_share - lo.wait_share)};
+    }
+  }
+  return {ratio, points.back().slowdown, points.back().wait_share};
+}
+
 }  // namespace
+
+double KernelTable::seconds(double rows, double n_out, double k_in) const {
+  const double per_row = std::max(0.0, interpolate(tokens, per_row_s, rows));
+  const double per_weight = std::max(0.0, interpolate(tokens, per_weight_s, rows));
+  return n_out * per_row + n_out * k_in * per_weight;
+}
 
 std::string PlanChoice::name() const {
   std::string n = moe == "tp" ? "TP=" + std::to_string(tp)
@@ -281,12 +322,55 @@ Cluster parse_cluster(const nlohmann::json& j, const std::string& origin) {
       c.device.format_efficiency[name] = {mem, comp};
     }
   }
+  if (d.contains("kernel_tables")) {
+    const nlohmann::json& kt = object(d, "kernel_tables", "device.");
+    for (const auto& [name, e] : kt.items()) {
+      format_cost(name);
+      const std::string where = "device.kernel_tables." + name;
+      MOEX_CHECK_INPUT(e.is_object() && e.contains("points") && e.at("points").is_array() && !e.at("points").empty(),
+                       "cluster file: \"", where, "\" must be {\"points\": [{\"tokens\", \"per_weight_ns\", \"per_row_ns\"}, ...], \"source\": ...}");
+      MOEX_CHECK_INPUT(e.contains("source") && e.at("source").is_string() && !e.at("source").get<std::string>().empty(),
+                       "cluster file: \"", where, "\" has no \"source\" (say where the figures come from)");
+      KernelTable t;
+      for (const nlohmann::json& pt : e.at("points")) {
+        const auto num = [&](const char* key) {
+          MOEX_CHECK_INPUT(pt.is_object() && pt.contains(key) && pt.at(key).is_number(), "cluster file: \"", where,
+                           "\" point needs a number \"", key, "\"");
+          const double v = pt.at(key).get<double>();
+          MOEX_CHECK_INPUT(std::isfinite(v) && v >= 0, "cluster file: \"", where, ".", key, "\" must be >= 0, got ", v);
+          return v;
+        };
+        const double tokens = num("tokens");
+        MOEX_CHECK_INPUT(tokens >= 1 && (t.tokens.empty() || tokens > t.tokens.back()), "cluster file: \"", where,
+                         "\" points need tokens >= 1, increasing");
+        t.tokens.push_back(tokens);
+        t.per_weight_s.push_back(num("per_weight_ns") * 1e-9);
+        t.per_row_s.push_back(num("per_row_ns") * 1e-9);
+      }
+      c.device.kernel_tables[name] = t;
+    }
+  }
   MOEX_CHECK_INPUT(c.device.read_bytes_per_s > 0 && c.device.memory_bytes > 0, "cluster file: \"device\" needs read_GBps and memory_GB above 0");
   MOEX_CHECK_INPUT(c.device.bf16_flops > 0 && c.device.int8_ops > 0 && c.device.f32_flops > 0,
                    "cluster file: \"device\" needs bf16_TFLOPS, int8_TOPS and f32_TFLOPS above 0");
   MOEX_CHECK_INPUT(c.device.memory_efficiency > 0 && c.device.memory_efficiency <= 1 && c.device.compute_efficiency > 0 &&
                        c.device.compute_efficiency <= 1,
                    "cluster file: \"device\" efficiencies must be in (0, 1]");
+  if (j.contains("time_sharing")) {
+    MOEX_CHECK_INPUT(j.at("time_sharing").is_array(), "cluster file: \"time_sharing\" must be a list");
+    for (const nlohmann::json& e : j.at("time_sharing")) {
+      const std::string where = "time_sharing[" + std::to_string(c.time_sharing.size()) + "]";
+      MOEX_CHECK_INPUT(e.is_object(), "cluster file: \"", where, "\" must be an object");
+      Cluster::TimeSharing t;
+      t.ranks_per_core = figure(e, "ranks_per_core", where);
+      t.slowdown = figure(e, "slowdown", where);
+      t.wait_share = figure(e, "wait_share", where);
+      MOEX_CHECK_INPUT(t.ranks_per_core > 0 && t.slowdown > 0 && t.wait_share < 1 &&
+                           (c.time_sharing.empty() || t.ranks_per_core > c.time_sharing.back().ranks_per_core),
+                       "cluster file: \"", where, "\" needs ranks_per_core > 0 (increasing), slowdown > 0, wait_share < 1");
+      c.time_sharing.push_back(t);
+    }
+  }
   const nlohmann::json& links = object(j, "links", "");
   c.intra = parse_link(object(links, "intra_host", "links."), "links.intra_host");
   if (c.hosts > 1) c.inter = parse_link(object(links, "inter_host", "links."), "links.inter_host");
@@ -351,7 +435,10 @@ Prediction predict(const ModelConfig& m, const Cluster& c, const PlanChoice& p, 
   // Ranks fill a host before the next one (mpirun's default by slot), so a group spans hosts once it is larger
   // than a host.
   const int per_host = std::min(ranks, c.devices_per_host);
-  const double time_share = c.cores_per_host > 0 ? std::max(1.0, double(per_host) / c.cores_per_host) : 1.0;
+  const double ranks_per_core = c.cores_per_host > 0 ? double(per_host) / c.cores_per_host : 1.0;
+  const Cluster::TimeSharing sharing = time_sharing_at(c, ranks_per_core);
+  const double time_share = std::max(1.0, ranks_per_core) * sharing.slowdown;
+  out.time_share = time_share;
   // The ranks that read at once share the host's rate (those beyond the cores wait their turn: time_share).
   Device dev = c.device;
   if (c.host_read_bytes_per_s > 0) {
@@ -367,25 +454,27 @@ Prediction predict(const ModelConfig& m, const Cluster& c, const PlanChoice& p, 
   const double q_local = double(heads.end - heads.begin) * hd, kv_local = double(kv.end - kv.begin) * hd;
   const double seqs = dp ? std::ceil(B / ranks) : B;  // the busiest rank's sequences
   const double kv_bytes = 2.0;                        // a bf16 KV cache
-  double attention = matmul_seconds(dev, p, seqs, d * q_local, time_share) +
-                     2 * matmul_seconds(dev, p, seqs, d * kv_local, time_share) +
-                     matmul_seconds(dev, p, seqs, q_local * d, time_share);
+  double attention = matmul_seconds(dev, p, seqs, q_local, d, time_share) +
+                     2 * matmul_seconds(dev, p, seqs, kv_local, d, time_share) +
+                     matmul_seconds(dev, p, seqs, d, q_local, time_share);
   const double kv_read = seqs * w.context * 2 * kv_local * kv_bytes;
   attention += std::max(kv_read / (dev.read_bytes_per_s * dev.memory_efficiency),
                         4 * seqs * w.context * q_local / (dev.f32_flops * dev.compute_efficiency)) * time_share;
   // Routing: the router's [E, d] weights as stored (f32 activations) for the rank's tokens.
   PlanChoice stored = p;
   stored.weights = "as-stored";
-  const double routing = matmul_seconds(dev, stored, seqs, double(m.num_local_experts) * d, time_share);
+  const double routing = matmul_seconds(dev, stored, seqs, m.num_local_experts, d, time_share);
   // Dense MLP and shared experts run whole on every rank (model/weights.cc loads them unsplit).
   int moe_layers = 0;
   double mlp = 0;
   for (int l = 0; l < m.num_hidden_layers; ++l) {
     if (m.moe_layer(l)) {
       ++moe_layers;
-      mlp += matmul_seconds(dev, p, seqs, 3 * d * m.shared_expert_intermediate_size, time_share);
+      const double I = m.shared_expert_intermediate_size;
+      mlp += 2 * matmul_seconds(dev, p, seqs, I, d, time_share) + matmul_seconds(dev, p, seqs, d, I, time_share);
     } else {
-      mlp += matmul_seconds(dev, p, seqs, 3 * d * m.dense_intermediate_size, time_share);
+      const double I = m.dense_intermediate_size;
+      mlp += 2 * matmul_seconds(dev, p, seqs, I, d, time_share) + matmul_seconds(dev, p, seqs, d, I, time_share);
     }
   }
   const ExpertTime experts = routed_experts(m, dev, p, ranks, w.batch, time_share);
@@ -393,7 +482,10 @@ Prediction predict(const ModelConfig& m, const Cluster& c, const PlanChoice& p, 
   out.attention_s = attention * L;
   out.routing_s = routing * moe_layers;
   out.experts_s = experts.busiest_s * moe_layers;
-  out.other_s = mlp + matmul_seconds(dev, p, seqs, double(m.vocab_size) * d, time_share);  // + lm_head
+  // Rank 0 waits for the busiest EP group (its own experts take the mean, by symmetry of uniform routing). Under
+  // dp attention it holds ceil(B / N) sequences, the most, so its attention never waits.
+  out.wait_s = (experts.busiest_s - experts.mean_s) * moe_layers;
+  out.other_s = mlp + matmul_seconds(dev, p, seqs, m.vocab_size, d, time_share);  // + lm_head
   // Collectives per step.
   const double elem = comm::wire_bytes(comm::wire_format_for(plan.comm_dtype), 1 << 20) / double(1 << 20);
   if (ranks > 1) {
@@ -417,7 +509,10 @@ Prediction predict(const ModelConfig& m, const Cluster& c, const PlanChoice& p, 
   const double compute = out.attention_s + out.routing_s + out.experts_s + out.other_s;
   out.step_s = compute + out.comm_s;
   out.tokens_per_s = B / out.step_s;
-  out.comm_share = out.comm_s / out.step_s;
+  // Time-sharing: the measured share of a rank's compute spent waiting in collectives for ranks not yet run.
+  out.wait_s += sharing.wait_share * (compute - out.wait_s);
+  out.comm_share = (out.comm_s + out.wait_s) / out.step_s;
+  out.wire_share = out.comm_s / out.step_s;
   out.wire_bytes_per_token = wire / (dp ? seqs : B);
   // Memory: this rank's weights and KV cache.
   const double experts_local = double(local_experts(plan, m.num_local_experts).count);

@@ -17,6 +17,16 @@
 
 namespace moex::tools::plan {
 
+// A format's matmul as timed on the device (`moex plan calibrate`): for each token count, the seconds per weight
+// and per output row of one call, so that t(tokens, N x K) = N * per_row + N * K * per_weight. The row term is
+// the kernel's fixed work per output (a horizontal sum, a loop's start); it is why an as-stored [3584 x 1024]
+// matrix reads at two thirds of the rate of a [4096 x 4096] one. Token counts between two measured ones are
+// interpolated linearly, beyond the last extrapolated from the last two.
+struct KernelTable {
+  std::vector<double> tokens, per_weight_s, per_row_s;
+  double seconds(double rows, double n_out, double k_in) const;
+};
+
 // One accelerator or one CPU rank. Rates are what one device reaches while every device of its host runs.
 struct Device {
   std::string name;
@@ -30,6 +40,9 @@ struct Device {
   // The same per weight format where measured (`moex plan calibrate` times each format's own kernels):
   // format name -> {memory, compute}; a format not listed takes the two above.
   std::map<std::string, std::pair<double, double>> format_efficiency;
+  // Measured matmul tables by format; a format with a table is priced by it (and the host's read rate as a
+  // floor), one without by the rates and efficiencies above.
+  std::map<std::string, KernelTable> kernel_tables;
   double op_overhead_s = 0;        // fixed cost of one matmul call (a parallel region, a launch)
 };
 
@@ -50,6 +63,15 @@ struct Cluster {
   // device.read_bytes_per_s.
   double host_read_bytes_per_s = 0;
   bool shared_memory_collectives = false;  // ranks of one host may use the shm all-reduce
+  // Ranks sharing a CPU host's cores, measured (`moex plan calibrate --time-sharing` under mpirun -n N): at
+  // `ranks_per_core`, a step's compute takes max(1, ranks_per_core) x slowdown of one rank's alone, and each rank
+  // spends `wait_share` of it inside collectives waiting for ranks the scheduler has not run yet. Linear between
+  // measured points, the nearest one's outside them; (1, 1, 0) is the first point when none is measured at or
+  // below one rank per core; without any point, slowdown 1 and no wait.
+  struct TimeSharing {
+    double ranks_per_core = 1, slowdown = 1, wait_share = 0;
+  };
+  std::vector<TimeSharing> time_sharing;
   Device device;
   Link intra, inter;  // inside a host; between hosts (unused with one host)
 };
@@ -88,14 +110,20 @@ struct Prediction {
   PlanChoice plan;
   int ranks = 1;
   double attention_s = 0, routing_s = 0, experts_s = 0, other_s = 0;  // compute of the busiest rank
-  double comm_s = 0;
+  double comm_s = 0;   // the collectives themselves (alpha-beta, on the wire), part of the step
+  // What a rank's profiler counts inside collectives besides the wire: the wait for the slowest rank (expert
+  // imbalance under EP, fewer sequences under dp attention, ranks the scheduler has not run when they
+  // time-share cores). Rank 0's expectation; it is not added to the step (the slowest rank's compute is).
+  double wait_s = 0;
   double step_s = 0;
   double tokens_per_s = 0;
-  double comm_share = 0;
+  double comm_share = 0;       // (comm_s + wait_s) / step_s: what the profiler attributes to collectives
+  double wire_share = 0;       // comm_s / step_s
   double wire_bytes_per_token = 0;       // bytes one rank sends per generated token, all layers
   double device_bytes = 0;               // weights + KV cache one rank holds
   bool fits = true;
   double expert_imbalance = 1;           // busiest EP rank's expert time / mean (1 without EP)
+  double time_share = 1;                 // each part's factor for ranks sharing cores (1 on separate devices)
   std::vector<CollectiveCost> collectives;
 };
 

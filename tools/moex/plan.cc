@@ -9,6 +9,8 @@
 #include <fstream>
 #include <thread>
 
+#include <time.h>
+
 #include <nlohmann/json.hpp>
 
 #include "moex/base/cpu.h"
@@ -58,7 +60,8 @@ nlohmann::json to_json(const plan::Prediction& p) {
           {"ranks", p.ranks}, {"weights", p.plan.weights}, {"comm_dtype", p.plan.comm_dtype},
           {"step_seconds", p.step_s}, {"tokens_per_s", p.tokens_per_s}, {"comm_share", p.comm_share},
           {"attention_seconds", p.attention_s}, {"routing_seconds", p.routing_s}, {"experts_seconds", p.experts_s},
-          {"other_seconds", p.other_s}, {"comm_seconds", p.comm_s}, {"wire_bytes_per_token", p.wire_bytes_per_token},
+          {"other_seconds", p.other_s}, {"comm_seconds", p.comm_s}, {"wait_seconds", p.wait_s},
+          {"wire_share", p.wire_share}, {"time_share", p.time_share}, {"wire_bytes_per_token", p.wire_bytes_per_token},
           {"device_bytes", p.device_bytes}, {"fits", p.fits}, {"expert_imbalance", p.expert_imbalance},
           {"collectives", cols}};
 }
@@ -96,17 +99,17 @@ void run_plan(const PlanFlags& f) {
   std::printf("moex plan: %s on %s (%d host%s x %d %s), decode batch %d, context %d\n", f.model.c_str(),
               cluster.name.c_str(), cluster.hosts, cluster.hosts > 1 ? "s" : "", cluster.devices_per_host,
               cluster.device.name.c_str(), f.batch, f.context);
-  std::printf("%-3s %-20s %5s %-9s %-4s %10s %8s %9s %9s %9s %9s %12s %10s  %s\n", "#", "plan", "ranks", "weights", "comm",
-              "tokens/s", "comm %", "attn ms", "route ms", "expert ms", "comm ms", "wire B/tok", "per device",
+  std::printf("%-3s %-20s %5s %-9s %-4s %10s %8s %9s %9s %9s %9s %9s %12s %10s  %s\n", "#", "plan", "ranks", "weights", "comm",
+              "tokens/s", "comm %", "attn ms", "route ms", "expert ms", "wire ms", "wait ms", "wire B/tok", "per device",
               "collectives (algorithm the cost model picks)");
   int i = 0;
   for (const plan::Prediction& p : rows) {
     std::string cols;
     for (const plan::CollectiveCost& c : p.collectives)
       cols += (cols.empty() ? "" : ", ") + c.what + " " + c.algorithm + (c.crosses_hosts ? " (inter-host)" : "");
-    std::printf("%-3d %-20s %5d %-9s %-4s %10.1f %7.1f%% %9.2f %9.3f %9.2f %9.3f %12s %10s  %s%s\n", ++i,
+    std::printf("%-3d %-20s %5d %-9s %-4s %10.1f %7.1f%% %9.2f %9.3f %9.2f %9.3f %9.3f %12s %10s  %s%s\n", ++i,
                 p.plan.name().c_str(), p.ranks, p.plan.weights.c_str(), p.plan.comm_dtype.c_str(), p.tokens_per_s,
-                100 * p.comm_share, p.attention_s * 1e3, p.routing_s * 1e3, p.experts_s * 1e3, p.comm_s * 1e3,
+                100 * p.comm_share, p.attention_s * 1e3, p.routing_s * 1e3, p.experts_s * 1e3, p.comm_s * 1e3, p.wait_s * 1e3,
                 bytes_text(p.wire_bytes_per_token).c_str(), bytes_text(p.device_bytes).c_str(),
                 p.fits ? "" : "DOES NOT FIT; ", cols.empty() ? "-" : cols.c_str());
   }
@@ -117,6 +120,7 @@ void run_plan(const PlanFlags& f) {
 struct CalibrateFlags {
   std::string out;
   bool force = false;
+  bool time_sharing = false;
   int devices_per_host = 0;  // 0: the cores
 };
 
@@ -140,46 +144,87 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// What the engine's own kernels reach for one format, on this rank's threads: the bytes of a 1-row call (decode)
-// and the arithmetic of a 128-row one (a GEMM), medians. Four distinct 4096 x 4096 weights (128 MB in bf16) are
-// called in turn, so a 1-row call reads memory, not a last-level cache that would hold one 32 MB matrix.
+// Seconds of `fn` on this rank's threads, by their CPU time: the thread's own when a rank runs one thread, the
+// process's shared over its threads otherwise (`fn` keeps all of them busy). Other processes sharing the cores
+// then do not count: the file describes the device, not the machine's load. Memory traffic of others still
+// slows the reads, as it would the engine's.
+template <typename Fn>
+double timed(Fn&& fn) {
+  const int threads = num_threads();
+  const clockid_t clock = threads == 1 ? CLOCK_THREAD_CPUTIME_ID : CLOCK_PROCESS_CPUTIME_ID;
+  timespec a{}, b{};
+  clock_gettime(clock, &a);
+  fn();
+  clock_gettime(clock, &b);
+  return (double(b.tv_sec - a.tv_sec) + 1e-9 * double(b.tv_nsec - a.tv_nsec)) / threads;
+}
+
+// One format's matmul as the engine runs it, on this rank's threads, at each decode token count: two shapes of
+// the same weights, [4096 x 4096] and [16384 x 1024], four distinct matrices of each called in turn (128 MB in
+// bf16, so a call reads memory, not a last-level cache holding the previous one; a working set as large as a
+// model's reads at the same rate). Their difference gives the cost per output row, the rest the cost per
+// weight (planner.h, KernelTable): medians.
+constexpr int kTableTokens[] = {1, 4, 16, 64};
+struct KernelPoint {
+  int tokens = 0;
+  double per_weight_s = 0, per_row_s = 0;
+};
 struct KernelRates {
-  double bytes_per_s = 0, flops = 0;
+  double bytes_per_s = 0, flops = 0;  // the 1-token read rate and the 128-token arithmetic on [4096 x 4096]
+  std::vector<KernelPoint> table;
 };
 KernelRates kernel_rates(const std::string& format) {
-  constexpr int64_t kRows = 4096, kCols = 4096, kMany = 128;
+  constexpr int64_t kWeights = 4096 * 4096, kMany = 128;
   constexpr int kMatrices = 4;
-  std::vector<std::vector<uint16_t>> w(kMatrices, std::vector<uint16_t>(kRows * kCols));
-  std::vector<TensorView> views;
-  std::vector<std::shared_ptr<kernels::PackedWeights>> packed(kMatrices);
-  for (int m = 0; m < kMatrices; ++m) {
-    for (size_t i = 0; i < w[m].size(); ++i)
-      w[m][i] = f32_to_bf16(static_cast<float>(((i + 7919 * m) * 2654435761u) % 1000) * 1e-3f - 0.5f);
-    views.push_back(TensorView{w[m].data(), DType::kBF16, Shape{kRows, kCols}});
-    const TensorView& view = views.back();
-    const auto keep = [&](kernels::QuantizedMatrix q) { packed[m] = std::make_shared<kernels::PackedWeights>(kernels::pack(q)); };
-    if (format == "bf16") keep(kernels::quantize_bf16(view));
-    else if (format == "int8") keep(kernels::quantize_int8(view));
-    else if (format == "int8-w8a8") keep(kernels::quantize_int8(view, kernels::WeightFormat::kInt8W8A8));
-    else if (format == "int4") keep(kernels::quantize_int4(view, 32, true));
-    else if (format == "int4-w4a8") keep(kernels::quantize_int4(view, 32, true, kernels::WeightFormat::kInt4W4A8));
-    else if (format == "fp8") keep(kernels::quantize_fp8(view));
-  }
-  std::vector<float> x(kMany * kCols, 0.25f), y(kMany * kRows);
-  const auto time = [&](int64_t rows, int reps) {
-    std::vector<double> t;
-    for (int r = 0; r < reps; ++r) {
-      const int m = r % kMatrices;
-      const auto start = std::chrono::steady_clock::now();
-      if (packed[m]) kernels::packed_matmul(x.data(), rows, *packed[m], y.data());
-      else kernels::matmul(x.data(), rows, views[m], y.data());  // as-stored: the f32-activation loop over bf16
-      t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-    }
-    return median(t);
+  struct Shape2 {
+    int64_t rows, cols;
   };
+  const Shape2 shapes[] = {{4096, 4096}, {16384, 1024}};
+  std::vector<float> x(kMany * 4096, 0.25f), y(kMany * 16384);
   KernelRates r;
-  r.bytes_per_s = (packed[0] ? double(packed[0]->weight_bytes()) : double(views[0].bytes())) / time(1, 24);
-  r.flops = 2.0 * kMany * kRows * kCols / time(kMany, 8);
+  std::vector<std::vector<double>> seconds(2);  // [shape][token count index]
+  for (int s = 0; s < 2; ++s) {
+    const Shape2 sh = shapes[s];
+    std::vector<std::vector<uint16_t>> w(kMatrices, std::vector<uint16_t>(kWeights));
+    std::vector<TensorView> views;
+    std::vector<std::shared_ptr<kernels::PackedWeights>> packed(kMatrices);
+    for (int m = 0; m < kMatrices; ++m) {
+      for (size_t i = 0; i < w[m].size(); ++i)
+        w[m][i] = f32_to_bf16(static_cast<float>(((i + 7919 * m) * 2654435761u) % 1000) * 1e-3f - 0.5f);
+      views.push_back(TensorView{w[m].data(), DType::kBF16, Shape{sh.rows, sh.cols}});
+      const TensorView& view = views.back();
+      const auto keep = [&](kernels::QuantizedMatrix q) { packed[m] = std::make_shared<kernels::PackedWeights>(kernels::pack(q)); };
+      if (format == "bf16") keep(kernels::quantize_bf16(view));
+      else if (format == "int8") keep(kernels::quantize_int8(view));
+      else if (format == "int8-w8a8") keep(kernels::quantize_int8(view, kernels::WeightFormat::kInt8W8A8));
+      else if (format == "int4") keep(kernels::quantize_int4(view, 32, true));
+      else if (format == "int4-w4a8") keep(kernels::quantize_int4(view, 32, true, kernels::WeightFormat::kInt4W4A8));
+      else if (format == "fp8") keep(kernels::quantize_fp8(view));
+    }
+    const auto time = [&](int64_t rows, int reps) {
+      std::vector<double> t;
+      for (int rep = 0; rep < reps; ++rep) {
+        const int m = rep % kMatrices;
+        t.push_back(timed([&] {
+          if (packed[m]) kernels::packed_matmul(x.data(), rows, *packed[m], y.data());
+          else kernels::matmul(x.data(), rows, views[m], y.data());  // as-stored: the f32-activation loop over bf16
+        }));
+      }
+      return median(t);
+    };
+    for (int tokens : kTableTokens) seconds[s].push_back(time(tokens, tokens >= 16 ? 8 : 16));
+    if (s == 0) {
+      r.bytes_per_s = (packed[0] ? double(packed[0]->weight_bytes()) : double(views[0].bytes())) / seconds[0][0];
+      r.flops = 2.0 * kMany * kWeights / time(kMany, 8);
+    }
+  }
+  for (size_t i = 0; i < std::size(kTableTokens); ++i) {
+    // t = rows * per_row + weights * per_weight for both shapes (same weights): solve, per_row at least 0.
+    const double per_row = std::max(0.0, (seconds[1][i] - seconds[0][i]) / double(shapes[1].rows - shapes[0].rows));
+    const double per_weight = std::max(0.0, (seconds[0][i] + seconds[1][i] - per_row * double(shapes[0].rows + shapes[1].rows)) /
+                                                (2.0 * kWeights));
+    r.table.push_back({kTableTokens[i], per_weight, per_row});
+  }
   return r;
 }
 
@@ -188,11 +233,7 @@ double call_seconds() {
   std::vector<float> w(64 * 64, 0.5f), x(64, 0.25f), y(64);
   const kernels::PackedWeights tiny = kernels::pack(kernels::quantize_bf16(TensorView{w.data(), DType::kF32, Shape{64, 64}}));
   std::vector<double> t;
-  for (int r = 0; r < 201; ++r) {
-    const auto start = std::chrono::steady_clock::now();
-    kernels::packed_matmul(x.data(), 1, tiny, y.data());
-    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-  }
+  for (int r = 0; r < 201; ++r) t.push_back(timed([&] { kernels::packed_matmul(x.data(), 1, tiny, y.data()); }));
   return median(t);
 }
 
@@ -230,6 +271,82 @@ nlohmann::json measure_link(comm::Communicator& world, int peer, const std::stri
           {"reduce_GBps", fig(10, "comm::CostModel's default gamma (docs/comm.md), not measured")}};
 }
 
+// Ranks time-sharing the cores (planner.h, Cluster::TimeSharing), under mpirun with N ranks: every rank runs the
+// engine's pattern of one thread, a short compute segment (attention) and a long one (experts, 8x) each followed
+// by a 4 KB all-reduce, 150 times. Per rank: slowdown = wall time / (max(1, ranks per core) x the segments' own
+// CPU time); wait share = the all-reduces' wall time / the wall time. Their means over the ranks are added to the
+// existing --out file as the point for this ranks-per-core ratio. With no more ranks than cores on a quiet
+// machine they come out near 1 and 0; on a loaded one they measure what the load does to the ranks.
+void run_time_sharing(const CalibrateFlags& f) {
+  comm::Communicator& world = comm::world();
+  const int n = world.size(), cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  // Every rank checks, so that none is left waiting in a collective for a rank 0 that stopped.
+  MOEX_CHECK_INPUT(std::filesystem::exists(f.out), "--out ", f.out,
+                   ": --time-sharing adds to a file `moex plan calibrate` wrote; it does not exist");
+  nlohmann::json j;
+  if (world.rank() == 0) {
+    std::ifstream in(f.out);
+    MOEX_CHECK_INPUT(in.good(), "--out ", f.out, ": cannot read it");
+    try {
+      j = nlohmann::json::parse(in);
+    } catch (const nlohmann::json::exception& e) {
+      throw_error(ErrorKind::kInvalidInput, "--out " + f.out + ": not JSON (" + e.what() + ")");
+    }
+  }
+  set_num_threads(1);
+  constexpr int64_t kRows = 4096, kCols = 1024;
+  constexpr int kIterations = 150;
+  std::vector<uint16_t> w(kRows * kCols, f32_to_bf16(0.001f));
+  const TensorView view{w.data(), DType::kBF16, Shape{kRows, kCols}};
+  std::vector<float> x(kCols, 0.25f), y(kRows), sum(1024, 1.0f);
+  const auto cpu_now = [] {
+    timespec t{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
+  };
+  const auto wall_now = [] { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); };
+  double cpu = 0, wait = 0, start = 0;
+  for (int it = -5; it < kIterations; ++it) {
+    if (it == 0) world.barrier(), cpu = 0, wait = 0, start = wall_now();
+    for (int calls : {1, 8}) {
+      const double c0 = cpu_now();
+      for (int c = 0; c < calls; ++c) kernels::matmul(x.data(), 1, view, y.data());
+      cpu += cpu_now() - c0;
+      const double t0 = wall_now();
+      world.allreduce(sum.data(), sum.size(), comm::CommDType::kF32);
+      wait += wall_now() - t0;
+    }
+  }
+  const double wall = wall_now() - start;
+  const double ratio = double(n) / cores;
+  std::vector<float> mine = {static_cast<float>(wall / (std::max(1.0, ratio) * cpu)), static_cast<float>(wait / wall)};
+  world.allreduce(mine.data(), mine.size(), comm::CommDType::kF32);
+  if (world.rank() != 0) return;
+  const double slowdown = mine[0] / n, wait_share = mine[1] / n;
+  const std::string src = "moex plan calibrate --time-sharing on " + cpu_name() + ": " + std::to_string(n) + " ranks on " +
+                          std::to_string(cores) + " cores, one thread each, " + std::to_string(kIterations) + " x (1 then 8 as-stored [4096 x 1024] calls, "
+                          "each followed by a 4 KB all-reduce), mean over the ranks";
+  nlohmann::json list = nlohmann::json::array();
+  if (j.contains("time_sharing") && j["time_sharing"].is_array())
+    for (const nlohmann::json& e : j["time_sharing"])
+      if (!(e.contains("ranks_per_core") && e["ranks_per_core"].contains("value") && e["ranks_per_core"]["value"] == ratio))
+        list.push_back(e);
+  list.push_back({{"ranks_per_core", fig(ratio, src)}, {"slowdown", fig(slowdown, src)}, {"wait_share", fig(wait_share, src)}});
+  std::sort(list.begin(), list.end(), [](const nlohmann::json& a, const nlohmann::json& b) {
+    return a["ranks_per_core"]["value"].get<double>() < b["ranks_per_core"]["value"].get<double>();
+  });
+  j["time_sharing"] = list;
+  StagingFile file(std::filesystem::path(f.out), "calibrate");
+  {
+    std::ofstream o(file.path());
+    o << j.dump(2) << "\n";
+    MOEX_CHECK_INPUT(o.good(), "--out ", f.out, ": cannot write");
+  }
+  file.publish();
+  std::printf("moex plan calibrate --time-sharing: %d ranks on %d cores: slowdown %.2f, wait %.1f%% of the step; added to %s\n",
+              n, cores, slowdown, 100 * wait_share, f.out.c_str());
+}
+
 void run_calibrate(const CalibrateFlags& f) {
   comm::Communicator& world = comm::world();
   const std::filesystem::path out = f.out;
@@ -262,12 +379,11 @@ void run_calibrate(const CalibrateFlags& f) {
   std::vector<char> buf(size_t{1} << 30, 1);
   const auto read_rate = [&] {
     std::vector<double> t;
-    for (int r = 0; r < 5; ++r) {
-      const auto start = std::chrono::steady_clock::now();
-      volatile float s = kernels::stream_read(buf.data(), buf.size());
-      (void)s;
-      t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-    }
+    for (int r = 0; r < 5; ++r)
+      t.push_back(timed([&] {
+        volatile float s = kernels::stream_read(buf.data(), buf.size());
+        (void)s;
+      }));
     return buf.size() / median(t);
   };
   set_num_threads(cores);
@@ -284,7 +400,9 @@ void run_calibrate(const CalibrateFlags& f) {
   const double memory_efficiency = std::min(1.0, k.bytes_per_s / rank_read);
   const std::string cpu = cpu_name();
   const std::string probe = "moex plan calibrate on " + cpu + ": ";
-  const std::string probe_all_cores = probe + "stream_read probe of 1 GB on all " + std::to_string(cores) + " cores, median of 5";
+  const std::string clock = "CPU time";
+  const std::string probe_all_cores = probe + "stream_read probe of 1 GB on all " + std::to_string(cores) +
+                                      " cores, by their CPU time, median of 5";
   nlohmann::json j;
   j["name"] = "this machine (" + std::to_string(cores) + " cores, " + std::to_string(devices) + " ranks of " +
               std::to_string(threads) + " thread" + (threads > 1 ? "s" : "") + ")";
@@ -305,30 +423,29 @@ void run_calibrate(const CalibrateFlags& f) {
       {"name", "CPU rank"},
       {"memory_GB", fig(total_memory / devices / 1e9, probe + "/proc/meminfo MemTotal / devices")},
       {"read_GBps", fig(rank_read / 1e9, probe + "stream_read probe of 1 GB on one rank's " + std::to_string(threads) +
-                                             " thread(s) alone, median of 5")},
+                                             " thread(s) alone, by CPU time, median of 5")},
       {"bf16_TFLOPS", fig(bf16 / 1e12, probe + "vdpbf16ps probe per rank (its threads, CPU clock)")},
       {"int8_TOPS", fig(vnni / 1e12, probe + "vpdpbusd probe per rank (its threads, CPU clock)")},
       {"f32_TFLOPS", fig(f32 / 1e12, probe + "vfmadd231ps probe per rank (its threads, CPU clock)")},
       {"memory_efficiency", fig(memory_efficiency, probe + "bf16 packed_matmul, 1 row over four 4096 x 4096 in turn, on one rank's threads, "
-                                                           "against the read probe on the same threads")},
+                                                           "against the read probe on the same threads (the KV cache's read; "
+                                                           "the matmuls use kernel_tables)")},
       {"compute_efficiency", fig(bf16 > 0 ? std::min(1.0, k.flops / bf16) : 1.0,
                                  probe + "bf16 packed_matmul, 128 rows over 4096 x 4096, against the vdpbf16ps probe")},
       {"op_overhead_us", fig(call_s * 1e6, probe + "bf16 packed_matmul of 1 row over 64 x 64, median")}};
-  // Each format's own kernels against the probe its arithmetic runs at (planner.cc's table).
-  nlohmann::json fe = nlohmann::json::object();
+  // Each format's own kernels, timed at the decode token counts (planner.h, KernelTable).
+  nlohmann::json tables = nlohmann::json::object();
   for (const std::string format : {"as-stored", "bf16", "int8", "int8-w8a8", "int4", "int4-w4a8", "fp8"}) {
     const KernelRates r = format == "bf16" ? k : kernel_rates(format);
-    const bool int8_peak = format == "int8-w8a8" || format == "int4-w4a8";
-    const bool f32_peak = format == "as-stored" || format == "int8";
-    const double peak = int8_peak ? vnni : f32_peak ? f32 : bf16;
-    if (peak <= 0) continue;
-    const std::string src = probe + format + " kernel on four 4096 x 4096 weights in turn: 1 row against the read probe on the same threads, " +
-                            std::to_string(128) + " rows against the " + (int8_peak ? "vpdpbusd" : f32_peak ? "vfmadd231ps" : "vdpbf16ps") +
-                            " probe";
-    fe[format] = {{"memory", fig(std::clamp(r.bytes_per_s / rank_read, 0.01, 1.0), src)},
-                  {"compute", fig(std::clamp(r.flops / peak, 0.01, 1.0), src)}};
+    nlohmann::json points = nlohmann::json::array();
+    for (const KernelPoint& p : r.table)
+      points.push_back({{"tokens", p.tokens}, {"per_weight_ns", p.per_weight_s * 1e9}, {"per_row_ns", p.per_row_s * 1e9}});
+    tables[format] = {{"points", points},
+                      {"source", probe + format + " kernel on " + std::to_string(threads) + " thread(s), " + clock +
+                                     ": four distinct [4096 x 4096] and four [16384 x 1024] weights in turn, median per "
+                                     "token count; per row = the difference of the two shapes' times / 12288 rows"}};
   }
-  j["device"]["format_efficiency"] = fe;
+  j["device"]["kernel_tables"] = tables;
   j["links"] = links;
   StagingFile file(out, "calibrate");
   {
@@ -364,7 +481,13 @@ void setup_plan(CLI::App& app) {
   cal->add_flag("--force", c->force, "Replace --out if it exists");
   cal->add_option("--devices-per-host", c->devices_per_host, "Ranks per host the file describes (default: one per core)")
       ->check(whole_number_in(1, 1 << 12));
-  cal->callback([c] { run_calibrate(*c); });
+  cal->add_flag("--time-sharing", c->time_sharing,
+                "Under mpirun -n N: measure how N one-thread ranks share the cores (slowdown, wait in collectives) and add it "
+                "to the existing --out file");
+  cal->callback([c] {
+    if (c->time_sharing) run_time_sharing(*c);
+    else run_calibrate(*c);
+  });
   cmd->callback([cmd, f] {
     if (!cmd->got_subcommand("calibrate")) {
       MOEX_CHECK_INPUT(!f->model.empty() && !f->cluster.empty(), "moex plan needs --model and --cluster (or: moex plan calibrate --out FILE)");
