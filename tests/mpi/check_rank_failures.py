@@ -67,7 +67,7 @@ CASES = {
                           2, [r"rank 1 differs from rank 0: --comm-dtype is bf16, rank 0 has f32"]),
     "differ_moe_parallel": (logits() + ["--model", "{tiny}"],
                             logits() + ["--model", "{tiny}", "--moe-parallel", "ep"], 2,
-                            [r"rank 1 differs from rank 0: --moe-parallel is ep, rank 0 has tp"]),
+                            [r"rank 1 differs from rank 0: --moe-parallel is ep, rank 0 has auto"]),
     "differ_model_content": (logits() + ["--model", "{tiny}"], logits() + ["--model", "{wider}"], 2,
                              [r"rank 1 differs from rank 0: config.json rope_theta is 500000.0, rank 0 has [0-9.e+]+"]),
     "differ_seed": (GEN + ["--model", "{tiny}", "--seed", "1"], GEN + ["--model", "{tiny}", "--seed", "2"], 2,
