@@ -22,13 +22,6 @@
 namespace moex::kernels {
 namespace {
 
-double now_seconds(bool cpu_clock) {
-  if (!cpu_clock) return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-  timespec ts;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + ts.tv_nsec * 1e-9;
-}
-
 double median_call_seconds(int repeats, double sample_ms, bool cpu_clock, const std::function<void()>& call) {
   call();  // warm-up: sizes the per-thread buffers
   const auto start = std::chrono::steady_clock::now();

@@ -103,12 +103,12 @@ double thread_cpu_seconds() {
   return static_cast<double>(ts.tv_sec) + ts.tv_nsec * 1e-9;
 }
 
+}  // namespace
+
 double now_seconds(bool cpu_clock) {
   if (cpu_clock) return thread_cpu_seconds();
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
-
-}  // namespace
 
 ReadProbe read_probe(size_t bytes, int repeats, bool cpu_clock) {
   // 2 MB aligned, so the whole buffer can sit on huge pages

@@ -7,6 +7,10 @@
 
 namespace moex::kernels {
 
+// Seconds by this thread's CPU clock (cpu_clock: what other processes on the core do not add to) or the
+// steady clock; the probes' and the kernel benchmark's one timer.
+double now_seconds(bool cpu_clock);
+
 // Reads every byte of data[0, bytes) once (all threads, each a contiguous share) and returns a checksum so the
 // reads stay. prefetch_lead > 0: each thread also prefetches (into L2) that many bytes ahead of its loads, as the
 // packed kernels do (x86/prefetch.h); some machines stream faster so, some without.
