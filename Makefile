@@ -63,7 +63,7 @@ FUZZ_SRC_config = $(FUZZ_CONFIG)
 FUZZ_SRC_index = src/moex/model/safetensors_index.cc
 FUZZ_SRC_gguf = src/moex/model/gguf.cc src/moex/model/gguf_checkpoint.cc $(FUZZ_CONFIG) src/moex/base/dtype.cc \
   src/moex/base/mapped_file.cc src/moex/base/system_memory.cc
-FUZZ_SRC_tokenizer_json = src/moex/runtime/tokenizer_json.cc
+FUZZ_SRC_tokenizer_json = src/moex/text/tokenizer_json.cc
 FUZZ_LIBS_tokenizer_json = -lpcre2-8 -lutf8proc
 FUZZ_OPTS_safetensors =
 FUZZ_OPTS_config = -dict=../tests/fuzz/config.dict

@@ -532,7 +532,7 @@ if (mpirun) {
     // A few concurrent ones, streamed: the same text as each alone on one rank.
     const prompts = ['A', 'Two words', 'Three short words', 'And a fourth prompt here'];
     await expectSameTextsStreamed(epClient, prompts);
-    // Idle, the ranks sleep between tests for the next step (serve/step_sync) instead of spinning a core.
+    // Idle, the ranks sleep between tests for the next step (runtime/step_protocol) instead of spinning a core.
     const ranks = readdirSync('/proc').filter((d) => /^\d+$/.test(d)).filter((d) => {
       try {
         return readFileSync(`/proc/${d}/stat`, 'utf8').replace(/^.*\) /, '').split(' ')[1] === String(ep.child.pid);
