@@ -82,7 +82,9 @@ void run_sweep(SweepFlags& f) {
   const int max_batch = *std::max_element(f.batches.begin(), f.batches.end());
   // +1: the engine samples a token after the prefill workload's prompt too (its context holds it).
   f.model.max_seq_len = std::max(f.prefill_len + 1, f.prompt_len + f.steps + 2);
-  f.model.max_step_tokens = std::max(f.prefill_len, max_batch);
+  // One step takes every prompt of a decode workload: the engine then decodes all sequences together, as the
+  // workload means (a smaller budget staggers the prompts over steps, and the tail steps carry fewer rows).
+  f.model.max_step_tokens = std::max(f.prefill_len, max_batch * f.prompt_len);
   std::vector<SweepRow> rows;
   ProfileFlags profiling;
   profiling.record = true;
