@@ -519,9 +519,9 @@ void Engine::step() {
     if (!metrics_.eplb_balancedness[l]) continue;
     const std::vector<int>& slots = model_.moe_slot_stats()[l].tokens_per_expert;
     const int ep = model_.options().plan.ep, per_rank = static_cast<int>(slots.size()) / ep;
-    std::vector<double> ranks(ep, 0.0);
-    for (size_t s = 0; s < slots.size(); ++s) ranks[s / per_rank] += slots[s];
-    metrics_.eplb_balancedness[l]->set(eplb::balancedness(ranks));
+    eplb_rank_tokens_.assign(ep, 0.0);  // no allocation after the first step
+    for (size_t s = 0; s < slots.size(); ++s) eplb_rank_tokens_[s / per_rank] += slots[s];
+    metrics_.eplb_balancedness[l]->set(eplb::balancedness(eplb_rank_tokens_));
     const std::vector<int>& experts = model_.moe_stats()[l].tokens_per_expert;
     for (size_t e = 0; e < experts.size(); ++e) metrics_.eplb_expert_tokens[l][e]->inc(experts[e]);
   }

@@ -223,6 +223,7 @@ class Engine {
   std::vector<StepInput> inputs_;  // [pools] each pool's StepInput (rank r's sub-step under attention DP)
   std::vector<float> logits_;      // [logit rows of every pool, vocab], pool 0's rows first
   int64_t step_number_ = 0;
+  std::vector<double> eplb_rank_tokens_;  // [ep] one MoE layer's tokens per EP rank, for moex:eplb_balancedness
   const Clock::time_point started_ = Clock::now();
   bool enabled_profiler_ = false;  // step_breakdown turned the profiler on (and turns it off at the end)
 
