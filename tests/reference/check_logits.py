@@ -56,14 +56,18 @@ def main():
     ours, theirs = os.path.join(args.workdir, "moex.npy"), os.path.join(args.workdir, "ref.npy")
     ours_tok, theirs_tok = ours + ".tokens", theirs + ".tokens"
     launcher = [] if args.ranks == 1 else ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(args.ranks)]
-    # The exact path unless the test names a format: `--exact` (f32 activations, the weights as stored), or with
-    # --weights F the dense layers as stored (the reference quantizes the experts only; moex's default would
-    # pack them to bf16 too).
+    # The exact path unless the test names a format: `--exact` (f32 activations, the weights as stored, an f32
+    # KV cache), or with --weights F the dense layers as stored (the reference quantizes the experts only; moex's
+    # default would pack them to bf16 too) and an f32 KV cache (the reference keeps K and V in f32; the default
+    # bf16 cache would round them).
     moex_args = args.moex_args.split()
     if "--weights" not in moex_args:
         moex_args.append("--exact")
-    elif "--dense-weights" not in moex_args:
-        moex_args += ["--dense-weights", "as-stored"]
+    else:
+        if "--dense-weights" not in moex_args:
+            moex_args += ["--dense-weights", "as-stored"]
+        if "--kv-cache-dtype" not in moex_args:
+            moex_args += ["--kv-cache-dtype", "f32"]
     run([*launcher, args.moex, "logits", "--model", model, "--ids", ids, "--decode", str(args.decode), "--out", ours,
          "--tokens-out", ours_tok, *moex_args])
     # int8's activations as this engine's kernels take them (quantize_ref.py: s16 codes on VNNI CPUs without AMX).

@@ -38,13 +38,13 @@ def main():
     for fmt in ("int8", "int4"):
         out = os.path.join(args.workdir, fmt + ".npy")
         run([args.moex, "logits", "--model", model, "--ids", ids, "--out", out, "--weights", fmt,
-             "--dense-weights", "as-stored"])
+             "--dense-weights", "as-stored", "--kv-cache-dtype", "f32"])
         q = np.load(out).astype(np.float64)
         top1 = 100.0 * np.mean(np.argmax(q, 1) == np.argmax(lp_base, 1))
         q -= np.log(np.exp(q - q.max(1, keepdims=True)).sum(1, keepdims=True)) + q.max(1, keepdims=True)
         kl = np.maximum((np.exp(lp_base) * (lp_base - q)).sum(1), 0)
         report = json.loads(run([args.moex, "bench", "quality", "--model", model, "--weights", fmt, "--dense-weights", "as-stored",
-                                  "--ids", ids, "--json"]))
+                                  "--kv-cache-dtype", "f32", "--ids", ids, "--json"]))
         kl_means[fmt] = report["kl_mean"]
         print(f"{fmt}: numpy KL mean {kl.mean():.6e}, max {kl.max():.6e}, top-1 {top1:.2f}% | bench quality "
               f"{report['kl_mean']:.6e}, {report['kl_max']:.6e}, {report['top1_agree_percent']:.2f}%")

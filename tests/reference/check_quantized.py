@@ -130,9 +130,14 @@ def main():
     ours = os.path.join(args.workdir, "moex.npy")
     launcher = [] if args.ranks == 1 else ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(args.ranks)]
 
+    # An f32 KV cache as the reference keeps (the default bf16 one would round K and V) unless the test names one.
+    moex_args = args.moex_args.split()
+    if "--kv-cache-dtype" not in moex_args and "--exact" not in moex_args:
+        moex_args += ["--kv-cache-dtype", "f32"]
+
     def moex_logits():
         _, err = run([*launcher, args.moex, "logits", "--model", quant, "--ids", ",".join(map(str, ids)), "--decode",
-                      str(args.decode), "--out", ours, "--tokens-out", ours + ".tokens", *args.moex_args.split()],
+                      str(args.decode), "--out", ours, "--tokens-out", ours + ".tokens", *moex_args],
                      env={**os.environ, "MOEX_LOG_LEVEL": "2"})
         return np.load(ours).astype(np.float64), [int(t) for t in open(ours + ".tokens").read().split()], err
 

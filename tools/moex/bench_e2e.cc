@@ -82,6 +82,7 @@ double flops_per_token(const ModelConfig& c, double context, bool logits) {
 
 struct E2eRow {
   std::string weights, test;
+  std::string dense;           // the dense layers' format (--dense-weights resolved for this row)
   int batch = 1, tokens = 0;   // tokens per timed unit (pp: the prompt; decode: per step)
   double seconds = 0;          // per unit (pp: the prompt; tg / decode: one step)
   double bytes = 0, flops = 0; // per unit
@@ -163,6 +164,7 @@ std::vector<E2eRow> bench_format(const E2EFlags& f, const std::string& weights) 
                        double flops) {
     E2eRow r;
     r.weights = name;
+    r.dense = model->options().dense_weights.name();
     r.test = test;
     r.batch = batch;
     r.tokens = units_tokens;
@@ -250,7 +252,7 @@ void run_e2e(E2EFlags& f) {
       const Probes& p = r.front().probes;
       std::fprintf(stderr, "%s (%s; dense layers %s, KV cache %s): probes read %.1f GB/s, vdpbf16ps %.0f GFLOPS, vpdpbusd %.0f GOPS, "
                    "vpmaddubsw %.0f GOPS, vfmadd %.0f GFLOPS, AMX tdpbf16ps %.0f GFLOPS, tdpbusd %.0f GOPS\n",
-                   r.front().weights.c_str(), r.front().geometry.c_str(), f.model.dense_weights == "experts" ? w.c_str() : f.model.dense_weights.c_str(),
+                   r.front().weights.c_str(), r.front().geometry.c_str(), r.front().dense.c_str(),
                    f.model.kv_cache_dtype.c_str(), p.read_bytes_per_s / 1e9, p.bf16_flops / 1e9, p.vnni_ops / 1e9,
                    p.maddubs_ops / 1e9, p.fma_flops / 1e9, p.amx_bf16_flops / 1e9, p.amx_int8_ops / 1e9);
       std::fprintf(stderr, "%s", kernels::describe_probes(p.read, p.clock_hz, p.bf16, p.vnni, p.fma, p.amx_bf16).c_str());
@@ -311,10 +313,9 @@ void setup_e2e_bench(CLI::App& bench) {
   auto f = std::make_shared<E2EFlags>();
   auto* cmd = bench.add_subcommand("e2e", "pp / tg / batched decode of the whole model per weight format, "
                                           "against read and dot-product rooflines measured in the same run");
-  // The fast path unless told otherwise: the dense layers in each row's expert format (int8-w8a8's through
-  // vpdpbusd too) and serve's bf16 KV cache; `--dense-weights as-stored --kv-cache-dtype f32` is the exact path.
-  f->model.dense_weights = "experts";
-  f->model.kv_cache_dtype = "bf16";
+  // Every command's defaults (model_flags.h): `--dense-weights experts` runs the dense layers in each row's
+  // expert format (int8-w8a8's through vpdpbusd too); `--dense-weights as-stored --kv-cache-dtype f32` is the
+  // exact path.
   f->model.add_to(cmd);
   cmd->remove_option(cmd->get_option("--weights"));  // a list here
   f->model.weights_option = nullptr;

@@ -52,7 +52,8 @@ void ModelFlags::add_to(CLI::App* cmd) {
                           ->capture_default_str()
                           ->check(CLI::IsMember({32, 64, 128}));
   kv_cache_dtype_option = cmd->add_option("--kv-cache-dtype", kv_cache_dtype,
-                  "KV cache element type: f32 (exact) | bf16 (twice the positions in the same bytes)")
+                  "KV cache element type: bf16 (twice the positions of f32 in the same bytes) | f32 (exact; --exact "
+                  "sets it)")
       ->capture_default_str()
       ->check(CLI::IsMember({"f32", "bf16"}));
   cmd->add_flag("--eplb", eplb, "Expert-parallel load balancing (--moe-parallel ep): experts on physical slots, hot "

@@ -22,11 +22,13 @@ struct ModelFlags : ThreadsFlags, ParallelFlags, CommFlags {
   bool check_weights = false;  // scan every tensor for NaN / infinity before loading
   // --weights auto / --dense-weights auto (the defaults) are the fast path: a bf16/f16/f32 checkpoint's experts,
   // attention projections and lm_head packed to bf16 at load and run with bf16 activations; a quantized
-  // checkpoint runs as stored (its own format). --exact is the f32-activation path (as stored, f32 KV cache).
+  // checkpoint runs as stored (its own format); the KV cache is bf16. Every command starts from these defaults
+  // (none sets its own), so they all run, measure and serve one path. --exact is the f32-activation path (as
+  // stored, f32 KV cache) the PyTorch reference comparisons use.
   std::string weights = "auto";       // the experts: auto | as-stored | bf16 | int8 | ... | fp8 (packed at load)
   int group_size = 128;               // int4: weights per scale along K
   CLI::Option* group_size_option = nullptr;
-  std::string kv_cache_dtype = "f32";  // the paged KV pool: f32 (exact) | bf16 (`serve` sets bf16 before add_to)
+  std::string kv_cache_dtype = "bf16";  // the paged KV pool: bf16 (twice the positions of f32) | f32 (exact)
   double kv_cache_gb = 0.0;            // > 0: the pool's size (`serve --kv-cache-gb`); else batch x --max-seq-len
   std::string dense_weights = "auto";  // attention projections and lm_head: auto | experts | as --weights (packed at load)
   bool exact = false;            // --exact: --weights as-stored --dense-weights as-stored --kv-cache-dtype f32

@@ -151,7 +151,6 @@ void run_serve(ServeFlags flags) {
 void setup_serve(CLI::App& app) {
   auto flags = std::make_shared<ServeFlags>();
   auto* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server with continuous batching");
-  flags->model.kv_cache_dtype = "bf16";  // serving: twice the positions of f32 in the same memory
   flags->model.add_to(cmd);
   cmd->add_option("--host", flags->host, "Address to listen on")->capture_default_str();
   cmd->add_option("--port", flags->port, "TCP port (0: any free port, printed at start-up)")->capture_default_str();
