@@ -325,8 +325,9 @@ bool add_byte_level_vocabulary(GgufWriter& w, const std::string& json_text, cons
 
 std::string convert_to_gguf(const std::string& model_dir, const std::string& path, GgmlType type) {
   const ModelConfig c = load_model_config(model_dir + "/config.json");
-  const std::string arch = gguf_architecture(c.family), a = arch + ".";
-  const bool llama = c.family == ModelFamily::kMixtral;
+  const FamilyInfo& info = c.info();
+  const std::string arch = info.gguf_arch, a = arch + ".";
+  const bool llama = info.gguf_llama_layout;
   // What llama.cpp's architecture cannot say is refused rather than written as a file it would run wrongly.
   MOEX_CHECK_INPUT(c.decoder_sparse_step == 1, model_dir, ": decoder_sparse_step ", c.decoder_sparse_step,
                    " is not written (give the dense layers as mlp_only_layers)");
@@ -341,7 +342,7 @@ std::string convert_to_gguf(const std::string& model_dir, const std::string& pat
   w.add_u32(a + "embedding_length", c.hidden_size);
   w.add_u32(a + "block_count", c.num_hidden_layers);
   // llama / olmoe: the expert width; the others: the dense MLP's, with the expert's in expert_feed_forward_length.
-  const bool expert_ffn_key = !llama && c.family != ModelFamily::kOlmoe;
+  const bool expert_ffn_key = info.moe_intermediate;
   w.add_u32(a + "feed_forward_length", expert_ffn_key ? c.dense_intermediate_size : c.intermediate_size);
   if (expert_ffn_key) w.add_u32(a + "expert_feed_forward_length", c.intermediate_size);
   w.add_u32(a + "rope.dimension_count", c.head_dim);
@@ -356,20 +357,19 @@ std::string convert_to_gguf(const std::string& model_dir, const std::string& pat
     w.add_u32(a + "attention.key_length", c.head_dim);
     w.add_u32(a + "attention.value_length", c.head_dim);
   }
-  const bool hard_wired_norm = c.family == ModelFamily::kQwen3Moe;
-  if ((c.family == ModelFamily::kQwen2Moe || c.family == ModelFamily::kQwen3Moe || c.family == ModelFamily::kOlmoe) &&
-      c.norm_topk_prob != hard_wired_norm)
+  const bool hard_wired_norm = info.gguf_topk_norm == GgufTopkNorm::kAlways;
+  if (!llama && info.gguf_topk_norm != GgufTopkNorm::kKey && c.norm_topk_prob != hard_wired_norm)
     std::fprintf(stderr, "moex convert: note: norm_topk_prob is %s, but llama.cpp's %s always runs it as %s: MoEX reads "
                  "%s.expert_weights_norm, llama.cpp will run this file differently\n", c.norm_topk_prob ? "true" : "false",
                  arch.c_str(), hard_wired_norm ? "true" : "false", arch.c_str());
   // Top-k renormalisation: llama.cpp hard-wires it for llama (true), qwen3moe (true), qwen2moe and olmoe
   // (false) and reads this key for dots1; written for every family so that MoEX's reader need not guess.
   if (!llama) w.add_bool(a + "expert_weights_norm", c.norm_topk_prob);
-  if (c.family == ModelFamily::kQwen2Moe)
+  if (info.shared_experts == SharedExperts::kGated)
     w.add_u32(a + "expert_shared_feed_forward_length", c.shared_expert_intermediate_size);
-  if (c.family == ModelFamily::kDots1) {
-    w.add_u32(a + "leading_dense_block_count", c.first_k_dense_replace);
-    w.add_u32(a + "expert_shared_count", c.n_shared_experts);
+  if (info.dense_layers == DenseLayers::kFirstK) w.add_u32(a + "leading_dense_block_count", c.first_k_dense_replace);
+  if (info.shared_experts == SharedExperts::kCount) w.add_u32(a + "expert_shared_count", c.n_shared_experts);
+  if (info.scoring == RouterScoring::kSigmoidGrouped) {
     w.add_f32(a + "expert_weights_scale", c.routed_scaling_factor);
     w.add_u32(a + "expert_gating_func", 2);  // llama_expert_gating_func_type: sigmoid
     if (c.n_group > 1) {

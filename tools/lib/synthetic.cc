@@ -79,7 +79,7 @@ ModelConfig synthetic_preset(const std::string& name) {
     c.rope_theta = theta;
     c.rms_norm_eps = eps;
     c.router_aux_loss_coef = 0.001f;
-    c.qkv_bias = f == ModelFamily::kQwen2Moe;
+    c.qkv_bias = family_info(f).qkv_bias_key;  // the key's default: true
   };
   auto qwen_ids = [&] { c.bos_token_id = 151643, c.eos_token_id = 151645; };
   if (name == "qwen2-moe-tiny") {  // a dense layer (mlp_only_layers) between MoE layers, a gated shared expert
@@ -192,7 +192,7 @@ SyntheticModel::SyntheticModel(const ModelConfig& config, uint64_t seed, float r
     };
     if (!config.moe_layer(layer)) {
       mlp(p + "mlp.", config.dense_intermediate_size, "gate_proj", "up_proj", "down_proj");
-    } else if (config.family == ModelFamily::kDots1) {  // Dots1MoE registers experts, gate, shared_experts
+    } else if (info.experts_before_gate) {  // Dots1MoE registers experts, gate, shared_experts
       experts();
       add(moe + "gate.weight", {config.num_local_experts, d}, Init::kGate, input_scale, 0.0f);
       add(moe + "gate.e_score_correction_bias", {config.num_local_experts}, Init::kBias, 0.1f, 0.0f);

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "moex/base/error.h"
+#include "moex/model/config.h"
 #include "moex/text/chat_template.h"
 #include "moex/text/tokenizer_json.h"
 
@@ -510,11 +511,12 @@ ByteLevelBpeOptions olmoe_tokenizer_options(int vocab_size) {
 
 ByteLevelBpeOptions family_tokenizer_options(const std::string& model_type, int vocab_size, int model_max_length) {
   ByteLevelBpeOptions o;
-  if (model_type == "olmoe") {
+  const TokenizerKind kind = family_info(family_from_model_type(model_type, "tokenizer")).tokenizer;
+  if (kind == TokenizerKind::kGpt2ByteLevel) {
     o = olmoe_tokenizer_options(vocab_size);
   } else {
-    MOEX_CHECK_INPUT(model_type == "qwen2_moe" || model_type == "qwen3_moe" || model_type == "dots1",
-                     "tokenizer: no byte-level tokenizer layout for model_type '", model_type, "'");
+    MOEX_CHECK_INPUT(kind == TokenizerKind::kQwen2ByteLevel, "tokenizer: no byte-level tokenizer layout for model_type '",
+                     model_type, "'");
     o = qwen2_tokenizer_options(vocab_size);
     o.eos_token = "<|im_end|>";
     o.chat_template = kChatMLTemplate;  // text/chat_template.h, checked against jinja2

@@ -72,10 +72,10 @@ struct TrainedByteLevelBpe {
 // Deterministic (~0.3 s). Throws Error(kInvalidInput) when vocab_size cannot hold the bytes and specials.
 TrainedByteLevelBpe train_byte_level_bpe(const ByteLevelBpeOptions& options);
 
-// The tokenizer a byte-level family's checkpoint ships, in that family's layout (gen-model): Qwen2's for
-// qwen2_moe, qwen3_moe and dots1 (dots.llm1 uses Qwen2's vocabulary) with the ChatML template (runtime's kChatMLTemplate) and EOS
-// <|im_end|> (an instruct model's, as the presets' eos_token_id says); OLMoE's (GPT-NeoX) for olmoe, a base
-// model: no chat template. model_max_length is the model's context.
+// The tokenizer a byte-level family's checkpoint ships, in the layout its declaration names (families.h,
+// TokenizerKind; gen-model): Qwen2's (qwen2_moe, qwen3_moe, dots1: dots.llm1 uses Qwen2's vocabulary) with the
+// ChatML template (text's kChatMLTemplate) and EOS <|im_end|> (an instruct model's, as the presets'
+// eos_token_id says); GPT-NeoX's (olmoe), a base model: no chat template. model_max_length is the model's context.
 ByteLevelBpeOptions family_tokenizer_options(const std::string& model_type, int vocab_size, int model_max_length);
 
 }  // namespace moex

@@ -179,7 +179,8 @@ void run_gen_model(const GenModelOptions& o) {
   // The tokenizer trains (~0.5 s, one thread) while the weights are generated: Mixtral's SentencePiece
   // tokenizer.model (and the tokenizer.json converted from it, as HF's Mixtral ships both), or the byte-level
   // BPE tokenizer.json of the other families (docs/model.md), whose special-token ids config.json then names.
-  const bool byte_level = config.family != ModelFamily::kMixtral;
+  const TokenizerKind tokenizer_kind = config.info().tokenizer;
+  const bool byte_level = tokenizer_kind != TokenizerKind::kSentencePiece;
   TrainedTokenizer tokenizer;
   TrainedByteLevelBpe bpe;
   std::exception_ptr tokenizer_error;
@@ -212,7 +213,7 @@ void run_gen_model(const GenModelOptions& o) {
     const ByteLevelBpeOptions options =
         family_tokenizer_options(config.model_type, config.vocab_size, config.max_position_embeddings);
     written.eos_token_id = bpe.id_of(options.eos_token);
-    written.has_bos = config.family != ModelFamily::kOlmoe;
+    written.has_bos = tokenizer_kind != TokenizerKind::kGpt2ByteLevel;
     written.bos_token_id = written.has_bos ? bpe.id_of("<|endoftext|>") : -1;
     if (config.pad_token_id >= 0) written.pad_token_id = bpe.id_of(options.pad_token);
     validate_model_config(written);
@@ -267,11 +268,10 @@ void run_gen_model(const GenModelOptions& o) {
 
 void setup_gen_model(CLI::App& app) {
   auto options = std::make_shared<GenModelOptions>();
-  auto* cmd = app.add_subcommand("gen-model", "Write a synthetic Mixtral checkpoint in Hugging Face layout");
-  cmd->add_option("--preset", options->preset,
-                  "tiny | small | mini | mixtral-8x7b | qwen2-moe-tiny | qwen2-moe-a2.7b | qwen3-moe-tiny | qwen3-moe-mini | "
-                  "qwen3-30b-a3b | olmoe-tiny | olmoe-1b-7b | dots1-tiny | dots-llm1")
-      ->required();
+  auto* cmd = app.add_subcommand("gen-model", "Write a synthetic checkpoint of a preset (any family) in Hugging Face layout");
+  std::string presets;
+  for (const std::string& name : synthetic_preset_names()) presets += (presets.empty() ? "" : " | ") + name;
+  cmd->add_option("--preset", options->preset, presets)->required();
   add_output_flag(cmd, "--out", options->out,
                   "Output directory (created if missing; must be empty unless --force). The model is written into a "
                   "folder next to it and moved in when complete")

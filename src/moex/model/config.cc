@@ -32,32 +32,10 @@ const std::set<std::string>& common_fields() {
   return fields;
 }
 
-// The fields of one family's HF config class beyond the common ones (transformers' MixtralConfig,
-// Qwen2MoeConfig, Qwen3MoeConfig, OlmoeConfig, Dots1Config). Any other field is unknown: a config from a
-// newer or different architecture must not load silently.
-const std::set<std::string>& family_fields(ModelFamily family) {
-  static const std::set<std::string> mixtral = {"head_dim", "num_local_experts", "sliding_window",
-                                                "router_jitter_noise", "attention_bias"};
-  static const std::set<std::string> qwen2 = {"moe_intermediate_size", "shared_expert_intermediate_size", "num_experts",
-                                              "decoder_sparse_step", "mlp_only_layers", "use_sliding_window",
-                                              "sliding_window", "max_window_layers", "layer_types", "qkv_bias"};
-  static const std::set<std::string> qwen3 = {"head_dim", "moe_intermediate_size", "num_experts", "decoder_sparse_step",
-                                              "mlp_only_layers", "use_sliding_window", "sliding_window",
-                                              "max_window_layers", "layer_types", "attention_bias"};
-  static const std::set<std::string> olmoe = {"num_experts", "attention_bias", "clip_qkv"};
-  static const std::set<std::string> dots1 = {"head_dim", "moe_intermediate_size", "n_shared_experts",
-                                              "n_routed_experts", "n_group", "topk_group", "first_k_dense_replace",
-                                              "routed_scaling_factor", "attention_bias", "sliding_window",
-                                              "max_window_layers", "layer_types"};
-  switch (family) {
-    case ModelFamily::kMixtral: return mixtral;
-    case ModelFamily::kQwen2Moe: return qwen2;
-    case ModelFamily::kQwen3Moe: return qwen3;
-    case ModelFamily::kOlmoe: return olmoe;
-    case ModelFamily::kDots1: return dots1;
-  }
-  return mixtral;
-}
+// The fields of one family's HF config class beyond the common ones (its declaration's config_keys: transformers'
+// MixtralConfig, Qwen2MoeConfig, ...). Any other field is unknown: a config from a newer or different
+// architecture must not load silently.
+bool family_field(const FamilyInfo& f, const std::string& key) { return family_has_config_key(f, key.c_str()); }
 
 template <typename T>
 T get_field(const json& j, const char* name, const std::string& origin, bool required, T fallback) {
@@ -98,33 +76,23 @@ T get_field(const json& j, const char* name, const std::string& origin, bool req
 }  // namespace
 
 const FamilyInfo& family_info(ModelFamily family) {
-  // Tensor names and hard-wired options from each family's HF modelling file.
-  static const FamilyInfo table[] = {
-      {ModelFamily::kMixtral, "mixtral", "MixtralForCausalLM", "block_sparse_moe", "w1", "w3", "w2", "",
-       QkNorm::kNone, RouterScoring::kSoftmax},
-      {ModelFamily::kQwen2Moe, "qwen2_moe", "Qwen2MoeForCausalLM", "mlp", "gate_proj", "up_proj", "down_proj",
-       "shared_expert", QkNorm::kNone, RouterScoring::kSoftmax},
-      {ModelFamily::kQwen3Moe, "qwen3_moe", "Qwen3MoeForCausalLM", "mlp", "gate_proj", "up_proj", "down_proj", "",
-       QkNorm::kPerHead, RouterScoring::kSoftmax},
-      {ModelFamily::kOlmoe, "olmoe", "OlmoeForCausalLM", "mlp", "gate_proj", "up_proj", "down_proj", "",
-       QkNorm::kWhole, RouterScoring::kSoftmax},
-      {ModelFamily::kDots1, "dots1", "Dots1ForCausalLM", "mlp", "gate_proj", "up_proj", "down_proj",
-       "shared_experts", QkNorm::kPerHead, RouterScoring::kSigmoidGrouped},
-  };
-  return table[static_cast<int>(family)];
+  for (const FamilyInfo& f : kFamilies)
+    if (f.family == family) return f;
+  throw_error(ErrorKind::kInternal, "config: a model family without a declaration in families.h");
 }
 
 ModelFamily family_from_model_type(const std::string& model_type, const std::string& origin) {
-  for (ModelFamily f : {ModelFamily::kMixtral, ModelFamily::kQwen2Moe, ModelFamily::kQwen3Moe, ModelFamily::kOlmoe,
-                        ModelFamily::kDots1}) {
-    if (model_type == family_info(f).model_type) return f;
+  std::string names;
+  for (const FamilyInfo& f : kFamilies) {
+    if (model_type == f.model_type) return f.family;
+    names += (names.empty() ? "" : ", ") + std::string(f.model_type);
   }
   MOEX_CHECK_INPUT(model_type != "deepseek_v2" && model_type != "deepseek_v3" && model_type != "kimi_k2", origin,
                    ": model_type \"", model_type,
                    "\" uses multi-head latent attention (MLA), which MoEX does not run; its router (sigmoid + "
                    "correction bias + grouped top-k) is supported on standard attention as model_type \"dots1\"");
-  throw_error(ErrorKind::kInvalidInput, origin + ": model_type \"" + model_type +
-                                            "\" is not supported (MoEX runs mixtral, qwen2_moe, qwen3_moe, olmoe, dots1)");
+  throw_error(ErrorKind::kInvalidInput,
+              origin + ": model_type \"" + model_type + "\" is not supported (MoEX runs " + names + ")");
 }
 
 bool ModelConfig::moe_layer(int layer) const {
@@ -258,7 +226,8 @@ float parse_rope(const json& j, const std::string& origin, float fallback) {
 }
 
 // Refuses a config in which some layer would use sliding-window attention: HF's rule per family.
-void refuse_sliding_windows(const json& j, const ModelConfig& c, const std::string& origin, bool needs_flag) {
+void refuse_sliding_windows(const json& j, const ModelConfig& c, const std::string& origin, bool needs_flag,
+                            int max_window_layers_default) {
   if (j.contains("layer_types") && !j["layer_types"].is_null()) {
     const json& types = j["layer_types"];
     MOEX_CHECK_INPUT(types.is_array() && static_cast<int>(types.size()) == c.num_hidden_layers, origin,
@@ -272,7 +241,7 @@ void refuse_sliding_windows(const json& j, const ModelConfig& c, const std::stri
   const bool use = needs_flag ? get_field<bool>(j, "use_sliding_window", origin, false, false) : true;
   if (!use || !j.contains("sliding_window") || j["sliding_window"].is_null()) return;
   const int window = get_field<int>(j, "sliding_window", origin, false, 0);
-  const int from_layer = get_field<int>(j, "max_window_layers", origin, false, needs_flag ? 28 : 62);
+  const int from_layer = get_field<int>(j, "max_window_layers", origin, false, max_window_layers_default);
   MOEX_CHECK_INPUT(from_layer >= c.num_hidden_layers || window >= c.max_position_embeddings, origin,
                    ": sliding_window ", window, " applies from layer ", from_layer,
                    " (max_window_layers) and is not supported (set use_sliding_window false or sliding_window null)");
@@ -302,39 +271,36 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
   ModelConfig c;
   c.model_type = get_field<std::string>(j, "model_type", origin, true, "");
   c.family = family_from_model_type(c.model_type, origin);
-  const ModelFamily f = c.family;
-  const bool mixtral = f == ModelFamily::kMixtral;
+  const FamilyInfo& info = c.info();
   for (const auto& [key, value] : j.items()) {
-    MOEX_CHECK_INPUT(common_fields().count(key) || family_fields(f).count(key), origin, ": unknown field \"", key,
+    MOEX_CHECK_INPUT(common_fields().count(key) || family_field(info, key), origin, ": unknown field \"", key,
                      "\" for model_type \"", c.model_type,
                      "\" (remove the field if it does not change the model)");
   }
-  const FamilyInfo& info = c.info();
   c.qk_norm = info.qk_norm;
   c.scoring = info.scoring;
   // Mixtral keeps MixtralConfig's defaults for the fields it may omit; the other families need the fields
   // their HF config.json always carries (their class defaults differ between transformers versions).
-  const bool strict = !mixtral;
+  const bool strict = info.strict;
   c.vocab_size = get_field<int>(j, "vocab_size", origin, true, 0);
   c.hidden_size = get_field<int>(j, "hidden_size", origin, true, 0);
   c.num_hidden_layers = get_field<int>(j, "num_hidden_layers", origin, true, 0);
   c.num_attention_heads = get_field<int>(j, "num_attention_heads", origin, true, 0);
-  c.num_key_value_heads = get_field<int>(j, "num_key_value_heads", origin, strict && f != ModelFamily::kOlmoe,
+  c.num_key_value_heads = get_field<int>(j, "num_key_value_heads", origin, info.kv_heads_required,
                                          c.num_attention_heads);
-  const bool takes_head_dim = family_fields(f).count("head_dim") > 0;
+  const bool takes_head_dim = family_field(info, "head_dim");
   MOEX_CHECK_INPUT((c.num_attention_heads > 0 && c.hidden_size % c.num_attention_heads == 0) ||
                        (takes_head_dim && j.contains("head_dim")),
                    origin, ": hidden_size (", c.hidden_size, ") is not divisible by num_attention_heads (",
                    c.num_attention_heads, ") and no head_dim is given");
-  c.head_dim = takes_head_dim ? get_field<int>(j, "head_dim", origin, f == ModelFamily::kQwen3Moe,
+  c.head_dim = takes_head_dim ? get_field<int>(j, "head_dim", origin, info.head_dim_required,
                                                c.num_attention_heads > 0 ? c.hidden_size / c.num_attention_heads : 0)
                               : (c.num_attention_heads > 0 ? c.hidden_size / c.num_attention_heads : 0);
-  const char* experts_field = mixtral ? "num_local_experts" : f == ModelFamily::kDots1 ? "n_routed_experts" : "num_experts";
-  c.num_local_experts = get_field<int>(j, experts_field, origin, true, 0);
+  c.num_local_experts = get_field<int>(j, info.experts_key, origin, true, 0);
   c.num_experts_per_tok = get_field<int>(j, "num_experts_per_tok", origin, true, 0);
   // Expert width: intermediate_size in mixtral and olmoe; moe_intermediate_size (and a dense intermediate_size)
   // in the others.
-  if (mixtral || f == ModelFamily::kOlmoe) {
+  if (!info.moe_intermediate) {
     c.intermediate_size = get_field<int>(j, "intermediate_size", origin, true, 0);
   } else {
     c.intermediate_size = get_field<int>(j, "moe_intermediate_size", origin, true, 0);
@@ -360,41 +326,45 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
   // Attention options. o_proj biases (attention_bias=true in every family that has the field) are not run.
   MOEX_CHECK_INPUT(!get_field<bool>(j, "attention_bias", origin, false, false), origin,
                    ": attention_bias=true is not supported (it adds an o_proj bias MoEX does not run)");
-  if (f == ModelFamily::kQwen2Moe) c.qkv_bias = get_field<bool>(j, "qkv_bias", origin, false, true);
-  if (f == ModelFamily::kOlmoe) {
+  if (info.qkv_bias_key) c.qkv_bias = get_field<bool>(j, "qkv_bias", origin, false, true);
+  if (family_field(info, "clip_qkv")) {
     MOEX_CHECK_INPUT(!j.contains("clip_qkv") || j["clip_qkv"].is_null(), origin,
                      ": clip_qkv is not supported (set it to null)");
   }
   // Dense layers and shared experts.
-  if (f == ModelFamily::kQwen2Moe || f == ModelFamily::kQwen3Moe) {
+  if (info.dense_layers == DenseLayers::kSparseStep) {
     c.decoder_sparse_step = get_field<int>(j, "decoder_sparse_step", origin, false, 1);
     c.mlp_only_layers = parse_int_list(j, "mlp_only_layers", origin);
   }
-  if (f == ModelFamily::kQwen2Moe) {
+  if (info.shared_experts == SharedExperts::kGated) {
     c.shared_expert_intermediate_size = get_field<int>(j, "shared_expert_intermediate_size", origin, true, 0);
     c.shared_expert_gate = true;
   }
-  if (f == ModelFamily::kDots1) {
+  if (info.shared_experts == SharedExperts::kCount) {
     c.n_shared_experts = get_field<int>(j, "n_shared_experts", origin, true, 0);
     MOEX_CHECK_INPUT(c.n_shared_experts >= 1, origin, ": n_shared_experts (", c.n_shared_experts,
                      ") must be at least 1 (Dots1MoE always has shared experts)");
     MOEX_CHECK_INPUT(int64_t{c.n_shared_experts} * c.intermediate_size <= std::numeric_limits<int>::max(), origin,
                      ": n_shared_experts x moe_intermediate_size is out of range");
     c.shared_expert_intermediate_size = c.n_shared_experts * c.intermediate_size;
+  }
+  if (info.dense_layers == DenseLayers::kFirstK)
     c.first_k_dense_replace = get_field<int>(j, "first_k_dense_replace", origin, true, 0);
+  if (info.scoring == RouterScoring::kSigmoidGrouped) {
     c.n_group = get_field<int>(j, "n_group", origin, true, 1);
     c.topk_group = get_field<int>(j, "topk_group", origin, true, 1);
     c.routed_scaling_factor = get_field<float>(j, "routed_scaling_factor", origin, true, 1.0f);
   }
   // Sliding windows: Mixtral v0.1 ships null; a window shorter than the context would change attention.
-  if (mixtral) {
+  if (info.sliding_window == SlidingWindow::kWindow) {
     if (j.contains("sliding_window") && !j["sliding_window"].is_null()) {
       const int window = get_field<int>(j, "sliding_window", origin, false, 0);
       MOEX_CHECK_INPUT(window >= c.max_position_embeddings, origin, ": sliding_window ", window,
                        " < max_position_embeddings is not supported (set it to null)");
     }
-  } else if (f != ModelFamily::kOlmoe) {
-    refuse_sliding_windows(j, c, origin, /*needs_flag=*/f != ModelFamily::kDots1);
+  } else if (info.sliding_window != SlidingWindow::kNoField) {
+    refuse_sliding_windows(j, c, origin, /*needs_flag=*/info.sliding_window == SlidingWindow::kFlagged,
+                           info.max_window_layers_default);
   }
   if (j.contains("quantization_config") && !j["quantization_config"].is_null())
     c.quantization = parse_quantization_config(j["quantization_config"].dump(), origin);
@@ -418,28 +388,6 @@ static double short_float(float value) {
   return std::strtod(text, nullptr);
 }
 
-// The config.json fields (as gen-model writes them) that several families share, each family's spelling.
-struct FamilyJsonFields {
-  ModelFamily family;
-  const char* experts_key;  // num_local_experts | num_experts | n_routed_experts
-  bool moe_intermediate;    // intermediate_size is the dense MLP's and moe_intermediate_size the expert's
-  bool head_dim, attention_bias, sliding_window, max_window_layers, rope_scaling;
-  bool always_norm_topk;    // written even at its default (Mixtral writes it only when false)
-};
-constexpr FamilyJsonFields kFamilyJsonFields[] = {
-    // family                experts key          moe_i  hd     bias   sw     mwl    rope   norm
-    {ModelFamily::kMixtral, "num_local_experts", false, true, false, true, false, false, false},
-    {ModelFamily::kQwen2Moe, "num_experts", true, false, false, true, true, true, true},
-    {ModelFamily::kQwen3Moe, "num_experts", true, true, true, true, true, true, true},
-    {ModelFamily::kOlmoe, "num_experts", false, false, true, false, false, true, true},
-    {ModelFamily::kDots1, "n_routed_experts", true, true, true, true, true, true, true},
-};
-static const FamilyJsonFields& family_json_fields(ModelFamily family) {
-  for (const FamilyJsonFields& f : kFamilyJsonFields)
-    if (f.family == family) return f;
-  throw_error(ErrorKind::kInternal, "config: no config.json fields for this model family");
-}
-
 std::string model_config_to_json(const ModelConfig& c) {
   const FamilyInfo& info = c.info();
   json j = {{"architectures", {info.architecture}},
@@ -452,7 +400,6 @@ std::string model_config_to_json(const ModelConfig& c) {
             {"num_experts_per_tok", c.num_experts_per_tok},
             {"rms_norm_eps", short_float(c.rms_norm_eps)},
             {"rope_theta", short_float(c.rope_theta)},
-            {"rope_scaling", nullptr},
             {"max_position_embeddings", c.max_position_embeddings},
             {"tie_word_embeddings", c.tie_word_embeddings},
             {"router_aux_loss_coef", short_float(c.router_aux_loss_coef)},
@@ -465,41 +412,32 @@ std::string model_config_to_json(const ModelConfig& c) {
             {"output_router_logits", false},
             {"torch_dtype", c.torch_dtype}};
   if (c.pad_token_id >= 0) j["pad_token_id"] = c.pad_token_id;
-  // What the families' HF config classes spell alike comes from the table; what only one family has, below it.
-  const FamilyJsonFields& f = family_json_fields(c.family);
-  if (!f.rope_scaling) j.erase("rope_scaling");
-  j[f.experts_key] = c.num_local_experts;
-  j["intermediate_size"] = f.moe_intermediate ? c.dense_intermediate_size : c.intermediate_size;
-  if (f.moe_intermediate) j["moe_intermediate_size"] = c.intermediate_size;
-  if (f.head_dim) j["head_dim"] = c.head_dim;
-  if (f.attention_bias) j["attention_bias"] = false;
-  if (f.sliding_window) j["sliding_window"] = nullptr;
-  if (f.max_window_layers) j["max_window_layers"] = c.num_hidden_layers;
-  if (f.always_norm_topk || !c.norm_topk_prob) j["norm_topk_prob"] = c.norm_topk_prob;
-  switch (c.family) {
-    case ModelFamily::kMixtral:
-      j["router_jitter_noise"] = 0.0;
-      break;
-    case ModelFamily::kQwen2Moe:
-    case ModelFamily::kQwen3Moe:
-      j["decoder_sparse_step"] = c.decoder_sparse_step;
-      j["mlp_only_layers"] = c.mlp_only_layers;
-      j["use_sliding_window"] = false;
-      if (c.family == ModelFamily::kQwen2Moe) {
-        j["shared_expert_intermediate_size"] = c.shared_expert_intermediate_size;
-        if (!c.qkv_bias) j["qkv_bias"] = false;
-      }
-      break;
-    case ModelFamily::kOlmoe:
-      j["clip_qkv"] = nullptr;
-      break;
-    case ModelFamily::kDots1:
-      j["n_shared_experts"] = c.n_shared_experts;
-      j["n_group"] = c.n_group;
-      j["topk_group"] = c.topk_group;
-      j["first_k_dense_replace"] = c.first_k_dense_replace;
-      j["routed_scaling_factor"] = short_float(c.routed_scaling_factor);
-      break;
+  // What the family's HF config class writes, from its declaration (families.h).
+  if (info.writes_rope_scaling) j["rope_scaling"] = nullptr;
+  j[info.experts_key] = c.num_local_experts;
+  j["intermediate_size"] = info.moe_intermediate ? c.dense_intermediate_size : c.intermediate_size;
+  if (info.moe_intermediate) j["moe_intermediate_size"] = c.intermediate_size;
+  if (info.writes_head_dim) j["head_dim"] = c.head_dim;
+  if (info.writes_attention_bias) j["attention_bias"] = false;
+  if (family_field(info, "sliding_window")) j["sliding_window"] = nullptr;
+  if (family_field(info, "max_window_layers")) j["max_window_layers"] = c.num_hidden_layers;
+  if (info.strict || !c.norm_topk_prob) j["norm_topk_prob"] = c.norm_topk_prob;  // Mixtral's only when false
+  if (family_field(info, "router_jitter_noise")) j["router_jitter_noise"] = 0.0;
+  if (family_field(info, "clip_qkv")) j["clip_qkv"] = nullptr;
+  if (info.sliding_window == SlidingWindow::kFlagged) j["use_sliding_window"] = false;
+  if (info.qkv_bias_key && !c.qkv_bias) j["qkv_bias"] = false;
+  if (info.dense_layers == DenseLayers::kSparseStep) {
+    j["decoder_sparse_step"] = c.decoder_sparse_step;
+    j["mlp_only_layers"] = c.mlp_only_layers;
+  }
+  if (info.dense_layers == DenseLayers::kFirstK) j["first_k_dense_replace"] = c.first_k_dense_replace;
+  if (info.shared_experts == SharedExperts::kGated)
+    j["shared_expert_intermediate_size"] = c.shared_expert_intermediate_size;
+  if (info.shared_experts == SharedExperts::kCount) j["n_shared_experts"] = c.n_shared_experts;
+  if (info.scoring == RouterScoring::kSigmoidGrouped) {
+    j["n_group"] = c.n_group;
+    j["topk_group"] = c.topk_group;
+    j["routed_scaling_factor"] = short_float(c.routed_scaling_factor);
   }
   if (c.quantization.quantized()) j["quantization_config"] = json::parse(c.quantization.json);
   return j.dump(2) + "\n";

@@ -1,5 +1,5 @@
 // ModelConfig: what the forward pass needs from a Hugging Face config.json, for every model family MoEX
-// runs (mixtral, qwen2_moe, qwen3_moe, olmoe, dots1; docs/model.md). Each family's HF fields are mapped
+// runs (families.h; docs/model.md). Each family's HF fields are mapped
 // onto the options below or refused: anything MoEX cannot run exactly (sliding windows, rope scaling,
 // MLA attention, o_proj biases) is an error rather than a silent approximation.
 #pragma once
@@ -7,34 +7,12 @@
 #include <string>
 #include <vector>
 
+#include "moex/model/families.h"
 #include "moex/model/quantization.h"
 
 namespace moex {
 
-// One model family: its HF model_type and architecture, the tensor names of its MoE block, and the
-// options its modelling code hard-wires (what config.json can change is in ModelConfig).
-enum class ModelFamily { kMixtral, kQwen2Moe, kQwen3Moe, kOlmoe, kDots1 };
-enum class QkNorm {
-  kNone,
-  kPerHead,  // RMSNorm over each head's head_dim (qwen3_moe, dots1): weight [head_dim]
-  kWhole,    // RMSNorm over the whole q / k projection (olmoe): weights [H*hd], [KV*hd]
-};
-enum class RouterScoring {
-  kSoftmax,         // softmax over E then top-k (renormalised when norm_topk_prob)
-  kSigmoidGrouped,  // DeepSeek-V3: sigmoid, + e_score_correction_bias for the choice, grouped top-k, scaling
-};
-struct FamilyInfo {
-  ModelFamily family;
-  const char* model_type;    // "qwen3_moe"
-  const char* architecture;  // "Qwen3MoeForCausalLM"
-  const char* moe_prefix;    // "block_sparse_moe" (mixtral) or "mlp"
-  const char* expert_gate;   // "w1" / "gate_proj"
-  const char* expert_up;     // "w3" / "up_proj"
-  const char* expert_down;   // "w2" / "down_proj"
-  const char* shared_prefix; // "" (none), "shared_expert" (qwen2_moe), "shared_experts" (dots1)
-  QkNorm qk_norm;
-  RouterScoring scoring;
-};
+// The family's declaration (families.h).
 const FamilyInfo& family_info(ModelFamily family);
 // Throws Error(kInvalidInput) naming the supported model types (and why deepseek_v2/v3 are refused).
 ModelFamily family_from_model_type(const std::string& model_type, const std::string& origin);

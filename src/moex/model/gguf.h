@@ -106,8 +106,6 @@ bool is_gguf_path(const std::string& model);
 // llama.cpp writes it), "qwen2moe", "qwen3moe", "olmoe" or "dots1". Keys of the architecture MoEX does not
 // know, rope scaling, a dense model and other architectures are refused naming the key.
 ModelConfig gguf_model_config(const GgufContents& gguf, const std::string& origin);
-// llama.cpp's general.architecture for a family ("llama" for Mixtral).
-const char* gguf_architecture(ModelFamily family);
 // config.json of a folder, or the metadata of a .gguf file.
 ModelConfig load_checkpoint_config(const std::string& model);
 

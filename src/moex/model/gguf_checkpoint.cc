@@ -48,17 +48,6 @@ const GgufValue* get_array(const GgufContents& g, const std::string& origin, con
   return v;
 }
 
-// The GGUF architectures MoEX loads: llama.cpp's general.architecture name for each family.
-struct GgufArch {
-  const char* name;
-  ModelFamily family;
-};
-constexpr GgufArch kArchs[] = {{"llama", ModelFamily::kMixtral},
-                               {"qwen2moe", ModelFamily::kQwen2Moe},
-                               {"qwen3moe", ModelFamily::kQwen3Moe},
-                               {"olmoe", ModelFamily::kOlmoe},
-                               {"dots1", ModelFamily::kDots1}};
-
 // The {arch}.* keys llama.cpp's converter writes for these families and MoEX uses (the suffix after the
 // architecture's name); any other key of the architecture could change the computation (rope scaling,
 // sliding windows, logit soft-capping...) and is refused.
@@ -67,18 +56,15 @@ const std::set<std::string> kCommonKeys = {
     "attention.head_count_kv", "attention.layer_norm_rms_epsilon", "rope.freq_base", "rope.dimension_count",
     "expert_count", "expert_used_count", "vocab_size", "attention.key_length", "attention.value_length",
     "expert_weights_norm"};
-const std::set<std::string>& family_keys(ModelFamily f) {
-  static const std::set<std::string> none, qwen2 = {"expert_feed_forward_length", "expert_shared_feed_forward_length"},
-                                           qwen3 = {"expert_feed_forward_length"},
-                                           dots1 = {"expert_feed_forward_length", "leading_dense_block_count",
-                                                    "expert_shared_count", "expert_weights_scale", "expert_gating_func",
-                                                    "expert_group_count", "expert_group_used_count"};
-  switch (f) {
-    case ModelFamily::kQwen2Moe: return qwen2;
-    case ModelFamily::kQwen3Moe: return qwen3;
-    case ModelFamily::kDots1: return dots1;
-    default: return none;
-  }
+// The keys the family's features add (families.h), beyond the common ones.
+bool family_key(const FamilyInfo& f, const std::string& suffix) {
+  if (f.moe_intermediate && suffix == "expert_feed_forward_length") return true;
+  if (f.shared_experts == SharedExperts::kGated && suffix == "expert_shared_feed_forward_length") return true;
+  if (f.shared_experts == SharedExperts::kCount && suffix == "expert_shared_count") return true;
+  if (f.dense_layers == DenseLayers::kFirstK && suffix == "leading_dense_block_count") return true;
+  return f.scoring == RouterScoring::kSigmoidGrouped &&
+         (suffix == "expert_weights_scale" || suffix == "expert_gating_func" || suffix == "expert_group_count" ||
+          suffix == "expert_group_used_count");
 }
 
 bool get_bool(const GgufContents& g, const std::string& origin, const std::string& key, bool fallback) {
@@ -90,26 +76,21 @@ bool get_bool(const GgufContents& g, const std::string& origin, const std::strin
 
 }  // namespace
 
-const char* gguf_architecture(ModelFamily family) {
-  for (const GgufArch& a : kArchs)
-    if (a.family == family) return a.name;
-  return "";
-}
-
 ModelConfig gguf_model_config(const GgufContents& g, const std::string& origin) {
   const GgufValue* arch_value = g.find("general.architecture");
   if (!arch_value || arch_value->type != GgufType::kString) throw_input_error(origin, "metadata has no string \"general.architecture\"");
   const std::string arch = arch_value->s;
-  const GgufArch* found = nullptr;
-  for (const GgufArch& a : kArchs)
-    if (arch == a.name) found = &a;
+  const FamilyInfo* found = nullptr;
+  std::string names;
+  for (const FamilyInfo& f : kFamilies) {
+    if (arch == f.gguf_arch) found = &f;
+    names += (names.empty() ? "" : ", ") + std::string(f.gguf_arch) + (f.gguf_llama_layout ? " (with experts)" : "");
+  }
   if (!found)
-    throw_input_error(origin, "general.architecture is \"" + arch +
-                     "\": MoEX loads GGUF files of the architectures llama (with experts: Mixtral), qwen2moe, "
-                     "qwen3moe, olmoe and dots1" +
-                     (arch == "deepseek2" ? " (deepseek2 uses multi-head latent attention, which MoEX does not run)" : ""));
-  const ModelFamily f = found->family;
-  const bool llama = f == ModelFamily::kMixtral;
+    throw_input_error(origin, "general.architecture is \"" + arch + "\": MoEX loads GGUF files of the architectures " +
+                     names + (arch == "deepseek2" ? " (deepseek2 uses multi-head latent attention, which MoEX does not run)" : ""));
+  const FamilyInfo& info = *found;
+  const bool llama = info.gguf_llama_layout;
   for (const auto& [key, value] : g.metadata) {
     const std::string prefix = key.substr(0, key.find('.'));
     if (prefix == "general" || prefix == "tokenizer" || prefix == "quantize") continue;  // not the computation
@@ -122,16 +103,16 @@ ModelConfig gguf_model_config(const GgufContents& g, const std::string& origin) 
     }
     if (prefix != arch) throw_input_error(origin, "metadata key \"" + key + "\" belongs to no architecture MoEX loads");
     const std::string suffix = key.substr(arch.size() + 1);
-    if (kCommonKeys.count(suffix) || family_keys(f).count(suffix)) continue;
+    if (kCommonKeys.count(suffix) || family_key(info, suffix)) continue;
     if (suffix == "rope.scaling.type" && value.type == GgufType::kString && value.s == "none") continue;
     throw_input_error(origin, "metadata key \"" + key + "\" (" + value.str() + ") is not supported: MoEX would run the model wrongly");
   }
   const std::string a = arch + ".";
   ModelConfig c;
-  c.family = f;
-  c.model_type = family_info(f).model_type;
-  c.qk_norm = family_info(f).qk_norm;
-  c.scoring = family_info(f).scoring;
+  c.family = info.family;
+  c.model_type = info.model_type;
+  c.qk_norm = info.qk_norm;
+  c.scoring = info.scoring;
   c.hidden_size = static_cast<int>(get_int(g, origin, a + "embedding_length", 0, true));
   c.num_hidden_layers = static_cast<int>(get_int(g, origin, a + "block_count", 0, true));
   c.num_attention_heads = static_cast<int>(get_int(g, origin, a + "attention.head_count", 0, true));
@@ -157,7 +138,7 @@ ModelConfig gguf_model_config(const GgufContents& g, const std::string& origin) 
   }
   // Expert width: feed_forward_length in llama and olmoe (every layer is MoE); expert_feed_forward_length in
   // the others, whose feed_forward_length is the dense MLP's.
-  if (llama || f == ModelFamily::kOlmoe) {
+  if (!info.moe_intermediate) {
     c.intermediate_size = static_cast<int>(get_int(g, origin, a + "feed_forward_length", 0, true));
   } else {
     c.intermediate_size = static_cast<int>(get_int(g, origin, a + "expert_feed_forward_length", 0, true));
@@ -165,15 +146,15 @@ ModelConfig gguf_model_config(const GgufContents& g, const std::string& origin) 
   }
   // Renormalising the top-k weights: llama.cpp hard-wires it per architecture (llama and qwen3moe do, qwen2moe
   // and olmoe do not) and reads expert_weights_norm (default false) for dots1; a file may say otherwise.
-  const bool norm_default = llama || f == ModelFamily::kQwen3Moe;
+  const bool norm_default = info.gguf_topk_norm == GgufTopkNorm::kAlways;
   c.norm_topk_prob = get_bool(g, origin, a + "expert_weights_norm", norm_default);
-  if (f == ModelFamily::kQwen2Moe) {
+  if (info.shared_experts == SharedExperts::kGated) {
     c.shared_expert_intermediate_size =
         static_cast<int>(get_int(g, origin, a + "expert_shared_feed_forward_length", 0, true));
     c.shared_expert_gate = true;
-    c.qkv_bias = g.tensor("blk.0.attn_q.bias") != nullptr;
   }
-  if (f == ModelFamily::kQwen2Moe || f == ModelFamily::kQwen3Moe) {
+  if (info.qkv_bias_key) c.qkv_bias = g.tensor("blk.0.attn_q.bias") != nullptr;
+  if (info.dense_layers == DenseLayers::kSparseStep) {
     // llama.cpp's qwen architectures have no key for HF's mlp_only_layers / decoder_sparse_step: a layer
     // without a router (blk.N.ffn_gate_inp) is dense, as MoEX's converter writes them (llama.cpp refuses
     // such files: it needs a router in every layer).
@@ -188,16 +169,20 @@ ModelConfig gguf_model_config(const GgufContents& g, const std::string& origin) 
       c.mlp_only_layers.push_back(l);
     }
   }
-  if (f == ModelFamily::kDots1) {
+  if (info.dense_layers == DenseLayers::kFirstK)
     c.first_k_dense_replace = static_cast<int>(get_int(g, origin, a + "leading_dense_block_count", 0, false, 0));
+  if (info.shared_experts == SharedExperts::kCount) {
     c.n_shared_experts = static_cast<int>(get_int(g, origin, a + "expert_shared_count", 0, true));
     if (int64_t{c.n_shared_experts} * c.intermediate_size > INT32_MAX)
       throw_input_error(origin, a + "expert_shared_count x " + a + "expert_feed_forward_length is out of range");
     c.shared_expert_intermediate_size = c.n_shared_experts * c.intermediate_size;
+  }
+  if (info.scoring == RouterScoring::kSigmoidGrouped) {
     c.routed_scaling_factor = static_cast<float>(get_float(g, origin, a + "expert_weights_scale", 1.0, false));
     // llama_expert_gating_func_type: 1 softmax, 2 sigmoid. dots1 scores with a sigmoid (DeepSeek-V3's noaux_tc).
     if (get_int(g, origin, a + "expert_gating_func", 2, false, 0, 3) != 2)
-      throw_input_error(origin, a + "expert_gating_func is not 2 (sigmoid): dots1's router scores with a sigmoid");
+      throw_input_error(origin, a + "expert_gating_func is not 2 (sigmoid): " + info.model_type +
+                                    "'s router scores with a sigmoid");
     c.n_group = static_cast<int>(get_int(g, origin, a + "expert_group_count", 1, false));
     c.topk_group = static_cast<int>(get_int(g, origin, a + "expert_group_used_count", 1, false));
   }
@@ -307,7 +292,7 @@ std::vector<GgufTensorName> gguf_tensor_names(const ModelConfig& c) {
   const int64_t q = c.q_dim(), kv = c.kv_dim(), hd = c.head_dim;
   // llama.cpp permutes attn_q / attn_k for its llama architecture only (adjacent-pair rotary); qwen2moe,
   // qwen3moe, olmoe and dots1 use NEOX rotary (the two halves), HF's order, and are stored as HF has them.
-  const bool llama = c.family == ModelFamily::kMixtral;
+  const bool llama = c.info().gguf_llama_layout;
   auto vec = [&](const std::string& gguf, const std::string& hf, int64_t n, Shape hf_shape = {}) {
     out.push_back({gguf, {hf}, Kind::kVector, 1, n, hf_shape.rank == 0 ? Shape{n} : hf_shape, false, true});
   };
@@ -377,7 +362,7 @@ std::unique_ptr<GgufCheckpoint> load_gguf_checkpoint(const std::string& path) {
   double owned_bytes = 0;
   for (const GgufTensorInfo& t : g.tensors) {
     const bool as_stored = t.type == uint32_t(GgmlType::kF32) || t.type == uint32_t(GgmlType::kBF16);
-    const bool rotary = c.family == ModelFamily::kMixtral &&
+    const bool rotary = c.info().gguf_llama_layout &&
                         (t.name.find(".attn_q.") != std::string::npos || t.name.find(".attn_k.") != std::string::npos);
     if (!as_stored) owned_bytes += 4.0 * t.numel();
     else if (rotary) owned_bytes += static_cast<double>(t.bytes);
