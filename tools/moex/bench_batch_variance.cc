@@ -163,7 +163,7 @@ void run_variance(const VarianceFlags& f) {
     std::printf("%s\n", nlohmann::json{{"model", f.model.model_dir}, {"weights", weights},
                                        {"batch_invariant", f.model.batch_invariant}, {"prompts", f.prompts},
                                        {"tokens", f.tokens}, {"max_num_seqs", f.max_num_seqs},
-                                       {"max_batch_tokens", f.model.max_step_tokens}, {"differ", diffs.size()},
+                                       {"max_step_tokens", f.model.max_step_tokens}, {"differ", diffs.size()},
                                        {"median_top2_gap_alone", median_gap}, {"differences", rows},
                                        {"same_token_steps", same_steps}, {"logprob_differs_steps", numeric_steps},
                                        {"max_logprob_diff", max_logprob_diff},

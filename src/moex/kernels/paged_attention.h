@@ -39,7 +39,9 @@ void paged_kv_write(const PagedKvLayout& layout, float* pool, int64_t layer, con
                     int64_t position, const float* k_row, const float* v_row);
 
 // The queries of one sequence in a step: rows q_row .. q_row + q_len - 1 of q and out, at positions
-// q_pos .. q_pos + q_len - 1. Row i attends causally to cache positions 0 .. q_pos + i, which must all be
+// q_pos .. q_pos + q_len - 1. Attention's view of the model's StepSeq (model/decoder.h, "a sequence's slice
+// of a step"), kept apart because kernels sit below model and the kernel needs the slice's first row, which
+// StepSeq leaves implicit (the sum of the lengths before it). Row i attends causally to cache positions 0 .. q_pos + i, which must all be
 // written (append the step's K/V first, as the contiguous cache does).
 struct PagedAttentionSeq {
   const int32_t* block_table = nullptr;

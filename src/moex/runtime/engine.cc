@@ -272,7 +272,7 @@ nlohmann::json Engine::stats() const {
         {"experts", config.num_local_experts},
         {"experts_per_token", config.num_experts_per_tok},
         {"max_num_seqs", options_.max_num_seqs},
-        {"max_batch_tokens", options_.max_step_tokens},
+        {"max_step_tokens", options_.max_step_tokens},
         {"kv_block_size", kernels::kKvBlockSize},
         {"ranks", options_.comm ? options_.comm->size() : 1},
         {"step_breakdown", options_.step_breakdown}}},
