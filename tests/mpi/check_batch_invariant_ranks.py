@@ -5,7 +5,8 @@ With ring all-reduce (it adds each chunk of a message starting from a different 
 is summed in depends on where it sits in the step's rows) sequences served together get logprobs that differ
 from each alone: the check sees that (it can fail). With --batch-invariant, `auto` is pinned to an all-reduce
 that adds every element in one order: no step moves. --batch-invariant with ring is refused with one line.
-On the exact path (--exact), whose f32 sums the ring's order moves.
+On the exact path (--exact), whose f32 sums the ring's order moves. Every rank also checks that generate() gave
+it each token's logprobs (the alone runs), so a rank left without them fails the run.
 """
 import argparse
 import json

@@ -53,7 +53,12 @@ std::vector<SampledToken> run_alone(DecoderModel& model, const std::vector<int>&
   options.sampler = greedy_with_logprobs();
   options.max_num_seqs = 1;
   GenerationResult r = generate(model, {prompt}, options);
-  return r.logprobs.empty() ? std::vector<SampledToken>{} : std::move(r.logprobs[0]);
+  // Every rank gets the tokens and their logprobs (generate() broadcasts them).
+  MOEX_CHECK(r.logprobs.size() == 1 && r.logprobs[0].size() == r.new_tokens[0].size(), "generate() gave this rank ",
+             r.logprobs.empty() ? 0 : r.logprobs[0].size(), " logprobs for ", r.new_tokens[0].size(), " tokens");
+  for (size_t i = 0; i < r.new_tokens[0].size(); ++i)
+    MOEX_CHECK(r.logprobs[0][i].token == r.new_tokens[0][i], "generate(): a logprob names another token than its step's");
+  return std::move(r.logprobs[0]);
 }
 
 void run_variance(const VarianceFlags& f) {

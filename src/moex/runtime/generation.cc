@@ -49,6 +49,39 @@ void broadcast_vector(comm::Communicator& comm, std::vector<T>& v) {
   if (n) comm.broadcast(v.data(), n * sizeof(T), 0);
 }
 
+// One sequence's sampled tokens with their logprobs, from rank 0 to every rank: the ids and top-list lengths
+// in one vector, the logprobs in another (two broadcasts each, however long the top lists).
+void broadcast_logprobs(comm::Communicator& comm, std::vector<SampledToken>& tokens) {
+  std::vector<int32_t> ids;
+  std::vector<float> values;
+  if (comm.rank() == 0) {
+    for (const SampledToken& t : tokens) {
+      ids.push_back(t.token);
+      ids.push_back(static_cast<int32_t>(t.top.size()));
+      values.push_back(t.logprob);
+      for (const TokenLogprob& e : t.top) {
+        ids.push_back(e.token);
+        values.push_back(e.logprob);
+      }
+    }
+  }
+  broadcast_vector(comm, ids);
+  broadcast_vector(comm, values);
+  if (comm.rank() == 0) return;
+  tokens.clear();
+  size_t i = 0, f = 0;
+  while (i + 1 < ids.size() && f < values.size()) {
+    SampledToken t;
+    t.token = ids[i++];
+    const size_t top = static_cast<size_t>(ids[i++]);
+    t.logprob = values[f++];
+    MOEX_CHECK(i + top <= ids.size() && f + top <= values.size(), "generate: a malformed logprobs broadcast");
+    t.top.resize(top);
+    for (TokenLogprob& e : t.top) e.token = ids[i++], e.logprob = values[f++];
+    tokens.push_back(std::move(t));
+  }
+}
+
 }  // namespace
 
 GenerationResult generate(DecoderModel& model, const std::vector<std::vector<int>>& prompts,
@@ -144,6 +177,10 @@ GenerationResult generate(DecoderModel& model, const std::vector<std::vector<int
     error_kind = static_cast<ErrorKind>(kind);
     if (error.empty()) {
       for (int s = 0; s < batch; ++s) broadcast_vector(*comm, result.new_tokens[s]);
+      if (options.sampler.logprobs) {
+        result.logprobs.resize(batch);
+        for (int s = 0; s < batch; ++s) broadcast_logprobs(*comm, result.logprobs[s]);
+      }
       if (options.return_logits) {
         result.logits.resize(batch);
         for (int s = 0; s < batch; ++s) broadcast_vector(*comm, result.logits[s]);

@@ -29,7 +29,7 @@ enum class StopReason { kMaxNewTokens, kEos, kCacheFull };
 struct GenerationResult {
   std::vector<std::vector<int>> new_tokens;  // per sequence
   std::vector<StopReason> stop_reasons;      // per sequence
-  // Per sequence, when the sampler asked for logprobs: each new token's (rank 0 only).
+  // Per sequence, when the sampler asked for logprobs: each new token's (on every rank).
   std::vector<std::vector<SampledToken>> logprobs;
   // Per sequence with return_logits: [positions, vocab], the logits of every position it fed the model
   // (prompt, then each generated token but the last).

@@ -36,7 +36,8 @@ struct FinishedSeq {
 // begin .. end - 1. The KV of positions [0, begin) is in the cache; the step appends [begin, end) through
 // block_table, which covers positions [0, end). The slice itself is the model's StepSeq (model/decoder.h:
 // block table, pos = begin, len = end - begin), which the engine builds from this; this adds what only the
-// engine needs around the forward (whose sequence, its token ids, whether it samples). StepSeq is the one
+// engine needs around the forward (whose sequence, its token ids, whether it samples); it does not hold a
+// StepSeq because the scheduler sees no model (above: pure logic, unit-tested alone). StepSeq is the one
 // name of "a sequence's slice of a step"; kernels::PagedAttentionSeq is attention's view of it.
 struct ScheduledSeq {
   SeqId id = 0;
