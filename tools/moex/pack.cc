@@ -40,6 +40,7 @@ void run_pack(const PackOptions& o) {
                    " exists: pass --force to replace it (it is written anew, then renamed over the old one)");
   // (access() reports a read-only file system to root too; a folder's permission bits do not stop root.)
   const fs::path parent = fs::absolute(path, ec).parent_path();
+  MOEX_CHECK_INPUT(fs::is_directory(parent, ec), "cannot write ", path, ": the folder ", parent.string(), " does not exist");
   MOEX_CHECK_INPUT(::access(parent.c_str(), W_OK) == 0, "cannot write ", path, " (", parent.string(), " is read-only",
                    o.out.empty() ? "): write the panels elsewhere with moex pack --out PATH and load with --panels PATH"
                                  : ")");
