@@ -203,8 +203,8 @@ def main():
                         "warning and a load that packs)")
     else:
         print("ok   panels.moex of another layout version: " + r.stderr.strip().splitlines()[0])
-    # moex pack: beside a quantized checkpoint only, and an existing panels.moex only with --force.
-    expect_error("pack an unquantized model", [moex, "pack", "--model", good], "quantization_config")
+    # moex pack: an existing panels.moex replaced only with --force (a bf16 checkpoint's panels: cli.panels).
+    expect_error("pack to a folder", [moex, "pack", "--model", quant["int8"], "--out", work], "is a folder")
     before = open(os.path.join(quant["int8"], "panels.moex"), "rb").read()
     expect_error("pack over an existing panels.moex", [moex, "pack", "--model", quant["int8"]], "exists", "--force")
     if open(os.path.join(quant["int8"], "panels.moex"), "rb").read() != before:

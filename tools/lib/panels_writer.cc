@@ -15,14 +15,14 @@
 
 namespace moex {
 
-PanelsWritten write_panels(const std::string& dir) {
+PanelsWritten write_panels(const std::string& dir, const std::string& out) {
   namespace fs = std::filesystem;
   const ModelConfig config = load_model_config((fs::path(dir) / "config.json").string());
-  MOEX_CHECK_INPUT(config.quantization.quantized(), dir, "/config.json has no quantization_config: panels.moex holds a "
-                   "quantized checkpoint's matrices (moex quantize writes one)");
+  const bool quantized = config.quantization.quantized();
   const WeightStore store(dir);
-  const std::vector<PanelsToWrite> panels = stored_panels(store, config);
+  const std::vector<PanelsToWrite> panels = quantized ? stored_panels(store, config) : bf16_panels(store, config);
   MOEX_CHECK_INPUT(!panels.empty(), dir, ": no module is stored quantized, nothing to pack");
+  const PanelsKey key = quantized ? panels_key(store, config.quantization) : panels_key(store, kernels::WeightFormat::kBF16);
   std::vector<TensorToWrite> tensors;
   std::vector<std::pair<size_t, int>> parts;  // per tensor: (matrix, buffer)
   for (size_t i = 0; i < panels.size(); ++i) {
@@ -36,14 +36,16 @@ PanelsWritten write_panels(const std::string& dir) {
   }
   SafetensorsOptions options;
   options.metadata[kPanelsLayoutKey] = std::to_string(kernels::kPackedLayoutVersion);
-  options.metadata[kPanelsSourceKey] = panels_source(store, config.quantization);
+  options.metadata[kPanelsWeightsKey] = key.weights;
+  options.metadata[kPanelsSourceKey] = key.source;
   options.data_alignment = 4096;
   SafetensorsPlan plan = plan_safetensors(tensors, UINT64_MAX, store.checkpoint_id(), options);
   MOEX_CHECK(plan.shards.size() == 1);
-  plan.shards[0].file_name = kPanelsFileName;
   size_t cached = SIZE_MAX;  // a matrix's buffers are adjacent in the file (names sorted): packed once
   kernels::PackedWeights packed;
-  StagingFile staged(fs::path(dir) / kPanelsFileName, "panels");
+  const fs::path target = out.empty() ? fs::path(default_panels_path(dir)) : fs::path(out);
+  StagingFile staged(target, "panels");
+  plan.shards[0].file_name = fs::path(staged.path()).filename().string();
   write_safetensors(fs::path(staged.path()).parent_path().string(), tensors, plan, [&](size_t index, uint64_t begin, uint8_t* dst, uint64_t size) {
     const auto [matrix, b] = parts[index];
     if (matrix != cached) {

@@ -6,6 +6,7 @@
 #include "moex/base/cpu.h"
 #include "moex/base/threads.h"
 #include "moex/comm/communicator.h"
+#include "moex/kernels/formats.h"
 #include "moex/kernels/packed.h"
 #include "tools/moex/command.h"
 
@@ -28,8 +29,8 @@ void setup_info(CLI::App& app) {
     // as-stored runs kernels/matmul.h's f32 loop (AVX-512 FMA, or scalar).
     using kernels::WeightFormat;
     std::printf("packed kernels (--weights; few/many rows):");
-    for (WeightFormat f : {WeightFormat::kBF16, WeightFormat::kInt8, WeightFormat::kInt8W8A8, WeightFormat::kInt4,
-                           WeightFormat::kInt4W4A8, WeightFormat::kFP8E4M3}) {
+    for (const kernels::FormatTraits& t : kernels::all_formats()) {  // the format table (kernels/formats.h)
+      const WeightFormat f = t.format;
       const kernels::Isa isa = kernels::kernel_isa(f), few = kernels::isa_for_rows(f, isa, 1),
                          many = kernels::isa_for_rows(f, isa, 512);
       std::printf(" %s=%s", std::string(kernels::weight_format_name(f)).c_str(), std::string(kernels::isa_name(few)).c_str());

@@ -2,6 +2,9 @@
 
 #include <cmath>
 #include <cstdio>
+#include <optional>
+#include <string>
+#include <vector>
 
 #include "moex/base/error.h"
 #include "moex/base/progress.h"
@@ -9,6 +12,7 @@
 #include "moex/base/system_memory.h"
 #include "moex/base/threads.h"
 #include "moex/comm/selector.h"
+#include "moex/kernels/formats.h"
 #include "moex/model/gguf.h"
 #include "moex/model/safetensors.h"
 #include "moex/model/weights.h"
@@ -17,6 +21,29 @@
 #include "tools/moex/model_check.h"
 
 namespace moex::tools {
+
+namespace {
+
+// The packed formats' --weights spellings, from the format table (kernels/formats.h), and what each quantizes to.
+std::vector<std::string> packed_format_names() {
+  std::vector<std::string> names;
+  for (const kernels::FormatTraits& t : kernels::all_formats()) names.emplace_back(t.name);
+  names.emplace_back("fp8");  // fp8-e4m3's short name (weight_format_from_name)
+  return names;
+}
+
+std::string joined(const std::vector<std::string>& names) {
+  std::string out;
+  for (const std::string& n : names) out += (out.empty() ? "" : " | ") + n;
+  return out;
+}
+
+std::vector<std::string> with(std::vector<std::string> first, const std::vector<std::string>& rest) {
+  first.insert(first.end(), rest.begin(), rest.end());
+  return first;
+}
+
+}  // namespace
 
 void ModelFlags::add_to(CLI::App* cmd) {
   cmd->add_option("--model", model_dir, "Hugging Face model folder (config.json + safetensors), or a llama.cpp .gguf file")->required();
@@ -32,18 +59,20 @@ void ModelFlags::add_to(CLI::App* cmd) {
   weights_option =
       cmd->add_option("--weights", weights,
                       "Expert weights: auto (bf16 for a bf16/f16/f32 checkpoint, a quantized one as stored) | as-stored "
-                      "(checkpoint dtype, f32 activations) | bf16 | int8 (weight-only) | int8-w8a8 (int8 activations per "
-                      "token) | int4 (symmetric, per --group-size) | int4-w4a8 (int4 with int8 activations per token and "
-                      "group) | fp8 (e4m3, 128x128 blocks, bf16 activations): quantized and packed once at load")
+                      "(checkpoint dtype, f32 activations) | " + joined(packed_format_names()) +
+                      " (docs/kernels.md, the format table; int4s per --group-size): quantized and packed once at load")
           ->capture_default_str()
-          ->check(CLI::IsMember({"auto", "as-stored", "bf16", "int8", "int8-w8a8", "int4", "int4-w4a8", "fp8"}));
+          ->check(CLI::IsMember(with({"auto", "as-stored"}, packed_format_names())));
   dense_weights_option =
       cmd->add_option("--dense-weights", dense_weights,
                       "Attention projections and lm_head: auto (bf16 for a bf16/f16/f32 checkpoint unless --weights "
-                      "as-stored; a quantized one as stored) | as-stored | bf16 | int8 | int8-w8a8 | int4 | int4-w4a8 | "
-                      "fp8, as --weights, or experts (the --weights format); the router and the norms stay as stored")
+                      "as-stored; a quantized one as stored) | as-stored | " + joined(packed_format_names()) +
+                      ", as --weights, or experts (the --weights format); the router and the norms stay as stored")
           ->capture_default_str()
-          ->check(CLI::IsMember({"auto", "as-stored", "experts", "bf16", "int8", "int8-w8a8", "int4", "int4-w4a8", "fp8"}));
+          ->check(CLI::IsMember(with({"auto", "as-stored", "experts"}, packed_format_names())));
+  cmd->add_option("--panels", panels,
+                  "The packed panels to map instead of packing at load (moex pack --out PATH writes them; a stale or "
+                  "other-path file is refused). Default: panels.moex beside the checkpoint, if there; none: pack at load");
   cmd->add_flag("--exact", exact,
                 "The exact path of the PyTorch reference comparisons: the weights as stored with f32 activations and an "
                 "f32 KV cache (= --weights as-stored --dense-weights as-stored --kv-cache-dtype f32)");
@@ -76,14 +105,10 @@ static ExpertWeightFormat weight_format_from_flag(const std::string& weights, in
   ExpertWeightFormat f;
   f.packed = weights != "as-stored";
   f.group = group_size;
-  if (weights == "bf16") f.format = kernels::WeightFormat::kBF16;
-  else if (weights == "int8") f.format = kernels::WeightFormat::kInt8;
-  else if (weights == "int8-w8a8") f.format = kernels::WeightFormat::kInt8W8A8;
-  else if (weights == "int4") f.format = kernels::WeightFormat::kInt4;
-  else if (weights == "int4-w4a8") f.format = kernels::WeightFormat::kInt4W4A8;
-  else if (weights == "fp8") f.format = kernels::WeightFormat::kFP8E4M3;
-  else MOEX_CHECK_INPUT(weights == "as-stored", "--weights ", weights,
-                        ": use as-stored, bf16, int8, int8-w8a8, int4, int4-w4a8 or fp8");
+  if (!f.packed) return f;
+  const std::optional<kernels::WeightFormat> format = kernels::weight_format_from_name(weights);
+  MOEX_CHECK_INPUT(format.has_value(), "--weights ", weights, ": use as-stored | ", joined(packed_format_names()));
+  f.format = *format;
   return f;
 }
 
@@ -116,7 +141,10 @@ ModelFlags::WeightPath ModelFlags::weight_path(const ModelConfig& config) const 
   }
   if (dw == "auto") dw = quantized || weights == "as-stored" || exact ? "as-stored" : "bf16";
   if (dw == "experts") dw = w;
-  const auto int4 = [](const std::string& f) { return f == "int4" || f == "int4-w4a8"; };
+  const auto int4 = [](const std::string& f) {  // the formats with scales per K group (--group-size)
+    const std::optional<kernels::WeightFormat> format = kernels::weight_format_from_name(f);
+    return format && kernels::format_traits(*format).grouped && *format != kernels::WeightFormat::kFP8E4M3;
+  };
   MOEX_CHECK_INPUT(group_size_option == nullptr || group_size_option->count() == 0 || int4(w) || int4(dw),
                    "--group-size applies to --weights int4 or int4-w4a8 only (or --dense-weights int4; got --weights ", w,
                    ", --dense-weights ", dw, ")");
@@ -229,6 +257,7 @@ std::unique_ptr<DecoderModel> ModelFlags::load(int batch) const {
   options.kv_cache_dtype = parse_kv_cache_dtype(path.kv_cache_dtype);
   options.kv_cache_gb = kv_cache_gb;
   options.dense_weights = path.dense;
+  options.panels = panels;
   options.batch_invariant = batch_invariant;
   options.expert_placement = expert_placement_for(config, options.plan, comm);
   // The window defaults to the interval: each rebalance sees the steps since the last one.

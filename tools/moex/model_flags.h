@@ -31,6 +31,9 @@ struct ModelFlags : ThreadsFlags, ParallelFlags, CommFlags {
   std::string kv_cache_dtype = "bf16";  // the paged KV pool: bf16 (twice the positions of f32) | f32 (exact)
   double kv_cache_gb = 0.0;            // > 0: the pool's size (`serve --kv-cache-gb`); else batch x --max-seq-len
   std::string dense_weights = "auto";  // attention projections and lm_head: auto | experts | as --weights (packed at load)
+  // --panels PATH: the panels.moex to map (moex pack --out PATH wrote it); "none": pack at load; empty: the one
+  // beside the checkpoint, if any (model/panels_file.h).
+  std::string panels;
   bool exact = false;            // --exact: --weights as-stored --dense-weights as-stored --kv-cache-dtype f32
   bool batch_invariant = false;  // --batch-invariant: ModelOptions::batch_invariant
   // EPLB (docs/moe.md, "Expert load balancing"): --eplb gives each EP rank --redundant-experts extra slots, filled

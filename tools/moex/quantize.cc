@@ -79,10 +79,7 @@ void run_quantize(const QuantizeOptions& o) {
   o.threads.apply();
   MOEX_CHECK_INPUT(o.group_size_option == nullptr || o.group_size_option->count() == 0 || o.weights == "int4",
                    "--group-size applies to --weights int4 only (got --weights ", o.weights, ")");
-  const WeightFormat format = o.weights == "int8"        ? WeightFormat::kInt8
-                              : o.weights == "int8-w8a8" ? WeightFormat::kInt8W8A8
-                              : o.weights == "int4"      ? WeightFormat::kInt4
-                                                         : WeightFormat::kFP8E4M3;
+  const WeightFormat format = *kernels::weight_format_from_name(o.weights);  // (a member of quantize_names())
   ModelConfig config = load_model_config(o.model_dir + "/config.json");
   // The module names below are Mixtral's; the other families (shared experts, dense MLP layers, other expert
   // names) would be written half quantized, which their loader would then refuse.
@@ -196,9 +193,7 @@ void run_quantize(const QuantizeOptions& o) {
       return;
     }
     if (part.source != cached_source) {
-      if (format == WeightFormat::kInt8 || format == WeightFormat::kInt8W8A8) q = kernels::quantize_int8(src, format);
-      else if (format == WeightFormat::kInt4) q = kernels::quantize_int4(src, o.group_size, /*symmetric=*/true);
-      else q = kernels::quantize_fp8(src);
+      q = kernels::quantize(src, format, o.group_size);  // (symmetric; the group applies to grouped formats only)
       MappedFile::release(src.data, src.bytes());
       cached_source = part.source;
       cached_tensor = SIZE_MAX;
@@ -253,13 +248,23 @@ void run_quantize(const QuantizeOptions& o) {
   std::printf("  time         %.1f s, %d threads\n", seconds, num_threads());
 }
 
+// --weights' values: the formats compressed-tensors can hold (model/quantization.h), by the format table's names.
+std::vector<std::string> quantize_names() {
+  std::vector<std::string> names;
+  for (WeightFormat f : compressed_tensors_formats()) {
+    names.emplace_back(kernels::weight_format_name(f));
+    if (f == WeightFormat::kFP8E4M3) names.emplace_back("fp8");  // its short name (weight_format_from_name)
+  }
+  return names;
+}
+
 void setup_quantize(CLI::App& app) {
   auto o = std::make_shared<QuantizeOptions>();
   auto* cmd = app.add_subcommand("quantize", "Write a quantized checkpoint (compressed-tensors) that loads with no work at start-up");
   cmd->add_option("--model", o->model_dir, "Hugging Face model folder (bf16 or f32 safetensors)")->required();
   cmd->add_option("--weights", o->weights, "int8 (per channel, weight-only) | int8-w8a8 (int8 per channel; activations int8 per token at run time: llm-compressor's W8A8) | int4 (symmetric, per --group-size) | fp8 (e4m3, 128x128 blocks)")
       ->required()
-      ->check(CLI::IsMember({"int8", "int8-w8a8", "int4", "fp8"}));
+      ->check(CLI::IsMember(quantize_names()));
   o->group_size_option = cmd->add_option("--group-size", o->group_size, "int4: weights per scale along K (32 | 64 | 128)")
                              ->capture_default_str()
                              ->check(CLI::IsMember({32, 64, 128}));

@@ -43,7 +43,7 @@ DecoderModel::DecoderModel(const std::string& model_dir, const ModelOptions& opt
     : config_(load_checkpoint_config(model_dir)),
       options_(options),
       weights_(load_mixtral_weights(model_dir, config_, validated(options).plan, options.expert_weights,
-                                    options.dense_weights, options.expert_placement.get())),
+                                    options.dense_weights, options.expert_placement.get(), options.panels)),
       kv_cache_(config_.num_hidden_layers, weights_.kv_heads_local, config_.head_dim,
                 kv_cache_layout(config_, options).num_blocks, options.kv_cache_dtype),
       moe_(MoELayerShape{config_.hidden_size, weights_.intermediate_local, config_.num_local_experts,

@@ -34,6 +34,9 @@ struct ModelOptions {
   comm::Communicator* comm = nullptr;  // required when plan.world > 1
   ExpertWeightFormat expert_weights;   // as stored, or quantized + packed at load (`--weights`)
   ExpertWeightFormat dense_weights;    // attention projections and lm_head, the same (`--dense-weights`)
+  // `--panels`: the panels.moex to map (model/panels_file.h); empty: the one beside the checkpoint, if any;
+  // "none": pack at load.
+  std::string panels;
   // `--batch-invariant`: each row's numbers do not depend on the rest of the step (its neighbours, how many
   // rows its experts got): every packed matmul runs KernelChoice::for_rows(rows, true)'s loop (kernels/formats.h).
   // Needs dropless routing (capacity drops depend on the whole step). docs/serve.md, "Batch invariance".

@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <filesystem>
 
+#include <sys/stat.h>
+
 #include "moex/base/error.h"
 #include "moex/base/log.h"
 #include "moex/base/mapped_file.h"
@@ -23,41 +25,100 @@ const char* PanelsFile::buffer_suffix(int buffer) {
   return kSuffix[buffer];
 }
 
-std::string panels_source(const WeightStore& store, const QuantizationConfig& qc) {
+namespace {
+
+struct Fnv {
   uint64_t h = 0xcbf29ce484222325ull;
-  const auto mix = [&](const void* p, size_t n) {
+  void mix(const void* p, size_t n) {
     for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<const uint8_t*>(p)[i]) * 0x100000001b3ull;
-  };
-  mix(qc.json.data(), qc.json.size());
+  }
+  std::string hex() const {
+    char out[17];
+    std::snprintf(out, sizeof out, "%016llx", static_cast<unsigned long long>(h));
+    return out;
+  }
+};
+
+}  // namespace
+
+std::string panels_source(const WeightStore& store, const QuantizationConfig& qc) {
+  Fnv f;
+  f.mix(qc.json.data(), qc.json.size());
   const uint64_t headers = store.header_fingerprint();
-  mix(&headers, sizeof headers);
-  char hex[17];
-  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
-  return hex;
+  f.mix(&headers, sizeof headers);
+  return f.hex();
 }
 
-std::shared_ptr<const PanelsFile> PanelsFile::open(const std::string& dir, const WeightStore& store,
-                                                   const QuantizationConfig& qc) {
+PanelsKey panels_key(const WeightStore& store, const QuantizationConfig& qc) {
+  return {kPanelsStored, panels_source(store, qc)};
+}
+
+PanelsKey panels_key(const WeightStore& store, kernels::WeightFormat format) {
+  Fnv f;
+  const std::string_view name = kernels::weight_format_name(format);
+  f.mix(name.data(), name.size());
+  const uint64_t headers = store.header_fingerprint();
+  f.mix(&headers, sizeof headers);
+  // The panels are the weights' values, which the headers do not cover: a shard rewritten in place (same header)
+  // changes its mtime. A copy that does not keep mtimes (cp without -p) is refused too, and says how to rebuild.
+  for (const MappedFile* m : store.mappings()) {
+    struct stat st {};
+    MOEX_CHECK_INPUT(::stat(m->path().c_str(), &st) == 0, m->path(), ": cannot stat it");
+    const int64_t fields[3] = {static_cast<int64_t>(st.st_size), static_cast<int64_t>(st.st_mtim.tv_sec),
+                               static_cast<int64_t>(st.st_mtim.tv_nsec)};
+    f.mix(fields, sizeof fields);
+  }
+  return {std::string(name), f.hex()};
+}
+
+std::string default_panels_path(const std::string& model_dir) {
+  return (std::filesystem::path(model_dir) / kPanelsFileName).string();
+}
+
+std::shared_ptr<const PanelsFile> PanelsFile::open(const std::string& path, const PanelsKey& want, bool given,
+                                                   const std::string& model_dir) {
   namespace fs = std::filesystem;
-  const fs::path path = fs::path(dir) / kPanelsFileName;
+  const std::string rebuild = "rebuild it with moex pack --model " + model_dir + (given ? " --out " + path : "") +
+                              " --force" + (given ? "" : ", or delete it to pack at load");
   std::error_code ec;
-  if (!fs::exists(path, ec)) return nullptr;
-  auto file = std::make_shared<PanelsFile>(path.string());
+  if (!fs::exists(path, ec)) {
+    MOEX_CHECK_INPUT(!given, "--panels ", path, " does not exist: moex pack --model ", model_dir, " --out ", path,
+                     " writes it");
+    return nullptr;
+  }
+  std::shared_ptr<PanelsFile> file;
+  try {
+    file = std::make_shared<PanelsFile>(path);
+  } catch (const Error& e) {
+    throw_error(ErrorKind::kInvalidInput, std::string(e.what()) + " (panels file: " + rebuild + ")");
+  }
   const auto& meta = file->file_.metadata();
-  const auto value = [&](const char* key) {
+  const auto value = [&](const char* key, const char* absent) {
     auto it = meta.find(key);
-    return it == meta.end() ? std::string("none") : it->second;
+    return it == meta.end() ? std::string(absent) : it->second;
   };
-  const std::string layout = value(kPanelsLayoutKey), source = value(kPanelsSourceKey);
+  const std::string layout = value(kPanelsLayoutKey, "none"), weights = value(kPanelsWeightsKey, kPanelsStored),
+                    source = value(kPanelsSourceKey, "none");
+  const auto kind = [](const std::string& w) {
+    return w == kPanelsStored ? std::string("a quantized checkpoint's stored formats") : w + " panels";
+  };
+  if (weights != want.weights) {
+    MOEX_CHECK_INPUT(!given, "--panels ", path, " holds ", kind(weights), ", but this load runs ", kind(want.weights),
+                     ": give the panels of this --weights path, or no --panels");
+    MOEX_LOG(kInfo, "%s holds %s, this load packs %s: not used", path.c_str(), kind(weights).c_str(),
+             kind(want.weights).c_str());
+    return nullptr;
+  }
   if (layout != std::to_string(kernels::kPackedLayoutVersion)) {
+    MOEX_CHECK_INPUT(!given, "--panels ", path, " has panel layout ", layout, ", this build's is ",
+                     kernels::kPackedLayoutVersion, ": ", rebuild);
     MOEX_LOG(kWarn, "%s has panel layout %s, this build's is %d: ignored, the weights are packed at load (moex "
              "pack --force writes it anew)", path.c_str(), layout.c_str(), kernels::kPackedLayoutVersion);
     return nullptr;
   }
-  const std::string want = panels_source(store, qc);
-  MOEX_CHECK_INPUT(source == want, path.string(), " was packed from other weights than those beside it (", kPanelsSourceKey,
-                   " ", source, ", theirs ", want, "): a shard or the quantization_config changed since it was written; "
-                   "delete it to pack at load, or rewrite it with moex pack --force");
+  MOEX_CHECK_INPUT(source == want.source, path, " was packed from other weights than ", model_dir, "'s (",
+                   kPanelsSourceKey, " ", source, ", theirs ", want.source, "): the checkpoint changed since (a shard's "
+                   "header, size or mtime, or the quantization_config); ", rebuild);
   // Before any page is read: the panels then come into the page cache as 2 MB folios, which at batch 1 (a few
   // experts' panels each step, out of the whole file) decides the TLB's hit rate (kernels::WeightArena).
   file->file_.mapping().advise_huge_pages();

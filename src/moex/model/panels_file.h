@@ -1,19 +1,26 @@
-// panels.moex: a quantized checkpoint's matrices already in the kernels' packed panels, written by `moex
-// quantize` beside the compressed-tensors files (or by `moex pack` beside a quantized checkpoint from elsewhere)
-// so that a load maps them instead of unpacking the stored codes and repacking every matrix (docs/kernels.md,
-// "Quantized checkpoints"). HF and vLLM do not read it; without it a load packs as before.
+// panels.moex: a checkpoint's matrices already in the kernels' packed panels, so that a load maps them instead
+// of packing every matrix (docs/kernels.md, "panels.moex"). Two kinds, told apart by moex_panels_weights:
+// - "stored": a quantized checkpoint's matrices packed from its stored codes, written by `moex quantize` beside
+//   the compressed-tensors files (or by `moex pack` beside a quantized checkpoint from elsewhere);
+// - "bf16": a bf16/f16/f32 checkpoint's matrices as `--weights auto` packs them (experts, attention q/k/v/o,
+//   lm_head, shared experts, dense MLP layers), written by `moex pack` only: nothing is written into a model
+//   folder unless asked. `moex pack --out PATH` writes it elsewhere (a read-only folder) and `--panels PATH`
+//   loads with it.
+// HF and vLLM do not read it; without it a load packs as before.
 //
 // The file is a safetensors file (any safetensors reader lists it): per packed matrix M (names below), the
 // PackedWeights buffers its format has, byte for byte: M.data U8, M.scales F32, M.offsets F32, M.col_sums I32,
-// each 1-D. __metadata__: moex_panels_layout (kernels::kPackedLayoutVersion), moex_panels_source (what it was
-// packed from: panels_source() of the checkpoint's files) and moex_checkpoint_id (theirs, for the reader). The
+// each 1-D. __metadata__: moex_panels_layout (kernels::kPackedLayoutVersion), moex_panels_weights (the kind above;
+// absent in files of older builds: "stored"), moex_panels_source (what it was packed from: panels_source() of the
+// checkpoint's files) and moex_checkpoint_id (theirs, for the reader). The
 // header is padded to 4096 bytes and every buffer is a multiple of 64 bytes, so each tensor starts 64-byte
 // aligned in the mapping (the kernels' aligned loads).
 // Packed from other files than those beside it (a shard rewritten, the quantization_config edited) it is
 // refused with an error, as WeightStore refuses shards of two checkpoints; from another layout version (an
-// older MoEX) it is ignored with a warning and the load packs. What the fingerprint cannot see is a tensor's
-// values rewritten in place under the same header: whoever edits a quantized checkpoint's weights deletes
-// its panels.moex (docs/kernels.md).
+// older MoEX) it is ignored with a warning and the load packs. A bf16 kind's source also covers each shard's size
+// and mtime (its panels are the weights' values: a shard rewritten in place under the same header is refused); a
+// stored kind's covers the headers and the quantization_config only, so whoever edits a quantized checkpoint's
+// weights in place deletes its panels.moex (docs/kernels.md).
 // Names: a dense module's own ("model.layers.0.self_attn.q_proj", "lm_head"); an expert's fused gate/up and
 // its down projection as "<expert prefix>gate_up" and "<expert prefix>down"
 // ("model.layers.0.block_sparse_moe.experts.3.gate_up").
@@ -30,18 +37,35 @@ namespace moex {
 inline constexpr const char* kPanelsFileName = "panels.moex";
 inline constexpr const char* kPanelsLayoutKey = "moex_panels_layout";
 inline constexpr const char* kPanelsSourceKey = "moex_panels_source";
+inline constexpr const char* kPanelsWeightsKey = "moex_panels_weights";
+inline constexpr const char* kPanelsStored = "stored";  // moex_panels_weights of a quantized checkpoint's panels
 
-// The fingerprint of what a load packs from: the quantization_config and every shard's header
+// What a load wants of a panels file: its kind (kPanelsStored, or the format name "bf16") and its source.
+struct PanelsKey {
+  std::string weights;
+  std::string source;
+};
+// A quantized checkpoint's: the fingerprint of the quantization_config and every shard's header
 // (WeightStore::header_fingerprint), as 16 hex digits.
 std::string panels_source(const WeightStore& store, const QuantizationConfig& qc);
+PanelsKey panels_key(const WeightStore& store, const QuantizationConfig& qc);
+// A bf16/f16/f32 checkpoint's packed to `format` (kernels::weight_format_name): every shard's header, size and
+// mtime.
+PanelsKey panels_key(const WeightStore& store, kernels::WeightFormat format);
+
+// Where a load looks for a checkpoint's panels when --panels is not given: `model_dir`/panels.moex.
+std::string default_panels_path(const std::string& model_dir);
 
 class PanelsFile : public std::enable_shared_from_this<PanelsFile> {
  public:
-  // `dir`/panels.moex when it exists, was packed from `store`'s files under `qc`, and has this build's layout;
-  // nullptr when there is none, or (after a warning line) when its layout is another version's. Throws
-  // Error(kInvalidInput) naming the file when it is not a valid safetensors file or was packed from other files.
-  static std::shared_ptr<const PanelsFile> open(const std::string& dir, const WeightStore& store,
-                                                const QuantizationConfig& qc);
+  // The panels file at `path` when it holds `want`'s kind and source in this build's layout. Found beside the
+  // checkpoint (`given` false), it is optional: nullptr when there is none, when it holds another kind (another
+  // --weights path: an info line) or another layout version (a warning line). Named by --panels (`given`), each
+  // of those is an error. Either way Error(kInvalidInput), one line naming the file and how to rebuild it, when it
+  // is not a valid safetensors file (truncated, damaged) or was packed from other files (stale).
+  // `model_dir` names the checkpoint in the messages (how to rebuild: moex pack --model model_dir).
+  static std::shared_ptr<const PanelsFile> open(const std::string& path, const PanelsKey& want, bool given,
+                                                const std::string& model_dir);
 
   // Matrix `name` with `layout`'s geometry (kernels::packed_layout), its buffers views into the mapping that
   // keep it alive. Throws Error(kInvalidInput) naming the file and tensor when one is missing, of another

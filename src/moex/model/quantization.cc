@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "moex/base/error.h"
+#include "moex/kernels/formats.h"
 
 namespace moex {
 namespace {
@@ -249,6 +250,21 @@ QuantizationConfig parse_quantization_config(const std::string& json_text, const
                                               "\" is not supported (compressed-tensors, fp8)");
   c.json = q.dump();
   return c;
+}
+
+std::vector<kernels::WeightFormat> compressed_tensors_formats() {
+  using kernels::WeightFormat;
+  std::vector<WeightFormat> out;
+  for (const kernels::FormatTraits& t : kernels::all_formats()) {
+    switch (t.format) {  // those with a case in compressed_tensors_config below
+      case WeightFormat::kInt8:
+      case WeightFormat::kInt8W8A8:
+      case WeightFormat::kInt4:
+      case WeightFormat::kFP8E4M3: out.push_back(t.format); break;
+      default: break;
+    }
+  }
+  return out;
 }
 
 QuantizationConfig compressed_tensors_config(kernels::WeightFormat format, int64_t group) {

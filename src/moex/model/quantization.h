@@ -53,5 +53,7 @@ QuantizationConfig parse_quantization_config(const std::string& json_text, const
 // What `moex quantize` writes: every expert and attention projection in `format` (kInt8, kInt4 with `group`,
 // kFP8E4M3), the router and lm_head ignored, in the compressed-tensors convention.
 QuantizationConfig compressed_tensors_config(kernels::WeightFormat format, int64_t group);
+// The formats compressed_tensors_config writes (moex quantize's --weights), in the format table's order.
+std::vector<kernels::WeightFormat> compressed_tensors_formats();
 
 }  // namespace moex

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <optional>
 
@@ -12,6 +13,7 @@
 #include "moex/base/system_memory.h"
 #include "moex/base/threads.h"
 #include "moex/kernels/matmul.h"
+#include "moex/model/gguf.h"
 #include "moex/model/panels_file.h"
 
 namespace moex {
@@ -345,7 +347,7 @@ void check_weights_finite(const WeightStore& store) {
 
 DecoderWeights load_mixtral_weights(const std::string& model_dir, const ModelConfig& c, const ParallelPlan& plan,
                                     const ExpertWeightFormat& expert_format, const ExpertWeightFormat& dense_format,
-                                    const eplb::ModelPlacement* placement) {
+                                    const eplb::ModelPlacement* placement, const std::string& panels_path) {
   if (placement) {
     MOEX_CHECK_INPUT(plan.moe == MoEParallel::kEP && plan.tp == 1, "an expert placement (--eplb, --expert-placement) ",
                      "needs --moe-parallel ep");
@@ -391,10 +393,28 @@ DecoderWeights load_mixtral_weights(const std::string& model_dir, const ModelCon
   }
   std::string what = "packing weights to ";
   what += expert_format.packed ? expert_format.name() : dense_format.name();
-  const std::unique_ptr<Progress> progress = std::make_unique<Progress>(what, to_pack);
-  // moex quantize's panels.moex: the stored matrices already packed (panels_file.h).
-  const std::shared_ptr<const PanelsFile> panels = qc.quantized() ? PanelsFile::open(model_dir, s, qc) : nullptr;
+  std::unique_ptr<Progress> progress = std::make_unique<Progress>(what, to_pack);
+  // panels.moex (panels_file.h): a quantized checkpoint's stored matrices, or a bf16/f16/f32 one's matrices packed to
+  // bf16 as below, already packed. --panels names one (or "none"); else the one beside the checkpoint, if any.
+  const bool bf16_packed = !qc.quantized() && ((expert_format.packed && expert_format.format == WeightFormat::kBF16) ||
+                                               (dense_format.packed && dense_format.format == WeightFormat::kBF16));
+  std::shared_ptr<const PanelsFile> panels;
+  const bool given_panels = !panels_path.empty() && panels_path != "none";
+  MOEX_CHECK_INPUT(!given_panels || !is_gguf_path(model_dir), "--panels: a .gguf checkpoint loads without panels");
+  MOEX_CHECK_INPUT(!given_panels || qc.quantized() || expert_format.packed || dense_format.packed, "--panels ",
+                   panels_path, ": this load packs nothing (--weights and --dense-weights as stored)");
+  if (given_panels || (panels_path.empty() && (qc.quantized() || bf16_packed) && !is_gguf_path(model_dir))) {
+    // The kind this load packs: a quantized checkpoint's stored formats, else bf16 (the only kind moex pack writes
+    // for a bf16/f16/f32 checkpoint; another packed format's name never matches one).
+    PanelsKey want = qc.quantized() ? panels_key(s, qc) : panels_key(s, WeightFormat::kBF16);
+    if (!qc.quantized() && !bf16_packed)
+      want.weights = kernels::weight_format_name(expert_format.packed ? expert_format.format : dense_format.format);
+    panels = PanelsFile::open(given_panels ? panels_path : default_panels_path(model_dir), want, given_panels, model_dir);
+  }
   w.panels_mapped = panels != nullptr;
+  // A bf16 matrix is mapped from the panels only when it is whole on this rank (the file holds whole matrices;
+  // a TP slice is packed at load, to the same bytes as the matching panels).
+  const bool bf16_panels = panels && !qc.quantized();
   const auto whole = [&](bool ok, const std::string& m) {
     MOEX_CHECK_INPUT(ok, "quantized checkpoint: \"", m, "\" is stored quantized and loads only whole: run on one "
                      "rank, or with --moe-parallel ep --attn-parallel dp");
@@ -416,6 +436,15 @@ DecoderWeights load_mixtral_weights(const std::string& model_dir, const ModelCon
       });
       return out;
     }
+    if (bf16_panels && dense_format.packed && dense_format.format == WeightFormat::kBF16 && mapped) {
+      const TensorView& whole_view = expect(s, m + ".weight", shape);
+      if (whole_heads || m == "lm_head") {  // whole on this rank: mapped, its source never paged in
+        out.view = whole_view;
+        timed([&] { out.packed = panels->get(m, kernels::packed_layout(WeightFormat::kBF16, shape[0], shape[1], 0, false)); });
+        progress->add(view_bytes(whole_view));
+        return out;
+      }
+    }
     out.view = slice(expect(s, m + ".weight", shape));
     if (dense_format.packed) {
       timed([&] { out.packed = std::make_shared<kernels::PackedWeights>(pack_as(out.view, dense_format)); });
@@ -433,7 +462,10 @@ DecoderWeights load_mixtral_weights(const std::string& model_dir, const ModelCon
   } else {
     MOEX_CHECK_INPUT(c.tie_word_embeddings, "checkpoint has no tensor \"lm_head.weight\" and tie_word_embeddings is false");
     w.lm_head.view = resident(w.embed);
-    if (dense_format.packed) {  // the embedding's pages stay: its rows are still looked up
+    if (bf16_panels && dense_format.packed && dense_format.format == WeightFormat::kBF16) {
+      timed([&] { w.lm_head.packed = panels->get("lm_head", kernels::packed_layout(WeightFormat::kBF16, V, d, 0, false)); });
+      progress->add(view_bytes(w.embed));
+    } else if (dense_format.packed) {  // the embedding's pages stay: its rows are still looked up
       timed([&] { w.lm_head.packed = std::make_shared<kernels::PackedWeights>(pack_as(w.embed, dense_format)); });
       progress->add(view_bytes(w.embed));
     }
@@ -469,6 +501,17 @@ DecoderWeights load_mixtral_weights(const std::string& model_dir, const ModelCon
     // Shared experts and dense MLP layers (whole on every rank): packed at load with the attention projections
     // under a packed --dense-weights (run by expert_ffn through the fused kernels), else as stored.
     const auto mlp_weights = [&](const std::string& q, int64_t width) {
+      if (bf16_panels && dense_format.packed && dense_format.format == WeightFormat::kBF16) {
+        ExpertWeights m{expect(s, q + "gate_proj.weight", {width, d}), expect(s, q + "up_proj.weight", {width, d}),
+                        expect(s, q + "down_proj.weight", {d, width})};
+        timed([&] {
+          PackedExpert packed;
+          packed.w13 = *panels->get(q + "gate_up", kernels::packed_layout(WeightFormat::kBF16, width, d, 0, true));
+          packed.w2 = *panels->get(q + "down", kernels::packed_layout(WeightFormat::kBF16, d, width, 0, false));
+          m.packed = std::make_shared<const PackedExpert>(std::move(packed));
+        });
+        return m;
+      }
       ExpertWeights m{resident(expect(s, q + "gate_proj.weight", {width, d})),
                       resident(expect(s, q + "up_proj.weight", {width, d})),
                       resident(expect(s, q + "down_proj.weight", {d, width}))};
@@ -519,6 +562,9 @@ DecoderWeights load_mixtral_weights(const std::string& model_dir, const ModelCon
       lw.moe.packed.push_back(std::move(packed));
     };
     int stored_quantized = 0;
+    // Whole experts (one rank, EP) of a bf16 load with bf16 panels: mapped. Under TP each rank's slices are packed.
+    const bool map_experts = bf16_panels && expert_format.packed && expert_format.format == WeightFormat::kBF16 &&
+                             w.intermediate_local == I;
     for (int e = 0; e < c.num_local_experts; ++e) {
       const std::string q = moe + "experts." + std::to_string(e) + ".";
       const QuantScheme *s1 = stored_scheme(s, qc, q + info.expert_gate), *s3 = stored_scheme(s, qc, q + info.expert_up),
@@ -559,13 +605,26 @@ DecoderWeights load_mixtral_weights(const std::string& model_dir, const ModelCon
                        w3 = expect(s, q + info.expert_up + ".weight", {I, d}),
                        w2 = expect(s, q + info.expert_down + ".weight", {d, I});
       if (!local) continue;
+      if (map_experts) {  // the views stay unread: the mapped panels run
+        timed([&] {
+          PackedExpert packed;
+          packed.w13 = *panels->get(q + "gate_up", kernels::packed_layout(WeightFormat::kBF16, I, d, 0, true));
+          packed.w2 = *panels->get(q + "down", kernels::packed_layout(WeightFormat::kBF16, d, I, 0, false));
+          lw.moe.packed.push_back(std::move(packed));
+        });
+        lw.moe.local.push_back({w1, w3, w2});
+        progress->add(view_bytes(w1) + view_bytes(w3) + view_bytes(w2));
+        continue;
+      }
       lw.moe.local.push_back({resident(w1.rows(inter.begin, inter.end)), resident(w3.rows(inter.begin, inter.end)),
                               owned_copy(w2.columns(inter.begin, inter.end), w.owned)});
     }
     MOEX_CHECK_INPUT(stored_quantized == 0 || stored_quantized == c.num_local_experts, "quantized checkpoint: layer ", l,
                      " has ", stored_quantized, " of ", c.num_local_experts,
                      " experts stored quantized; MoEX needs all of a layer's experts stored one way");
-    if (expert_format.packed && expert_format.format == WeightFormat::kBF16) {
+    if (map_experts) {
+      // (mapped above)
+    } else if (expert_format.packed && expert_format.format == WeightFormat::kBF16) {
       // One arena for the layer's experts, written in place: the panels of all of them are split over the threads
       // at once (an expert's [I, d] panels are few under TP), and nothing but the arena is allocated.
       timed([&] {
@@ -607,7 +666,7 @@ DecoderWeights load_mixtral_weights(const std::string& model_dir, const ModelCon
         }
       });
     }
-    if (expert_format.packed) {
+    if (expert_format.packed && !map_experts) {
       for (const ExpertWeights& e : lw.moe.local) {
         release_mapped({e.w1, e.w3});
         if (w.intermediate_local == I) release_mapped({e.w2});  // else w2 is an owned copy
@@ -626,6 +685,16 @@ DecoderWeights load_mixtral_weights(const std::string& model_dir, const ModelCon
       lw.moe.packed = std::move(packed);
     }
     w.layers.push_back(std::move(lw));
+  }
+  // Packing at load costs memory bandwidth and fresh pages every start; on a terminal, say once what the panels
+  // would save (nothing is written unless asked: moex pack).
+  if (bf16_packed && !panels && panels_path != "none" && plan.rank == 0 && w.pack_seconds > 0 && progress_enabled() &&
+      !is_gguf_path(model_dir)) {
+    progress.reset();  // its line ends first
+    const double elem = dtype_size(s.get("model.embed_tokens.weight").dtype);
+    std::fprintf(stderr, "moex: packing to bf16 took %.2f s of this load; `moex pack --model %s` writes the packed "
+                 "panels (about %.0f MB) beside the checkpoint so that later loads map them (or --out PATH, then "
+                 "--panels PATH)\n", w.pack_seconds, model_dir.c_str(), to_pack / elem * 2 / 1e6);
   }
   return w;
 }
@@ -676,6 +745,56 @@ int rehome_layer_experts(DecoderWeights& w, const ModelConfig& c, const Parallel
   lw.moe.packed = std::move(packed);
   lw.moe.placement = placement;
   return reads;
+}
+
+std::vector<PanelsToWrite> bf16_panels(const WeightStore& s, const ModelConfig& c) {
+  MOEX_CHECK_INPUT(!c.quantization.quantized(), "bf16 panels are a bf16/f16/f32 checkpoint's");
+  const int64_t d = c.hidden_size, I = c.intermediate_size;
+  std::vector<PanelsToWrite> out;
+  // As load_mixtral_weights packs them on one rank (pack_bf16_direct: the bytes of every other bf16 packing).
+  const auto matrix = [&](const std::string& name, const std::string& tensor, int64_t rows, int64_t cols) {
+    const TensorView v = expect(s, tensor, {rows, cols});
+    out.push_back({name, kernels::packed_layout(WeightFormat::kBF16, rows, cols, 0, false), [v] {
+                     kernels::PackedWeights p = pack_bf16_direct(v);
+                     release_mapped({v});
+                     return p;
+                   }});
+  };
+  const auto gate_up = [&](const std::string& name, const std::string& gate, const std::string& up, int64_t rows,
+                           int64_t cols) {
+    const TensorView v1 = expect(s, gate, {rows, cols}), v3 = expect(s, up, {rows, cols});
+    out.push_back({name, kernels::packed_layout(WeightFormat::kBF16, rows, cols, 0, true), [v1, v3] {
+                     kernels::PackedWeights p = pack_bf16_direct(v1, &v3);
+                     release_mapped({v1, v3});
+                     return p;
+                   }});
+  };
+  const auto mlp = [&](const std::string& q, int64_t width) {
+    gate_up(q + "gate_up", q + "gate_proj.weight", q + "up_proj.weight", width, d);
+    matrix(q + "down", q + "down_proj.weight", d, width);
+  };
+  if (s.contains("lm_head.weight")) matrix("lm_head", "lm_head.weight", c.vocab_size, d);
+  else matrix("lm_head", "model.embed_tokens.weight", c.vocab_size, d);  // tied (a load checks the config says so)
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    matrix(p + "self_attn.q_proj", p + "self_attn.q_proj.weight", c.q_dim(), d);
+    matrix(p + "self_attn.k_proj", p + "self_attn.k_proj.weight", c.kv_dim(), d);
+    matrix(p + "self_attn.v_proj", p + "self_attn.v_proj.weight", c.kv_dim(), d);
+    matrix(p + "self_attn.o_proj", p + "self_attn.o_proj.weight", d, c.q_dim());
+    if (!c.moe_layer(l)) {
+      mlp(p + "mlp.", c.dense_intermediate_size);
+      continue;
+    }
+    const FamilyInfo& info = c.info();
+    const std::string moe = p + info.moe_prefix + ".";
+    if (c.shared_expert_intermediate_size > 0) mlp(moe + info.shared_prefix + ".", c.shared_expert_intermediate_size);
+    for (int e = 0; e < c.num_local_experts; ++e) {
+      const std::string q = moe + "experts." + std::to_string(e) + ".";
+      gate_up(q + "gate_up", q + info.expert_gate + ".weight", q + info.expert_up + ".weight", I, d);
+      matrix(q + "down", q + info.expert_down + ".weight", d, I);
+    }
+  }
+  return out;
 }
 
 std::vector<PanelsToWrite> stored_panels(const WeightStore& s, const ModelConfig& c) {

@@ -65,8 +65,10 @@ void check_weights_finite(const WeightStore& store);
 // A quantized checkpoint (config.quantization) is packed from its stored codes and scales (no quantization);
 // its quantized modules then refuse a packed `experts` / `dense` format (they are quantized already), and they
 // load whole (one rank, or whole experts under EP with unsliced attention).
-// With a panels.moex beside a quantized checkpoint's files (model/panels_file.h), its quantized matrices are views
-// into that file instead: no unpacking, no packing, no copy.
+// With a panels.moex (model/panels_file.h) at `panels_path`, else beside the checkpoint's files (`panels_path`
+// empty; "none": never), a quantized checkpoint's quantized matrices, or a bf16/f16/f32 checkpoint's matrices
+// packed to bf16 that are whole on this rank, are views into that file instead: no unpacking, no packing, no copy.
+// A stale, damaged or other-path file is refused as PanelsFile::open says.
 // With an expert `placement` (EPLB, EP plans only), each MoE layer's rank holds the slots the placement gives its
 // EP rank, in slot order (layers[l].moe.experts is then a range of physical slots); an expert held twice is loaded
 // (and packed) once and shared.
@@ -74,7 +76,8 @@ DecoderWeights load_mixtral_weights(const std::string& model_dir, const ModelCon
                                     const ParallelPlan& plan = ParallelPlan{},
                                     const ExpertWeightFormat& experts = ExpertWeightFormat{},
                                     const ExpertWeightFormat& dense = ExpertWeightFormat{},
-                                    const eplb::ModelPlacement* placement = nullptr);
+                                    const eplb::ModelPlacement* placement = nullptr,
+                                    const std::string& panels_path = "");
 
 // EPLB's online rebalance: moves MoE layer `layer`'s experts on this rank to `placement` (this EP rank's slots of
 // it). A slot whose expert the rank already holds shares that expert's views and packed buffers; any other expert
@@ -92,8 +95,9 @@ int rehome_layer_experts(DecoderWeights& weights, const ModelConfig& config, con
 kernels::PackedWeights pack_bf16_direct(const TensorView& w, const TensorView* w3 = nullptr,
                                         std::shared_ptr<uint8_t> into = nullptr);
 
-// One matrix a load of a quantized checkpoint packs from the stored codes: its name in panels.moex, its geometry
-// (sizes only) and how to pack it (reads the codes through the store, as the load does, and drops their pages).
+// One matrix a load packs (from a quantized checkpoint's stored codes, or a bf16/f32 checkpoint's weights to bf16):
+// its name in panels.moex, its geometry (sizes only) and how to pack it (reads its source through the store, as the
+// load does, and drops their pages).
 struct PanelsToWrite {
   std::string name;
   kernels::PackedWeights layout;
@@ -102,5 +106,8 @@ struct PanelsToWrite {
 // Every such matrix of the checkpoint in `store` (one rank: all experts, whole modules), in load order. The
 // functions refer to `store` and `config`, which must outlive them.
 std::vector<PanelsToWrite> stored_panels(const WeightStore& store, const ModelConfig& config);
+// Every matrix a bf16/f16/f32 checkpoint's load packs to bf16 under --weights auto on one rank (experts, attention
+// q/k/v/o, lm_head, shared experts, dense MLP layers), whole, under the names load_mixtral_weights maps them by.
+std::vector<PanelsToWrite> bf16_panels(const WeightStore& store, const ModelConfig& config);
 
 }  // namespace moex
