@@ -406,8 +406,10 @@ def serve_link_down(moex, model, cut_link, watchdog_line):
         out, _ = finish(proc, 10)
         check(False, "serve for the link-down case did not start", out)
         return
-    # Decoding 3000 tokens lasts far longer than the fault takes; the request fails with the job.
-    threading.Thread(target=lambda: complete(base, 3000, HANG_LIMIT_S), daemon=True).start()
+    # 8 requests of 4000 tokens decode far longer than the fault takes (one of 3000 ended within 1.5 s once, the
+    # server then idle: its empty steps notice nothing and the keepalive's line came instead); they fail with the job.
+    for _ in range(8):
+        threading.Thread(target=lambda: complete(base, 4000, HANG_LIMIT_S), daemon=True).start()
     time.sleep(1.5)
     what = cut_link()
     begin = time.monotonic()
