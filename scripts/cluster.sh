@@ -165,7 +165,8 @@ up() {
   ip -n "$login" link set lo up
   ip -n "$login" addr add "$subnet.253/24" dev eth0
   ip -n "$login" link set eth0 up
-  ip netns exec "$login" sysctl -q -w net.ipv4.tcp_retries2=$login_tcp_retries2
+  # /proc/sys/net is the namespace's own inside it (no sysctl binary needed: procps is not a dependency).
+  ip netns exec "$login" sh -c "echo $login_tcp_retries2 > /proc/sys/net/ipv4/tcp_retries2"
   hostfile > "$hosts_file"
   trap - ERR
   echo "cluster.sh: $n host(s) ${prefix}0..$prefix$((n - 1)) on $subnet.0/24 (bridge $bridge, $subnet.254)${rate:+, links shaped to $rate (burst $burst bytes)}"
