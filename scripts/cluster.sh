@@ -13,7 +13,11 @@
 # Options (before mpirun's own arguments they come from the environment only):
 #   --prefix P   (MOEX_CLUSTER_PREFIX, default moex-h)      hosts P0, P1, ...; bridge Pbr; root-side veths P0b, ...
 #   --subnet S   (MOEX_CLUSTER_SUBNET, default 10.213.41)   first three octets of a private /24: host i has S.(i+1),
-#                                                            the bridge (where mpirun runs) S.254
+#                                                            the bridge S.254, the login namespace (below) S.253
+# mpirun runs in a namespace of its own, PREFIXl (the login node), whose TCP gives up on an unacknowledged
+# segment after ~6 s (net.ipv4.tcp_retries2 = 4; the machine's default, 15, takes ~15 minutes): when a host's
+# link goes down while mpirun is ending the job, its kill order to that host's orted is never acknowledged,
+# and only this ends the job (docs/comm.md, "Failures across hosts").
 # Shaping (--rate 10gbit, 1gbit, 500mbit, ...): a tbf qdisc on both ends of each host's veth, so the rate holds
 # in both directions of every link; --burst sets the bucket (default: what the rate moves in 4 ms, at least
 # 64 KB). Only rate and burst can be shaped: delay, jitter and loss need netem, which these kernels lack.
@@ -56,6 +60,9 @@ for octet in ${subnet//./ }; do
   [ "$octet" -le 255 ] || die "--subnet '$subnet': $octet is not an octet"
 done
 bridge=${prefix}br
+login=${prefix}l
+# TCP retransmissions before mpirun's connection to an orted fails: RTO 0.2 s doubling, 4 retries ~6 s.
+login_tcp_retries2=4
 # Written by up, removed by down: the hostfile of `cluster.sh mpirun` lives as long as the hosts do.
 state_dir=/run/moex-cluster
 hosts_file=$state_dir/$prefix.hosts
@@ -75,7 +82,7 @@ hosts() {
 
 down() {
   local h pids
-  for h in $(hosts); do
+  for h in $(hosts) $(ip netns list 2>/dev/null | awk '{print $1}' | grep -xF -- "$login" || true); do
     # Processes still inside (an orted or rank of a killed job) would keep the namespace's links alive.
     pids=$(ip netns pids "$h" 2>/dev/null || true)
     [ -z "$pids" ] || kill -KILL $pids 2>/dev/null || true
@@ -83,7 +90,7 @@ down() {
   done
   # Deleting a namespace deletes its end of each veth pair and with it the root-side end; a root-side end
   # whose namespace went away some other way is removed here.
-  for h in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | sed 's/@.*//' | grep -E "^${prefix}[0-9]+b\$" || true); do
+  for h in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | sed 's/@.*//' | grep -E "^${prefix}([0-9]+|l)b\$" || true); do
     ip link delete "$h" 2>/dev/null || true
   done
   ! ip link show "$bridge" >/dev/null 2>&1 || ip link delete "$bridge" type bridge
@@ -123,7 +130,7 @@ up() {
   [ -z "$rate" ] || burst=${burst:-$(default_burst "$rate")}
   [ -z "$burst" ] || [[ "$burst" =~ ^[0-9]+$ ]] || die "--burst '$burst': a number of bytes"
   [ -z "$burst" ] || [ -n "$rate" ] || die "--burst needs --rate"
-  [ -z "$(hosts)" ] && ! ip link show "$bridge" >/dev/null 2>&1 ||
+  [ -z "$(hosts)" ] && ! ip link show "$bridge" >/dev/null 2>&1 && ! ip netns list | awk '{print $1}' | grep -qxF -- "$login" ||
     die "hosts of prefix $prefix exist already: '$0 down' first (or another --prefix)"
   if ip -o addr show 2>/dev/null | grep -q " inet ${subnet//./\\.}\."; then
     die "subnet $subnet.0/24 is in use on this machine: choose another --subnet"
@@ -150,6 +157,16 @@ up() {
       shape "${h}b"    # bridge -> host
     fi
   done
+  # The login namespace: mpirun's, on the bridge like the hosts, unshaped (control traffic only).
+  ip netns add "$login"
+  ip link add "${login}b" type veth peer name eth0 netns "$login"
+  ip link set "${login}b" master "$bridge"
+  ip link set "${login}b" up
+  ip -n "$login" link set lo up
+  ip -n "$login" addr add "$subnet.253/24" dev eth0
+  ip -n "$login" link set eth0 up
+  # /proc/sys/net is the namespace's own inside it (no sysctl binary needed: procps is not a dependency).
+  ip netns exec "$login" sh -c "echo $login_tcp_retries2 > /proc/sys/net/ipv4/tcp_retries2"
   hostfile > "$hosts_file"
   trap - ERR
   echo "cluster.sh: $n host(s) ${prefix}0..$prefix$((n - 1)) on $subnet.0/24 (bridge $bridge, $subnet.254)${rate:+, links shaped to $rate (burst $burst bytes)}"
@@ -175,8 +192,9 @@ case "$cmd" in
   mpirun)
     need_root
     [ -f "$hosts_file" ] || die "no hosts of prefix $prefix: run '$0 up N' first"
-    # The settings and why: docs/comm.md, "Running across hosts".
-    exec mpirun --allow-run-as-root --oversubscribe --hostfile "$hosts_file" \
+    ip netns list | awk '{print $1}' | grep -qxF -- "$login" || die "no login namespace $login: '$0 down', then up again"
+    # The settings and why: docs/comm.md, "Running across hosts". mpirun runs in the login namespace.
+    exec ip netns exec "$login" mpirun --allow-run-as-root --oversubscribe --hostfile "$hosts_file" \
       --mca plm_rsh_agent "$here/cluster-agent.sh" --mca routed direct \
       --mca btl tcp,self,vader --mca btl_tcp_if_include "$subnet.0/24" --mca oob_tcp_if_include "$subnet.0/24" \
       --mca oob_tcp_keepalive_time 4 --mca oob_tcp_keepalive_intvl 2 --mca oob_tcp_keepalive_probes 3 \

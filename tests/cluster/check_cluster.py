@@ -8,9 +8,11 @@ over the bridge. Checks that
     all-reduces), equals one rank's (the tolerance and greedy-token check of tests/parallel/check_plans.py);
   - a job ends in bounded time with one line naming what failed when one host's rank is killed (mpirun's
     line naming the host), stops alive (SIGSTOP: the comm watchdog's, MOEX_COMM_TIMEOUT over TCP, naming the
-    host it waits for), or its
-    host's link goes down (OpenMPI's lost-daemon message naming the host, from the TCP keepalive that
-    cluster.sh mpirun sets);
+    host it waits for), or its host's link goes down: with the watchdog firing first (its line; mpirun's kill
+    order to the lost host's orted then fails after cluster.sh's login namespace's few TCP retries) and with
+    the watchdog above the keepalive (OpenMPI's lost-daemon message naming the host, from the TCP keepalive
+    that cluster.sh mpirun sets); a serve job whose peer host's link goes down during a request prints the
+    watchdog's line (`moex serve: error: ...`) and ends;
   - nothing is left behind: no namespace, bridge, veth or address of the test's prefix.
 Needs root and network namespaces; without them it skips (exit 77). The hosts are removed on every exit
 (signals included); hosts of the test's prefix left by a killed earlier run are removed first. A lock
@@ -26,6 +28,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 
@@ -41,9 +44,8 @@ TOL = 1e-3            # tests/parallel/check_plans.py: max |diff| relative to th
 BOUND_S = 25          # a failure must end the job within this: keepalive 10 s or comm timeout 4 s, + slack
 HANG_LIMIT_S = 60     # a job that hangs is killed after this: the test fails instead of stalling CI
 COMM_TIMEOUT_S = "4"
-# With the link down the watchdog must not fire first: OpenMPI 4.1's abort then waits for the daemon it cannot
-# reach (docs/comm.md, "Running across hosts"), so that case keeps the timeout above the keepalive's 10 s.
-LINK_DOWN_COMM_TIMEOUT_S = "30"
+# The link-down case that lets OpenMPI's keepalive (~10 s) find the lost host before the watchdog fires.
+KEEPALIVE_FIRST_COMM_TIMEOUT_S = "30"
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts")
 CLUSTER = os.path.join(SCRIPTS, "cluster.sh")
@@ -76,17 +78,28 @@ def kill_in_hosts():
 
 
 def finish(proc, limit):
-    """Waits up to `limit` s for proc and its output. Returns (output, True if it had to be killed). A hung
-    mpirun is killed with its process group; its orteds, in their own groups inside the hosts, would keep
-    the output pipe open, so they are killed too."""
+    """Waits up to `limit` s for proc to exit, then for its output. Returns (output, True if it had to be
+    killed); proc.ended_at is when it exited (or was killed). A hung mpirun is killed with its process group.
+    Processes inside the hosts can hold the output pipe after mpirun has exited (the agent runs each orted in
+    its host, where ssh would be a local process that ends with its connection: the orted of a host whose link
+    is down lingers until its own TCP gives up); they are killed once mpirun is gone."""
+    chunks = []
+    reader = threading.Thread(target=lambda: chunks.append(proc.stdout.read()), daemon=True)
+    reader.start()
     try:
-        out, _ = proc.communicate(timeout=limit)
-        return out, False
+        proc.wait(timeout=limit)
+        hung = False
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        hung = True
+    proc.ended_at = time.monotonic()
+    reader.join(timeout=5)
+    if reader.is_alive():
         kill_in_hosts()
-        out, _ = proc.communicate(timeout=30)
-        return out + f"\n(killed: no end after {limit} s)", True
+        reader.join(timeout=30)
+    out = "".join(chunks)
+    return (out + f"\n(killed: no end after {limit} s)", True) if hung else (out, False)
 
 
 def run(cmd, timeout=HANG_LIMIT_S):
@@ -177,7 +190,7 @@ def failing_job(cmd, fault, expect_line, env):
     what = fault()
     begin = time.monotonic()
     out, hung = finish(proc, HANG_LIMIT_S)
-    elapsed = time.monotonic() - begin
+    elapsed = proc.ended_at - begin
     print(out[-1500:])
     print(f"{what}: exit {proc.returncode} {elapsed:.1f} s after the fault")
     if hung:
@@ -196,26 +209,12 @@ def failing_job(cmd, fault, expect_line, env):
 def serve_across_hosts(moex, model):
     """moex serve on 2 hosts (rank 0 owns HTTP on host 0): a greedy completion through host 0's address,
     then SIGTERM to mpirun ends the job."""
-    port = 18000 + os.getpid() % 1000
-    base = f"http://{SUBNET}.1:{port}"
-    proc = start(["bash", CLUSTER, "mpirun", *FORWARD, "-np", "2", moex, "serve", "--model", model, "--threads", "1",
-                  "--host", "0.0.0.0", "--port", str(port), "--max-model-len", "256"])
     begin = time.monotonic()
-    ready = False
-    while not ready and proc.poll() is None and time.monotonic() - begin < HANG_LIMIT_S:
-        try:
-            with urllib.request.urlopen(base + "/health", timeout=2) as r:
-                ready = r.status == 200
-        except OSError:
-            time.sleep(0.3)
+    proc, base, ready = start_serve(moex, model, 256)
     answer, detail = None, ""
     if ready:
-        body = json.dumps({"model": "tiny", "prompt": "Hello world", "max_tokens": 8, "temperature": 0,
-                           "ignore_eos": True}).encode()
-        request = urllib.request.Request(base + "/v1/completions", body, {"Content-Type": "application/json"})
         try:
-            with urllib.request.urlopen(request, timeout=30) as r:
-                answer = json.load(r)
+            answer = complete(base, 8, 30)
         except (OSError, ValueError) as e:
             detail = f"completion failed: {e}"
     if proc.poll() is None:
@@ -354,9 +353,74 @@ def run_checks(moex, collectives_test, root):
         subprocess.run(["ip", "-n", PREFIX + "1", "link", "set", "eth0", "down"], check=True)
         return f"{PREFIX}1's link set down"
 
+    watchdog_line = (r"waited " + COMM_TIMEOUT_S + r" s with no progress from its peers \(still waiting for rank 1 "
+                     r"on host " + PREFIX + r"1\)")
+    problems = failing_job(long_job, cut_link, r"^moex: error: .*" + watchdog_line, ENV)
+    restore_link()
+    check(not problems, f"{PREFIX}1's link down, the watchdog first: the job ends; its line names the host", problems)
     problems = failing_job(long_job, cut_link, rf"Remote daemon: .* on node {PREFIX}1$",
-                           dict(ENV, MOEX_COMM_TIMEOUT=LINK_DOWN_COMM_TIMEOUT_S))
-    check(not problems, f"{PREFIX}1's link down ends the job; OpenMPI names the lost host", problems)
+                           dict(ENV, MOEX_COMM_TIMEOUT=KEEPALIVE_FIRST_COMM_TIMEOUT_S))
+    restore_link()
+    check(not problems, f"{PREFIX}1's link down, the keepalive first: the job ends; OpenMPI names the lost host",
+          problems)
+    serve_link_down(moex, model, cut_link, watchdog_line)
+
+
+def restore_link():
+    """Host 1's link up again for the next job, and nothing left of the last one in the hosts."""
+    kill_in_hosts()
+    subprocess.run(["ip", "-n", PREFIX + "1", "link", "set", "eth0", "up"], check=True)
+
+
+def start_serve(moex, model, max_model_len, port_offset=0):
+    """moex serve on 2 hosts, rank 0's HTTP on host 0: (mpirun's process, base URL, True once /health answers).
+    Each serve job of a run takes its own port: an earlier one's may still be held (TIME_WAIT)."""
+    port = 18000 + (os.getpid() % 500) * 2 + port_offset
+    base = f"http://{SUBNET}.1:{port}"
+    proc = start(["bash", CLUSTER, "mpirun", *FORWARD, "-np", "2", moex, "serve", "--model", model, "--threads", "1",
+                  "--host", "0.0.0.0", "--port", str(port), "--max-model-len", str(max_model_len)])
+    begin = time.monotonic()
+    ready = False
+    while not ready and proc.poll() is None and time.monotonic() - begin < HANG_LIMIT_S:
+        try:
+            with urllib.request.urlopen(base + "/health", timeout=2) as r:
+                ready = r.status == 200
+        except OSError:
+            time.sleep(0.3)
+    return proc, base, ready
+
+
+def complete(base, max_tokens, timeout):
+    body = json.dumps({"model": "tiny", "prompt": "Hello world", "max_tokens": max_tokens, "temperature": 0,
+                       "ignore_eos": True}).encode()
+    request = urllib.request.Request(base + "/v1/completions", body, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout) as r:
+        return json.load(r)
+
+
+def serve_link_down(moex, model, cut_link, watchdog_line):
+    """A served request in flight when host 1's link goes down: rank 0's watchdog prints its line (naming the
+    host) as serve's error, and the job ends within BOUND_S."""
+    proc, base, ready = start_serve(moex, model, 4096, port_offset=1)
+    if not ready:
+        out, _ = finish(proc, 10)
+        check(False, "serve for the link-down case did not start", out)
+        return
+    # 8 requests of 4000 tokens decode far longer than the fault takes (one of 3000 ended within 1.5 s once, the
+    # server then idle: its empty steps notice nothing and the keepalive's line came instead); they fail with the job.
+    for _ in range(8):
+        threading.Thread(target=lambda: complete(base, 4000, HANG_LIMIT_S), daemon=True).start()
+    time.sleep(1.5)
+    what = cut_link()
+    begin = time.monotonic()
+    out, hung = finish(proc, HANG_LIMIT_S)
+    elapsed = proc.ended_at - begin
+    restore_link()
+    hits = [l for l in out.splitlines() if re.search(r"^moex serve: error: .*" + watchdog_line, l)]
+    print(f"serve: {what}: exit {proc.returncode} {elapsed:.1f} s after the fault")
+    check(not hung and proc.returncode != 0 and elapsed <= BOUND_S and len(hits) == 1,
+          f"serve with a request in flight, {PREFIX}1's link down: one line of serve's naming the host, "
+          f"the job ends ({elapsed:.1f} s, bound {BOUND_S} s)", out)
 
 
 if __name__ == "__main__":
