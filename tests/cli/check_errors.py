@@ -180,6 +180,7 @@ def main():
         ("env_isa_bogus", "MOEX_ISA", ["logits", "--model", good, "--ids", "1", "--out", "x.npy"], {"MOEX_ISA": "bogus"}),
         ("info_env_isa_bogus", "MOEX_ISA", ["info"], {"MOEX_ISA": "bogus"}),
         ("env_row_kernel_bogus", "MOEX_ROW_KERNEL", ["logits", "--model", good, "--ids", "1", "--weights", "bf16", "--out", "x.npy"], {"MOEX_ROW_KERNEL": "bogus"}),
+        ("env_stream_prefetch_bogus", "MOEX_STREAM_PREFETCH", ["logits", "--model", good, "--ids", "1", "--weights", "bf16", "--out", "x.npy"], {"MOEX_STREAM_PREFETCH": "bogus"}),
         ("tp_zero", "--tp", ["logits", "--model", good, "--ids", "1", "--tp", "0", "--out", "x.npy"]),
         ("ep_zero", "--ep", ["logits", "--model", good, "--ids", "1", "--ep", "0", "--out", "x.npy"]),
         ("seed_negative", "--seed", ["generate", "--model", good, "--prompt", "hi", "--seed", "-1"]),

@@ -2,10 +2,14 @@
 #include "moex/kernels/formats.h"
 
 #include <omp.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 
 #include <algorithm>
 #include <cstdlib>
 #include <string>
+#include <string_view>
 
 #include "moex/base/error.h"
 #include "moex/kernels/x86/packed_x86.h"
@@ -168,9 +172,31 @@ int row_kernel_override() {
   return parse_row_kernel_env();
 }
 
+namespace x86 {
+namespace {
+bool stream_prefetch_default() {
+  if (const char* e = std::getenv("MOEX_STREAM_PREFETCH")) {
+    if (std::string_view(e) == "on") return true;
+    if (std::string_view(e) == "off") return false;
+  }
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (__get_cpuid(0, &a, &b, &c, &d) && b == 0x68747541 && d == 0x69746e65 && c == 0x444d4163) return false;  // "AuthenticAMD"
+#endif
+  return true;
+}
+}  // namespace
+bool g_stream_prefetch = stream_prefetch_default();  // x86/prefetch.h
+}  // namespace x86
+
 void validate_kernel_environment() {
   MOEX_CHECK_INPUT(parse_row_kernel_env() != 2, "MOEX_ROW_KERNEL='", std::getenv("MOEX_ROW_KERNEL"),
                    "' (choose auto, few or many)");
+  // Read by x86/prefetch.h, which cannot throw inside a kernel: an unknown value there means the CPU's default.
+  const char* prefetch = std::getenv("MOEX_STREAM_PREFETCH");
+  MOEX_CHECK_INPUT(!prefetch || std::string_view(prefetch) == "on" || std::string_view(prefetch) == "off" ||
+                       std::string_view(prefetch) == "auto",
+                   "MOEX_STREAM_PREFETCH='", prefetch, "' (choose auto, on or off)");
 }
 
 std::string_view isa_name(Isa isa) {

@@ -22,14 +22,14 @@ constexpr int kTokenTile = 6;
 constexpr int64_t kKBlock = 2048;  // k per pass: a panel's slice (256 KB) stays in L2 while the token tiles pass
 
 // c [MT][64] (+)= x [MT][ldx] (bf16, k pairs from here) . w panel [pairs][64][2]
-template <int MT>
+template <int MT, bool kPrefetch>
 void tile(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t pairs, float* c, bool load_c, const void* w_end) {
   __m512 acc[MT][4];
   for (int t = 0; t < MT; ++t)
     for (int v = 0; v < 4; ++v) acc[t][v] = load_c ? _mm512_loadu_ps(c + t * kPanel + 16 * v) : _mm512_setzero_ps();
   for (int64_t p = 0; p < pairs; ++p) {
     const uint16_t* wp = w + p * 2 * kPanel;
-    prefetch_ahead(wp, w_end, 4);
+    if constexpr (kPrefetch) prefetch_ahead(wp, w_end, 4);
     const __m512bh w0 = load_pairs(wp), w1 = load_pairs(wp + 32), w2 = load_pairs(wp + 64), w3 = load_pairs(wp + 96);
     for (int t = 0; t < MT; ++t) {
       const __m512bh xv = broadcast_pair(x + t * ldx + 2 * p);
@@ -45,7 +45,9 @@ void tile(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t pairs, floa
 
 }  // namespace
 
-void run_panels_bf16_avx512bf16(const PanelJob& job, int64_t panel_begin, int64_t panel_end) {
+namespace {
+template <bool kPrefetch>
+void run_panels(const PanelJob& job, int64_t panel_begin, int64_t panel_end) {
   const PackedWeights& w = *job.w;
   const auto* x = static_cast<const uint16_t*>(job.activations);  // [T][k_padded] bf16
   const int64_t tokens = job.tokens, kp = w.k_padded;
@@ -61,20 +63,26 @@ void run_panels_bf16_avx512bf16(const PanelJob& job, int64_t panel_begin, int64_
       const bool load_c = k0 > 0;
       int64_t t = 0;
       for (; t + kTokenTile <= tokens; t += kTokenTile)
-        tile<kTokenTile>(x + t * kp + k0, kp, wk, pairs, c.data() + t * kPanel, load_c, w_end);
+        tile<kTokenTile, kPrefetch>(x + t * kp + k0, kp, wk, pairs, c.data() + t * kPanel, load_c, w_end);
       const uint16_t* xt = x + t * kp + k0;
       float* ct = c.data() + t * kPanel;
       switch (tokens - t) {
-        case 5: tile<5>(xt, kp, wk, pairs, ct, load_c, w_end); break;
-        case 4: tile<4>(xt, kp, wk, pairs, ct, load_c, w_end); break;
-        case 3: tile<3>(xt, kp, wk, pairs, ct, load_c, w_end); break;
-        case 2: tile<2>(xt, kp, wk, pairs, ct, load_c, w_end); break;
-        case 1: tile<1>(xt, kp, wk, pairs, ct, load_c, w_end); break;
+        case 5: tile<5, kPrefetch>(xt, kp, wk, pairs, ct, load_c, w_end); break;
+        case 4: tile<4, kPrefetch>(xt, kp, wk, pairs, ct, load_c, w_end); break;
+        case 3: tile<3, kPrefetch>(xt, kp, wk, pairs, ct, load_c, w_end); break;
+        case 2: tile<2, kPrefetch>(xt, kp, wk, pairs, ct, load_c, w_end); break;
+        case 1: tile<1, kPrefetch>(xt, kp, wk, pairs, ct, load_c, w_end); break;
         default: break;
       }
     }
     apply_epilogue(job.epilogue, w, panel, tokens, c.data());
   }
+}
+}  // namespace
+
+void run_panels_bf16_avx512bf16(const PanelJob& job, int64_t panel_begin, int64_t panel_end) {
+  if (g_stream_prefetch) run_panels<true>(job, panel_begin, panel_end);
+  else run_panels<false>(job, panel_begin, panel_end);
 }
 
 void round_row_bf16_avx512bf16(const float* x, int64_t k, int64_t k_padded, uint16_t* out) {

@@ -26,7 +26,7 @@ inline __m512i broadcast_quad(const uint8_t* p) {
 }
 
 // c [MT][64] (+)= x [MT][ldx] (u8, k quads from here) . w panel [quads][64][4]
-template <int MT>
+template <int MT, bool kPrefetch>
 void tile(const uint8_t* x, int64_t ldx, const int8_t* w, int64_t quads, int32_t* c, bool load_c, const void* w_end) {
   // __v16si, the element type vpdpbusd's builtin works in: an array of __m512i (64-bit lanes) cast back and
   // forth keeps GCC 12 from holding the accumulators in registers (it spills them every iteration).
@@ -35,7 +35,7 @@ void tile(const uint8_t* x, int64_t ldx, const int8_t* w, int64_t quads, int32_t
     for (int v = 0; v < 4; ++v) acc[t][v] = __v16si{};
   for (int64_t q = 0; q < quads; ++q) {
     const int8_t* wq = w + q * 4 * kPanel;
-    prefetch_ahead(wq, w_end, 4);
+    if constexpr (kPrefetch) prefetch_ahead(wq, w_end, 4);
     const __m512i w0 = _mm512_load_si512(wq), w1 = _mm512_load_si512(wq + 64), w2 = _mm512_load_si512(wq + 128),
                   w3 = _mm512_load_si512(wq + 192);
     for (int t = 0; t < MT; ++t) {
@@ -57,7 +57,9 @@ void tile(const uint8_t* x, int64_t ldx, const int8_t* w, int64_t quads, int32_t
 
 }  // namespace
 
-void run_panels_w8a8_avx512vnni(const PanelJob& job, int64_t panel_begin, int64_t panel_end) {
+namespace {
+template <bool kPrefetch>
+void run_panels(const PanelJob& job, int64_t panel_begin, int64_t panel_end) {
   const PackedWeights& w = *job.w;
   const auto* x = static_cast<const uint8_t*>(job.activations);  // [T][k_padded] q + 128
   const int64_t tokens = job.tokens, kp = w.k_padded;
@@ -77,21 +79,27 @@ void run_panels_w8a8_avx512vnni(const PanelJob& job, int64_t panel_begin, int64_
       const bool load_c = k0 > 0;
       int64_t t = 0;
       for (; t + kTokenTile <= tokens; t += kTokenTile)
-        tile<kTokenTile>(x + t * kp + k0, kp, wk, quads, c.data() + t * kPanel, load_c, w_end);
+        tile<kTokenTile, kPrefetch>(x + t * kp + k0, kp, wk, quads, c.data() + t * kPanel, load_c, w_end);
       const uint8_t* xt = x + t * kp + k0;
       int32_t* ct = c.data() + t * kPanel;
       switch (tokens - t) {
-        case 5: tile<5>(xt, kp, wk, quads, ct, load_c, w_end); break;
-        case 4: tile<4>(xt, kp, wk, quads, ct, load_c, w_end); break;
-        case 3: tile<3>(xt, kp, wk, quads, ct, load_c, w_end); break;
-        case 2: tile<2>(xt, kp, wk, quads, ct, load_c, w_end); break;
-        case 1: tile<1>(xt, kp, wk, quads, ct, load_c, w_end); break;
+        case 5: tile<5, kPrefetch>(xt, kp, wk, quads, ct, load_c, w_end); break;
+        case 4: tile<4, kPrefetch>(xt, kp, wk, quads, ct, load_c, w_end); break;
+        case 3: tile<3, kPrefetch>(xt, kp, wk, quads, ct, load_c, w_end); break;
+        case 2: tile<2, kPrefetch>(xt, kp, wk, quads, ct, load_c, w_end); break;
+        case 1: tile<1, kPrefetch>(xt, kp, wk, quads, ct, load_c, w_end); break;
         default: break;
       }
     }
     w8a8_panel_to_f32(job, panel, c.data(), f.data());
     apply_epilogue(job.epilogue, w, panel, tokens, f.data());
   }
+}
+}  // namespace
+
+void run_panels_w8a8_avx512vnni(const PanelJob& job, int64_t panel_begin, int64_t panel_end) {
+  if (g_stream_prefetch) run_panels<true>(job, panel_begin, panel_end);
+  else run_panels<false>(job, panel_begin, panel_end);
 }
 
 }  // namespace moex::kernels::x86

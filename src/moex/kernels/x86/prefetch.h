@@ -5,6 +5,11 @@
 // held the few-row loops at 25-88% of the read probe on the AMX Xeon, and 8 KB ahead brings them to 70-110%
 // (bench kernels, docs/kernels.md "Prefetch distance"). Prefetching a whole panel ahead instead (458 KB for
 // mini's down, as the AMX kernel did) was no better than none.
+//
+// Not in the bf16 and W8A8 few-row loops on AMD: on the Zen 4 VM those loops ran 20-30% faster on the hardware
+// prefetchers alone (batch-16 decode at 4 rows per expert; docs/kernels.md "Prefetch distance"), so there they run
+// a tile without it (g_stream_prefetch below). MOEX_STREAM_PREFETCH=on|off|auto overrides the CPU's default: the A/B
+// switch.
 #pragma once
 #include <xmmintrin.h>
 
@@ -15,6 +20,14 @@ namespace moex::kernels::x86 {
 // 8 KB: 8, 16 and 32 KB measured alike (8 by a few percent at 4 rows); the AMX kernel, whose k step reads 4 KB at
 // once, keeps its own 32 KB (expert_gemm_amx.cc).
 constexpr int64_t kStreamLead = 8 << 10;
+
+// Whether the bf16 and W8A8 few-row loops call prefetch_ahead: MOEX_STREAM_PREFETCH if on / off, else (auto; unset; a bad value, which
+// validate_kernel_environment refuses at load) not on AMD CPUs and yes on others. Set once before main
+// (formats.cc, compiled for the baseline ISA). The few-row loops read it once per call and run a tile
+// instantiated with or without prefetch_ahead: tested inside the k loop, a function-local static (its guard may
+// call into the runtime) made GCC 12 keep the tiles' accumulators on the stack, and a plain global made it drop
+// the prefetches from the tiles altogether (both seen in the disassembly).
+extern bool g_stream_prefetch;
 
 // The `lines` cache lines kStreamLead bytes after `read`, those before `end` (the call's last weight byte:
 // the panels after it are another call's, often another thread's).
