@@ -152,13 +152,17 @@ def main():
 
     # Two ranks: the slices a rank holds under TP are packed at load, whole matrices mapped; EP maps its experts.
     if shutil.which("mpirun"):
+        # An f32 KV cache here: with the default bf16 one, TP's other order of summation rounds the cached keys and
+        # values differently from one rank's, which is not what this compares.
+        one_rank, _ = logits("one-rank-f32-kv", model, "--kv-cache-dtype", "f32")
         for plan in (["--tp", "2"], ["--moe-parallel", "ep", "--attn-parallel", "dp"]):
             name = "-".join(a.strip("-") for a in plan)
+            plan = plan + ["--kv-cache-dtype", "f32"]
             with_panels, err = logits(name, model, *plan, launcher=MPIRUN)
             without, _ = logits(name + "-none", model, *plan, "--panels", "none", launcher=MPIRUN)
             check(same(with_panels, without) and "mapping the packed panels" in err,
                   f"{' '.join(plan)} on 2 ranks: the logits with the panels mapped equal those packed at load")
-            check(with_panels is not None and np.allclose(with_panels, packed, atol=1e-3, rtol=0),
+            check(with_panels is not None and np.allclose(with_panels, one_rank, atol=1e-3, rtol=0),
                   f"{' '.join(plan)} on 2 ranks: within 1e-3 of one rank's")
     else:
         print("skip two ranks: no mpirun")
