@@ -121,6 +121,16 @@ shape() {  # DEV [NETNS]: tbf at RATE on DEV's egress
   tc ${ns:+-n "$ns"} qdisc replace dev "$dev" root tbf rate "$rate" burst "$burst" latency 100ms
 }
 
+join_bridge() {  # NETNS ADDR: a new namespace whose eth0 (ADDR/24) is a veth pair's end on the bridge
+  ip netns add "$1"
+  ip link add "${1}b" type veth peer name eth0 netns "$1"
+  ip link set "${1}b" master "$bridge"
+  ip link set "${1}b" up
+  ip -n "$1" link set lo up
+  ip -n "$1" addr add "$2/24" dev eth0
+  ip -n "$1" link set eth0 up
+}
+
 check_n() {
   [[ "$n" =~ ^[0-9]+$ ]] && [ "$n" -ge 1 ] && [ "$n" -le 200 ] || die "$cmd needs N, the number of hosts (1-200), got '${n:-nothing}'"
 }
@@ -145,26 +155,14 @@ up() {
   local i h
   for ((i = 0; i < n; i++)); do
     h=$prefix$i
-    ip netns add "$h"
-    ip link add "${h}b" type veth peer name eth0 netns "$h"
-    ip link set "${h}b" master "$bridge"
-    ip link set "${h}b" up
-    ip -n "$h" link set lo up
-    ip -n "$h" addr add "$subnet.$((i + 1))/24" dev eth0
-    ip -n "$h" link set eth0 up
+    join_bridge "$h" "$subnet.$((i + 1))"
     if [ -n "$rate" ]; then
       shape eth0 "$h"  # host -> bridge
       shape "${h}b"    # bridge -> host
     fi
   done
   # The login namespace: mpirun's, on the bridge like the hosts, unshaped (control traffic only).
-  ip netns add "$login"
-  ip link add "${login}b" type veth peer name eth0 netns "$login"
-  ip link set "${login}b" master "$bridge"
-  ip link set "${login}b" up
-  ip -n "$login" link set lo up
-  ip -n "$login" addr add "$subnet.253/24" dev eth0
-  ip -n "$login" link set eth0 up
+  join_bridge "$login" "$subnet.253"
   # /proc/sys/net is the namespace's own inside it (no sysctl binary needed: procps is not a dependency).
   ip netns exec "$login" sh -c "echo $login_tcp_retries2 > /proc/sys/net/ipv4/tcp_retries2"
   hostfile > "$hosts_file"

@@ -11,6 +11,7 @@
 - under --tp 2 and --moe-parallel ep (mpirun, when there), the logits with the panels equal those without.
 """
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -20,6 +21,8 @@ import subprocess
 import sys
 
 import numpy as np
+
+import one_line_error
 
 MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2"]
 
@@ -56,14 +59,7 @@ def main():
     def same(a, b):
         return a is not None and b is not None and a.shape == b.shape and a.tobytes() == b.tobytes()
 
-    def expect_error(name, cmd, *words):
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-        lines = r.stderr.strip().splitlines()
-        ok = r.returncode == 2 and len(lines) == 1 and lines[0].startswith("moex: error:") and all(
-            w in lines[0] for w in words)
-        print(("ok   " if ok else "FAIL ") + name + ": " + (lines[0] if lines else f"(no stderr, exit {r.returncode})"))
-        if not ok:
-            failures.append(f"{name}: exit {r.returncode}, stderr {r.stderr!r}, wanted {words}")
+    expect_error = functools.partial(one_line_error.expect_error, failures)
 
     listing = lambda d: sorted(os.listdir(d))
     before = listing(model)

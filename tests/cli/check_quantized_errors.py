@@ -6,6 +6,7 @@ Each case breaks one thing in a copy of a good quantized checkpoint (written by 
 one bad flag.
 """
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -16,6 +17,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "reference"))
 import quantize_ref  # noqa: E402
+
+import one_line_error  # noqa: E402
 
 
 def main():
@@ -36,14 +39,7 @@ def main():
                        check=True, capture_output=True)
     failures = []
 
-    def expect_error(name, cmd, *words):
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-        lines = r.stderr.strip().splitlines()
-        ok = r.returncode == 2 and len(lines) == 1 and lines[0].startswith("moex: error:") and all(
-            w in lines[0] for w in words)
-        print(("ok   " if ok else "FAIL ") + name + ": " + (lines[0] if lines else f"(no stderr, exit {r.returncode})"))
-        if not ok:
-            failures.append(f"{name}: exit {r.returncode}, stderr {r.stderr!r}, wanted {words}")
+    expect_error = functools.partial(one_line_error.expect_error, failures)
 
     def variant(name, src, config_edit=None, tensors_edit=None, keep_panels=False):
         d = os.path.join(work, name)
