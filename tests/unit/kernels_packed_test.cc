@@ -45,7 +45,7 @@ struct FormatCase {
     std::string n(kernels::weight_format_name(format));
     for (char& c : n)
       if (c == '-') c = '_';
-    if (format == WeightFormat::kInt4 || format == WeightFormat::kInt4W4A8) n += (symmetric ? "_sym_g" : "_asym_g") + std::to_string(group);
+    if (kernels::group_is_user_set(format)) n += (symmetric ? "_sym_g" : "_asym_g") + std::to_string(group);
     return n;
   }
 };
@@ -61,15 +61,7 @@ const FormatCase kFormats[] = {
 
 QuantizedMatrix quantize(const FormatCase& f, const std::vector<float>& w, int64_t rows, int64_t cols) {
   const TensorView view{const_cast<float*>(w.data()), DType::kF32, Shape{rows, cols}};
-  switch (f.format) {
-    case WeightFormat::kBF16: return kernels::quantize_bf16(view);
-    case WeightFormat::kInt8:
-    case WeightFormat::kInt8W8A8: return kernels::quantize_int8(view, f.format);
-    case WeightFormat::kInt4:
-    case WeightFormat::kInt4W4A8: return kernels::quantize_int4(view, f.group, f.symmetric, f.format);
-    case WeightFormat::kFP8E4M3: return kernels::quantize_fp8(view);
-  }
-  return {};
+  return kernels::quantize(view, f.format, f.group, f.symmetric);
 }
 
 // |y| of the dot products' magnitudes: sum_k |x_k w_nk| per output, the scale rounding errors are relative to.

@@ -92,15 +92,7 @@ QuantizedMatrix make_weights(const FormatSpec& spec, int64_t rows, int64_t cols,
   std::vector<float> w(rows * cols);  // [rows, cols]
   for (float& v : w) v = normal(rng);
   const TensorView view{w.data(), DType::kF32, Shape{rows, cols}};
-  switch (spec.format) {
-    case WeightFormat::kBF16: return quantize_bf16(view);
-    case WeightFormat::kInt8:
-    case WeightFormat::kInt8W8A8: return quantize_int8(view, spec.format);
-    case WeightFormat::kInt4:
-    case WeightFormat::kInt4W4A8: return quantize_int4(view, spec.group, spec.symmetric, spec.format);
-    case WeightFormat::kFP8E4M3: return quantize_fp8(view);
-  }
-  return {};
+  return quantize(view, spec.format, spec.group, spec.symmetric);
 }
 
 PackedWeights clone(const PackedWeights& p) {
@@ -120,19 +112,22 @@ PackedWeights clone(const PackedWeights& p) {
 }  // namespace
 
 FormatSpec parse_format_spec(const std::string& name) {
-  if (name == "bf16") return {WeightFormat::kBF16};
-  if (name == "int8") return {WeightFormat::kInt8};
-  if (name == "int8-w8a8") return {WeightFormat::kInt8W8A8};
-  if (name == "fp8-e4m3") return {WeightFormat::kFP8E4M3};
-  for (int64_t g : {32, 64, 128}) {
-    const std::string base = "int4-g" + std::to_string(g);
-    if (name == base) return {WeightFormat::kInt4, g, true};
-    if (name == base + "-asym") return {WeightFormat::kInt4, g, false};
-    if (name == "int4-w4a8-g" + std::to_string(g)) return {WeightFormat::kInt4W4A8, g, true};
-    if (name == "int4-w4a8-g" + std::to_string(g) + "-asym") return {WeightFormat::kInt4W4A8, g, false};
+  // The table's names; a format whose K group --group-size sets is spelled <name>-g<group>[-asym].
+  std::string choices;
+  for (const kernels::FormatTraits& t : kernels::all_formats()) {
+    const std::string base(t.name);
+    choices += (choices.empty() ? "" : ", ") + base;
+    if (!kernels::group_is_user_set(t.format)) {
+      if (name == base) return {t.format};
+      continue;
+    }
+    choices += "-g32|g64|g128[-asym]";
+    for (int64_t g : {32, 64, 128}) {
+      if (name == base + "-g" + std::to_string(g)) return {t.format, g, true};
+      if (name == base + "-g" + std::to_string(g) + "-asym") return {t.format, g, false};
+    }
   }
-  throw_error(ErrorKind::kInvalidInput, "unknown weight format '" + name +
-                                            "' (choose bf16, int8, int8-w8a8, int4-g32|g64|g128[-asym], int4-w4a8-g32|g64|g128[-asym], fp8-e4m3)");
+  throw_error(ErrorKind::kInvalidInput, "unknown weight format '" + name + "' (choose " + choices + ")");
 }
 
 namespace {
@@ -153,13 +148,16 @@ Isa row_isa(WeightFormat format, int64_t rows) { return isa_for_rows(format, ker
 
 // The peak of the instruction a format's kernel on this CPU sums with at `rows` rows (0: none measured).
 double compute_peak(const KernelBenchReport& report, WeightFormat format, int64_t rows) {
-  const bool int8_activations = format == WeightFormat::kInt8W8A8 || format == WeightFormat::kInt4W4A8;
+  const kernels::ActivationKind activations = kernels::format_traits(format).activations;
+  const bool int8_activations =
+      activations == kernels::ActivationKind::kS8PerToken || activations == kernels::ActivationKind::kS8PerGroup;
   switch (row_isa(format, rows)) {
     case Isa::kAmx: return int8_activations ? report.amx_int8_peak.per_second : report.amx_bf16_peak.per_second;
     case Isa::kAvx512Bf16: return report.bf16_peak.per_second;
     // int8 (weight-only) there is vpdpwssd: two products per lane where vpdpbusd does four, at the same instruction
     // rate (Zen 4: 3.6 G/s per core each, as vdpbf16ps, measured 2026-12-05).
-    case Isa::kAvx512Vnni: return format == WeightFormat::kInt8 ? report.vnni_peak.per_second / 2 : report.vnni_peak.per_second;
+    case Isa::kAvx512Vnni:  // f32 activations there are s16 codes (int8's loop)
+      return activations == kernels::ActivationKind::kF32 ? report.vnni_peak.per_second / 2 : report.vnni_peak.per_second;
     case Isa::kAvx2: return int8_activations ? report.maddubs_peak.per_second : report.fma_peak.per_second;
     case Isa::kAvx512: return report.fma_peak.per_second;
     default: return 0.0;

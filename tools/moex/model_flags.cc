@@ -28,7 +28,8 @@ namespace {
 std::vector<std::string> packed_format_names() {
   std::vector<std::string> names;
   for (const kernels::FormatTraits& t : kernels::all_formats()) names.emplace_back(t.name);
-  names.emplace_back("fp8");  // fp8-e4m3's short name (weight_format_from_name)
+  for (const kernels::FormatTraits& t : kernels::all_formats())  // the short names ("fp8"), after the full ones
+    if (!t.alias.empty()) names.emplace_back(t.alias);
   return names;
 }
 
@@ -141,9 +142,9 @@ ModelFlags::WeightPath ModelFlags::weight_path(const ModelConfig& config) const 
   }
   if (dw == "auto") dw = quantized || weights == "as-stored" || exact ? "as-stored" : "bf16";
   if (dw == "experts") dw = w;
-  const auto int4 = [](const std::string& f) {  // the formats with scales per K group (--group-size)
+  const auto int4 = [](const std::string& f) {  // the formats whose K group --group-size sets
     const std::optional<kernels::WeightFormat> format = kernels::weight_format_from_name(f);
-    return format && kernels::format_traits(*format).grouped && *format != kernels::WeightFormat::kFP8E4M3;
+    return format && kernels::group_is_user_set(*format);
   };
   MOEX_CHECK_INPUT(group_size_option == nullptr || group_size_option->count() == 0 || int4(w) || int4(dw),
                    "--group-size applies to --weights int4 or int4-w4a8 only (or --dense-weights int4; got --weights ", w,

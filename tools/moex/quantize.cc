@@ -88,7 +88,7 @@ void run_quantize(const QuantizeOptions& o) {
   MOEX_CHECK_INPUT(!config.quantization.quantized(), o.model_dir,
                    "/config.json has a quantization_config: the checkpoint is quantized already (quantize a bf16 or "
                    "f32 checkpoint)");
-  config.quantization = compressed_tensors_config(format, format == WeightFormat::kInt4 ? o.group_size : 0);
+  config.quantization = compressed_tensors_config(format, kernels::group_is_user_set(format) ? o.group_size : 0);
   const QuantScheme& scheme = config.quantization.schemes.at(0);
   const WeightStore store(o.model_dir);
 
@@ -253,7 +253,7 @@ std::vector<std::string> quantize_names() {
   std::vector<std::string> names;
   for (WeightFormat f : compressed_tensors_formats()) {
     names.emplace_back(kernels::weight_format_name(f));
-    if (f == WeightFormat::kFP8E4M3) names.emplace_back("fp8");  // its short name (weight_format_from_name)
+    if (!kernels::format_traits(f).alias.empty()) names.emplace_back(kernels::format_traits(f).alias);  // "fp8"
   }
   return names;
 }

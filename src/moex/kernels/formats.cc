@@ -12,78 +12,17 @@
 #include <string_view>
 
 #include "moex/base/error.h"
+#include "moex/kernels/formats/format.h"
 #include "moex/kernels/x86/packed_x86.h"
 
 namespace moex::kernels {
 namespace {
 
-constexpr uint8_t kData = 1, kScales = 2, kOffsets = 4, kColSums = 8;  // PackedWeights::buffer(b): bit b
-
-// One row per format, in WeightFormat order. The layouts the fields describe are PackedWeights' (packed.h).
-constexpr FormatTraits kFormatTable[kWeightFormats] = {
-    // format                 name         buffers                         k_mult bits  k_padded grouped activations         agree
-    {WeightFormat::kBF16,      "bf16",      kData,                          32,    16,   true,    false,  ActivationKind::kBf16,       true},
-    {WeightFormat::kInt8,      "int8",      kData | kScales,                1,     8,    false,   false,  ActivationKind::kF32,        false},
-    {WeightFormat::kInt8W8A8,  "int8-w8a8", kData | kScales | kColSums,     64,    8,    true,    false,  ActivationKind::kS8PerToken, true},
-    {WeightFormat::kInt4,      "int4",      kData | kScales | kOffsets,     2,     4,    true,    true,   ActivationKind::kBf16,       false},
-    {WeightFormat::kInt4W4A8,  "int4-w4a8", kData | kScales | kOffsets,     8,     4,    true,    true,   ActivationKind::kS8PerGroup, true},
-    {WeightFormat::kFP8E4M3,   "fp8-e4m3",  kData | kScales,                2,     8,    false,   true,   ActivationKind::kBf16,       false},
-};
-// k_multiple: bf16's AMX A tile is 32 k wide; W8A8's one of 64 u8; W4A8's lane word holds 8 k; int4's byte 2 k;
-// fp8's activations are bf16 k pairs (its data spans cols: [P][cols][64]).
-
-// The registry. A constant-initialized array of function pointers (no code runs to fill it, so there is no
-// static-initialization order to get wrong, and the ISA files stay free of registration code that the baseline
-// compiler would have to run before main). Rows: (format, ISA, loop, kernel, crossover rows, same bits as the
-// few-row loop). AVX2's and the VNNI W4A8 kernel have one loop for every row count: no many-row row.
-// Crossovers (measured, docs/kernels.md "Crossovers"): bf16 / W8A8 GEMMs from 12 rows; the weight-only decoded-block
-// loops from 16; int8's s16-code loop keeps up to 32; fp8's vdpbf16ps many-row loop decodes inside its first token
-// tile and wins from 5; on AMX tiles W8A8 from 4, W4A8 from 6, int4 from 3, fp8 and int8 from 5, bf16 from 1.
-using R = RowKernel;
-using F = WeightFormat;
-constexpr KernelEntry kKernels[] = {
-    {F::kBF16, Isa::kAvx2, R::kFewRows, x86::run_panels_weight_only_avx2},
-    {F::kBF16, Isa::kAvx512Bf16, R::kFewRows, x86::run_panels_bf16_avx512bf16},
-    {F::kBF16, Isa::kAvx512Bf16, R::kManyRows, x86::run_panels_bf16_many_avx512bf16, 12, true},
-    {F::kBF16, Isa::kAmx, R::kFewRows, x86::run_panels_bf16_avx512bf16},
-    // tdpbf16ps sums a k pair in another order than vdpbf16ps, so AMX runs tiles for every row count: one loop.
-    {F::kBF16, Isa::kAmx, R::kManyRows, x86::run_panels_bf16_amx, 1, true},
-
-    {F::kInt8, Isa::kAvx2, R::kFewRows, x86::run_panels_weight_only_avx2},
-    {F::kInt8, Isa::kAvx512, R::kFewRows, x86::run_panels_weight_only_avx512},
-    {F::kInt8, Isa::kAvx512, R::kManyRows, x86::run_panels_weight_only_avx512, 16, false},
-    {F::kInt8, Isa::kAvx512Vnni, R::kFewRows, x86::run_panels_int8_avx512vnni},
-    {F::kInt8, Isa::kAvx512Vnni, R::kManyRows, x86::run_panels_int8_avx512vnni, 32, true},
-    {F::kInt8, Isa::kAmx, R::kFewRows, x86::run_panels_int8_amx},  // tiles for any row count (split planes)
-    {F::kInt8, Isa::kAmx, R::kManyRows, x86::run_panels_int8_amx, 5, false},
-
-    {F::kInt8W8A8, Isa::kAvx2, R::kFewRows, x86::run_panels_w8a8_avx2},
-    {F::kInt8W8A8, Isa::kAvx512Vnni, R::kFewRows, x86::run_panels_w8a8_avx512vnni},
-    {F::kInt8W8A8, Isa::kAvx512Vnni, R::kManyRows, x86::run_panels_w8a8_many_avx512vnni, 12, true},
-    {F::kInt8W8A8, Isa::kAmx, R::kFewRows, x86::run_panels_w8a8_avx512vnni},
-    {F::kInt8W8A8, Isa::kAmx, R::kManyRows, x86::run_panels_w8a8_amx, 4, true},
-
-    {F::kInt4, Isa::kAvx2, R::kFewRows, x86::run_panels_weight_only_avx2},
-    {F::kInt4, Isa::kAvx512, R::kFewRows, x86::run_panels_weight_only_avx512},
-    {F::kInt4, Isa::kAvx512, R::kManyRows, x86::run_panels_weight_only_avx512, 16, false},
-    {F::kInt4, Isa::kAvx512Bf16, R::kFewRows, x86::run_panels_int4_avx512bf16vbmi},
-    {F::kInt4, Isa::kAvx512Bf16, R::kManyRows, x86::run_panels_int4_avx512bf16vbmi, 16, true},
-    {F::kInt4, Isa::kAmx, R::kFewRows, x86::run_panels_int4_avx512bf16vbmi},
-    {F::kInt4, Isa::kAmx, R::kManyRows, x86::run_panels_int4_amx, 3, false},
-
-    {F::kInt4W4A8, Isa::kAvx2, R::kFewRows, x86::run_panels_int4_w4a8_avx2},
-    {F::kInt4W4A8, Isa::kAvx512Vnni, R::kFewRows, x86::run_panels_int4_w4a8_avx512vnni},
-    {F::kInt4W4A8, Isa::kAmx, R::kFewRows, x86::run_panels_int4_w4a8_avx512vnni},
-    {F::kInt4W4A8, Isa::kAmx, R::kManyRows, x86::run_panels_int4_w4a8_amx, 6, true},  // folds as the VNNI loop
-
-    {F::kFP8E4M3, Isa::kAvx2, R::kFewRows, x86::run_panels_weight_only_avx2},
-    {F::kFP8E4M3, Isa::kAvx512, R::kFewRows, x86::run_panels_weight_only_avx512},
-    {F::kFP8E4M3, Isa::kAvx512, R::kManyRows, x86::run_panels_weight_only_avx512, 16, false},
-    {F::kFP8E4M3, Isa::kAvx512Bf16, R::kFewRows, x86::run_panels_fp8_avx512bf16vbmi},
-    {F::kFP8E4M3, Isa::kAvx512Bf16, R::kManyRows, x86::run_panels_fp8_avx512bf16vbmi, 5, true},
-    {F::kFP8E4M3, Isa::kAmx, R::kFewRows, x86::run_panels_fp8_avx512bf16vbmi},
-    {F::kFP8E4M3, Isa::kAmx, R::kManyRows, x86::run_panels_fp8_amx, 5, false},
-};
+// The format table: each format's definition, in WeightFormat order (MOEX_WEIGHT_FORMATS).
+#define MOEX_WEIGHT_FORMAT_ADDRESS(value, file) &format_##file,
+constexpr const FormatDef* kFormats[] = {MOEX_WEIGHT_FORMATS(MOEX_WEIGHT_FORMAT_ADDRESS)};
+#undef MOEX_WEIGHT_FORMAT_ADDRESS
+static_assert(std::size(kFormats) == kWeightFormats);
 
 bool quantized_activations(WeightFormat f) {
   const ActivationKind a = format_traits(f).activations;
@@ -128,36 +67,51 @@ bool weight_only_many_rows_on_amx(WeightFormat format, Isa isa) {
 
 }  // namespace
 
-const FormatTraits& format_traits(WeightFormat format) {
+const FormatDef& format_def(WeightFormat format) {
   const auto i = static_cast<size_t>(format);
-  MOEX_CHECK(i < kWeightFormats && kFormatTable[i].format == format, "no such weight format");
-  return kFormatTable[i];
+  MOEX_CHECK(i < kWeightFormats && kFormats[i]->traits.format == format, "no such weight format");
+  return *kFormats[i];
 }
 
-std::span<const FormatTraits> all_formats() { return kFormatTable; }
+const FormatTraits& format_traits(WeightFormat format) { return format_def(format).traits; }
+
+std::span<const FormatTraits> all_formats() {
+  static const std::vector<FormatTraits> rows = [] {
+    std::vector<FormatTraits> r;
+    for (const FormatDef* f : kFormats) r.push_back(f->traits);
+    return r;
+  }();
+  return rows;
+}
 
 std::string_view weight_format_name(WeightFormat format) { return format_traits(format).name; }
 
 std::optional<WeightFormat> weight_format_from_name(std::string_view name) {
-  if (name == "fp8") return WeightFormat::kFP8E4M3;
-  for (const FormatTraits& t : kFormatTable)
-    if (t.name == name) return t.format;
+  for (const FormatDef* f : kFormats)
+    if (f->traits.name == name || (!f->traits.alias.empty() && f->traits.alias == name)) return f->traits.format;
   return std::nullopt;
 }
 
 double packed_bytes_per_weight(WeightFormat format, double group, double cols) {
   const FormatTraits& t = format_traits(format);
   double bytes = t.code_bits / 8.0;
-  const double per_scale = t.grouped ? (format == WeightFormat::kFP8E4M3 ? 128.0 : group) : cols;
-  for (uint8_t b : {kScales, kOffsets, kColSums})
-    if (t.buffers & b) bytes += 4.0 / (b == kColSums ? cols : per_scale);
+  const double per_scale = t.grouped ? (t.fixed_group ? static_cast<double>(t.fixed_group) : group) : cols;
+  for (uint8_t b : {kScalesBuffer, kOffsetsBuffer, kColSumsBuffer})
+    if (t.buffers & b) bytes += 4.0 / (b == kColSumsBuffer ? cols : per_scale);
   return bytes;
 }
 
-std::span<const KernelEntry> registered_kernels() { return kKernels; }
+std::span<const KernelEntry> registered_kernels() {
+  static const std::vector<KernelEntry> rows = [] {
+    std::vector<KernelEntry> r;
+    for (const FormatDef* f : kFormats) r.insert(r.end(), f->kernels.begin(), f->kernels.end());
+    return r;
+  }();
+  return rows;
+}
 
 const KernelEntry* find_kernel(WeightFormat format, Isa isa, RowKernel loop) {
-  for (const KernelEntry& k : kKernels)
+  for (const KernelEntry& k : format_def(format).kernels)
     if (k.format == format && k.isa == isa && k.loop == loop) return &k;
   return nullptr;
 }

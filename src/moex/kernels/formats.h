@@ -17,19 +17,23 @@
 
 namespace moex::kernels {
 
-enum class WeightFormat : uint8_t {
-  kBF16,      // bf16 weights, activations rounded to bf16 per call, vdpbf16ps (f32 accumulation)
-  kInt8,      // s8, w = q * scale[row]; f32 activations (weight-only: decode reads half of bf16's bytes)
-  kInt8W8A8,  // s8 as kInt8; activations quantized per token to s8 (scale = absmax/127), vpdpbusd
-  kInt4,      // q in 0..15, w = (q - zero) * scale per group of `group` along K; two codes per packed byte;
-              // activations rounded to bf16 (far below int4's own error) so vdpbf16ps can read the codes
-  kInt4W4A8,  // int4 codes, scales and zeros as kInt4; activations quantized to s8 per token and K group (the
-              // weights' groups; each with its own absmax / 127 scale), and vpdpbusd multiplies the codes
-              // (u8 0..15) by them: four products per instruction, not two
-  kFP8E4M3,   // e4m3 codes, w = fp8 * scale per 128x128 block (DeepSeek-V3's weight_scale_inv layout);
-              // activations rounded to bf16 (as int4) so vdpbf16ps can read the codes through a byte table
-};
-inline constexpr int kWeightFormats = 6;
+// Every weight format, one line each: its WeightFormat value and its file, kernels/formats/<file>.cc, which declares
+// all of it (the FormatDef there: traits, quantizer, packing, scalar decode, kernel rows; the format's own comment).
+// The only line of this header a new format adds. Order: the table's, and the registry's.
+#define MOEX_WEIGHT_FORMATS(X) \
+  X(kBF16, bf16)               \
+  X(kInt8, int8)               \
+  X(kInt8W8A8, int8_w8a8)      \
+  X(kInt4, int4)               \
+  X(kInt4W4A8, int4_w4a8)      \
+  X(kFP8E4M3, fp8_e4m3)
+
+#define MOEX_WEIGHT_FORMAT_VALUE(value, file) value,
+enum class WeightFormat : uint8_t { MOEX_WEIGHT_FORMATS(MOEX_WEIGHT_FORMAT_VALUE) };
+#undef MOEX_WEIGHT_FORMAT_VALUE
+#define MOEX_WEIGHT_FORMAT_ONE(value, file) +1
+inline constexpr int kWeightFormats = 0 MOEX_WEIGHT_FORMATS(MOEX_WEIGHT_FORMAT_ONE);
+#undef MOEX_WEIGHT_FORMAT_ONE
 
 // Which code runs a format. Decided from the CPU (and MOEX_ISA) only; never an ISA the CPU lacks.
 // kAmx (bf16, W8A8 and W4A8 on a CPU with AMX) means: AMX tiles for the many-row loop (bf16: every call), the
@@ -52,8 +56,8 @@ enum class ActivationKind : uint8_t {
   kS8PerGroup,  // s8 codes, one absmax / 127 scale per token and K group of the weights
 };
 
-// One weight format: everything about it that is data. Its code is in the registry's kernels and in packed.cc's
-// pack / decode hooks, which read these fields.
+// One weight format: everything about it that is data (its code: the hooks beside it in its FormatDef,
+// kernels/formats/format.h, and its registered kernels).
 struct FormatTraits {
   WeightFormat format;
   std::string_view name;       // --weights' spelling
@@ -62,18 +66,25 @@ struct FormatTraits {
   int code_bits;               // bits per weight in data
   bool data_spans_k_padded;    // data [P][k_padded...] (else [P][cols][64])
   bool grouped;                // scales (and offsets) per K group: [P][G][64], else one per row
+  int64_t fixed_group;         // grouped: the codes per scale along K when the format fixes it (fp8: 128); 0: the
+                               // user's --group-size sets it
   ActivationKind activations;
   // Whether every loop of every ISA gives a row the same bits whatever the other rows of its call (bf16's loops
   // sum alike, W8A8's and W4A8's integer sums are exact); false: the --batch-invariant pin is needed wherever a
   // format's two loops are both used (KernelChoice::row_dependent).
   bool row_kernels_agree;
+  std::string_view alias;      // a second --weights spelling ("fp8"), or empty
 };
 const FormatTraits& format_traits(WeightFormat format);
 std::span<const FormatTraits> all_formats();  // every row, in WeightFormat order
 std::string_view weight_format_name(WeightFormat format);
-// The format a --weights / --dense-weights value names (its table name; "fp8" also names fp8-e4m3), or nullopt.
+// The format a --weights / --dense-weights value names (its table name or alias: "fp8" names fp8-e4m3), or nullopt.
 std::optional<WeightFormat> weight_format_from_name(std::string_view name);
 inline bool row_kernels_agree(WeightFormat format) { return format_traits(format).row_kernels_agree; }
+// Whether --group-size sets the format's K group (int4, int4-w4a8).
+inline bool group_is_user_set(WeightFormat format) {
+  return format_traits(format).grouped && format_traits(format).fixed_group == 0;
+}
 // Bytes per weight of the packed copy, codes and scales (run-memory estimates): a matrix of `cols` columns and
 // `group` codes per scale (ignored by formats without groups).
 double packed_bytes_per_weight(WeightFormat format, double group, double cols);

@@ -1,6 +1,7 @@
-// Quantizers, the one-time repack into panels, and dispatch: checks, activation conversion, threads split
-// the panels, each ISA's kernel runs its share (kernels/x86/packed_*), or the scalar loop over the same
-// packed layout when the CPU (or MOEX_ISA=ref) rules the x86 kernels out.
+// The format-independent half of packing and the dispatch: the one-time repack into panels (each format's
+// hooks, kernels/formats/<name>.cc, write its lanes and panels), checks, activation conversion, threads split the
+// panels, each ISA's kernel runs its share (kernels/x86/packed_*), or the scalar loop over the same packed layout
+// when the CPU (or MOEX_ISA=ref) rules the x86 kernels out.
 #include "moex/kernels/packed.h"
 
 #include <algorithm>
@@ -18,233 +19,24 @@
 #include "moex/base/error.h"
 #include "moex/base/system_memory.h"
 #include "moex/base/threads.h"
+#include "moex/kernels/formats/format.h"
 #include "moex/kernels/x86/packed_x86.h"
 
 namespace moex::kernels {
 namespace {
 
-float read_f32(const TensorView& w, int64_t r, int64_t c) {
-  const int64_t i = r * w.stride0() + c;
-  return w.dtype == DType::kBF16 ? bf16_to_f32(w.as<const uint16_t>()[i]) : w.as<const float>()[i];
-}
-
-// Row r of an F32 or BF16 matrix as f32: the mapping itself (F32), else widened into `buffer` (BF16, exact).
-const float* source_row(const TensorView& w, int64_t r, std::vector<float>& buffer) {
-  const int64_t cols = w.shape[1];
-  if (w.dtype == DType::kF32) return w.as<const float>() + r * w.stride0();
-  buffer.resize(cols);
-  const uint16_t* in = w.as<const uint16_t>() + r * w.stride0();
-  for (int64_t c = 0; c < cols; ++c) buffer[c] = bf16_to_f32(in[c]);
-  return buffer.data();
-}
-
-// std::nearbyint (round half to even, the default rounding mode) for |v| <= 2^22, NaN to NaN, in plain arithmetic
-// the compiler vectorizes: v + 1.5 * 2^23 lands where the float spacing is 1. The quantizers' arguments are at
-// most 127 in magnitude (a weight over its row's or group's scale).
-inline float round_even(float v) { return (v + 12582912.0f) - 12582912.0f; }
-
-// max |x[c]| over c < n, NaNs skipped (as std::max(m, |x|) from 0 does), in 16 independent maxima: one chain
-// of maxss was the whole of int8 quantization's time at load.
-float abs_max(const float* x, int64_t n) {
-  float part[16] = {};
-  int64_t c = 0;
-  for (; c + 16 <= n; c += 16)
-    for (int j = 0; j < 16; ++j) part[j] = std::max(part[j], std::fabs(x[c + j]));
-  for (; c < n; ++c) part[0] = std::max(part[0], std::fabs(x[c]));
-  float m = 0.0f;
-  for (float v : part) m = std::max(m, v);
-  return m;
-}
-
-void check_source(const TensorView& w, const char* what) {
-  MOEX_CHECK_INPUT(w.shape.rank == 2 && (w.dtype == DType::kF32 || w.dtype == DType::kBF16), what,
-                   ": expected an F32 or BF16 matrix, got ", dtype_name(w.dtype), " ", w.shape.str());
-}
-
 int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
-
-// Quantizing and packing a Mixtral-sized model is ~10^11 element visits: rows (or panels) go to all threads.
-template <typename Fn>
-void for_each_index(int64_t n, Fn&& fn) {
-  parallel_for(n, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) fn(i);
-  });
-}
-
-QuantizedMatrix empty_matrix(WeightFormat format, int64_t rows, int64_t cols, int64_t group = 0) {
-  QuantizedMatrix q;
-  q.format = format;
-  q.rows = rows;
-  q.cols = cols;
-  q.group = group;
-  return q;
-}
 
 }  // namespace
 
-float QuantizedMatrix::weight(int64_t r, int64_t c) const {
-  const int64_t i = r * cols + c;
-  switch (format) {
-    case WeightFormat::kBF16: return bf16_to_f32(bf16[i]);
-    case WeightFormat::kInt8:
-    case WeightFormat::kInt8W8A8: return static_cast<float>(static_cast<int8_t>(codes[i])) * scales[r];
-    case WeightFormat::kInt4:
-    case WeightFormat::kInt4W4A8: {
-      const int64_t g = r * groups() + c / group;
-      return static_cast<float>(static_cast<int>(codes[i]) - static_cast<int>(zeros[g])) * scales[g];
-    }
-    case WeightFormat::kFP8E4M3: return f8e4m3_to_f32(codes[i]) * scales[(r / 128) * groups() + c / 128];
-  }
-  return 0.0f;
-}
-
-QuantizedMatrix quantize_bf16(const TensorView& w) {
-  check_source(w, "quantize_bf16");
-  QuantizedMatrix q = empty_matrix(WeightFormat::kBF16, w.shape[0], w.shape[1]);
-  q.bf16.resize(q.rows * q.cols);  // [rows, cols]
-  for_each_index(q.rows, [&](int64_t r) {
-    thread_local std::vector<float> buffer;
-    const float* x = source_row(w, r, buffer);
-    const int64_t cols = q.cols;
-    uint16_t* __restrict out = q.bf16.data() + r * cols;
-    for (int64_t c = 0; c < cols; ++c) out[c] = f32_to_bf16(x[c]);
-  });
-  return q;
-}
-
-QuantizedMatrix quantize_int8(const TensorView& w, WeightFormat format) {
-  check_source(w, "quantize_int8");
-  MOEX_CHECK(format == WeightFormat::kInt8 || format == WeightFormat::kInt8W8A8);
-  QuantizedMatrix q = empty_matrix(format, w.shape[0], w.shape[1]);
-  q.codes.resize(q.rows * q.cols);  // [rows, cols] s8
-  q.scales.resize(q.rows);          // [rows]
-  for_each_index(q.rows, [&](int64_t r) {
-    thread_local std::vector<float> buffer;
-    const float* x = source_row(w, r, buffer);
-    const float absmax = abs_max(x, q.cols);
-    const float inv = absmax > 0.0f ? 127.0f / absmax : 0.0f;
-    q.scales[r] = absmax / 127.0f;
-    // std::clamp(v, -127, 127) written as min / max, and a restrict pointer (a byte store may alias anything, q.cols
-    // included), so the loop vectorizes.
-    const int64_t cols = q.cols;
-    uint8_t* __restrict out = q.codes.data() + r * cols;
-    for (int64_t c = 0; c < cols; ++c)
-      out[c] = static_cast<uint8_t>(static_cast<int8_t>(std::min(std::max(round_even(x[c] * inv), -127.0f), 127.0f)));
-  });
-  return q;
-}
-
-QuantizedMatrix quantize_int4(const TensorView& w, int64_t group, bool symmetric, WeightFormat format) {
-  check_source(w, "quantize_int4");
-  MOEX_CHECK(format == WeightFormat::kInt4 || format == WeightFormat::kInt4W4A8);
-  MOEX_CHECK_INPUT(group == 32 || group == 64 || group == 128, "int4 group size ", group, " (use 32, 64 or 128)");
-  QuantizedMatrix q = empty_matrix(format, w.shape[0], w.shape[1], group);
-  const int64_t groups = q.groups();
-  q.codes.resize(q.rows * q.cols);  // [rows, cols] 0..15
-  q.scales.resize(q.rows * groups);  // [rows, groups]
-  q.zeros.resize(q.rows * groups);   // [rows, groups]
-  const int64_t cols = q.cols;
-  for_each_index(q.rows, [&](int64_t r) {
-    thread_local std::vector<float> buffer;
-    const float* x = source_row(w, r, buffer);
-    for (int64_t g = 0; g < groups; ++g) {
-      const int64_t c0 = g * group, c1 = std::min(cols, c0 + group);
-      // The range includes 0, so 0 is exact and a constant group is not lost. 8 independent minima and maxima
-      // (NaNs skipped, as one std::min / std::max chain from 0 does), so the loop is not one dependency chain.
-      float lo8[8] = {}, hi8[8] = {};
-      int64_t c = c0;
-      for (; c + 8 <= c1; c += 8)
-        for (int j = 0; j < 8; ++j) lo8[j] = std::min(lo8[j], x[c + j]), hi8[j] = std::max(hi8[j], x[c + j]);
-      for (; c < c1; ++c) lo8[0] = std::min(lo8[0], x[c]), hi8[0] = std::max(hi8[0], x[c]);
-      float lo = 0.0f, hi = 0.0f;
-      for (int j = 0; j < 8; ++j) lo = std::min(lo, lo8[j]), hi = std::max(hi, hi8[j]);
-      float scale;
-      int zero;
-      if (symmetric) {
-        scale = std::max(-lo, hi) / 7.0f;
-        zero = 8;
-      } else {
-        scale = (hi - lo) / 15.0f;
-        zero = scale > 0.0f ? static_cast<int>(std::clamp(round_even(-lo / scale), 0.0f, 15.0f)) : 0;
-      }
-      q.scales[r * groups + g] = scale;
-      q.zeros[r * groups + g] = static_cast<uint8_t>(zero);
-      const float fzero = static_cast<float>(zero);
-      uint8_t* __restrict out = q.codes.data() + r * cols;  // restrict: a byte store may alias anything
-      if (scale > 0.0f) {
-        for (int64_t c = c0; c < c1; ++c)  // std::clamp(v, 0, 15) as min / max, so the loop vectorizes
-          out[c] = static_cast<uint8_t>(std::min(std::max(round_even(x[c] / scale) + fzero, 0.0f), 15.0f));
-      } else {
-        for (int64_t c = c0; c < c1; ++c) out[c] = static_cast<uint8_t>(std::clamp(fzero, 0.0f, 15.0f));
-      }
-    }
-  });
-  return q;
-}
-
-QuantizedMatrix quantize_fp8(const TensorView& w) {
-  check_source(w, "quantize_fp8");
-  QuantizedMatrix q = empty_matrix(WeightFormat::kFP8E4M3, w.shape[0], w.shape[1], 128);
-  const int64_t row_blocks = (q.rows + 127) / 128, groups = q.groups();
-  q.codes.resize(q.rows * q.cols);          // [rows, cols] e4m3
-  q.scales.resize(row_blocks * groups);     // [ceil(rows/128), ceil(cols/128)]
-  const int64_t cols = q.cols;
-  for_each_index(row_blocks, [&](int64_t rb) {
-    const int64_t r0 = rb * 128, r1 = std::min(q.rows, r0 + 128);
-    thread_local std::vector<float> block;  // [r1 - r0][cols]: the block's rows widened once
-    thread_local std::vector<float> buffer;
-    block.resize((r1 - r0) * cols);
-    for (int64_t r = r0; r < r1; ++r) std::copy_n(source_row(w, r, buffer), cols, block.data() + (r - r0) * cols);
-    for (int64_t g = 0; g < groups; ++g) {
-      const int64_t c0 = g * 128, n = std::min(cols, c0 + 128) - c0;
-      float absmax = 0.0f;  // NaNs skipped, as abs_max does
-      for (int64_t r = r0; r < r1; ++r) absmax = std::max(absmax, abs_max(block.data() + (r - r0) * cols + c0, n));
-      const float scale = absmax / kF8E4M3Max;
-      q.scales[rb * groups + g] = scale;
-      for (int64_t r = r0; r < r1; ++r) {
-        const float* __restrict x = block.data() + (r - r0) * cols + c0;
-        uint8_t* __restrict out = q.codes.data() + r * cols + c0;  // restrict: a byte store may alias anything
-        if (scale > 0.0f && use_x86_kernels()) {
-          x86::f32_to_f8e4m3_row_avx512(x, n, scale, out);
-        } else if (scale > 0.0f) {
-          for (int64_t c = 0; c < n; ++c) out[c] = f32_to_f8e4m3(x[c] / scale);
-        } else {
-          std::fill_n(out, n, f32_to_f8e4m3(0.0f));  // an all-zero block
-        }
-      }
-    }
-  });
-  return q;
-}
+float QuantizedMatrix::weight(int64_t r, int64_t c) const { return format_def(format).weight(*this, r, c); }
 
 QuantizedMatrix quantize(const TensorView& w, WeightFormat format, int64_t group) {
-  switch (format) {
-    case WeightFormat::kBF16: return quantize_bf16(w);
-    case WeightFormat::kInt8:
-    case WeightFormat::kInt8W8A8: return quantize_int8(w, format);
-    case WeightFormat::kInt4:
-    case WeightFormat::kInt4W4A8: return quantize_int4(w, group, /*symmetric=*/true, format);
-    case WeightFormat::kFP8E4M3: return quantize_fp8(w);
-  }
-  MOEX_CHECK(false, "unknown weight format");
-  return {};
+  return format_def(format).quantize(w, group, /*symmetric=*/true);
 }
 
-QuantizedMatrix fp8_from_checkpoint(const TensorView& codes, const TensorView& scale_inv) {
-  MOEX_CHECK_INPUT(codes.shape.rank == 2 && codes.dtype == DType::kF8E4M3, "fp8 weight: expected F8_E4M3 [rows, cols], got ",
-                   dtype_name(codes.dtype), " ", codes.shape.str());
-  QuantizedMatrix q = empty_matrix(WeightFormat::kFP8E4M3, codes.shape[0], codes.shape[1], 128);
-  const int64_t row_blocks = (q.rows + 127) / 128, groups = q.groups();
-  MOEX_CHECK_INPUT(scale_inv.dtype == DType::kF32 && scale_inv.shape == (Shape{row_blocks, groups}),
-                   "fp8 weight_scale_inv: expected F32 ", Shape{row_blocks, groups}.str(), " (one per 128x128 block of ",
-                   codes.shape.str(), "), got ", dtype_name(scale_inv.dtype), " ", scale_inv.shape.str());
-  q.codes.resize(q.rows * q.cols);
-  for (int64_t r = 0; r < q.rows; ++r)
-    for (int64_t c = 0; c < q.cols; ++c) q.codes[r * q.cols + c] = codes.as<const uint8_t>()[r * codes.stride0() + c];
-  q.scales.resize(row_blocks * groups);
-  for (int64_t rb = 0; rb < row_blocks; ++rb)
-    for (int64_t g = 0; g < groups; ++g) q.scales[rb * groups + g] = scale_inv.as<const float>()[rb * scale_inv.stride0() + g];
-  return q;
+QuantizedMatrix quantize(const TensorView& w, WeightFormat format, int64_t group, bool symmetric) {
+  return format_def(format).quantize(w, group, symmetric);
 }
 
 namespace {
@@ -342,109 +134,24 @@ PackedWeights pack_lanes(const QuantizedMatrix& like, int64_t rows, bool gate_up
   PackedWeights p = packed_layout(like.format, rows, like.cols, like.group, gate_up);
   for (int b = 0; b < PackedWeights::kBuffers; ++b)  // zero-filled: padding lanes stay zero
     if (PackedWeights::has_buffer(p.format, b)) p.buffer(b).allocate(p.buffer(b).size);
-  const int64_t K = like.cols, P = p.panels, G = like.groups();
-  const int64_t kp = p.k_padded;
+  const FormatDef& def = format_def(p.format);
+  const int64_t K = like.cols;
   // Per panel: the lanes' rows first, then the panel written in its own order (k outer, lanes inner), so the
   // writes run through the panel once and each lane's row is read along (64 read streams). Lanes with no row
   // (padding) stay zero, as allocate() filled them. Tails of K (a partial pair / quad / octet) go element by
   // element.
-  for_each_index(P, [&](int64_t panel) {
-    int lanes[kPanel], n = 0;
-    const uint8_t* codes[kPanel] = {};    // [K] the lane's s8 / 0..15 / e4m3 codes
-    const uint16_t* bf16[kPanel] = {};    // [K] the lane's bf16 bits
+  format_util::for_each_index(p.panels, [&](int64_t panel) {
+    PanelLanes lanes;
     for (int lane = 0; lane < kPanel; ++lane) {
       const LaneSource s = source(panel, lane);
       if (!s.m) continue;
       const QuantizedMatrix& m = *s.m;
-      const int64_t lane_index = panel * kPanel + lane;
-      lanes[n++] = lane;
-      if (p.format == WeightFormat::kBF16) {
-        bf16[lane] = m.bf16.data() + s.row * K;
-        continue;
-      }
-      codes[lane] = m.codes.data() + s.row * K;
-      switch (p.format) {
-        case WeightFormat::kInt8: p.scales.as<float>()[lane_index] = m.scales[s.row]; break;
-        case WeightFormat::kInt8W8A8: {
-          int32_t sum = 0;
-          for (int64_t k = 0; k < K; ++k) sum += static_cast<int8_t>(codes[lane][k]);
-          p.scales.as<float>()[lane_index] = m.scales[s.row];
-          p.col_sums.as<int32_t>()[lane_index] = sum;
-          break;
-        }
-        case WeightFormat::kInt4:
-        case WeightFormat::kInt4W4A8:
-          for (int64_t g = 0; g < G; ++g) {
-            const float scale = m.scales[s.row * G + g];
-            p.scales.as<float>()[(panel * G + g) * kPanel + lane] = scale;
-            p.offsets.as<float>()[(panel * G + g) * kPanel + lane] = -static_cast<float>(m.zeros[s.row * G + g]) * scale;
-          }
-          break;
-        case WeightFormat::kFP8E4M3:
-          for (int64_t g = 0; g < G; ++g)
-            p.scales.as<float>()[(panel * G + g) * kPanel + lane] = m.scales[(s.row / 128) * G + g] * 256.0f;
-          break;
-        default: break;
-      }
+      lanes.lane[lanes.n++] = lane;
+      if (!m.bf16.empty()) lanes.bf16[lane] = m.bf16.data() + s.row * K;
+      if (!m.codes.empty()) lanes.codes[lane] = m.codes.data() + s.row * K;
+      if (def.pack_lane) def.pack_lane(p, panel, lane, m, s.row);
     }
-    switch (p.format) {
-      case WeightFormat::kBF16: {  // [P][kp/2][64][2]
-        uint16_t* out = p.data.as<uint16_t>() + panel * (kp / 2) * kPanel * 2;
-        int64_t k = 0;
-        for (; k + 2 <= K; k += 2)
-          for (int i = 0; i < n; ++i) {
-            uint16_t* o = out + ((k / 2) * kPanel + lanes[i]) * 2;
-            o[0] = bf16[lanes[i]][k];
-            o[1] = bf16[lanes[i]][k + 1];
-          }
-        if (k < K)
-          for (int i = 0; i < n; ++i) out[((k / 2) * kPanel + lanes[i]) * 2] = bf16[lanes[i]][k];
-        break;
-      }
-      case WeightFormat::kInt8:
-      case WeightFormat::kFP8E4M3: {  // [P][K][64]
-        uint8_t* out = p.data.as<uint8_t>() + panel * K * kPanel;
-        for (int64_t k = 0; k < K; ++k)
-          for (int i = 0; i < n; ++i) out[k * kPanel + lanes[i]] = codes[lanes[i]][k];
-        break;
-      }
-      case WeightFormat::kInt8W8A8: {  // [P][kp/4][64][4]
-        uint8_t* out = p.data.as<uint8_t>() + panel * (kp / 4) * kPanel * 4;
-        int64_t k = 0;
-        for (; k + 4 <= K; k += 4)
-          for (int i = 0; i < n; ++i) std::memcpy(out + ((k / 4) * kPanel + lanes[i]) * 4, codes[lanes[i]] + k, 4);
-        for (; k < K; ++k)
-          for (int i = 0; i < n; ++i) out[((k / 4) * kPanel + lanes[i]) * 4 + k % 4] = codes[lanes[i]][k];
-        break;
-      }
-      case WeightFormat::kInt4: {  // [P][kp/2][64]: q(k) low nibble, q(k+1) high
-        uint8_t* out = p.data.as<uint8_t>() + panel * (kp / 2) * kPanel;
-        int64_t k = 0;
-        for (; k + 2 <= K; k += 2)
-          for (int i = 0; i < n; ++i) {
-            const uint8_t* c = codes[lanes[i]] + k;
-            out[(k / 2) * kPanel + lanes[i]] = static_cast<uint8_t>(c[0] | (c[1] << 4));
-          }
-        if (k < K)
-          for (int i = 0; i < n; ++i) out[(k / 2) * kPanel + lanes[i]] = codes[lanes[i]][k];
-        break;
-      }
-      case WeightFormat::kInt4W4A8: {  // [P][kp/8][64][4]: byte k % 4 of the lane's word, low nibble for k % 8 < 4
-        uint8_t* out = p.data.as<uint8_t>() + panel * (kp / 8) * kPanel * 4;
-        int64_t k = 0;
-        for (; k + 8 <= K; k += 8)
-          for (int i = 0; i < n; ++i) {
-            const uint8_t* c = codes[lanes[i]] + k;
-            uint8_t* o = out + ((k / 8) * kPanel + lanes[i]) * 4;
-            for (int j = 0; j < 4; ++j) o[j] = static_cast<uint8_t>(c[j] | (c[j + 4] << 4));
-          }
-        for (; k < K; ++k)
-          for (int i = 0; i < n; ++i)
-            out[((k / 8) * kPanel + lanes[i]) * 4 + k % 4] |=
-                static_cast<uint8_t>(codes[lanes[i]][k] << (k % 8 < 4 ? 0 : 4));
-        break;
-      }
-    }
+    def.pack_panel(p, panel, lanes);
   });
   return p;
 }
@@ -452,7 +159,7 @@ PackedWeights pack_lanes(const QuantizedMatrix& like, int64_t rows, bool gate_up
 void check_quantized(const QuantizedMatrix& w) {
   MOEX_CHECK(w.rows >= 0 && w.cols >= 0);
   const size_t n = static_cast<size_t>(w.rows * w.cols);
-  MOEX_CHECK(w.format == WeightFormat::kBF16 ? w.bf16.size() == n : w.codes.size() == n, "weight codes size");
+  MOEX_CHECK(w.bf16.size() + w.codes.size() == n, "weight codes size");  // a format fills one of them
 }
 
 }  // namespace
@@ -489,30 +196,7 @@ namespace {
 
 // The packed weight at (panel, lane, k), decoded: the scalar path's view of the layouts above.
 float packed_weight(const PackedWeights& w, int64_t panel, int lane, int64_t k) {
-  const int64_t K = w.cols, kp = w.k_padded, G = w.group ? (K + w.group - 1) / w.group : 1;
-  switch (w.format) {
-    case WeightFormat::kBF16:
-      return bf16_to_f32(w.data.as<const uint16_t>()[((panel * (kp / 2) + k / 2) * kPanel + lane) * 2 + k % 2]);
-    case WeightFormat::kInt8:
-      return static_cast<float>(w.data.as<const int8_t>()[(panel * K + k) * kPanel + lane]) *
-             w.scales.as<const float>()[panel * kPanel + lane];
-    case WeightFormat::kInt8W8A8:  // the integer code; scales are applied to the integer sum
-      return static_cast<float>(w.data.as<const int8_t>()[((panel * (kp / 4) + k / 4) * kPanel + lane) * 4 + k % 4]);
-    case WeightFormat::kInt4: {
-      const uint8_t byte = w.data.as<const uint8_t>()[(panel * (kp / 2) + k / 2) * kPanel + lane];
-      const int64_t s = (panel * G + k / w.group) * kPanel + lane;
-      return static_cast<float>(k % 2 ? byte >> 4 : byte & 15) * w.scales.as<const float>()[s] + w.offsets.as<const float>()[s];
-    }
-    case WeightFormat::kInt4W4A8: {
-      const uint8_t byte = w.data.as<const uint8_t>()[((panel * (kp / 8) + k / 8) * kPanel + lane) * 4 + k % 4];
-      const int64_t s = (panel * G + k / w.group) * kPanel + lane;
-      return static_cast<float>(k % 8 < 4 ? byte & 15 : byte >> 4) * w.scales.as<const float>()[s] + w.offsets.as<const float>()[s];
-    }
-    case WeightFormat::kFP8E4M3:
-      return f8e4m3_to_f32(w.data.as<const uint8_t>()[(panel * K + k) * kPanel + lane]) *
-             (w.scales.as<const float>()[(panel * G + k / 128) * kPanel + lane] / 256.0f);
-  }
-  return 0.0f;
+  return format_def(w.format).packed_weight(w, panel, lane, k);
 }
 
 }  // namespace

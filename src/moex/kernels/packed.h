@@ -46,9 +46,11 @@ QuantizedMatrix quantize_int4(const TensorView& w, int64_t group, bool symmetric
                               WeightFormat format = WeightFormat::kInt4);
 // Per 128x128 block: scale = absmax / 448, code = e4m3(w / scale).
 QuantizedMatrix quantize_fp8(const TensorView& w);
-// The quantizer `--weights` / `--dense-weights` run at load for `format`: bf16 rounding, int8 per row, int4 symmetric
-// per group of `group` along K, fp8 per 128x128 block.
+// The quantizer `--weights` / `--dense-weights` run at load for `format` (its file's, kernels/formats/): bf16
+// rounding, int8 per row, int4 symmetric per group of `group` along K, fp8 per 128x128 block.
 QuantizedMatrix quantize(const TensorView& w, WeightFormat format, int64_t group);
+// The same with int4's zero point chosen (symmetric false: asymmetric; other formats ignore it): tests, benchmarks.
+QuantizedMatrix quantize(const TensorView& w, WeightFormat format, int64_t group, bool symmetric);
 // A checkpoint's FP8 tensor as is: codes F8_E4M3 [rows, cols], scale_inv F32 [ceil(rows/128), ceil(cols/128)].
 QuantizedMatrix fp8_from_checkpoint(const TensorView& codes, const TensorView& scale_inv);
 
@@ -108,6 +110,11 @@ PackedWeights packed_layout(WeightFormat format, int64_t rows, int64_t cols, int
 inline constexpr int kPackedLayoutVersion = 1;
 
 PackedWeights pack(const QuantizedMatrix& w);
+// bf16's packing straight from a view (model/weights.h's pack_bf16_direct: a load's --weights bf16): panel `panel` of
+// p (packed_layout(kBF16, ...), data allocated, not necessarily zeroed) written from a (bf16 or f32 [rows, cols],
+// rows may be strided) and, for a gate_up layout, b (w3, same shape and dtype), with no copy in between. Padding
+// lanes and padded k are written as zeros: the bytes of pack(quantize_bf16(a)) / pack_gate_up.
+void pack_bf16_panel(const TensorView& a, const TensorView* b, const PackedWeights& p, int64_t panel);
 // w1, w3 [intermediate, hidden] of one expert, same format: the fused gate/up layout described above.
 PackedWeights pack_gate_up(const QuantizedMatrix& w1, const QuantizedMatrix& w3);
 

@@ -260,47 +260,6 @@ std::shared_ptr<uint8_t> allocate_arena(size_t bytes, bool layer = false) {
 
 size_t round_up_64(size_t bytes) { return (bytes + 63) / 64 * 64; }
 
-// Fills panel `panel` of `p` (kBF16: u16 [P][k_padded/2][64][2], a lane's 32-bit word holding W[n][k], W[n][k+1]).
-// Padding lanes and padded k are written as zeros.
-void fill_bf16_panel(const TensorView& a, const TensorView* b, const kernels::PackedWeights& p, int64_t panel) {
-  constexpr int kLanes = kernels::kPanel;
-  const int64_t K = p.cols, pairs = p.k_padded / 2, full = K / 2;
-  uint32_t* out = p.data.as<uint32_t>() + panel * pairs * kLanes;
-  const void* src[kLanes];
-  bool any_missing = false;
-  for (int lane = 0; lane < kLanes; ++lane) {
-    const int64_t row = p.gate_up ? panel * (kLanes / 2) + lane % (kLanes / 2) : panel * kLanes + lane;
-    const TensorView& m = p.gate_up && lane >= kLanes / 2 ? *b : a;
-    src[lane] = row < p.rows ? static_cast<const char*>(m.data) + row * m.stride0() * dtype_size(m.dtype) : nullptr;
-    any_missing |= src[lane] == nullptr;
-  }
-  const auto pair_at = [&](int lane, int64_t k) -> uint32_t {  // W[n][k], W[n][k+1] (zero past K)
-    if (!src[lane] || k >= K) return 0;
-    uint16_t lo, hi = 0;
-    if (a.dtype == DType::kBF16) {
-      const auto* r = static_cast<const uint16_t*>(src[lane]);
-      lo = r[k];
-      if (k + 1 < K) hi = r[k + 1];
-    } else {
-      const auto* r = static_cast<const float*>(src[lane]);
-      lo = f32_to_bf16(r[k]);
-      if (k + 1 < K) hi = f32_to_bf16(r[k + 1]);
-    }
-    return uint32_t{lo} | (uint32_t{hi} << 16);
-  };
-  if (a.dtype == DType::kBF16 && !any_missing) {  // the common case: 64 rows of bf16 pairs, 32-bit words as they are
-    for (int64_t j = 0; j < full; ++j) {
-      uint32_t* o = out + j * kLanes;
-      for (int lane = 0; lane < kLanes; ++lane) std::memcpy(o + lane, static_cast<const uint16_t*>(src[lane]) + 2 * j, 4);
-    }
-  } else {
-    for (int64_t j = 0; j < full; ++j)
-      for (int lane = 0; lane < kLanes; ++lane) out[j * kLanes + lane] = pair_at(lane, 2 * j);
-  }
-  for (int64_t j = full; j < pairs; ++j)
-    for (int lane = 0; lane < kLanes; ++lane) out[j * kLanes + lane] = pair_at(lane, 2 * j);
-}
-
 }  // namespace
 
 kernels::PackedWeights pack_bf16_direct(const TensorView& w, const TensorView* w3, std::shared_ptr<uint8_t> into) {
@@ -309,7 +268,7 @@ kernels::PackedWeights pack_bf16_direct(const TensorView& w, const TensorView* w
   kernels::PackedWeights p = kernels::packed_layout(kernels::WeightFormat::kBF16, w.shape[0], w.shape[1], 0, w3 != nullptr);
   p.data.ptr = into ? std::move(into) : allocate_arena(round_up_64(p.data.size));
   parallel_for(p.panels, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t panel = begin; panel < end; ++panel) fill_bf16_panel(w, w3, p, panel);
+    for (int64_t panel = begin; panel < end; ++panel) kernels::pack_bf16_panel(w, w3, p, panel);
   });
   return p;
 }
@@ -650,8 +609,8 @@ DecoderWeights load_mixtral_weights(const std::string& model_dir, const ModelCon
             while (panel >= first_panel[i + 1]) ++i;
             const ExpertWeights& e = lw.moe.local[i / 2];
             const kernels::PackedWeights& p = layouts[i];
-            if (i % 2 == 0) fill_bf16_panel(e.w1, &e.w3, p, panel - first_panel[i]);
-            else fill_bf16_panel(e.w2, nullptr, p, panel - first_panel[i]);
+            if (i % 2 == 0) kernels::pack_bf16_panel(e.w1, &e.w3, p, panel - first_panel[i]);
+            else kernels::pack_bf16_panel(e.w2, nullptr, p, panel - first_panel[i]);
             const double rows = static_cast<double>(std::min(p.rows_per_panel(), p.rows - (panel - first_panel[i]) * p.rows_per_panel()));
             progress->add(rows * p.cols * dtype_size(e.w1.dtype) * (p.gate_up ? 2 : 1));
           }

@@ -12,24 +12,31 @@ void matmul(const float* x, int64_t tokens, const QuantizedMatrix& w, float* y, 
   const int64_t N = w.rows, K = w.cols;
   std::vector<float> xr(K);   // [K] this token's activations as the format's kernel sees them
   std::vector<int8_t> q(K);   // [K] W8A8 / W4A8 activation codes
+  const ActivationKind kind = format_traits(w.format).activations;
   for (int64_t t = 0; t < tokens; ++t) {
     float token_scale = 1.0f;
-    if (w.format == WeightFormat::kInt4W4A8) {  // codes per K group, each times its group's scale
-      for (int64_t k0 = 0; k0 < K; k0 += w.group) {
-        const int64_t k1 = std::min(K, k0 + w.group);
-        const float scale = quantize_activations_s8(x + t * K + k0, k1 - k0, q.data() + k0);
-        for (int64_t k = k0; k < k1; ++k) xr[k] = static_cast<float>(q[k]) * scale;
-      }
-    } else if (w.format == WeightFormat::kInt8W8A8) {
-      token_scale = quantize_activations_s8(x + t * K, K, q.data());
-      for (int64_t k = 0; k < K; ++k) xr[k] = q[k];
-    } else {
-      for (int64_t k = 0; k < K; ++k)
-        xr[k] = w.format == WeightFormat::kInt8 ? x[t * K + k] : bf16_to_f32(f32_to_bf16(x[t * K + k]));  // bf16 / int4 / fp8
+    switch (kind) {
+      case ActivationKind::kS8PerGroup:  // codes per K group, each times its group's scale
+        for (int64_t k0 = 0; k0 < K; k0 += w.group) {
+          const int64_t k1 = std::min(K, k0 + w.group);
+          const float scale = quantize_activations_s8(x + t * K + k0, k1 - k0, q.data() + k0);
+          for (int64_t k = k0; k < k1; ++k) xr[k] = static_cast<float>(q[k]) * scale;
+        }
+        break;
+      case ActivationKind::kS8PerToken:
+        token_scale = quantize_activations_s8(x + t * K, K, q.data());
+        for (int64_t k = 0; k < K; ++k) xr[k] = q[k];
+        break;
+      case ActivationKind::kBf16:
+        for (int64_t k = 0; k < K; ++k) xr[k] = bf16_to_f32(f32_to_bf16(x[t * K + k]));
+        break;
+      case ActivationKind::kF32:
+        for (int64_t k = 0; k < K; ++k) xr[k] = x[t * K + k];
+        break;
     }
     for (int64_t n = 0; n < N; ++n) {
       float sum = 0.0f;
-      if (w.format == WeightFormat::kInt8W8A8) {  // integer dot, then both scales
+      if (kind == ActivationKind::kS8PerToken) {  // integer dot of the codes, then both scales
         int64_t dot = 0;
         for (int64_t k = 0; k < K; ++k) dot += int64_t{q[k]} * static_cast<int8_t>(w.codes[n * K + k]);
         sum = static_cast<float>(dot) * (token_scale * w.scales[n]);
