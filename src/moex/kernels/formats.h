@@ -1,10 +1,22 @@
-// The weight formats, each declared once (a row of format_traits' table), and the kernel registry: which loop
-// runs a format on which ISA in which row regime, with the crossover between its two loops. A weight's choice
-// (KernelChoice) is resolved once, when it is packed or mapped (kernels/packed.h), and read by every call.
+// The weight formats and the kernel registry: which loop runs a format on which ISA in which row regime, with the
+// crossover between its two loops. A weight's choice (KernelChoice) is resolved once, when it is packed or mapped
+// (kernels/packed.h), and read by every call. Each format is declared in one file, kernels/formats/<name>.cc (its
+// FormatDef, formats/format.h: traits row, quantizer, packing, scalar decode, kernel rows); formats.cc assembles
+// the table and decides format x ISA x row loop from the traits.
 //
-// Adding a format touches: its row here (formats.cc: traits, packing hooks, registry rows), its kernels
-// (kernels/x86/packed_<name>_<isa>.cc, declared in x86/packed_x86.h), its scalar oracle (ref/packed_ref.cc) and its
-// test case (tests/unit/kernels_packed_test.cc's kFormats). docs/kernels.md, "The format table".
+// Adding a format touches four files (docs/kernels.md, "The format table"):
+//   1. kernels/formats/<name>.cc   its declaration: traits row, quantizer, lane / panel packing, the scalar decode of
+//                                  the packed layout and of the natural one (the oracle's element access), registry
+//                                  rows, and the declarations of its own kernels;
+//   2. kernels/x86/packed_<name>_<isa>.cc   its kernels (PanelJob from x86/packed_x86.h, which need not change);
+//   3. tests/unit/kernels_packed_test.cc    its case in kFormats and its error bound: the oracle test then runs every
+//                                           registered kernel of it against ref::matmul on ragged shapes;
+//   4. this header: its line in MOEX_WEIGHT_FORMATS.
+// A format whose activations are an existing ActivationKind gets that kind's conversion as is. More files only for
+// what no format has yet: a new ActivationKind, or per-row extras of the activations beyond those of its kind
+// (packed.cc's Activations still names int8's s16 codes and int4's group sums; ref/packed_ref.cc converts per kind),
+// and a format a checkpoint stores (model/quantization.cc, model/weights.cc, tools/moex/quantize.cc: the stored
+// file's tensors and config, not the runtime format).
 #pragma once
 #include <cstdint>
 #include <limits>
