@@ -22,6 +22,7 @@
 #include "moex/base/error.h"
 #include "moex/base/threads.h"
 #include "tools/lib/kernel_bench.h"
+#include "moex/kernels/formats/format.h"
 #include "moex/kernels/packed.h"
 #include "tools/lib/probes.h"
 #include "moex/kernels/x86/packed_x86.h"
@@ -182,6 +183,27 @@ TEST(FormatTable, EveryFormatHasARowAndAFewRowKernelOnEveryIsaItsChoiceCanName) 
       EXPECT_NE(c.few.run, nullptr) << t.name << " " << kernels::isa_name(isa);
       EXPECT_NE(c.many.run, nullptr) << t.name << " " << kernels::isa_name(isa);
     }
+}
+
+// Each format's file (kernels/formats/<name>.cc) holds its own rows only: its registry rows name it, no two rows share
+// a (format, ISA, loop), and the registry is exactly the formats' rows; the table's fields that replaced enum tests
+// elsewhere say what they did.
+TEST(FormatTable, EachFormatsFileRegistersOnlyItsOwnKernels) {
+  size_t rows = 0;
+  for (const kernels::FormatTraits& t : kernels::all_formats()) {
+    const kernels::FormatDef& def = kernels::format_def(t.format);
+    EXPECT_EQ(def.traits.name, t.name);
+    for (const kernels::KernelEntry& e : def.kernels) {
+      EXPECT_EQ(e.format, t.format) << t.name;
+      EXPECT_EQ(kernels::find_kernel(e.format, e.isa, e.loop), &e) << t.name << " " << kernels::isa_name(e.isa);
+    }
+    rows += def.kernels.size();
+  }
+  EXPECT_EQ(rows, kernels::registered_kernels().size());
+  EXPECT_TRUE(kernels::group_is_user_set(WeightFormat::kInt4));
+  EXPECT_TRUE(kernels::group_is_user_set(WeightFormat::kInt4W4A8));
+  EXPECT_FALSE(kernels::group_is_user_set(WeightFormat::kFP8E4M3));  // grouped, but its 128 is fixed
+  EXPECT_FALSE(kernels::group_is_user_set(WeightFormat::kInt8));
 }
 
 TEST(FormatTable, RowsDescribeThePackedWeights) {
