@@ -254,25 +254,44 @@ double interpolate(const std::vector<double>& xs, const std::vector<double>& ys,
   return ys[i - 1] + (ys[i] - ys[i - 1]) * (x - xs[i - 1]) / (xs[i] - xs[i - 1]);
 }
 
-// The time-sharing point for `ratio` ranks per core (docs/plan.md): linear between the measured points, the
-// nearest one's outside them; without a measured point at or below one rank per core, (1, no slowdown, no wait)
-// is the first.
-Cluster::TimeSharing time_sharing_at(const Cluster& c, double ratio) {
-  std::vector<Cluster::TimeSharing> points;
-  if (c.time_sharing.empty() || c.time_sharing.front().ranks_per_core > 1) points.push_back({});
-  points.insert(points.end(), c.time_sharing.begin(), c.time_sharing.end());
-  if (ratio <= points.front().ranks_per_core) return {ratio, points.front().slowdown, points.front().wait_share};
+// The slowdown at `ratio` ranks per core and the wait after a segment of `segment` seconds of CPU time
+// (docs/plan.md): linear between the measured points, the nearest one's outside them; without a measured point
+// at or below one rank per core, (1, no slowdown, no wait) is the first.
+struct Sharing {
+  double slowdown = 1;
+  const Cluster::TimeSharing *lo = nullptr, *hi = nullptr;
+  double f = 0;  // hi's weight
+  double wait(double segment) const {
+    const double a = lo ? lo->wait(segment) : 0, b = hi ? hi->wait(segment) : 0;
+    return (1 - f) * a + f * b;
+  }
+};
+Sharing time_sharing_at(const Cluster& c, double ratio) {
+  static const Cluster::TimeSharing kAlone{};
+  std::vector<const Cluster::TimeSharing*> points;
+  if (c.time_sharing.empty() || c.time_sharing.front().ranks_per_core > 1) points.push_back(&kAlone);
+  for (const Cluster::TimeSharing& t : c.time_sharing) points.push_back(&t);
+  if (ratio <= points.front()->ranks_per_core) return {points.front()->slowdown, points.front(), nullptr, 0};
   for (size_t i = 1; i < points.size(); ++i) {
-    const Cluster::TimeSharing &lo = points[i - 1], &hi = points[i];
+    const Cluster::TimeSharing &lo = *points[i - 1], &hi = *points[i];
     if (ratio <= hi.ranks_per_core) {
       const double f = (ratio - lo.ranks_per_core) / (hi.ranks_per_core - lo.ranks_per_core);
-      return {ratio, lo.slowdown + f * (hi.slowdown - lo.slowdown), lo.wait_share + f * (hi.wait_share - lo.wait_share)};
+      return {lo.slowdown + f * (hi.slowdown - lo.slowdown), &lo, &hi, f};
     }
   }
-  return {ratio, points.back().slowdown, points.back().wait_share};
+  return {points.back()->slowdown, points.back(), nullptr, 0};
 }
 
 }  // namespace
+
+double Cluster::TimeSharing::wait(double segment) const {
+  if (segment_s.empty()) return 0;
+  if (segment <= segment_s.front()) return wait_s.front();
+  if (segment >= segment_s.back()) return wait_s.back();
+  size_t i = 1;
+  while (segment > segment_s[i]) ++i;
+  return wait_s[i - 1] + (wait_s[i] - wait_s[i - 1]) * (segment - segment_s[i - 1]) / (segment_s[i] - segment_s[i - 1]);
+}
 
 double KernelTable::seconds(double rows, double n_out, double k_in) const {
   const double per_row = std::max(0.0, interpolate(tokens, per_row_s, rows));
@@ -364,10 +383,32 @@ Cluster parse_cluster(const nlohmann::json& j, const std::string& origin) {
       Cluster::TimeSharing t;
       t.ranks_per_core = figure(e, "ranks_per_core", where);
       t.slowdown = figure(e, "slowdown", where);
-      t.wait_share = figure(e, "wait_share", where);
-      MOEX_CHECK_INPUT(t.ranks_per_core > 0 && t.slowdown > 0 && t.wait_share < 1 &&
+      MOEX_CHECK_INPUT(t.ranks_per_core > 0 && t.slowdown > 0 &&
                            (c.time_sharing.empty() || t.ranks_per_core > c.time_sharing.back().ranks_per_core),
-                       "cluster file: \"", where, "\" needs ranks_per_core > 0 (increasing), slowdown > 0, wait_share < 1");
+                       "cluster file: \"", where, "\" needs ranks_per_core > 0 (increasing) and slowdown > 0");
+      MOEX_CHECK_INPUT(!e.contains("wait_share"), "cluster file: \"", where,
+                       ".wait_share\" is no longer read: run `moex plan calibrate --time-sharing` again for its \"wait\" table");
+      if (e.contains("wait")) {
+        const nlohmann::json& wt = e.at("wait");
+        MOEX_CHECK_INPUT(wt.is_object() && wt.contains("points") && wt.at("points").is_array() && !wt.at("points").empty(),
+                         "cluster file: \"", where, ".wait\" must be {\"points\": [{\"segment_us\", \"wait_us\"}, ...], \"source\": ...}");
+        MOEX_CHECK_INPUT(wt.contains("source") && wt.at("source").is_string() && !wt.at("source").get<std::string>().empty(),
+                         "cluster file: \"", where, ".wait\" has no \"source\" (say where the figures come from)");
+        for (const nlohmann::json& pt : wt.at("points")) {
+          const auto num = [&](const char* key) {
+            MOEX_CHECK_INPUT(pt.is_object() && pt.contains(key) && pt.at(key).is_number(), "cluster file: \"", where,
+                             ".wait\" point needs a number \"", key, "\"");
+            const double v = pt.at(key).get<double>();
+            MOEX_CHECK_INPUT(std::isfinite(v) && v >= 0, "cluster file: \"", where, ".wait.", key, "\" must be >= 0, got ", v);
+            return v;
+          };
+          const double seg = num("segment_us") * 1e-6;
+          MOEX_CHECK_INPUT(seg > 0 && (t.segment_s.empty() || seg > t.segment_s.back()), "cluster file: \"", where,
+                           ".wait\" points need segment_us > 0, increasing");
+          t.segment_s.push_back(seg);
+          t.wait_s.push_back(num("wait_us") * 1e-6);
+        }
+      }
       c.time_sharing.push_back(t);
     }
   }
@@ -436,7 +477,7 @@ Prediction predict(const ModelConfig& m, const Cluster& c, const PlanChoice& p, 
   // than a host.
   const int per_host = std::min(ranks, c.devices_per_host);
   const double ranks_per_core = c.cores_per_host > 0 ? double(per_host) / c.cores_per_host : 1.0;
-  const Cluster::TimeSharing sharing = time_sharing_at(c, ranks_per_core);
+  const Sharing sharing = time_sharing_at(c, ranks_per_core);
   const double time_share = std::max(1.0, ranks_per_core) * sharing.slowdown;
   out.time_share = time_share;
   // The ranks that read at once share the host's rate (those beyond the cores wait their turn: time_share).
@@ -467,15 +508,12 @@ Prediction predict(const ModelConfig& m, const Cluster& c, const PlanChoice& p, 
   // Dense MLP and shared experts run whole on every rank (model/weights.cc loads them unsplit).
   int moe_layers = 0;
   double mlp = 0;
+  std::vector<double> mlp_of(m.num_hidden_layers);
   for (int l = 0; l < m.num_hidden_layers; ++l) {
-    if (m.moe_layer(l)) {
-      ++moe_layers;
-      const double I = m.shared_expert_intermediate_size;
-      mlp += 2 * matmul_seconds(dev, p, seqs, I, d, time_share) + matmul_seconds(dev, p, seqs, d, I, time_share);
-    } else {
-      const double I = m.dense_intermediate_size;
-      mlp += 2 * matmul_seconds(dev, p, seqs, I, d, time_share) + matmul_seconds(dev, p, seqs, d, I, time_share);
-    }
+    const double I = m.moe_layer(l) ? m.shared_expert_intermediate_size : m.dense_intermediate_size;
+    if (m.moe_layer(l)) ++moe_layers;
+    mlp_of[l] = 2 * matmul_seconds(dev, p, seqs, I, d, time_share) + matmul_seconds(dev, p, seqs, d, I, time_share);
+    mlp += mlp_of[l];
   }
   const ExpertTime experts = routed_experts(m, dev, p, ranks, w.batch, time_share);
   out.expert_imbalance = experts.imbalance;
@@ -485,7 +523,9 @@ Prediction predict(const ModelConfig& m, const Cluster& c, const PlanChoice& p, 
   // Rank 0 waits for the busiest EP group (its own experts take the mean, by symmetry of uniform routing). Under
   // dp attention it holds ceil(B / N) sequences, the most, so its attention never waits.
   out.wait_s = (experts.busiest_s - experts.mean_s) * moe_layers;
-  out.other_s = mlp + matmul_seconds(dev, p, seqs, m.vocab_size, d, time_share);  // + lm_head
+  const double lm_head = matmul_seconds(dev, p, seqs, m.vocab_size, d, time_share);
+  out.other_s = mlp + lm_head;
+  out.imbalance_wait_s = out.wait_s;
   // Collectives per step.
   const double elem = comm::wire_bytes(comm::wire_format_for(plan.comm_dtype), 1 << 20) / double(1 << 20);
   if (ranks > 1) {
@@ -509,8 +549,34 @@ Prediction predict(const ModelConfig& m, const Cluster& c, const PlanChoice& p, 
   const double compute = out.attention_s + out.routing_s + out.experts_s + out.other_s;
   out.step_s = compute + out.comm_s;
   out.tokens_per_s = B / out.step_s;
-  // Time-sharing: the measured share of a rank's compute spent waiting in collectives for ranks not yet run.
-  out.wait_s += sharing.wait_share * (compute - out.wait_s);
+  // Rank 0's compute between two collectives, segment by segment (its own experts: the mean group's), and the
+  // wait the time-sharing table gives after each: TP attention reduces after attention and after each MoE block,
+  // dp attention dispatches after routing and combines after the experts. What follows the last collective of a
+  // step (dense layers, lm_head) runs before the next step's first.
+  if (ranks > 1) {
+    std::vector<double> segments;
+    double open = 0;
+    const auto sync = [&] { segments.push_back(open), open = 0; };
+    for (int l = 0; l < m.num_hidden_layers; ++l) {
+      open += attention;
+      if (!dp) sync();
+      if (!m.moe_layer(l)) {
+        open += mlp_of[l];
+        continue;
+      }
+      open += routing;
+      if (dp) sync();
+      open += experts.mean_s;
+      sync();
+      open += mlp_of[l];
+    }
+    open += lm_head;
+    if (!segments.empty()) segments.front() += open;  // none: nothing is collective, nothing waits
+    for (double seg : segments) {
+      out.wait_s += sharing.wait(seg / time_share);
+      out.longest_segment_s = std::max(out.longest_segment_s, seg);
+    }
+  }
   out.comm_share = (out.comm_s + out.wait_s) / out.step_s;
   out.wire_share = out.comm_s / out.step_s;
   out.wire_bytes_per_token = wire / (dp ? seqs : B);
