@@ -204,18 +204,23 @@ CollectiveCost alltoall(const std::string& what, const Cluster& c, int group, do
 
 // The expected time of the busiest rank's routed experts over sampled routings (uniform top-k, as an untrained
 // router gives; docs/plan.md), and that busiest / mean ratio.
+// On a CPU host whose ranks outnumber its cores (`cores` > 0: the cores the ranks run on), ranks with less to do
+// wait in a collective, yielding their core, so the busiest runs alone while the others wait: the part takes the
+// longer of the busiest's own time and all the ranks' work over the cores, times the measured slowdown (with no
+// more ranks than cores, the busiest's time). `wall_s` is that, `busiest_s` and `mean_s` are multiplied by
+// `time_share` as every other part.
 struct ExpertTime {
-  double busiest_s = 0, mean_s = 0, imbalance = 1;
+  double busiest_s = 0, mean_s = 0, wall_s = 0, imbalance = 1;
 };
 ExpertTime routed_experts(const ModelConfig& m, const Device& dev, const PlanChoice& p, int ranks, int tokens,
-                          double time_share) {
+                          double time_share, int cores, double slowdown) {
   const int E = m.num_local_experts, k = m.num_experts_per_tok;
   const double I_local = static_cast<double>(m.intermediate_size) / p.tp, d = m.hidden_size;
   const int experts_per_group = E / p.ep;
   std::mt19937 rng(1);  // fixed: the same prediction every run
   constexpr int kSamples = 1000;
   std::vector<int> rows(E), order(E);
-  double busiest_sum = 0, mean_sum = 0;
+  double busiest_sum = 0, mean_sum = 0, wall_sum = 0;
   for (int s = 0; s < kSamples; ++s) {
     std::fill(rows.begin(), rows.end(), 0);
     for (int t = 0; t < tokens; ++t) {  // k distinct experts per token (a partial Fisher-Yates shuffle)
@@ -230,17 +235,19 @@ ExpertTime routed_experts(const ModelConfig& m, const Device& dev, const PlanCho
     for (int g = 0; g < p.ep; ++g) {  // every tp rank of an EP group does the same work
       double t = 0;
       for (int e = g * experts_per_group; e < (g + 1) * experts_per_group; ++e)
-        t += 2 * matmul_seconds(dev, p, rows[e], I_local, d, time_share) + matmul_seconds(dev, p, rows[e], d, I_local, time_share);
+        t += 2 * matmul_seconds(dev, p, rows[e], I_local, d, 1) + matmul_seconds(dev, p, rows[e], d, I_local, 1);
       busiest = std::max(busiest, t);
       total += t;
     }
     busiest_sum += busiest;
     mean_sum += total / p.ep;
+    wall_sum += cores > 0 ? std::max(busiest, p.tp * total / cores) * slowdown : busiest * time_share;
   }
   (void)ranks;
   ExpertTime out;
-  out.busiest_s = busiest_sum / kSamples;
-  out.mean_s = mean_sum / kSamples;
+  out.busiest_s = busiest_sum / kSamples * time_share;
+  out.mean_s = mean_sum / kSamples * time_share;
+  out.wall_s = wall_sum / kSamples;
   out.imbalance = mean_sum > 0 ? busiest_sum / mean_sum : 1;
   return out;
 }
@@ -495,35 +502,60 @@ Prediction predict(const ModelConfig& m, const Cluster& c, const PlanChoice& p, 
   const double q_local = double(heads.end - heads.begin) * hd, kv_local = double(kv.end - kv.begin) * hd;
   const double seqs = dp ? std::ceil(B / ranks) : B;  // the busiest rank's sequences
   const double kv_bytes = 2.0;                        // a bf16 KV cache
-  double attention = matmul_seconds(dev, p, seqs, q_local, d, time_share) +
-                     2 * matmul_seconds(dev, p, seqs, kv_local, d, time_share) +
-                     matmul_seconds(dev, p, seqs, d, q_local, time_share);
-  const double kv_read = seqs * w.context * 2 * kv_local * kv_bytes;
-  attention += std::max(kv_read / (dev.read_bytes_per_s * dev.memory_efficiency),
-                        4 * seqs * w.context * q_local / (dev.f32_flops * dev.compute_efficiency)) * time_share;
-  // Routing: the router's [E, d] weights as stored (f32 activations) for the rank's tokens.
+  // A rank's own parts for `s` sequences, each multiplied by `ts`.
   PlanChoice stored = p;
   stored.weights = "as-stored";
-  const double routing = matmul_seconds(dev, stored, seqs, m.num_local_experts, d, time_share);
-  // Dense MLP and shared experts run whole on every rank (model/weights.cc loads them unsplit).
+  struct Own {
+    double attention = 0, routing = 0, lm_head = 0, total = 0;
+    std::vector<double> mlp_of;
+  };
   int moe_layers = 0;
-  double mlp = 0;
-  std::vector<double> mlp_of(m.num_hidden_layers);
-  for (int l = 0; l < m.num_hidden_layers; ++l) {
-    const double I = m.moe_layer(l) ? m.shared_expert_intermediate_size : m.dense_intermediate_size;
-    if (m.moe_layer(l)) ++moe_layers;
-    mlp_of[l] = 2 * matmul_seconds(dev, p, seqs, I, d, time_share) + matmul_seconds(dev, p, seqs, d, I, time_share);
-    mlp += mlp_of[l];
+  for (int l = 0; l < m.num_hidden_layers; ++l) moe_layers += m.moe_layer(l) ? 1 : 0;
+  const auto own = [&](double s, double ts) {
+    Own o;
+    o.attention = matmul_seconds(dev, p, s, q_local, d, ts) + 2 * matmul_seconds(dev, p, s, kv_local, d, ts) +
+                  matmul_seconds(dev, p, s, d, q_local, ts);
+    const double kv_read = s * w.context * 2 * kv_local * kv_bytes;
+    o.attention += std::max(kv_read / (dev.read_bytes_per_s * dev.memory_efficiency),
+                            4 * s * w.context * q_local / (dev.f32_flops * dev.compute_efficiency)) * ts;
+    // Routing: the router's [E, d] weights as stored (f32 activations) for the rank's tokens.
+    o.routing = matmul_seconds(dev, stored, s, m.num_local_experts, d, ts);
+    // Dense MLP and shared experts run whole on every rank (model/weights.cc loads them unsplit).
+    o.mlp_of.resize(m.num_hidden_layers);
+    o.total = o.attention * L + o.routing * moe_layers;
+    for (int l = 0; l < m.num_hidden_layers; ++l) {
+      const double I = m.moe_layer(l) ? m.shared_expert_intermediate_size : m.dense_intermediate_size;
+      o.mlp_of[l] = 2 * matmul_seconds(dev, p, s, I, d, ts) + matmul_seconds(dev, p, s, d, I, ts);
+      o.total += o.mlp_of[l];
+    }
+    o.lm_head = matmul_seconds(dev, p, s, m.vocab_size, d, ts);
+    o.total += o.lm_head;
+    return o;
+  };
+  Own mine = own(seqs, time_share);
+  // Ranks beyond the cores (docs/plan.md): under dp attention the ranks hold different numbers of sequences, and
+  // those with fewer wait in the collective, yielding their cores to the busiest.
+  const int cores = c.cores_per_host > 0 ? c.cores_per_host * ((ranks + c.devices_per_host - 1) / c.devices_per_host) : 0;
+  if (dp && cores > 0 && mine.total > 0) {
+    double all = 0;
+    for (int r = 0; r < ranks; ++r) all += own(std::floor(B / ranks) + (r < int(B) % ranks ? 1 : 0), 1).total;
+    const double wall = std::max(own(seqs, 1).total, all / cores) * sharing.slowdown;
+    const double scale = std::min(1.0, wall / mine.total);
+    mine.attention *= scale, mine.routing *= scale, mine.lm_head *= scale;
+    for (double& v : mine.mlp_of) v *= scale;
   }
-  const ExpertTime experts = routed_experts(m, dev, p, ranks, w.batch, time_share);
+  const double attention = mine.attention, routing = mine.routing, lm_head = mine.lm_head;
+  const std::vector<double>& mlp_of = mine.mlp_of;
+  double mlp = 0;
+  for (double v : mlp_of) mlp += v;
+  const ExpertTime experts = routed_experts(m, dev, p, ranks, w.batch, time_share, cores, sharing.slowdown);
   out.expert_imbalance = experts.imbalance;
   out.attention_s = attention * L;
   out.routing_s = routing * moe_layers;
-  out.experts_s = experts.busiest_s * moe_layers;
+  out.experts_s = experts.wall_s * moe_layers;
   // Rank 0 waits for the busiest EP group (its own experts take the mean, by symmetry of uniform routing). Under
   // dp attention it holds ceil(B / N) sequences, the most, so its attention never waits.
-  out.wait_s = (experts.busiest_s - experts.mean_s) * moe_layers;
-  const double lm_head = matmul_seconds(dev, p, seqs, m.vocab_size, d, time_share);
+  out.wait_s = std::max(0.0, experts.wall_s - experts.mean_s) * moe_layers;
   out.other_s = mlp + lm_head;
   out.imbalance_wait_s = out.wait_s;
   // Collectives per step.
