@@ -194,6 +194,32 @@ TEST(Planner, RanksBeyondTheCoresTakeTheMeasuredSlowdown) {
   EXPECT_THROW(parse_cluster(j, "t"), Error);
 }
 
+TEST(Planner, BeyondTheCoresTheBusiestRankRunsWhileTheOthersYield) {
+  // One token, top-2 of 8 experts on 4 ranks of 2 experts: the busiest rank runs 2 experts with probability 1/7,
+  // else 1, and all ranks together 2, i.e. 1 per core on 2 cores: the busiest's own time binds, not twice it.
+  const ModelConfig m = synthetic_preset("mixtral-8x7b");
+  nlohmann::json j = memory_bound_cluster(4);
+  j["cores_per_host"] = 2;
+  PlanChoice ep;
+  ep.moe = "ep", ep.ep = 4;
+  const Prediction r = predict(m, parse_cluster(j, "t"), ep, 4, Workload{1, 1});
+  const double expert = 3.0 * m.hidden_size * m.intermediate_size * 2 / 100e9;
+  EXPECT_NEAR(r.experts_s, 8.0 / 7 * expert * m.num_hidden_layers, 0.03 * expert * m.num_hidden_layers);
+  // TP: every rank does the same work, 2 ranks a core: twice one rank's.
+  PlanChoice tp;
+  tp.tp = 4;
+  j["cores_per_host"] = 4;
+  const Prediction alone = predict(m, parse_cluster(j, "t"), tp, 4, Workload{1, 1});
+  j["cores_per_host"] = 2;
+  EXPECT_NEAR(predict(m, parse_cluster(j, "t"), tp, 4, Workload{1, 1}).experts_s, 2 * alone.experts_s, 1e-12);
+  // dp attention at batch 1: one rank attends, alone on a core as with 4 cores.
+  PlanChoice dp = ep;
+  dp.attn = "dp";
+  const Prediction shared = predict(m, parse_cluster(j, "t"), dp, 4, Workload{1, 64});
+  j["cores_per_host"] = 4;
+  EXPECT_NEAR(shared.attention_s, predict(m, parse_cluster(j, "t"), dp, 4, Workload{1, 64}).attention_s, 1e-12);
+}
+
 TEST(Planner, EachCollectiveWaitsWhatTheTableGivesForTheSegmentBeforeIt) {
   const ModelConfig m = synthetic_preset("mini");  // 8 layers, all MoE
   nlohmann::json j = memory_bound_cluster(2);
