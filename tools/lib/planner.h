@@ -64,10 +64,11 @@ struct Cluster {
   double host_read_bytes_per_s = 0;
   bool shared_memory_collectives = false;  // ranks of one host may use the shm all-reduce
   // Ranks sharing a CPU host's cores, measured (`moex plan calibrate --time-sharing` under mpirun -n N): at
-  // `ranks_per_core`, a step's compute takes max(1, ranks_per_core) x slowdown of one rank's alone, and a rank that
+  // `ranks_per_core`, a step's compute takes max(1, ranks_per_core) x slowdown of one rank's alone (where the ranks'
+  // work is the same; the busiest of unequal ones runs while the others yield, planner.cc), and a rank that
   // computed `segment_s` (its CPU time) since the last collective spends `wait` of wall time inside the next one,
   // waiting for ranks the scheduler has not run yet or ran later (wait_s(segment): linear between the measured
-  // segment lengths, the nearest one's outside them: a wait is at most a scheduler slice or two). Linear in
+  // segment lengths, the nearest one's outside them; calibrate measures 0.125-32 ms). Linear in
   // ranks_per_core between measured points, the nearest one's outside them; (1, 1, no wait) is the first point when
   // none is measured at or below one rank per core; without any point, slowdown 1 and no wait.
   struct TimeSharing {
