@@ -8,7 +8,7 @@
 #                REPEATS=1  (sweeps per rank count; each row keeps its fastest run, the one others disturbed least:
 #                            use 3 on a loaded machine)
 #                RECORD=tests/plan/mini-validation.json  (also write the run as the planner test's recording)
-#                MEASURE=0  (only redo the table from OUT_DIR's files)
+#                MEASURE=0  (only redo the predictions and the table from OUT_DIR's measurements)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MOEX=${MOEX:-build/moex}
@@ -38,13 +38,16 @@ for n in $RANKS; do
       --prefill-len 16 --weights as-stored --dense-weights as-stored --json > "$OUT/measured-$n-$r.json"
     uptime | tee "$OUT/load-after-$n-$r.txt"
   done
+done
+fi
+# The predictions, also with MEASURE=0: a change to the model is checked against the same measurements.
+for n in $RANKS; do
   for b in ${BATCHES//,/ }; do
     # Decode positions run from the prompt's 8 to 8 + 8 steps: 12 on average.
     "$MOEX" plan --model "$MODEL" --cluster "$OUT/cluster.json" --ranks "$n" --weights as-stored \
       --comm-dtype f32,bf16,fp8 --batch "$b" --context 12 --json > "$OUT/predicted-$n-b$b.json"
   done
 done
-fi
 /usr/bin/python3 - "$OUT" "$PRESET" "$RECORD" "$REPEATS" "$MODEL" $RANKS <<'EOF'
 import datetime, json, math, os, re, sys
 out, preset, record, repeats, model, ranks = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5], sys.argv[6:]
@@ -100,7 +103,9 @@ if record:
     tol_rate = max(0.25, math.ceil(100 * worst_rate) / 100)
     tol_share = max(0.05, math.ceil(1000 * worst_share) / 1000)
     json.dump({"cpu": f"{cpu} (family {fam} model {mod})",
-               "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+               # When the measurements began (MEASURE=0 redoes the predictions of an earlier run).
+               "date": datetime.datetime.fromtimestamp(os.path.getmtime(f"{out}/load-before.txt"),
+                                                       datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                "model_config": {k: v for k, v in json.load(open(os.path.join(model, "config.json"))).items() if k in (
                    "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                    "num_local_experts", "num_experts_per_tok", "vocab_size", "head_dim")},

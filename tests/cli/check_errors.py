@@ -221,6 +221,7 @@ def main():
         ("plan_ranks_beyond_cluster", "--ranks 8", ["plan", "--model", "mixtral-8x7b", "--cluster", "one_device.json", "--ranks", "8"]),
         ("plan_calibrate_out_exists", "exists: give --force", ["plan", "calibrate", "--out", "one_device.json"]),
         ("plan_time_sharing_no_file", "does not exist", ["plan", "calibrate", "--out", "no_cluster.json", "--time-sharing"]),
+        ("plan_old_wait_share", "run `moex plan calibrate --time-sharing` again", ["plan", "--model", "mixtral-8x7b", "--cluster", "old_sharing.json"]),
     ]
     # Cluster files for moex plan: one good (one device), one whose read rate has no source.
     def fig(v, src="test"):
@@ -231,6 +232,10 @@ def main():
                "links": {"intra_host": {"latency_us": fig(1), "bandwidth_GBps": fig(1)}}}
     with open(os.path.join(args.workdir, "one_device.json"), "w") as f:
         json.dump(cluster, f)
+    # A file calibrated before the wait became a table per segment length: one share, refused with what to run.
+    old = dict(cluster, time_sharing=[{"ranks_per_core": fig(1), "slowdown": fig(1), "wait_share": fig(0.1)}])
+    with open(os.path.join(args.workdir, "old_sharing.json"), "w") as f:
+        json.dump(old, f)
     cluster["device"]["read_GBps"] = fig(10, None)
     with open(os.path.join(args.workdir, "bad_cluster.json"), "w") as f:
         json.dump(cluster, f)

@@ -21,6 +21,7 @@
 #include "moex/comm/selector.h"
 #include "moex/model/config.h"
 #include "moex/model/decoder.h"
+#include "moex/model/panels_file.h"
 #include "moex/model/safetensors_index.h"
 #include "moex/runtime/run_memory.h"
 #include "moex/text/tokenizer.h"
@@ -299,6 +300,51 @@ TEST(RunMemory, WhenThePackedCopyIsMostOfItTheHintIsTheMappedCheckpoint) {
   const AvailableMemory small{uint64_t{3} << 30, "MemAvailable in /proc/meminfo"};
   expect_input_error([&] { check_run_memory(need, c, options, small); }, "packed weights 1000.0 GB");
   expect_input_error([&] { check_run_memory(need, c, options, small); }, "--exact");
+  expect_input_error([&] { check_run_memory(need, c, options, small); }, "moex pack");
+}
+
+// With panels found (moex pack), what this rank holds whole is a mapping, not a copy; a TP slice is still packed.
+TEST(RunMemory, MappedPanelsAreNotCountedAsPackedCopies) {
+  const ModelConfig c = tiny_config();
+  ModelOptions options;
+  options.expert_weights.packed = options.dense_weights.packed = true;
+  EXPECT_GT(estimate_run_memory(c, options, 1, false).packed_bytes, 0);
+  EXPECT_EQ(estimate_run_memory(c, options, 1, true).packed_bytes, 0);
+  ModelOptions tp = options;
+  tp.plan.world = 2, tp.plan.tp = 2;
+  const double sliced = estimate_run_memory(c, tp, 1, true).packed_bytes;
+  EXPECT_GT(sliced, 0);  // experts' and attention's halves
+  EXPECT_LT(sliced, estimate_run_memory(c, tp, 1, false).packed_bytes);  // lm_head is whole: mapped
+  // int8 is packed at load whatever the file holds (moex pack writes bf16 panels only).
+  ModelOptions int8 = options;
+  int8.expert_weights.format = kernels::WeightFormat::kInt8;
+  EXPECT_GT(estimate_run_memory(c, int8, 1, true).packed_bytes, 0);
+}
+
+// panels_present reads only the file's metadata: its kind and layout version, written here by hand.
+TEST(RunMemory, PanelsPresentReadsTheKindAndLayout) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("moex_panels_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const auto write = [&](const std::string& weights, int layout) {
+    std::string header = R"({"__metadata__":{"moex_panels_weights":")" + weights + R"(","moex_panels_layout":")" +
+                         std::to_string(layout) + R"("},"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})";
+    while ((8 + header.size()) % 8) header += ' ';
+    std::ofstream out(dir / "panels.moex", std::ios::binary);
+    for (int b = 0; b < 8; ++b) out.put(static_cast<char>((uint64_t{header.size()} >> (8 * b)) & 0xff));
+    out << header << std::string(4, '\0');
+  };
+  const std::string d = dir.string();
+  EXPECT_FALSE(panels_present(d, "", "bf16"));  // none yet
+  write("bf16", kernels::kPackedLayoutVersion);
+  EXPECT_TRUE(panels_present(d, "", "bf16"));
+  EXPECT_TRUE(panels_present("/nonexistent", (dir / "panels.moex").string(), "bf16"));  // --panels PATH
+  EXPECT_FALSE(panels_present(d, "none", "bf16"));                                      // --panels none
+  EXPECT_FALSE(panels_present(d, "", kPanelsStored));                                  // another kind
+  write("bf16", kernels::kPackedLayoutVersion + 1);
+  EXPECT_FALSE(panels_present(d, "", "bf16"));  // another build's layout: packed at load
+  { std::ofstream(dir / "panels.moex", std::ios::binary) << "damaged"; }
+  EXPECT_FALSE(panels_present(d, "", "bf16"));  // the load reports it
+  std::filesystem::remove_all(dir);
 }
 
 // Sets an environment variable for the scope.

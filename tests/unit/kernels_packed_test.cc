@@ -4,6 +4,7 @@
 // instruction counts; CPU detection against /proc/cpuinfo.
 #include <gtest/gtest.h>
 
+#include <sys/mman.h>
 #include <sys/wait.h>
 
 #include <algorithm>
@@ -1077,6 +1078,25 @@ TEST(Probe, DotProductPeaksCountTheirInstructions) {
   }
 }
 
+// huge_page_bytes counts only the range asked about: a region kept on 4 KB pages has none, however many huge pages
+// the rest of the process holds (a huge-page region beside it, touched first).
+TEST(Probe, HugePageBytesOfARange) {
+  constexpr size_t kHuge = size_t{2} << 20, kBytes = 8 * kHuge;
+  void* map = ::mmap(nullptr, 2 * kBytes + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(map, MAP_FAILED);
+  auto* huge = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(map) + kHuge - 1) & ~(kHuge - 1));
+  uint8_t* small = huge + kBytes;
+  ::madvise(huge, kBytes, MADV_HUGEPAGE);
+  ::madvise(small, kBytes, MADV_NOHUGEPAGE);  // splits the mapping: smaps lists the two halves apart
+  std::fill_n(huge, kBytes, uint8_t{1});
+  std::fill_n(small, kBytes, uint8_t{1});
+  EXPECT_EQ(kernels::huge_page_bytes(small, kBytes), 0u);
+  const size_t h = kernels::huge_page_bytes(huge, kBytes);
+  EXPECT_LE(h, kBytes);
+  std::printf("huge pages: %zu of %zu bytes of the advised region\n", h, kBytes);
+  ::munmap(map, 2 * kBytes + kHuge);
+}
+
 // The read probe's methods both ran and the best is the probe; the clock is a plausible x86 clock; CPUID's family
 // and model are /proc/cpuinfo's (an independent reader of the same registers, through the kernel).
 TEST(Probe, ReadProbeClockAndCpuClass) {
@@ -1084,6 +1104,8 @@ TEST(Probe, ReadProbeClockAndCpuClass) {
   EXPECT_GT(r.plain_bytes_per_s, 0);
   EXPECT_GT(r.prefetch_bytes_per_s, 0);
   EXPECT_EQ(r.bytes_per_s, std::max(r.plain_bytes_per_s, r.prefetch_bytes_per_s));
+  EXPECT_EQ(r.bytes, size_t{64} << 20);
+  EXPECT_LE(r.huge_page_bytes, r.bytes);
   const double hz = kernels::core_clock_hz(int64_t{1} << 22);
   EXPECT_GT(hz, 0.3e9);  // a dependent add per cycle: any x86 core of the last 20 years, however loaded
   EXPECT_LT(hz, 8e9);    // more would mean the adds were not dependent

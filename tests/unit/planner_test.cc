@@ -159,7 +159,14 @@ TEST(Planner, AKernelTableCostsEachOutputRowAndEachWeight) {
   EXPECT_THROW(parse_cluster(j, "t"), Error);
 }
 
-TEST(Planner, RanksBeyondTheCoresTakeTheMeasuredSlowdownAndWait) {
+// A wait table for a time-sharing point: {segment_us, wait_us} pairs.
+nlohmann::json wait_table(const std::vector<std::pair<double, double>>& points) {
+  nlohmann::json list = nlohmann::json::array();
+  for (const auto& [segment, wait] : points) list.push_back({{"segment_us", segment}, {"wait_us", wait}});
+  return {{"points", list}, {"source", "test"}};
+}
+
+TEST(Planner, RanksBeyondTheCoresTakeTheMeasuredSlowdown) {
   const ModelConfig m = synthetic_preset("mini");
   nlohmann::json j = memory_bound_cluster(4);
   j["cores_per_host"] = 2;
@@ -168,22 +175,93 @@ TEST(Planner, RanksBeyondTheCoresTakeTheMeasuredSlowdownAndWait) {
   const Prediction plain = predict(m, parse_cluster(j, "t"), p, 4, Workload{1, 1});
   EXPECT_DOUBLE_EQ(plain.time_share, 2.0);  // no measured point: the cores' share alone, no wait
   EXPECT_EQ(plain.wait_s, 0);
-  j["time_sharing"] = {{{"ranks_per_core", fig(2)}, {"slowdown", fig(1.1)}, {"wait_share", fig(0.2)}}};
+  j["time_sharing"] = {{{"ranks_per_core", fig(2)}, {"slowdown", fig(1.1)}}};
   const Prediction shared = predict(m, parse_cluster(j, "t"), p, 4, Workload{1, 1});
   EXPECT_DOUBLE_EQ(shared.time_share, 2.2);
   const double compute = shared.attention_s + shared.routing_s + shared.experts_s + shared.other_s;
   EXPECT_NEAR(compute, 1.1 * (plain.attention_s + plain.routing_s + plain.experts_s + plain.other_s), 1e-12);
-  EXPECT_NEAR(shared.wait_s, 0.2 * compute, 1e-12);
+  EXPECT_EQ(shared.wait_s, 0);  // a point without a wait table: no wait
   PlanChoice two;
   two.tp = 2;  // 2 ranks on 2 cores: no sharing
   EXPECT_DOUBLE_EQ(predict(m, parse_cluster(j, "t"), two, 2, Workload{1, 1}).time_share, 1.0);
   j["cores_per_host"] = 4;
-  j["time_sharing"] = {{{"ranks_per_core", fig(0.5)}, {"slowdown", fig(1.3)}, {"wait_share", fig(0.1)}},
-                       {{"ranks_per_core", fig(2)}, {"slowdown", fig(1.1)}, {"wait_share", fig(0.2)}}};
+  j["time_sharing"] = {{{"ranks_per_core", fig(0.5)}, {"slowdown", fig(1.3)}},
+                       {{"ranks_per_core", fig(2)}, {"slowdown", fig(1.1)}}};
   // A point at or below one rank per core (a loaded machine) replaces (1, 1, 0): 2 ranks on 4 cores take it.
   EXPECT_DOUBLE_EQ(predict(m, parse_cluster(j, "t"), two, 2, Workload{1, 1}).time_share, 1.3);
   EXPECT_NEAR(predict(m, parse_cluster(j, "t"), p, 4, Workload{1, 1}).time_share, 1.3 + (1.1 - 1.3) / 3, 1e-12);  // linear
   j["time_sharing"][1]["ranks_per_core"] = fig(0.4);  // not increasing
+  EXPECT_THROW(parse_cluster(j, "t"), Error);
+}
+
+TEST(Planner, BeyondTheCoresTheBusiestRankRunsWhileTheOthersYield) {
+  // One token, top-2 of 8 experts on 4 ranks of 2 experts: the busiest rank runs 2 experts with probability 1/7,
+  // else 1, and all ranks together 2, i.e. 1 per core on 2 cores: the busiest's own time binds, not twice it.
+  const ModelConfig m = synthetic_preset("mixtral-8x7b");
+  nlohmann::json j = memory_bound_cluster(4);
+  j["cores_per_host"] = 2;
+  PlanChoice ep;
+  ep.moe = "ep", ep.ep = 4;
+  const Prediction r = predict(m, parse_cluster(j, "t"), ep, 4, Workload{1, 1});
+  const double expert = 3.0 * m.hidden_size * m.intermediate_size * 2 / 100e9;
+  EXPECT_NEAR(r.experts_s, 8.0 / 7 * expert * m.num_hidden_layers, 0.03 * expert * m.num_hidden_layers);
+  // TP: every rank does the same work, 2 ranks a core: twice one rank's.
+  PlanChoice tp;
+  tp.tp = 4;
+  j["cores_per_host"] = 4;
+  const Prediction alone = predict(m, parse_cluster(j, "t"), tp, 4, Workload{1, 1});
+  j["cores_per_host"] = 2;
+  EXPECT_NEAR(predict(m, parse_cluster(j, "t"), tp, 4, Workload{1, 1}).experts_s, 2 * alone.experts_s, 1e-12);
+  // dp attention at batch 1: one rank attends, alone on a core as with 4 cores.
+  PlanChoice dp = ep;
+  dp.attn = "dp";
+  const Prediction shared = predict(m, parse_cluster(j, "t"), dp, 4, Workload{1, 64});
+  j["cores_per_host"] = 4;
+  EXPECT_NEAR(shared.attention_s, predict(m, parse_cluster(j, "t"), dp, 4, Workload{1, 64}).attention_s, 1e-12);
+}
+
+TEST(Planner, EachCollectiveWaitsWhatTheTableGivesForTheSegmentBeforeIt) {
+  const ModelConfig m = synthetic_preset("mini");  // 8 layers, all MoE
+  nlohmann::json j = memory_bound_cluster(2);
+  j["cores_per_host"] = 2;
+  // A wait independent of the segment: every collective of the step waits it once.
+  j["time_sharing"] = {{{"ranks_per_core", fig(1)}, {"slowdown", fig(1)}, {"wait", wait_table({{1e9, 50}})}}};
+  PlanChoice tp;
+  tp.tp = 2;
+  const Prediction r = predict(m, parse_cluster(j, "t"), tp, 2, Workload{16, 64});
+  EXPECT_NEAR(r.wait_s, 50e-6 * 16, 1e-12);  // an attention and a MoE all-reduce per layer
+  PlanChoice dp;
+  dp.moe = "ep", dp.attn = "dp", dp.ep = 2;
+  const Prediction d = predict(m, parse_cluster(j, "t"), dp, 2, Workload{16, 64});
+  EXPECT_NEAR(d.wait_s - d.imbalance_wait_s, 50e-6 * 16, 1e-12);  // dispatch and combine per MoE layer
+  EXPECT_EQ(predict(m, parse_cluster(j, "t"), PlanChoice{}, 1, Workload{16, 64}).wait_s, 0);  // nothing to wait for
+  // Between two measured segment lengths the wait is linear in the segment: here 10% of each, so 10% of all the
+  // compute, which the segments add up to (TP: every rank's experts are the busiest's).
+  j["time_sharing"][0]["wait"] = wait_table({{1, 0.1}, {1e9, 1e8}});
+  const Prediction share = predict(m, parse_cluster(j, "t"), tp, 2, Workload{16, 64});
+  EXPECT_NEAR(share.wait_s, 0.1 * (share.attention_s + share.routing_s + share.experts_s + share.other_s), 1e-9);
+  // Between two segment lengths, linear; outside them, the nearest one's.
+  Cluster::TimeSharing t;
+  t.segment_s = {1e-3, 3e-3};
+  t.wait_s = {10e-6, 30e-6};
+  EXPECT_NEAR(t.wait(2e-3), 20e-6, 1e-15);
+  EXPECT_NEAR(t.wait(0.5e-3), 10e-6, 1e-15);
+  EXPECT_NEAR(t.wait(6e-3), 30e-6, 1e-15);  // above the longest, the longest's: a wait is bounded by the scheduler
+  // Between two ranks-per-core points, linear at the same segment: 3 ranks on 2 cores, halfway from 1 to 2.
+  j["devices_per_host"] = 4;
+  j["time_sharing"] = {{{"ranks_per_core", fig(1)}, {"slowdown", fig(1)}, {"wait", wait_table({{1e9, 0}})}},
+                       {{"ranks_per_core", fig(2)}, {"slowdown", fig(1)}, {"wait", wait_table({{1e9, 100}})}}};
+  PlanChoice four;
+  four.tp = 4;
+  const Prediction half = predict(m, parse_cluster(j, "t"), four, 4, Workload{1, 1});
+  j["cores_per_host"] = 3;  // 4 ranks on 3 cores: 4/3 ranks per core, a third of the way
+  EXPECT_NEAR(predict(m, parse_cluster(j, "t"), four, 4, Workload{1, 1}).wait_s, 100e-6 / 3 * 16, 1e-12);
+  EXPECT_NEAR(half.wait_s, 100e-6 * 16, 1e-12);  // 4 ranks on 2 cores: the point at 2
+  // The old single share is refused with what to do; a table needs increasing segments.
+  j["time_sharing"][0]["wait_share"] = fig(0.1);
+  EXPECT_THROW(parse_cluster(j, "t"), Error);
+  j["time_sharing"][0].erase("wait_share");
+  j["time_sharing"][0]["wait"] = wait_table({{2, 0}, {1, 0}});
   EXPECT_THROW(parse_cluster(j, "t"), Error);
 }
 

@@ -204,18 +204,23 @@ CollectiveCost alltoall(const std::string& what, const Cluster& c, int group, do
 
 // The expected time of the busiest rank's routed experts over sampled routings (uniform top-k, as an untrained
 // router gives; docs/plan.md), and that busiest / mean ratio.
+// On a CPU host whose ranks outnumber its cores (`cores` > 0: the cores the ranks run on), ranks with less to do
+// wait in a collective, yielding their core, so the busiest runs alone while the others wait: the part takes the
+// longer of the busiest's own time and all the ranks' work over the cores, times the measured slowdown (with no
+// more ranks than cores, the busiest's time). `wall_s` is that, `busiest_s` and `mean_s` are multiplied by
+// `time_share` as every other part.
 struct ExpertTime {
-  double busiest_s = 0, mean_s = 0, imbalance = 1;
+  double busiest_s = 0, mean_s = 0, wall_s = 0, imbalance = 1;
 };
 ExpertTime routed_experts(const ModelConfig& m, const Device& dev, const PlanChoice& p, int ranks, int tokens,
-                          double time_share) {
+                          double time_share, int cores, double slowdown) {
   const int E = m.num_local_experts, k = m.num_experts_per_tok;
   const double I_local = static_cast<double>(m.intermediate_size) / p.tp, d = m.hidden_size;
   const int experts_per_group = E / p.ep;
   std::mt19937 rng(1);  // fixed: the same prediction every run
   constexpr int kSamples = 1000;
   std::vector<int> rows(E), order(E);
-  double busiest_sum = 0, mean_sum = 0;
+  double busiest_sum = 0, mean_sum = 0, wall_sum = 0;
   for (int s = 0; s < kSamples; ++s) {
     std::fill(rows.begin(), rows.end(), 0);
     for (int t = 0; t < tokens; ++t) {  // k distinct experts per token (a partial Fisher-Yates shuffle)
@@ -230,17 +235,19 @@ ExpertTime routed_experts(const ModelConfig& m, const Device& dev, const PlanCho
     for (int g = 0; g < p.ep; ++g) {  // every tp rank of an EP group does the same work
       double t = 0;
       for (int e = g * experts_per_group; e < (g + 1) * experts_per_group; ++e)
-        t += 2 * matmul_seconds(dev, p, rows[e], I_local, d, time_share) + matmul_seconds(dev, p, rows[e], d, I_local, time_share);
+        t += 2 * matmul_seconds(dev, p, rows[e], I_local, d, 1) + matmul_seconds(dev, p, rows[e], d, I_local, 1);
       busiest = std::max(busiest, t);
       total += t;
     }
     busiest_sum += busiest;
     mean_sum += total / p.ep;
+    wall_sum += cores > 0 ? std::max(busiest, p.tp * total / cores) * slowdown : busiest * time_share;
   }
   (void)ranks;
   ExpertTime out;
-  out.busiest_s = busiest_sum / kSamples;
-  out.mean_s = mean_sum / kSamples;
+  out.busiest_s = busiest_sum / kSamples * time_share;
+  out.mean_s = mean_sum / kSamples * time_share;
+  out.wall_s = wall_sum / kSamples;
   out.imbalance = mean_sum > 0 ? busiest_sum / mean_sum : 1;
   return out;
 }
@@ -254,25 +261,44 @@ double interpolate(const std::vector<double>& xs, const std::vector<double>& ys,
   return ys[i - 1] + (ys[i] - ys[i - 1]) * (x - xs[i - 1]) / (xs[i] - xs[i - 1]);
 }
 
-// The time-sharing point for `ratio` ranks per core (docs/plan.md): linear between the measured points, the
-// nearest one's outside them; without a measured point at or below one rank per core, (1, no slowdown, no wait)
-// is the first.
-Cluster::TimeSharing time_sharing_at(const Cluster& c, double ratio) {
-  std::vector<Cluster::TimeSharing> points;
-  if (c.time_sharing.empty() || c.time_sharing.front().ranks_per_core > 1) points.push_back({});
-  points.insert(points.end(), c.time_sharing.begin(), c.time_sharing.end());
-  if (ratio <= points.front().ranks_per_core) return {ratio, points.front().slowdown, points.front().wait_share};
+// The slowdown at `ratio` ranks per core and the wait after a segment of `segment` seconds of CPU time
+// (docs/plan.md): linear between the measured points, the nearest one's outside them; without a measured point
+// at or below one rank per core, (1, no slowdown, no wait) is the first.
+struct Sharing {
+  double slowdown = 1;
+  const Cluster::TimeSharing *lo = nullptr, *hi = nullptr;
+  double f = 0;  // hi's weight
+  double wait(double segment) const {
+    const double a = lo ? lo->wait(segment) : 0, b = hi ? hi->wait(segment) : 0;
+    return (1 - f) * a + f * b;
+  }
+};
+Sharing time_sharing_at(const Cluster& c, double ratio) {
+  static const Cluster::TimeSharing kAlone{};
+  std::vector<const Cluster::TimeSharing*> points;
+  if (c.time_sharing.empty() || c.time_sharing.front().ranks_per_core > 1) points.push_back(&kAlone);
+  for (const Cluster::TimeSharing& t : c.time_sharing) points.push_back(&t);
+  if (ratio <= points.front()->ranks_per_core) return {points.front()->slowdown, points.front(), nullptr, 0};
   for (size_t i = 1; i < points.size(); ++i) {
-    const Cluster::TimeSharing &lo = points[i - 1], &hi = points[i];
+    const Cluster::TimeSharing &lo = *points[i - 1], &hi = *points[i];
     if (ratio <= hi.ranks_per_core) {
       const double f = (ratio - lo.ranks_per_core) / (hi.ranks_per_core - lo.ranks_per_core);
-      return {ratio, lo.slowdown + f * (hi.slowdown - lo.slowdown), lo.wait_share + f * (hi.wait_share - lo.wait_share)};
+      return {lo.slowdown + f * (hi.slowdown - lo.slowdown), &lo, &hi, f};
     }
   }
-  return {ratio, points.back().slowdown, points.back().wait_share};
+  return {points.back()->slowdown, points.back(), nullptr, 0};
 }
 
 }  // namespace
+
+double Cluster::TimeSharing::wait(double segment) const {
+  if (segment_s.empty()) return 0;
+  if (segment <= segment_s.front()) return wait_s.front();
+  if (segment >= segment_s.back()) return wait_s.back();
+  size_t i = 1;
+  while (segment > segment_s[i]) ++i;
+  return wait_s[i - 1] + (wait_s[i] - wait_s[i - 1]) * (segment - segment_s[i - 1]) / (segment_s[i] - segment_s[i - 1]);
+}
 
 double KernelTable::seconds(double rows, double n_out, double k_in) const {
   const double per_row = std::max(0.0, interpolate(tokens, per_row_s, rows));
@@ -364,10 +390,32 @@ Cluster parse_cluster(const nlohmann::json& j, const std::string& origin) {
       Cluster::TimeSharing t;
       t.ranks_per_core = figure(e, "ranks_per_core", where);
       t.slowdown = figure(e, "slowdown", where);
-      t.wait_share = figure(e, "wait_share", where);
-      MOEX_CHECK_INPUT(t.ranks_per_core > 0 && t.slowdown > 0 && t.wait_share < 1 &&
+      MOEX_CHECK_INPUT(t.ranks_per_core > 0 && t.slowdown > 0 &&
                            (c.time_sharing.empty() || t.ranks_per_core > c.time_sharing.back().ranks_per_core),
-                       "cluster file: \"", where, "\" needs ranks_per_core > 0 (increasing), slowdown > 0, wait_share < 1");
+                       "cluster file: \"", where, "\" needs ranks_per_core > 0 (increasing) and slowdown > 0");
+      MOEX_CHECK_INPUT(!e.contains("wait_share"), "cluster file: \"", where,
+                       ".wait_share\" is no longer read: run `moex plan calibrate --time-sharing` again for its \"wait\" table");
+      if (e.contains("wait")) {
+        const nlohmann::json& wt = e.at("wait");
+        MOEX_CHECK_INPUT(wt.is_object() && wt.contains("points") && wt.at("points").is_array() && !wt.at("points").empty(),
+                         "cluster file: \"", where, ".wait\" must be {\"points\": [{\"segment_us\", \"wait_us\"}, ...], \"source\": ...}");
+        MOEX_CHECK_INPUT(wt.contains("source") && wt.at("source").is_string() && !wt.at("source").get<std::string>().empty(),
+                         "cluster file: \"", where, ".wait\" has no \"source\" (say where the figures come from)");
+        for (const nlohmann::json& pt : wt.at("points")) {
+          const auto num = [&](const char* key) {
+            MOEX_CHECK_INPUT(pt.is_object() && pt.contains(key) && pt.at(key).is_number(), "cluster file: \"", where,
+                             ".wait\" point needs a number \"", key, "\"");
+            const double v = pt.at(key).get<double>();
+            MOEX_CHECK_INPUT(std::isfinite(v) && v >= 0, "cluster file: \"", where, ".wait.", key, "\" must be >= 0, got ", v);
+            return v;
+          };
+          const double seg = num("segment_us") * 1e-6;
+          MOEX_CHECK_INPUT(seg > 0 && (t.segment_s.empty() || seg > t.segment_s.back()), "cluster file: \"", where,
+                           ".wait\" points need segment_us > 0, increasing");
+          t.segment_s.push_back(seg);
+          t.wait_s.push_back(num("wait_us") * 1e-6);
+        }
+      }
       c.time_sharing.push_back(t);
     }
   }
@@ -436,7 +484,7 @@ Prediction predict(const ModelConfig& m, const Cluster& c, const PlanChoice& p, 
   // than a host.
   const int per_host = std::min(ranks, c.devices_per_host);
   const double ranks_per_core = c.cores_per_host > 0 ? double(per_host) / c.cores_per_host : 1.0;
-  const Cluster::TimeSharing sharing = time_sharing_at(c, ranks_per_core);
+  const Sharing sharing = time_sharing_at(c, ranks_per_core);
   const double time_share = std::max(1.0, ranks_per_core) * sharing.slowdown;
   out.time_share = time_share;
   // The ranks that read at once share the host's rate (those beyond the cores wait their turn: time_share).
@@ -454,38 +502,62 @@ Prediction predict(const ModelConfig& m, const Cluster& c, const PlanChoice& p, 
   const double q_local = double(heads.end - heads.begin) * hd, kv_local = double(kv.end - kv.begin) * hd;
   const double seqs = dp ? std::ceil(B / ranks) : B;  // the busiest rank's sequences
   const double kv_bytes = 2.0;                        // a bf16 KV cache
-  double attention = matmul_seconds(dev, p, seqs, q_local, d, time_share) +
-                     2 * matmul_seconds(dev, p, seqs, kv_local, d, time_share) +
-                     matmul_seconds(dev, p, seqs, d, q_local, time_share);
-  const double kv_read = seqs * w.context * 2 * kv_local * kv_bytes;
-  attention += std::max(kv_read / (dev.read_bytes_per_s * dev.memory_efficiency),
-                        4 * seqs * w.context * q_local / (dev.f32_flops * dev.compute_efficiency)) * time_share;
-  // Routing: the router's [E, d] weights as stored (f32 activations) for the rank's tokens.
+  // A rank's own parts for `s` sequences, each multiplied by `ts`.
   PlanChoice stored = p;
   stored.weights = "as-stored";
-  const double routing = matmul_seconds(dev, stored, seqs, m.num_local_experts, d, time_share);
-  // Dense MLP and shared experts run whole on every rank (model/weights.cc loads them unsplit).
+  struct Own {
+    double attention = 0, routing = 0, lm_head = 0, total = 0;
+    std::vector<double> mlp_of;
+  };
   int moe_layers = 0;
-  double mlp = 0;
-  for (int l = 0; l < m.num_hidden_layers; ++l) {
-    if (m.moe_layer(l)) {
-      ++moe_layers;
-      const double I = m.shared_expert_intermediate_size;
-      mlp += 2 * matmul_seconds(dev, p, seqs, I, d, time_share) + matmul_seconds(dev, p, seqs, d, I, time_share);
-    } else {
-      const double I = m.dense_intermediate_size;
-      mlp += 2 * matmul_seconds(dev, p, seqs, I, d, time_share) + matmul_seconds(dev, p, seqs, d, I, time_share);
+  for (int l = 0; l < m.num_hidden_layers; ++l) moe_layers += m.moe_layer(l) ? 1 : 0;
+  const auto own = [&](double s, double ts) {
+    Own o;
+    o.attention = matmul_seconds(dev, p, s, q_local, d, ts) + 2 * matmul_seconds(dev, p, s, kv_local, d, ts) +
+                  matmul_seconds(dev, p, s, d, q_local, ts);
+    const double kv_read = s * w.context * 2 * kv_local * kv_bytes;
+    o.attention += std::max(kv_read / (dev.read_bytes_per_s * dev.memory_efficiency),
+                            4 * s * w.context * q_local / (dev.f32_flops * dev.compute_efficiency)) * ts;
+    // Routing: the router's [E, d] weights as stored (f32 activations) for the rank's tokens.
+    o.routing = matmul_seconds(dev, stored, s, m.num_local_experts, d, ts);
+    // Dense MLP and shared experts run whole on every rank (model/weights.cc loads them unsplit).
+    o.mlp_of.resize(m.num_hidden_layers);
+    o.total = o.attention * L + o.routing * moe_layers;
+    for (int l = 0; l < m.num_hidden_layers; ++l) {
+      const double I = m.moe_layer(l) ? m.shared_expert_intermediate_size : m.dense_intermediate_size;
+      o.mlp_of[l] = 2 * matmul_seconds(dev, p, s, I, d, ts) + matmul_seconds(dev, p, s, d, I, ts);
+      o.total += o.mlp_of[l];
     }
+    o.lm_head = matmul_seconds(dev, p, s, m.vocab_size, d, ts);
+    o.total += o.lm_head;
+    return o;
+  };
+  Own mine = own(seqs, time_share);
+  // Ranks beyond the cores (docs/plan.md): under dp attention the ranks hold different numbers of sequences, and
+  // those with fewer wait in the collective, yielding their cores to the busiest.
+  const int cores = c.cores_per_host > 0 ? c.cores_per_host * ((ranks + c.devices_per_host - 1) / c.devices_per_host) : 0;
+  if (dp && cores > 0 && mine.total > 0) {
+    double all = 0;
+    for (int r = 0; r < ranks; ++r) all += own(std::floor(B / ranks) + (r < int(B) % ranks ? 1 : 0), 1).total;
+    const double wall = std::max(own(seqs, 1).total, all / cores) * sharing.slowdown;
+    const double scale = std::min(1.0, wall / mine.total);
+    mine.attention *= scale, mine.routing *= scale, mine.lm_head *= scale;
+    for (double& v : mine.mlp_of) v *= scale;
   }
-  const ExpertTime experts = routed_experts(m, dev, p, ranks, w.batch, time_share);
+  const double attention = mine.attention, routing = mine.routing, lm_head = mine.lm_head;
+  const std::vector<double>& mlp_of = mine.mlp_of;
+  double mlp = 0;
+  for (double v : mlp_of) mlp += v;
+  const ExpertTime experts = routed_experts(m, dev, p, ranks, w.batch, time_share, cores, sharing.slowdown);
   out.expert_imbalance = experts.imbalance;
   out.attention_s = attention * L;
   out.routing_s = routing * moe_layers;
-  out.experts_s = experts.busiest_s * moe_layers;
+  out.experts_s = experts.wall_s * moe_layers;
   // Rank 0 waits for the busiest EP group (its own experts take the mean, by symmetry of uniform routing). Under
   // dp attention it holds ceil(B / N) sequences, the most, so its attention never waits.
-  out.wait_s = (experts.busiest_s - experts.mean_s) * moe_layers;
-  out.other_s = mlp + matmul_seconds(dev, p, seqs, m.vocab_size, d, time_share);  // + lm_head
+  out.wait_s = std::max(0.0, experts.wall_s - experts.mean_s) * moe_layers;
+  out.other_s = mlp + lm_head;
+  out.imbalance_wait_s = out.wait_s;
   // Collectives per step.
   const double elem = comm::wire_bytes(comm::wire_format_for(plan.comm_dtype), 1 << 20) / double(1 << 20);
   if (ranks > 1) {
@@ -509,8 +581,34 @@ Prediction predict(const ModelConfig& m, const Cluster& c, const PlanChoice& p, 
   const double compute = out.attention_s + out.routing_s + out.experts_s + out.other_s;
   out.step_s = compute + out.comm_s;
   out.tokens_per_s = B / out.step_s;
-  // Time-sharing: the measured share of a rank's compute spent waiting in collectives for ranks not yet run.
-  out.wait_s += sharing.wait_share * (compute - out.wait_s);
+  // Rank 0's compute between two collectives, segment by segment (its own experts: the mean group's), and the
+  // wait the time-sharing table gives after each: TP attention reduces after attention and after each MoE block,
+  // dp attention dispatches after routing and combines after the experts. What follows the last collective of a
+  // step (dense layers, lm_head) runs before the next step's first.
+  if (ranks > 1) {
+    std::vector<double> segments;
+    double open = 0;
+    const auto sync = [&] { segments.push_back(open), open = 0; };
+    for (int l = 0; l < m.num_hidden_layers; ++l) {
+      open += attention;
+      if (!dp) sync();
+      if (!m.moe_layer(l)) {
+        open += mlp_of[l];
+        continue;
+      }
+      open += routing;
+      if (dp) sync();
+      open += experts.mean_s;
+      sync();
+      open += mlp_of[l];
+    }
+    open += lm_head;
+    if (!segments.empty()) segments.front() += open;  // none: nothing is collective, nothing waits
+    for (double seg : segments) {
+      out.wait_s += sharing.wait(seg / time_share);
+      out.longest_segment_s = std::max(out.longest_segment_s, seg);
+    }
+  }
   out.comm_share = (out.comm_s + out.wait_s) / out.step_s;
   out.wire_share = out.comm_s / out.step_s;
   out.wire_bytes_per_token = wire / (dp ? seqs : B);

@@ -64,12 +64,17 @@ struct Cluster {
   double host_read_bytes_per_s = 0;
   bool shared_memory_collectives = false;  // ranks of one host may use the shm all-reduce
   // Ranks sharing a CPU host's cores, measured (`moex plan calibrate --time-sharing` under mpirun -n N): at
-  // `ranks_per_core`, a step's compute takes max(1, ranks_per_core) x slowdown of one rank's alone, and each rank
-  // spends `wait_share` of it inside collectives waiting for ranks the scheduler has not run yet. Linear between
-  // measured points, the nearest one's outside them; (1, 1, 0) is the first point when none is measured at or
-  // below one rank per core; without any point, slowdown 1 and no wait.
+  // `ranks_per_core`, a step's compute takes max(1, ranks_per_core) x slowdown of one rank's alone (where the ranks'
+  // work is the same; the busiest of unequal ones runs while the others yield, planner.cc), and a rank that
+  // computed `segment_s` (its CPU time) since the last collective spends `wait` of wall time inside the next one,
+  // waiting for ranks the scheduler has not run yet or ran later (wait_s(segment): linear between the measured
+  // segment lengths, the nearest one's outside them; calibrate measures 0.125-32 ms). Linear in
+  // ranks_per_core between measured points, the nearest one's outside them; (1, 1, no wait) is the first point when
+  // none is measured at or below one rank per core; without any point, slowdown 1 and no wait.
   struct TimeSharing {
-    double ranks_per_core = 1, slowdown = 1, wait_share = 0;
+    double ranks_per_core = 1, slowdown = 1;
+    std::vector<double> segment_s, wait_s;  // increasing segment lengths; empty: no wait
+    double wait(double segment) const;
   };
   std::vector<TimeSharing> time_sharing;
   Device device;
@@ -112,9 +117,12 @@ struct Prediction {
   double attention_s = 0, routing_s = 0, experts_s = 0, other_s = 0;  // compute of the busiest rank
   double comm_s = 0;   // the collectives themselves (alpha-beta, on the wire), part of the step
   // What a rank's profiler counts inside collectives besides the wire: the wait for the slowest rank (expert
-  // imbalance under EP, fewer sequences under dp attention, ranks the scheduler has not run when they
-  // time-share cores). Rank 0's expectation; it is not added to the step (the slowest rank's compute is).
+  // imbalance under EP; ranks the scheduler ran later, from the time-sharing table at the length of each segment
+  // of compute between two collectives). Rank 0's expectation; it is not added to the step (the slowest rank's
+  // compute is).
   double wait_s = 0;
+  double imbalance_wait_s = 0;  // the part of wait_s that is expert imbalance
+  double longest_segment_s = 0;  // the longest compute between two collectives (wall), for the report
   double step_s = 0;
   double tokens_per_s = 0;
   double comm_share = 0;       // (comm_s + wait_s) / step_s: what the profiler attributes to collectives

@@ -26,7 +26,12 @@ struct ReadProbe {
   double plain_bytes_per_s = 0;  // loads alone (hardware prefetchers)
   double prefetch_bytes_per_s = 0;  // loads plus a software prefetch kStreamLead ahead
   const char* method = "loads";  // the best one's name
+  size_t bytes = 0;              // the buffer
+  size_t huge_page_bytes = 0;    // of it on 2 MB pages (what the kernel granted the advice)
 };
+// Bytes of [data, data + bytes) that sit on transparent huge pages (AnonHugePages of the mappings that overlap it,
+// /proc/self/smaps; 0 where that cannot be read).
+size_t huge_page_bytes(const void* data, size_t bytes);
 constexpr int kReadSegments = 8;
 ReadProbe read_probe(size_t bytes, int repeats, bool cpu_clock);
 
@@ -106,6 +111,13 @@ namespace x86 {
 // vdpbf16ps 6 cycles x 1 zmm per cycle; Zen 5 and Intel's two 512-bit ports: 4-6 x 2 = 8-12), twice over so a
 // thread alone, or one that SMT pairs with an idle sibling, still fills the pipes. 24 of the 32 zmm registers.
 constexpr int kPeakChains = 24;
+// The chains as 24 named variables (X(0) ... X(23)), not an array: GCC 12 kept an array of accumulators in memory,
+// interchanged the loops and ran each chain's instructions back to back through a store and a load, so the probes
+// measured that loop (0.85 vdpbf16ps per cycle on Zen 4, which the bf16 prefill beat) rather than the instruction.
+// Each chain's zero passes through an empty asm, so the compiler cannot prove the chains equal and merge them
+// into one (it did, with 24 plain zeros).
+#define MOEX_PEAK_CHAINS(X) \
+  X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) X(15) X(16) X(17) X(18) X(19) X(20) X(21) X(22) X(23)
 float stream_read_avx512(const void* data, size_t bytes, int64_t prefetch_lead = 0);
 // Every byte of data[0, bytes) exactly (a masked load for the last partial line); adds the bytes read to *read.
 float stream_read_exact_avx512(const void* data, size_t bytes, size_t* read);

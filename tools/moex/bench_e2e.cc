@@ -3,10 +3,11 @@
 // one token each per step), each against its roofline from probes run in the same process just before the
 // format's rows: read bandwidth for the bytes a step reads (each format's own bytes, scales included), the
 // peak of the best dot-product instruction for the FLOPs (vpdpbusd for int8-w8a8, vdpbf16ps otherwise), and
-// for a step the slower of the two: roofline time = max(bytes / read, FLOPs / peak). The tg rows' read
-// term is the replay probe's time instead (docs/kernels.md): the weight ranges each step of the measured run
-// read, streamed again in the same order over the same steps, so a cache that holds part of them serves the
-// probe as it served the model. The plain DRAM probe stays as a second column (%dram).
+// for a step the slower of the two: roofline time = max(bytes / read, FLOPs / peak). The tg and decode bB
+// rows' read term is the replay probe's time instead (docs/kernels.md): the weight ranges each step of the
+// measured run read, streamed again in the same order over the same steps, so a cache that holds part of them
+// serves the probe as it served the model, and the bytes are read from the pages the kernels read them from.
+// The plain DRAM probe stays as a second column (%dram).
 #include <algorithm>
 #include <cstdio>
 #include <memory>
@@ -88,7 +89,8 @@ struct E2eRow {
   double bytes = 0, flops = 0; // per unit
   double peak = 0;             // FLOP/s of the instruction the roofline uses
   Probes probes;
-  double replay_seconds = 0;   // per unit: the replay probe over the run's own reads (tg rows; 0: none)
+  double replay_seconds = 0;   // per unit: the replay probe over the run's own reads (tg, decode rows; 0: none)
+  double read_before = 0, read_after = 0;  // the read probe before and after the format's rows (bytes/s)
   RepeatStats repeats;         // tg rows: what the run's reads repeat from step to step
   std::string geometry;        // the model's shapes, e.g. "hidden 4096, intermediate 14336, 8 experts top-2, 2 layers"
   double tokens_per_s() const { return tokens / seconds; }
@@ -208,15 +210,54 @@ std::vector<E2eRow> bench_format(const E2EFlags& f, const std::string& weights) 
     // decode loop: the steps' forward calls, sampling and bookkeeping), median over the runs. (The run's time less
     // a run with no steps, as before, put the prompts' ~0.5 s of noise into 8 steps of ~40 ms: b64 moved 58-72%.)
     const int n = f.batch_steps;
+    // One untimed run records what each decode step read, as for tg: at batch 16 on Mixtral's geometry that is
+    // every expert, gigabytes a step, and the replay reads them where they sit (their pages, as the kernels find
+    // them), which a separate probe buffer does not (docs/kernels.md, "Trusting the probes").
+    StepReadRecorder recorder(*model, true);
+    {
+      GenerationOptions options;
+      options.max_new_tokens = n + 1;
+      options.stop_at_eos = false;
+      options.after_forward = recorder.on_step();
+      generate(*model, synthetic_prompts(batch, 1, c.vocab_size), options);
+    }
+    // Each run is followed by the replay of the recorded steps, so the two sample the same moments: on the Zen 4
+    // VM the bandwidth the cores get flips between ~35 and ~60 GB/s within seconds, and a replay timed apart
+    // from the rows can land in the other state (a bf16 row read 111% of such a replay).
+    std::vector<double> replay_samples;
+    volatile float sink = 0.0f;
     const double decode_seconds = measure_median_reported(timing, [&] {
       const GenerationResult result = run(batch, 1, n + 1);
       MOEX_CHECK(result.decode_steps == n, "decode b", batch, ": ", result.decode_steps, " steps of ", n);
+      const double t0 = kernels::now_seconds(f.cpu_clock);
+      sink = sink + kernels::stream_read_steps(recorder.steps()).checksum;
+      replay_samples.push_back(kernels::now_seconds(f.cpu_clock) - t0);
       return result.decode_seconds;
     }).seconds;
     const double seconds = std::max(decode_seconds, 1e-9) / n;
     // The last call was a decode step of the batch: its distinct experts per layer are what a step reads.
     add("decode b" + std::to_string(batch), batch, batch, seconds, dense_bytes + expert_bytes_read(*model),
         batch * flops_per_token(c, n / 2.0, true));
+    if (!recorder.steps().empty()) {
+      if (replay_samples.size() > 1) replay_samples.erase(replay_samples.begin());  // the warm-up's, as the rows'
+      std::sort(replay_samples.begin(), replay_samples.end());
+      rows.back().replay_seconds =
+          replay_samples[replay_samples.size() / 2] / static_cast<double>(recorder.steps().size());
+      rows.back().bytes = recorder.mean_step_bytes();
+      rows.back().repeats = repeat_stats(recorder.steps());
+    }
+  }
+  // The read probe again after the rows: on the Zen 4 VM it read ~35 GB/s in one format's probe and ~60 in the
+  // next format's, minutes apart, with the buffer on huge pages both times; the better of the two moments is the
+  // DRAM probe (%dram), and both are printed.
+  const kernels::ReadProbe after = kernels::read_probe(f.roofline_mb << 20, f.repeats, f.cpu_clock);
+  for (E2eRow& r : rows) {
+    r.read_before = probes.read.bytes_per_s;
+    r.read_after = after.bytes_per_s;
+    if (after.bytes_per_s > r.probes.read_bytes_per_s) {
+      r.probes.read = after;
+      r.probes.read_bytes_per_s = after.bytes_per_s;
+    }
   }
   return rows;
 }
@@ -256,6 +297,9 @@ void run_e2e(E2EFlags& f) {
                    f.model.kv_cache_dtype.c_str(), p.read_bytes_per_s / 1e9, p.bf16_flops / 1e9, p.vnni_ops / 1e9,
                    p.maddubs_ops / 1e9, p.fma_flops / 1e9, p.amx_bf16_flops / 1e9, p.amx_int8_ops / 1e9);
       std::fprintf(stderr, "%s", kernels::describe_probes(p.read, p.clock_hz, p.bf16, p.vnni, p.fma, p.amx_bf16).c_str());
+      std::fprintf(stderr, "read probe before the rows %.1f GB/s, after them %.1f GB/s (the better is the DRAM probe); "
+                   "buffer %.0f of %.0f MB on huge pages\n", r.front().read_before / 1e9, r.front().read_after / 1e9,
+                   p.read.huge_page_bytes / 1048576.0, p.read.bytes / 1048576.0);
       for (const E2eRow& row : r)
         if (row.replay_seconds > 0)
           std::fprintf(stderr, "%s %s: %.1f MB/step, %.1f MB of it (%.0f%%) read by the step before too; %.1f MB "
@@ -273,6 +317,7 @@ void run_e2e(E2EFlags& f) {
                             {"pct_roofline", 100.0 * r.roof_seconds() / r.seconds}, {"bound", r.bound()},
                             {"pct_dram_roofline", 100.0 * r.dram_roof_seconds() / r.seconds},
                             {"bytes", r.bytes}, {"flops", r.flops}, {"read_gb_per_s", r.probes.read_bytes_per_s / 1e9},
+                            {"read_before_gb_per_s", r.read_before / 1e9}, {"read_after_gb_per_s", r.read_after / 1e9},
                             {"peak_gflops", r.peak / 1e9}, {"vdpbf16ps_gflops", r.probes.bf16_flops / 1e9},
                             {"vpdpbusd_gops", r.probes.vnni_ops / 1e9}, {"amx_bf16_gflops", r.probes.amx_bf16_flops / 1e9},
                             {"amx_int8_gops", r.probes.amx_int8_ops / 1e9}};
@@ -304,7 +349,7 @@ void run_e2e(E2EFlags& f) {
                   100.0 * r.roof_seconds() / r.seconds, r.bound());
   std::printf("%d threads%s, median of %d runs after a warm-up. ms: per prompt (pp) or per step. roof: max(read time, "
               "FLOPs / peak), the peak AMX tdpbusd's or else vpdpbusd's for int8-w8a8 / int4-w4a8 (vpmaddubsw's without VNNI), AMX tdpbf16ps's or else vdpbf16ps's otherwise (vfmadd's on a CPU without them); the read time is the replay "
-              "probe's (tg: the run's own weight reads streamed again, same order, same steps) or bytes / DRAM probe; "
+              "probe's (tg, decode bB: the run's own weight reads streamed again, same order, same steps) or bytes / DRAM probe; "
               "%%roof = roof time / time; %%dram: the same with bytes / DRAM probe.\n",
               num_threads(), f.cpu_clock ? " (CPU clock)" : "", f.repeats);
 }

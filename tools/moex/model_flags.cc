@@ -14,6 +14,7 @@
 #include "moex/comm/selector.h"
 #include "moex/kernels/formats.h"
 #include "moex/model/gguf.h"
+#include "moex/model/panels_file.h"
 #include "moex/model/safetensors.h"
 #include "moex/model/weights.h"
 #include "moex/runtime/run_memory.h"
@@ -265,7 +266,14 @@ std::unique_ptr<DecoderModel> ModelFlags::load(int batch) const {
   options.eplb_window = eplb_window > 0 ? eplb_window : eplb_interval;
   options.eplb_interval = eplb_interval;
   if (batch_invariant && comm.size() > 2) pin_batch_invariant_allreduce();
-  check_run_memory(estimate_run_memory(config, options, num_threads()), config, options, available_memory());
+  // A panels file of the kind this load packs makes its whole matrices mappings, not copies.
+  const bool bf16_packed = (path.experts.packed && path.experts.format == kernels::WeightFormat::kBF16) ||
+                           (path.dense.packed && path.dense.format == kernels::WeightFormat::kBF16);
+  const bool panels_mapped =
+      config.quantization.quantized() ? panels_present(model_dir, panels, kPanelsStored)
+                                      : bf16_packed && panels_present(model_dir, panels, std::string(kernels::weight_format_name(kernels::WeightFormat::kBF16)));
+  check_run_memory(estimate_run_memory(config, options, num_threads(), panels_mapped), config, options,
+                   available_memory());
   // On a terminal only: pipes and logs (and the tests that count stderr lines) see the path in each command's
   // report instead (generate's load line, serve's listening line, the bench headers).
   if (comm.rank() == 0 && progress_enabled()) std::fprintf(stderr, "moex: weights: %s\n", path.description.c_str());

@@ -61,6 +61,7 @@ nlohmann::json to_json(const plan::Prediction& p) {
           {"step_seconds", p.step_s}, {"tokens_per_s", p.tokens_per_s}, {"comm_share", p.comm_share},
           {"attention_seconds", p.attention_s}, {"routing_seconds", p.routing_s}, {"experts_seconds", p.experts_s},
           {"other_seconds", p.other_s}, {"comm_seconds", p.comm_s}, {"wait_seconds", p.wait_s},
+          {"imbalance_wait_seconds", p.imbalance_wait_s}, {"longest_segment_seconds", p.longest_segment_s},
           {"wire_share", p.wire_share}, {"time_share", p.time_share}, {"wire_bytes_per_token", p.wire_bytes_per_token},
           {"device_bytes", p.device_bytes}, {"fits", p.fits}, {"expert_imbalance", p.expert_imbalance},
           {"collectives", cols}};
@@ -271,12 +272,14 @@ nlohmann::json measure_link(comm::Communicator& world, int peer, const std::stri
           {"reduce_GBps", fig(10, "comm::CostModel's default gamma (docs/comm.md), not measured")}};
 }
 
-// Ranks time-sharing the cores (planner.h, Cluster::TimeSharing), under mpirun with N ranks: every rank runs the
-// engine's pattern of one thread, a short compute segment (attention) and a long one (experts, 8x) each followed
-// by a 4 KB all-reduce, 150 times. Per rank: slowdown = wall time / (max(1, ranks per core) x the segments' own
-// CPU time); wait share = the all-reduces' wall time / the wall time. Their means over the ranks are added to the
-// existing --out file as the point for this ranks-per-core ratio. With no more ranks than cores on a quiet
-// machine they come out near 1 and 0; on a loaded one they measure what the load does to the ranks.
+// Ranks sharing the cores (planner.h, Cluster::TimeSharing), under mpirun with N ranks, each one thread: the
+// decode step's pattern, compute segments of the same length on every rank (as TP gives), each followed by a 4 KB
+// all-reduce, at each segment length of kSegmentMs (the model's segments between collectives run from a fraction
+// of a millisecond at batch 1 to tens at large batches). A segment is 1-row as-stored matmuls over distinct
+// [512 x 1024] weights in turn (64 MB a rank, more than the last-level cache: memory-bound, as decode is). Per
+// length, the mean over ranks of the CPU time of a segment and of the wall time inside one all-reduce give a point
+// of the wait table; slowdown = wall time / (max(1, ranks per core) x the segments' CPU time), mean over ranks.
+// The point for this ranks-per-core ratio replaces any earlier one in the existing --out file.
 void run_time_sharing(const CalibrateFlags& f) {
   comm::Communicator& world = comm::world();
   const int n = world.size(), cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -294,10 +297,17 @@ void run_time_sharing(const CalibrateFlags& f) {
     }
   }
   set_num_threads(1);
-  constexpr int64_t kRows = 4096, kCols = 1024;
-  constexpr int kIterations = 150;
-  std::vector<uint16_t> w(kRows * kCols, f32_to_bf16(0.001f));
-  const TensorView view{w.data(), DType::kBF16, Shape{kRows, kCols}};
+  constexpr int64_t kRows = 512, kCols = 1024;
+  constexpr int kMatrices = 64;
+  constexpr double kSegmentMs[] = {0.125, 0.25, 0.5, 1, 2, 4, 8, 16, 32};
+  constexpr double kCpuPerLength = 0.3;  // seconds of segments per length and rank
+  std::vector<std::vector<uint16_t>> w(kMatrices);
+  std::vector<TensorView> views;
+  for (int m = 0; m < kMatrices; ++m) {
+    w[m].resize(kRows * kCols);
+    for (size_t i = 0; i < w[m].size(); ++i) w[m][i] = f32_to_bf16(static_cast<float>((i * 2654435761u + m) % 1000) * 1e-6f);
+    views.push_back(TensorView{w[m].data(), DType::kBF16, Shape{kRows, kCols}});
+  }
   std::vector<float> x(kCols, 0.25f), y(kRows), sum(1024, 1.0f);
   const auto cpu_now = [] {
     timespec t{};
@@ -305,33 +315,68 @@ void run_time_sharing(const CalibrateFlags& f) {
     return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
   };
   const auto wall_now = [] { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); };
-  double cpu = 0, wait = 0, start = 0;
-  for (int it = -5; it < kIterations; ++it) {
-    if (it == 0) world.barrier(), cpu = 0, wait = 0, start = wall_now();
-    for (int calls : {1, 8}) {
+  int next = 0;
+  const auto call = [&] { kernels::matmul(x.data(), 1, views[next++ % kMatrices], y.data()); };
+  // One call's CPU time, the mean over ranks, so that every rank runs the same number of calls per segment.
+  for (int i = 0; i < 2 * kMatrices; ++i) call();
+  std::vector<double> one;
+  for (int i = 0; i < 64; ++i) {
+    const double c0 = cpu_now();
+    call();
+    one.push_back(cpu_now() - c0);
+  }
+  std::vector<float> call_s = {static_cast<float>(median(one))};
+  world.allreduce(call_s.data(), 1, comm::CommDType::kF32);
+  const double per_call = call_s[0] / n;
+  // Per length: [segment CPU seconds, wait seconds per all-reduce]; then the whole run's wall and CPU time.
+  std::vector<float> stats;
+  double cpu_all = 0, wall_all = 0;
+  for (double ms : kSegmentMs) {
+    const int calls = std::max(1, static_cast<int>(std::lround(ms * 1e-3 / per_call)));
+    const int iterations = std::clamp(static_cast<int>(kCpuPerLength / (calls * per_call)), 30, 1000);
+    double cpu = 0, wait = 0;
+    world.barrier();
+    const double start = wall_now();
+    for (int it = 0; it < iterations; ++it) {
       const double c0 = cpu_now();
-      for (int c = 0; c < calls; ++c) kernels::matmul(x.data(), 1, view, y.data());
+      for (int c = 0; c < calls; ++c) call();
       cpu += cpu_now() - c0;
       const double t0 = wall_now();
       world.allreduce(sum.data(), sum.size(), comm::CommDType::kF32);
       wait += wall_now() - t0;
     }
+    wall_all += wall_now() - start;
+    cpu_all += cpu;
+    stats.push_back(static_cast<float>(cpu / iterations));
+    stats.push_back(static_cast<float>(wait / iterations));
   }
-  const double wall = wall_now() - start;
   const double ratio = double(n) / cores;
-  std::vector<float> mine = {static_cast<float>(wall / (std::max(1.0, ratio) * cpu)), static_cast<float>(wait / wall)};
-  world.allreduce(mine.data(), mine.size(), comm::CommDType::kF32);
+  stats.push_back(static_cast<float>(wall_all / (std::max(1.0, ratio) * cpu_all)));
+  world.allreduce(stats.data(), stats.size(), comm::CommDType::kF32);
   if (world.rank() != 0) return;
-  const double slowdown = mine[0] / n, wait_share = mine[1] / n;
+  for (float& v : stats) v /= n;
+  const double slowdown = stats.back();
   const std::string src = "moex plan calibrate --time-sharing on " + cpu_name() + ": " + std::to_string(n) + " ranks on " +
-                          std::to_string(cores) + " cores, one thread each, " + std::to_string(kIterations) + " x (1 then 8 as-stored [4096 x 1024] calls, "
-                          "each followed by a 4 KB all-reduce), mean over the ranks";
+                          std::to_string(cores) + " cores, one thread each; per segment length, segments of 1-row as-stored "
+                          "[512 x 1024] calls over 64 distinct weights in turn, each followed by a 4 KB all-reduce; "
+                          "mean over the ranks";
+  nlohmann::json points = nlohmann::json::array();
+  std::string summary;
+  for (size_t i = 0; i < std::size(kSegmentMs); ++i) {
+    const double seg = stats[2 * i], wait = stats[2 * i + 1];
+    points.push_back({{"segment_us", seg * 1e6}, {"wait_us", wait * 1e6}});
+    char line[96];
+    std::snprintf(line, sizeof line, "%s%.2f ms: %.0f us (%.1f%%)", summary.empty() ? "" : ", ", seg * 1e3, wait * 1e6,
+                  100 * wait / (seg * std::max(1.0, ratio) * slowdown + wait));
+    summary += line;
+  }
   nlohmann::json list = nlohmann::json::array();
   if (j.contains("time_sharing") && j["time_sharing"].is_array())
     for (const nlohmann::json& e : j["time_sharing"])
       if (!(e.contains("ranks_per_core") && e["ranks_per_core"].contains("value") && e["ranks_per_core"]["value"] == ratio))
         list.push_back(e);
-  list.push_back({{"ranks_per_core", fig(ratio, src)}, {"slowdown", fig(slowdown, src)}, {"wait_share", fig(wait_share, src)}});
+  list.push_back({{"ranks_per_core", fig(ratio, src)}, {"slowdown", fig(slowdown, src)},
+                  {"wait", {{"points", points}, {"source", src}}}});
   std::sort(list.begin(), list.end(), [](const nlohmann::json& a, const nlohmann::json& b) {
     return a["ranks_per_core"]["value"].get<double>() < b["ranks_per_core"]["value"].get<double>();
   });
@@ -343,8 +388,8 @@ void run_time_sharing(const CalibrateFlags& f) {
     MOEX_CHECK_INPUT(o.good(), "--out ", f.out, ": cannot write");
   }
   file.publish();
-  std::printf("moex plan calibrate --time-sharing: %d ranks on %d cores: slowdown %.2f, wait %.1f%% of the step; added to %s\n",
-              n, cores, slowdown, 100 * wait_share, f.out.c_str());
+  std::printf("moex plan calibrate --time-sharing: %d ranks on %d cores: slowdown %.2f; wait per all-reduce after a "
+              "segment of %s; added to %s\n", n, cores, slowdown, summary.c_str(), f.out.c_str());
 }
 
 void run_calibrate(const CalibrateFlags& f) {

@@ -9,6 +9,7 @@
 #include "moex/base/error.h"
 #include "moex/base/log.h"
 #include "moex/base/mapped_file.h"
+#include "moex/model/gguf.h"
 
 namespace moex {
 
@@ -73,6 +74,25 @@ PanelsKey panels_key(const WeightStore& store, kernels::WeightFormat format) {
 
 std::string default_panels_path(const std::string& model_dir) {
   return (std::filesystem::path(model_dir) / kPanelsFileName).string();
+}
+
+bool panels_present(const std::string& model_dir, const std::string& panels_path, const std::string& kind) {
+  if (panels_path == "none" || is_gguf_path(model_dir)) return false;
+  const std::string path = panels_path.empty() ? default_panels_path(model_dir) : panels_path;
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return false;
+  try {
+    const SafetensorsFile file(path);
+    const auto& meta = file.metadata();
+    const auto value = [&](const char* key, const char* absent) {
+      auto it = meta.find(key);
+      return it == meta.end() ? std::string(absent) : it->second;
+    };
+    return value(kPanelsWeightsKey, kPanelsStored) == kind &&
+           value(kPanelsLayoutKey, "none") == std::to_string(kernels::kPackedLayoutVersion);
+  } catch (const Error&) {
+    return false;
+  }
 }
 
 std::shared_ptr<const PanelsFile> PanelsFile::open(const std::string& path, const PanelsKey& want, bool given,

@@ -56,6 +56,13 @@ PanelsKey panels_key(const WeightStore& store, kernels::WeightFormat format);
 // Where a load looks for a checkpoint's panels when --panels is not given: `model_dir`/panels.moex.
 std::string default_panels_path(const std::string& model_dir);
 
+// Whether a load of `model_dir` with `panels_path` (--panels: a path, "none", or empty for the one beside the
+// checkpoint) finds panels of `kind` (kPanelsStored or a format name, PanelsKey::weights) in this build's layout,
+// so that its whole matrices are mapped rather than copied. Only the file's metadata is read: whether it was packed
+// from these very weights is the load's check (a stale file is refused there). For the run-memory estimate, which
+// runs before the load; false for a missing or unreadable file (the load reports it).
+bool panels_present(const std::string& model_dir, const std::string& panels_path, const std::string& kind);
+
 class PanelsFile : public std::enable_shared_from_this<PanelsFile> {
  public:
   // The panels file at `path` when it holds `want`'s kind and source in this build's layout. Found beside the

@@ -22,7 +22,10 @@ struct RunMemory {
 };
 
 // For a DecoderModel built with `options` on a team of `threads`, and generation over max_batch sequences.
-RunMemory estimate_run_memory(const ModelConfig& config, const ModelOptions& options, int threads);
+// `panels_mapped`: the load finds a panels.moex of the kind it packs (model/panels_file.h, panels_present), whose
+// whole matrices it maps instead of copying: they count 0 (a TP slice is still packed at load).
+RunMemory estimate_run_memory(const ModelConfig& config, const ModelOptions& options, int threads,
+                              bool panels_mapped = false);
 
 // Throws Error(kInvalidInput), one line with the figures and the flag to lower, when the run needs more than
 // `available` (nullopt: unknown, nothing is checked).

@@ -59,13 +59,20 @@ namespace moex::kernels::x86 {
 
 // As dpbf16_loop_avx512bf16 with vfmadd231ps (the weight-only kernels' instruction): 1 * 1 adds 1 per lane.
 double fma_loop_avx512(int64_t iterations, float one) {
+  static_assert(kPeakChains == 24, "MOEX_PEAK_CHAINS names 24 chains");
   const __m512 a = _mm512_set1_ps(one);
-  __m512 acc[kPeakChains];
-  for (auto& v : acc) v = _mm512_setzero_ps();
-  for (int64_t i = 0; i < iterations; ++i)
-    for (auto& v : acc) v = _mm512_fmadd_ps(a, a, v);
+#define MOEX_DECLARE(n) __m512 c##n = _mm512_setzero_ps(); asm("" : "+v"(c##n));
+  MOEX_PEAK_CHAINS(MOEX_DECLARE)
+#undef MOEX_DECLARE
+  for (int64_t i = 0; i < iterations; ++i) {
+#define MOEX_STEP(n) c##n = _mm512_fmadd_ps(a, a, c##n);
+    MOEX_PEAK_CHAINS(MOEX_STEP)
+#undef MOEX_STEP
+  }
   double sum = 0;
-  for (auto& v : acc) sum += _mm512_reduce_add_ps(v);
+#define MOEX_SUM(n) sum += _mm512_reduce_add_ps(c##n);
+  MOEX_PEAK_CHAINS(MOEX_SUM)
+#undef MOEX_SUM
   return sum;
 }
 

@@ -81,7 +81,8 @@ void run_panels(const PanelJob& job, int64_t panel_begin, int64_t panel_end) {
 }  // namespace
 
 void run_panels_bf16_avx512bf16(const PanelJob& job, int64_t panel_begin, int64_t panel_end) {
-  if (g_stream_prefetch) run_panels<true>(job, panel_begin, panel_end);
+  if (stream_prefetch_for(job.tokens, (panel_end - panel_begin) * job.w->k_padded * kPanel * 2, 0))
+    run_panels<true>(job, panel_begin, panel_end);
   else run_panels<false>(job, panel_begin, panel_end);
 }
 

@@ -98,7 +98,8 @@ void run_panels(const PanelJob& job, int64_t panel_begin, int64_t panel_end) {
 }  // namespace
 
 void run_panels_w8a8_avx512vnni(const PanelJob& job, int64_t panel_begin, int64_t panel_end) {
-  if (g_stream_prefetch) run_panels<true>(job, panel_begin, panel_end);
+  if (stream_prefetch_for(job.tokens, (panel_end - panel_begin) * job.w->k_padded * kPanel, kPrefetchShortStream))
+    run_panels<true>(job, panel_begin, panel_end);
   else run_panels<false>(job, panel_begin, panel_end);
 }
 

@@ -6,14 +6,16 @@
 // (bench kernels, docs/kernels.md "Prefetch distance"). Prefetching a whole panel ahead instead (458 KB for
 // mini's down, as the AMX kernel did) was no better than none.
 //
-// Not in the bf16 and W8A8 few-row loops on AMD: on the Zen 4 VM those loops ran 20-30% faster on the hardware
-// prefetchers alone (batch-16 decode at 4 rows per expert; docs/kernels.md "Prefetch distance"), so there they run
-// a tile without it (g_stream_prefetch below). MOEX_STREAM_PREFETCH=on|off|auto overrides the CPU's default: the A/B
-// switch.
+// Not in the bf16 and W8A8 few-row loops on AMD, but for W8A8's short one-row calls: on the Zen 4 VM those loops ran
+// 20-40% faster on the hardware prefetchers alone (docs/kernels.md "Prefetch distance"), so there they run a tile
+// without it (g_stream_prefetch, stream_prefetch_for below). MOEX_STREAM_PREFETCH=on|off|auto overrides the
+// default: the A/B switch.
 #pragma once
 #include <xmmintrin.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 namespace moex::kernels::x86 {
 
@@ -28,6 +30,25 @@ constexpr int64_t kStreamLead = 8 << 10;
 // call into the runtime) made GCC 12 keep the tiles' accumulators on the stack, and a plain global made it drop
 // the prefetches from the tiles altogether (both seen in the disassembly).
 extern bool g_stream_prefetch;
+
+// Whether a bf16 or W8A8 few-row call issues prefetch_ahead, from its shape: `rows` (tokens) and `bytes` (the weight
+// bytes of its panel run). MOEX_STREAM_PREFETCH=on|off decides everywhere; otherwise, where the CPU's default
+// (g_stream_prefetch) is on, yes; where it is off (AMD), only for a one-row stream of at most `short_stream` bytes,
+// which starts cold and may end before the hardware prefetchers have ramped up. The W8A8 loop passes
+// kPrefetchShortStream: Qwen3-30B-A3B's batch 16 runs one row per expert in calls of ~200 KB (`down`: every expert
+// over a few panels) to 3 MB (gate/up: one expert), where decode b16 took 50-52 ms with the prefetch against 60-61
+// without (two quiet rounds); Mixtral's one-row calls (batch 1) stream 7 MB and more, and ran 8-25% faster
+// without. The bf16 loop passes 0 (never on AMD): at one row on the Qwen3 geometry it was 6-8% faster without, and
+// every many-row stream 20-40% (docs/kernels.md, "Prefetch distance"). Read once per call, outside the k loops
+// (see g_stream_prefetch).
+constexpr int64_t kPrefetchShortStream = int64_t{4} << 20;
+inline bool stream_prefetch_for(int64_t rows, int64_t bytes, int64_t short_stream) {
+  static const bool forced = [] {  // MOEX_STREAM_PREFETCH set to on or off (formats.cc refuses other values at load)
+    const char* e = std::getenv("MOEX_STREAM_PREFETCH");
+    return e && (std::strcmp(e, "on") == 0 || std::strcmp(e, "off") == 0);
+  }();
+  return g_stream_prefetch || (!forced && rows <= 1 && bytes <= short_stream);
+}
 
 // The `lines` cache lines kStreamLead bytes after `read`, those before `end` (the call's last weight byte:
 // the panels after it are another call's, often another thread's).
