@@ -36,8 +36,8 @@ extern bool g_stream_prefetch;
 // (g_stream_prefetch) is on, yes; where it is off (AMD), only for a one-row stream of at most `short_stream` bytes,
 // which starts cold and may end before the hardware prefetchers have ramped up. The W8A8 loop passes
 // kPrefetchShortStream: Qwen3-30B-A3B's batch 16 runs one row per expert in calls of ~200 KB (`down`: every expert
-// over a few panels) to 3 MB (gate/up: one expert), where decode b16 took 50-52 ms with the prefetch against 60-61
-// without (two quiet rounds); Mixtral's one-row calls (batch 1) stream 7 MB and more, and ran 8-25% faster
+// over a few panels) to 3 MB (gate/up: one expert), where decode b16 ran as fast with the prefetch as without at
+// the same read rate (docs/kernels.md, "Real shapes"), so the stream is not left to ramp up cold; Mixtral's one-row calls (batch 1) stream 7 MB and more, and ran 8-25% faster
 // without. The bf16 loop passes 0 (never on AMD): at one row on the Qwen3 geometry it was 6-8% faster without, and
 // every many-row stream 20-40% (docs/kernels.md, "Prefetch distance"). Read once per call, outside the k loops
 // (see g_stream_prefetch).
