@@ -12,9 +12,6 @@
 namespace moex::kernels {
 
 namespace {
-// The pool's element types: bf16 (rounded on write, widened on read) and f32 (as is).
-inline float widen(uint16_t x) { return bf16_to_f32(x); }
-inline float widen(float x) { return x; }
 inline void store(uint16_t* dst, float x) { *dst = f32_to_bf16(x); }
 inline void store(float* dst, float x) { *dst = x; }
 
@@ -85,8 +82,8 @@ void attend_tile(const PagedKvLayout& layout, const Elem* pool, int64_t layer, c
     const int64_t first = b * bs, valid = std::min(bs, last_position + 1 - first);
     const Elem* k_tile = pool + layout.tile_offset(seq.block_table[b], layer, 0, g);
     const Elem* v_tile = pool + layout.tile_offset(seq.block_table[b], layer, 1, g);
-    for (int64_t i = 0; i < valid * hd; ++i) k[i] = widen(k_tile[i]);
-    for (int64_t i = 0; i < valid * hd; ++i) v[i] = widen(v_tile[i]);
+    for (int64_t i = 0; i < valid * hd; ++i) k[i] = kv_to_f32(k_tile[i]);
+    for (int64_t i = 0; i < valid * hd; ++i) v[i] = kv_to_f32(v_tile[i]);
 
     for (int64_t r = 0; r < row_end - row_begin; ++r) {
       const int64_t row = seq.q_row + row_begin + r;

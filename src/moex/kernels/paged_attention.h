@@ -5,9 +5,16 @@
 #pragma once
 #include <cstdint>
 
+#include "moex/base/dtype.h"
+
 namespace moex::kernels {
 
 inline constexpr int64_t kKvBlockSize = 16;  // positions per block
+
+// A pool element read as f32: bf16 (rounded on write, widened on read) or f32 (as is). The kernel and its scalar
+// reference read the pool alike.
+inline float kv_to_f32(uint16_t x) { return bf16_to_f32(x); }
+inline float kv_to_f32(float x) { return x; }
 
 // The pool, bf16: [num_blocks][layers][2 (k, v)][kv_heads][block_size][head_dim].
 // (block, layer, k|v, kv head) is one contiguous tile of block_size x head_dim: attention works on one KV

@@ -8,8 +8,6 @@
 namespace moex::kernels {
 
 namespace {
-inline float widen(uint16_t x) { return bf16_to_f32(x); }
-inline float widen(float x) { return x; }
 
 template <typename Elem>
 void attention_ref(const PagedKvLayout& layout, const Elem* pool, int64_t layer, const PagedAttentionSeq* seqs,
@@ -27,7 +25,7 @@ void attention_ref(const PagedKvLayout& layout, const Elem* pool, int64_t layer,
         const int64_t g = h / group;
         // position j: row j % bs of the tile of block table[j / bs]
         auto at = [&](int64_t kv, int64_t j, int64_t e) {
-          return widen(pool[layout.tile_offset(seq.block_table[j / bs], layer, kv, g) + (j % bs) * hd + e]);
+          return kv_to_f32(pool[layout.tile_offset(seq.block_table[j / bs], layer, kv, g) + (j % bs) * hd + e]);
         };
         float max_score = -INFINITY;
         for (int64_t j = 0; j < length; ++j) {
