@@ -195,12 +195,8 @@ KernelRates kernel_rates(const std::string& format) {
       views.push_back(TensorView{w[m].data(), DType::kBF16, Shape{sh.rows, sh.cols}});
       const TensorView& view = views.back();
       const auto keep = [&](kernels::QuantizedMatrix q) { packed[m] = std::make_shared<kernels::PackedWeights>(kernels::pack(q)); };
-      if (format == "bf16") keep(kernels::quantize_bf16(view));
-      else if (format == "int8") keep(kernels::quantize_int8(view));
-      else if (format == "int8-w8a8") keep(kernels::quantize_int8(view, kernels::WeightFormat::kInt8W8A8));
-      else if (format == "int4") keep(kernels::quantize_int4(view, 32, true));
-      else if (format == "int4-w4a8") keep(kernels::quantize_int4(view, 32, true, kernels::WeightFormat::kInt4W4A8));
-      else if (format == "fp8") keep(kernels::quantize_fp8(view));
+      // Grouped formats at g32 (what the planner's int4 rows price), symmetric as a load quantizes.
+      if (const auto f = kernels::weight_format_from_name(format)) keep(kernels::quantize(view, *f, 32, true));
     }
     const auto time = [&](int64_t rows, int reps) {
       std::vector<double> t;

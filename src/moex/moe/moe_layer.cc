@@ -14,12 +14,10 @@ namespace moex {
 
 std::string ExpertWeightFormat::name() const {
   if (!packed) return "as-stored";
-  switch (format) {
-    case kernels::WeightFormat::kInt4: return "int4-g" + std::to_string(group);
-    case kernels::WeightFormat::kInt4W4A8: return "int4-w4a8-g" + std::to_string(group);
-    case kernels::WeightFormat::kFP8E4M3: return "fp8";
-    default: return std::string(kernels::weight_format_name(format));
-  }
+  const kernels::FormatTraits& traits = kernels::format_traits(format);
+  // The group is part of the path's name where the user sets it (int4-g128); else the short spelling if any (fp8).
+  if (kernels::group_is_user_set(format)) return std::string(traits.name) + "-g" + std::to_string(group);
+  return std::string(traits.alias.empty() ? traits.name : traits.alias);
 }
 
 PackedExpert pack_expert(const ExpertWeights& w, const ExpertWeightFormat& f) {
