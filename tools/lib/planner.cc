@@ -205,11 +205,18 @@ CollectiveCost alltoall(const std::string& what, const Cluster& c, int group, do
 // The expected time of the busiest rank's routed experts over sampled routings (uniform top-k, as an untrained
 // router gives; docs/plan.md), and that busiest / mean ratio.
 // On a CPU host (`cores` > 0: the cores the ranks run on), ranks with less to do wait in a collective, spinning and
-// then yielding their core, so the busiest runs while the others wait: the part takes the longer of the busiest's
-// own time times the measured slowdown of a rank computing while others wait (`busy_slowdown`: near 1 with a core
-// per rank; above it when the waiting ranks share its core, as their yield does not hand it over whole) and all the
-// ranks' work over the cores times the slowdown of equal work. `wall_s` is that, `busiest_s` and `mean_s` are
-// multiplied by `time_share` as every other part.
+// then yielding their core, so the busiest finishes while the others wait, at the measured slowdown of a rank
+// computing while others wait (`busy_slowdown`: near 1 with a core per rank; above it when the waiting ranks share
+// its core, as their yield does not hand it over whole): unequal_wall. `wall_s` is that, `busiest_s` and `mean_s`
+// are multiplied by `time_share` as every other part.
+// The wall time of a part whose ranks' work differs, on a CPU host: every rank computes while the least loaded
+// does (each at the time share of equal work), then the busiest goes on while others wait for it, at the slowdown
+// measured for that (`busy`); at least all the ranks' work over the cores (`spread`, seconds of one rank alone)
+// at the slowdown of equal work. Equal work (least = busiest) is the time share of any other part.
+double unequal_wall(double least, double busiest, double spread, double time_share, double slowdown, double busy) {
+  return std::max(least * time_share + (busiest - least) * busy, spread * slowdown);
+}
+
 struct ExpertTime {
   double busiest_s = 0, mean_s = 0, wall_s = 0, imbalance = 1;
 };
@@ -232,17 +239,19 @@ ExpertTime routed_experts(const ModelConfig& m, const Device& dev, const PlanCho
         ++rows[order[j]];
       }
     }
-    double busiest = 0, total = 0;
+    double busiest = 0, least = std::numeric_limits<double>::infinity(), total = 0;
     for (int g = 0; g < p.ep; ++g) {  // every tp rank of an EP group does the same work
       double t = 0;
       for (int e = g * experts_per_group; e < (g + 1) * experts_per_group; ++e)
         t += 2 * matmul_seconds(dev, p, rows[e], I_local, d, 1) + matmul_seconds(dev, p, rows[e], d, I_local, 1);
       busiest = std::max(busiest, t);
+      least = std::min(least, t);
       total += t;
     }
     busiest_sum += busiest;
     mean_sum += total / p.ep;
-    wall_sum += cores > 0 ? std::max(busiest * busy_slowdown, p.tp * total / cores * slowdown) : busiest * time_share;
+    wall_sum += cores > 0 ? unequal_wall(least, busiest, p.tp * total / cores, time_share, slowdown, busy_slowdown)
+                          : busiest * time_share;
   }
   (void)ranks;
   ExpertTime out;
@@ -544,7 +553,8 @@ Prediction predict(const ModelConfig& m, const Cluster& c, const PlanChoice& p, 
   if (dp && cores > 0 && mine.total > 0) {
     double all = 0;
     for (int r = 0; r < ranks; ++r) all += own(std::floor(B / ranks) + (r < int(B) % ranks ? 1 : 0), 1).total;
-    const double wall = std::max(own(seqs, 1).total * sharing.busy_slowdown, all / cores * sharing.slowdown);
+    const double wall = unequal_wall(own(std::floor(B / ranks), 1).total, own(seqs, 1).total, all / cores, time_share,
+                                     sharing.slowdown, sharing.busy_slowdown);
     const double scale = wall / mine.total;
     mine.attention *= scale, mine.routing *= scale, mine.lm_head *= scale;
     for (double& v : mine.mlp_of) v *= scale;
