@@ -551,8 +551,8 @@ void setup_plan(CLI::App& app) {
   cal->add_option("--devices-per-host", c->devices_per_host, "Ranks per host the file describes (default: one per core)")
       ->check(whole_number_in(1, 1 << 12));
   cal->add_flag("--time-sharing", c->time_sharing,
-                "Under mpirun -n N: measure how N one-thread ranks share the cores (slowdown, wait in collectives) and add it "
-                "to the existing --out file");
+                "Under mpirun -n N: measure how N one-thread ranks share the cores (slowdown of equal work and of a rank others "
+                "wait for, wait in collectives) and add it to the existing --out file");
   cal->callback([c] {
     if (c->time_sharing) run_time_sharing(*c);
     else run_calibrate(*c);
