@@ -5,6 +5,9 @@
 # comm share per plan and batch, with the error of each. Run it on a quiet machine: it times the cores.
 #   scripts/plan-validate.sh [OUT_DIR]
 #   environment: MOEX=build/moex MODEL=models/mini PRESET=mini RANKS="1 2 4" BATCHES=1,16
+#                STEPS="1:32"  (decode steps per batch size, batch:steps; 8 for a batch not listed. Batch 1 runs
+#                               longer: one token's routing per layer and step is all an EP rank's imbalance rests on,
+#                               and 8 steps of 8 layers are too few draws for its mean)
 #                REPEATS=1  (sweeps per rank count; each row keeps its fastest run, the one others disturbed least:
 #                            use 3 on a loaded machine)
 #                RECORD=tests/plan/mini-validation.json  (also write the run as the planner test's recording)
@@ -18,12 +21,18 @@ RANKS=${RANKS:-"1 2 4"}
 BATCHES=${BATCHES:-1,16}
 REPEATS=${REPEATS:-1}
 RECORD=${RECORD:-}
+STEPS=${STEPS:-"1:32"}
 MEASURE=${MEASURE:-1}
 OUT=${1:-plan-validation}
 mkdir -p "$OUT"
 MPIRUN=(mpirun --allow-run-as-root --oversubscribe --bind-to none)
 max=1
 for n in $RANKS; do (( n > max )) && max=$n; done
+steps_for() {  # decode steps of batch $1
+  local pair
+  for pair in ${STEPS//,/ }; do [[ ${pair%%:*} == "$1" ]] && { echo "${pair#*:}"; return; }; done
+  echo 8
+}
 if (( MEASURE )); then
 uptime | tee "$OUT/load-before.txt"
 # The sweep runs one thread per rank, so the file describes ranks of one thread: as many devices as ranks.
@@ -34,23 +43,37 @@ for n in $RANKS; do
   "${MPIRUN[@]}" -np "$n" "$MOEX" plan calibrate --out "$OUT/cluster.json" --time-sharing
   # As stored, exact path: the sweep's overlap rows need it, and the planner prices it by the as-stored table.
   for r in $(seq "$REPEATS"); do
-    "${MPIRUN[@]}" -np "$n" "$MOEX" bench parallel-sweep --model "$MODEL" --batches "$BATCHES" --steps 8 --prompt-len 8 \
-      --prefill-len 16 --weights as-stored --dense-weights as-stored --json > "$OUT/measured-$n-$r.json"
+    for b in ${BATCHES//,/ }; do
+      "${MPIRUN[@]}" -np "$n" "$MOEX" bench parallel-sweep --model "$MODEL" --batches "$b" --steps "$(steps_for "$b")" \
+        --prompt-len 8 --prefill-len 16 --weights as-stored --dense-weights as-stored --json > "$OUT/measured-$n-$r-b$b.json"
+    done
     uptime | tee "$OUT/load-after-$n-$r.txt"
   done
 done
 fi
 # The predictions, also with MEASURE=0: a change to the model is checked against the same measurements.
+contexts=""
+for b in ${BATCHES//,/ }; do
+  # Decode positions run from the prompt's 8 to 8 + the steps: 8 + steps / 2 on average. An OUT_DIR measured with
+  # one sweep for every batch (measured-N-R.json, before STEPS) ran 8 steps at each.
+  steps=$(steps_for "$b")
+  ls "$OUT"/measured-*-b"$b".json > /dev/null 2>&1 || steps=8
+  contexts+="$b:$(( 8 + steps / 2 )) "
+done
+context_for() {
+  local pair
+  for pair in $contexts; do [[ ${pair%%:*} == "$1" ]] && { echo "${pair#*:}"; return; }; done
+}
 for n in $RANKS; do
   for b in ${BATCHES//,/ }; do
-    # Decode positions run from the prompt's 8 to 8 + 8 steps: 12 on average.
     "$MOEX" plan --model "$MODEL" --cluster "$OUT/cluster.json" --ranks "$n" --weights as-stored \
-      --comm-dtype f32,bf16,fp8 --batch "$b" --context 12 --json > "$OUT/predicted-$n-b$b.json"
+      --comm-dtype f32,bf16,fp8 --batch "$b" --context "$(context_for "$b")" --json > "$OUT/predicted-$n-b$b.json"
   done
 done
-/usr/bin/python3 - "$OUT" "$PRESET" "$RECORD" "$REPEATS" "$MODEL" $RANKS <<'EOF'
-import datetime, json, math, os, re, sys
-out, preset, record, repeats, model, ranks = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5], sys.argv[6:]
+/usr/bin/python3 - "$OUT" "$PRESET" "$RECORD" "$REPEATS" "$MODEL" "$contexts" $RANKS <<'EOF'
+import datetime, glob, json, math, os, re, sys
+out, preset, record, repeats, model, ranks = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5], sys.argv[7:]
+contexts = {int(b): int(c) for b, c in (pair.split(":") for pair in sys.argv[6].split())}
 cpu = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name"))
 fam = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("cpu family"))
 mod = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if re.match(r"model\s*:", l))
@@ -67,7 +90,8 @@ def fastest(n):
     the sweep's three one-rank plans are repeats of TP=1. The row keeps its dtype, predicted as such."""
     best = {}
     for r in range(1, repeats + 1):
-        for row in json.load(open(f"{out}/measured-{n}-{r}.json"))["rows"]:
+        files = sorted(glob.glob(f"{out}/measured-{n}-{r}-b*.json")) or [f"{out}/measured-{n}-{r}.json"]
+        for row in (row for f in files for row in json.load(open(f))["rows"]):
             if row["overlap"] or not row["workload"].startswith("decode b="):
                 continue
             if n == "1":
@@ -88,7 +112,7 @@ for n in ranks:
         err = p["tokens_per_s"] / row["tokens_per_s"] - 1
         diff = p["comm_share"] - row["comm_share"]
         worst_rate, worst_share = max(worst_rate, abs(err)), max(worst_share, abs(diff))
-        rows.append({"ranks": int(n), "plan": name, "comm_dtype": row["comm_dtype"], "batch": b,
+        rows.append({"ranks": int(n), "plan": name, "comm_dtype": row["comm_dtype"], "batch": b, "context": contexts[b],
                      "tokens_per_s": row["tokens_per_s"], "comm_share": row["comm_share"],
                      "predicted_tokens_per_s": p["tokens_per_s"], "predicted_comm_share": p["comm_share"]})
         print(f"{n:>5} {row['plan']:<16} {row['comm_dtype']:<5} {b:>5} {row['tokens_per_s']:>10.1f} "
@@ -109,8 +133,9 @@ if record:
                "model_config": {k: v for k, v in json.load(open(os.path.join(model, "config.json"))).items() if k in (
                    "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                    "num_local_experts", "num_experts_per_tok", "vocab_size", "head_dim")},
-               "load": loads, "command": f"scripts/plan-validate.sh, REPEATS={repeats} (bench parallel-sweep --steps 8 "
-               "--prompt-len 8, as-stored, one thread per rank; each row the fastest of the repeats)", "model_preset": preset, "context": 12,
+               "load": loads, "command": f"scripts/plan-validate.sh, REPEATS={repeats} (bench parallel-sweep --prompt-len 8, "
+               f"decode steps per batch {', '.join(f'{b}: {2 * (c - 8)}' for b, c in sorted(contexts.items()))}, as-stored, one thread per rank; each row the "
+               "fastest of the repeats; each row's context is 8 + its steps / 2)", "model_preset": preset,
                "tolerance": {"tokens_per_s": tol_rate, "comm_share": tol_share},
                "cluster": json.load(open(f"{out}/cluster.json")), "rows": rows}, open(record, "w"), indent=1)
     print(f"recorded {len(rows)} rows in {record} (tolerance {100 * tol_rate:.0f}%, {100 * tol_share:.1f} points)")

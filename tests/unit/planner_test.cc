@@ -220,6 +220,30 @@ TEST(Planner, BeyondTheCoresTheBusiestRankRunsWhileTheOthersYield) {
   EXPECT_NEAR(shared.attention_s, predict(m, parse_cluster(j, "t"), dp, 4, Workload{1, 64}).attention_s, 1e-12);
 }
 
+TEST(Planner, TheBusiestRankOfUnequalWorkTakesTheMeasuredSlowdownOfComputingWhileOthersWait) {
+  // EP=4 at one token on 2 cores: the busiest group runs 2 experts with probability 1/7, else 1; all ranks together
+  // run 2, 1 per core. With waiting ranks that do not free the core, the busiest's own time takes busy_slowdown;
+  // the equal-share bound (all work over the cores, times slowdown) stays the floor.
+  const ModelConfig m = synthetic_preset("mixtral-8x7b");
+  nlohmann::json j = memory_bound_cluster(4);
+  j["cores_per_host"] = 2;
+  PlanChoice ep;
+  ep.moe = "ep", ep.ep = 4;
+  const double expert = 3.0 * m.hidden_size * m.intermediate_size * 2 / 100e9 * m.num_hidden_layers;
+  j["time_sharing"] = {{{"ranks_per_core", fig(2)}, {"slowdown", fig(1.1)}}};
+  // Without busy_slowdown the file's slowdown: max(busiest, 1 expert) x 1.1.
+  EXPECT_NEAR(predict(m, parse_cluster(j, "t"), ep, 4, Workload{1, 1}).experts_s, 1.1 * 8.0 / 7 * expert, 0.03 * expert);
+  j["time_sharing"][0]["busy_slowdown"] = fig(1.6);
+  const Prediction slow = predict(m, parse_cluster(j, "t"), ep, 4, Workload{1, 1});
+  EXPECT_NEAR(slow.experts_s, 1.6 * 8.0 / 7 * expert, 0.05 * expert);  // 1,000 sampled routings
+  // Rank 0 waits for the busiest: its own mean share (half an expert a rank, times 2 x 1.1) below that.
+  EXPECT_NEAR(slow.imbalance_wait_s, slow.experts_s - 0.5 * 2.2 * expert, 1e-9);
+  j["time_sharing"][0]["busy_slowdown"] = fig(0.5);  // below the equal share: that bound binds
+  EXPECT_NEAR(predict(m, parse_cluster(j, "t"), ep, 4, Workload{1, 1}).experts_s, 1.1 * expert, 0.03 * expert);
+  j["time_sharing"][0]["busy_slowdown"] = fig(0);
+  EXPECT_THROW(parse_cluster(j, "t"), Error);
+}
+
 TEST(Planner, EachCollectiveWaitsWhatTheTableGivesForTheSegmentBeforeIt) {
   const ModelConfig m = synthetic_preset("mini");  // 8 layers, all MoE
   nlohmann::json j = memory_bound_cluster(2);
@@ -295,7 +319,9 @@ TEST(Planner, PredictsTheRecordedMeasurementsWithinTheStatedError) {
     for (const PlanChoice& p : candidate_plans(m, ranks, "as-stored", dtype)) {
       if (p.name() != name) continue;
       found = true;
-      const Prediction r = predict(m, c, p, ranks, Workload{batch, rec.at("context").get<int>()});
+      // Each row's own context (its run's decode positions) where the recording has one, else the run's.
+      const int context = row.contains("context") ? row.at("context").get<int>() : rec.at("context").get<int>();
+      const Prediction r = predict(m, c, p, ranks, Workload{batch, context});
       const std::string what = name + " " + dtype + " batch " + std::to_string(batch);
       EXPECT_NEAR(r.tokens_per_s / row.at("tokens_per_s").get<double>(), 1.0, rate_tol) << what;
       EXPECT_NEAR(r.comm_share, row.at("comm_share").get<double>(), share_tol) << what;

@@ -204,16 +204,24 @@ CollectiveCost alltoall(const std::string& what, const Cluster& c, int group, do
 
 // The expected time of the busiest rank's routed experts over sampled routings (uniform top-k, as an untrained
 // router gives; docs/plan.md), and that busiest / mean ratio.
-// On a CPU host whose ranks outnumber its cores (`cores` > 0: the cores the ranks run on), ranks with less to do
-// wait in a collective, yielding their core, so the busiest runs alone while the others wait: the part takes the
-// longer of the busiest's own time and all the ranks' work over the cores, times the measured slowdown (with no
-// more ranks than cores, the busiest's time). `wall_s` is that, `busiest_s` and `mean_s` are multiplied by
-// `time_share` as every other part.
+// On a CPU host (`cores` > 0: the cores the ranks run on), ranks with less to do wait in a collective, spinning and
+// then yielding their core, so the busiest finishes while the others wait, at the measured slowdown of a rank
+// computing while others wait (`busy_slowdown`: near 1 with a core per rank; above it when the waiting ranks share
+// its core, as their yield does not hand it over whole): unequal_wall. `wall_s` is that, `busiest_s` and `mean_s`
+// are multiplied by `time_share` as every other part.
+// The wall time of a part whose ranks' work differs, on a CPU host: every rank computes while the least loaded
+// does (each at the time share of equal work), then the busiest goes on while others wait for it, at the slowdown
+// measured for that (`busy`); at least all the ranks' work over the cores (`spread`, seconds of one rank alone)
+// at the slowdown of equal work. Equal work (least = busiest) is the time share of any other part.
+double unequal_wall(double least, double busiest, double spread, double time_share, double slowdown, double busy) {
+  return std::max(least * time_share + (busiest - least) * busy, spread * slowdown);
+}
+
 struct ExpertTime {
   double busiest_s = 0, mean_s = 0, wall_s = 0, imbalance = 1;
 };
 ExpertTime routed_experts(const ModelConfig& m, const Device& dev, const PlanChoice& p, int ranks, int tokens,
-                          double time_share, int cores, double slowdown) {
+                          double time_share, int cores, double slowdown, double busy_slowdown) {
   const int E = m.num_local_experts, k = m.num_experts_per_tok;
   const double I_local = static_cast<double>(m.intermediate_size) / p.tp, d = m.hidden_size;
   const int experts_per_group = E / p.ep;
@@ -231,17 +239,19 @@ ExpertTime routed_experts(const ModelConfig& m, const Device& dev, const PlanCho
         ++rows[order[j]];
       }
     }
-    double busiest = 0, total = 0;
+    double busiest = 0, least = std::numeric_limits<double>::infinity(), total = 0;
     for (int g = 0; g < p.ep; ++g) {  // every tp rank of an EP group does the same work
       double t = 0;
       for (int e = g * experts_per_group; e < (g + 1) * experts_per_group; ++e)
         t += 2 * matmul_seconds(dev, p, rows[e], I_local, d, 1) + matmul_seconds(dev, p, rows[e], d, I_local, 1);
       busiest = std::max(busiest, t);
+      least = std::min(least, t);
       total += t;
     }
     busiest_sum += busiest;
     mean_sum += total / p.ep;
-    wall_sum += cores > 0 ? std::max(busiest, p.tp * total / cores) * slowdown : busiest * time_share;
+    wall_sum += cores > 0 ? unequal_wall(least, busiest, p.tp * total / cores, time_share, slowdown, busy_slowdown)
+                          : busiest * time_share;
   }
   (void)ranks;
   ExpertTime out;
@@ -265,7 +275,7 @@ double interpolate(const std::vector<double>& xs, const std::vector<double>& ys,
 // (docs/plan.md): linear between the measured points, the nearest one's outside them; without a measured point
 // at or below one rank per core, (1, no slowdown, no wait) is the first.
 struct Sharing {
-  double slowdown = 1;
+  double slowdown = 1, busy_slowdown = 1;
   const Cluster::TimeSharing *lo = nullptr, *hi = nullptr;
   double f = 0;  // hi's weight
   double wait(double segment) const {
@@ -278,15 +288,17 @@ Sharing time_sharing_at(const Cluster& c, double ratio) {
   std::vector<const Cluster::TimeSharing*> points;
   if (c.time_sharing.empty() || c.time_sharing.front().ranks_per_core > 1) points.push_back(&kAlone);
   for (const Cluster::TimeSharing& t : c.time_sharing) points.push_back(&t);
-  if (ratio <= points.front()->ranks_per_core) return {points.front()->slowdown, points.front(), nullptr, 0};
+  if (ratio <= points.front()->ranks_per_core)
+    return {points.front()->slowdown, points.front()->busy_slowdown, points.front(), nullptr, 0};
   for (size_t i = 1; i < points.size(); ++i) {
     const Cluster::TimeSharing &lo = *points[i - 1], &hi = *points[i];
     if (ratio <= hi.ranks_per_core) {
       const double f = (ratio - lo.ranks_per_core) / (hi.ranks_per_core - lo.ranks_per_core);
-      return {lo.slowdown + f * (hi.slowdown - lo.slowdown), &lo, &hi, f};
+      return {lo.slowdown + f * (hi.slowdown - lo.slowdown), lo.busy_slowdown + f * (hi.busy_slowdown - lo.busy_slowdown),
+              &lo, &hi, f};
     }
   }
-  return {points.back()->slowdown, points.back(), nullptr, 0};
+  return {points.back()->slowdown, points.back()->busy_slowdown, points.back(), nullptr, 0};
 }
 
 }  // namespace
@@ -390,9 +402,11 @@ Cluster parse_cluster(const nlohmann::json& j, const std::string& origin) {
       Cluster::TimeSharing t;
       t.ranks_per_core = figure(e, "ranks_per_core", where);
       t.slowdown = figure(e, "slowdown", where);
+      t.busy_slowdown = figure(e, "busy_slowdown", where, false, t.slowdown);
       MOEX_CHECK_INPUT(t.ranks_per_core > 0 && t.slowdown > 0 &&
                            (c.time_sharing.empty() || t.ranks_per_core > c.time_sharing.back().ranks_per_core),
                        "cluster file: \"", where, "\" needs ranks_per_core > 0 (increasing) and slowdown > 0");
+      MOEX_CHECK_INPUT(t.busy_slowdown > 0, "cluster file: \"", where, ".busy_slowdown\" must be above 0");
       MOEX_CHECK_INPUT(!e.contains("wait_share"), "cluster file: \"", where,
                        ".wait_share\" is no longer read: run `moex plan calibrate --time-sharing` again for its \"wait\" table");
       if (e.contains("wait")) {
@@ -539,8 +553,9 @@ Prediction predict(const ModelConfig& m, const Cluster& c, const PlanChoice& p, 
   if (dp && cores > 0 && mine.total > 0) {
     double all = 0;
     for (int r = 0; r < ranks; ++r) all += own(std::floor(B / ranks) + (r < int(B) % ranks ? 1 : 0), 1).total;
-    const double wall = std::max(own(seqs, 1).total, all / cores) * sharing.slowdown;
-    const double scale = std::min(1.0, wall / mine.total);
+    const double wall = unequal_wall(own(std::floor(B / ranks), 1).total, own(seqs, 1).total, all / cores, time_share,
+                                     sharing.slowdown, sharing.busy_slowdown);
+    const double scale = wall / mine.total;
     mine.attention *= scale, mine.routing *= scale, mine.lm_head *= scale;
     for (double& v : mine.mlp_of) v *= scale;
   }
@@ -548,7 +563,8 @@ Prediction predict(const ModelConfig& m, const Cluster& c, const PlanChoice& p, 
   const std::vector<double>& mlp_of = mine.mlp_of;
   double mlp = 0;
   for (double v : mlp_of) mlp += v;
-  const ExpertTime experts = routed_experts(m, dev, p, ranks, w.batch, time_share, cores, sharing.slowdown);
+  const ExpertTime experts = routed_experts(m, dev, p, ranks, w.batch, time_share, cores, sharing.slowdown,
+                                             sharing.busy_slowdown);
   out.expert_imbalance = experts.imbalance;
   out.attention_s = attention * L;
   out.routing_s = routing * moe_layers;

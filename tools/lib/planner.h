@@ -71,8 +71,11 @@ struct Cluster {
   // segment lengths, the nearest one's outside them; calibrate measures 0.125-32 ms). Linear in
   // ranks_per_core between measured points, the nearest one's outside them; (1, 1, no wait) is the first point when
   // none is measured at or below one rank per core; without any point, slowdown 1 and no wait.
+  // busy_slowdown: wall over CPU time of a rank computing while others wait in the collective for it (they spin,
+  // then yield; calibrate measures it with half the ranks busy); prices the busiest rank of unequal work (EP's
+  // experts, dp attention's sequences). A file without it takes `slowdown`.
   struct TimeSharing {
-    double ranks_per_core = 1, slowdown = 1;
+    double ranks_per_core = 1, slowdown = 1, busy_slowdown = 1;
     std::vector<double> segment_s, wait_s;  // increasing segment lengths; empty: no wait
     double wait(double segment) const;
   };
