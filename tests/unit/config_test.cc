@@ -347,6 +347,25 @@ TEST(RunMemory, PanelsPresentReadsTheKindAndLayout) {
   std::filesystem::remove_all(dir);
 }
 
+// The one decision of which panels kind a load wants (the load and the run-memory estimate both ask it).
+TEST(RunMemory, PanelsKindIsStoredForAQuantizedCheckpointElseTheFormatItPacksTo) {
+  using kernels::WeightFormat;
+  const ExpertWeightFormat as_stored{}, bf16{true, WeightFormat::kBF16}, int8{true, WeightFormat::kInt8},
+      fp8{true, WeightFormat::kFP8E4M3};
+  EXPECT_EQ(panels_kind(true, as_stored, as_stored), kPanelsStored);  // a quantized checkpoint: its own codes
+  EXPECT_EQ(panels_kind(true, bf16, bf16), kPanelsStored);
+  EXPECT_EQ(panels_kind(false, bf16, bf16), "bf16");
+  EXPECT_EQ(panels_kind(false, as_stored, bf16), "bf16");  // --weights as-stored --dense-weights bf16
+  EXPECT_EQ(panels_kind(false, int8, bf16), "bf16");       // bf16 anywhere: the kind moex pack writes
+  EXPECT_EQ(panels_kind(false, int8, as_stored), "int8");
+  EXPECT_EQ(panels_kind(false, as_stored, fp8), "fp8-e4m3");
+  EXPECT_EQ(panels_kind(false, as_stored, as_stored), "");  // packs nothing
+  EXPECT_TRUE(panels_kind_written_beside(kPanelsStored));
+  EXPECT_TRUE(panels_kind_written_beside("bf16"));
+  EXPECT_FALSE(panels_kind_written_beside("int8"));
+  EXPECT_FALSE(panels_kind_written_beside(""));
+}
+
 // Sets an environment variable for the scope.
 struct ScopedEnv {
   std::string name;

@@ -186,19 +186,30 @@ TEST(FormatTable, EveryFormatHasARowAndAFewRowKernelOnEveryIsaItsChoiceCanName) 
     }
 }
 
-// Each format's file (kernels/formats/<name>.cc) holds its own rows only: its registry rows name it, no two rows share
-// a (format, ISA, loop), and the registry is exactly the formats' rows; the table's fields that replaced enum tests
-// elsewhere say what they did.
+// Each format's file (kernels/formats/<name>.cc) declares its kernels once per ISA, and the registry is exactly the
+// rows made from them: each declared loop found under its (format, ISA, loop) with the entry's kernel and activation
+// layout, no undeclared one; the table's fields that replaced enum tests elsewhere say what they did.
 TEST(FormatTable, EachFormatsFileRegistersOnlyItsOwnKernels) {
   size_t rows = 0;
   for (const kernels::FormatTraits& t : kernels::all_formats()) {
     const kernels::FormatDef& def = kernels::format_def(t.format);
     EXPECT_EQ(def.traits.name, t.name);
-    for (const kernels::KernelEntry& e : def.kernels) {
-      EXPECT_EQ(e.format, t.format) << t.name;
-      EXPECT_EQ(kernels::find_kernel(e.format, e.isa, e.loop), &e) << t.name << " " << kernels::isa_name(e.isa);
+    std::set<Isa> isas;
+    for (const kernels::IsaKernels& k : def.kernels) {
+      EXPECT_TRUE(isas.insert(k.isa).second) << t.name << " declares " << kernels::isa_name(k.isa) << " twice";
+      for (kernels::RowKernel loop : {kernels::RowKernel::kFewRows, kernels::RowKernel::kManyRows}) {
+        const kernels::PanelKernel run = loop == kernels::RowKernel::kFewRows ? k.few : k.many;
+        const kernels::KernelEntry* e = kernels::find_kernel(t.format, k.isa, loop);
+        if (!run) {
+          EXPECT_EQ(e, nullptr) << t.name << " " << kernels::isa_name(k.isa);
+          continue;
+        }
+        ++rows;
+        ASSERT_NE(e, nullptr) << t.name << " " << kernels::isa_name(k.isa);
+        EXPECT_EQ(e->run, run) << t.name << " " << kernels::isa_name(k.isa);
+        EXPECT_EQ(e->activations, k.activations) << t.name << " " << kernels::isa_name(k.isa);
+      }
     }
-    rows += def.kernels.size();
   }
   EXPECT_EQ(rows, kernels::registered_kernels().size());
   EXPECT_TRUE(kernels::group_is_user_set(WeightFormat::kInt4));

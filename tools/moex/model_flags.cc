@@ -266,12 +266,10 @@ std::unique_ptr<DecoderModel> ModelFlags::load(int batch) const {
   options.eplb_window = eplb_window > 0 ? eplb_window : eplb_interval;
   options.eplb_interval = eplb_interval;
   if (batch_invariant && comm.size() > 2) pin_batch_invariant_allreduce();
-  // A panels file of the kind this load packs makes its whole matrices mappings, not copies.
-  const bool bf16_packed = (path.experts.packed && path.experts.format == kernels::WeightFormat::kBF16) ||
-                           (path.dense.packed && path.dense.format == kernels::WeightFormat::kBF16);
-  const bool panels_mapped =
-      config.quantization.quantized() ? panels_present(model_dir, panels, kPanelsStored)
-                                      : bf16_packed && panels_present(model_dir, panels, std::string(kernels::weight_format_name(kernels::WeightFormat::kBF16)));
+  // A panels file of the kind this load packs (the load's own choice of kind) makes its whole matrices mappings,
+  // not copies.
+  const std::string kind = panels_kind(config.quantization.quantized(), path.experts, path.dense);
+  const bool panels_mapped = !kind.empty() && panels_present(model_dir, panels, kind);
   check_run_memory(estimate_run_memory(config, options, num_threads(), panels_mapped), config, options,
                    available_memory());
   // On a terminal only: pipes and logs (and the tests that count stderr lines) see the path in each command's

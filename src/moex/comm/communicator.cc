@@ -169,6 +169,33 @@ void allreduce_f32(Communicator& comm, float* data, size_t count, CommDType wire
   bf16_to_f32_span(bf16_scratch.data(), count, data);
 }
 
+void alltoallv_f32(Communicator& comm, const float* send, std::span<const size_t> send_counts,
+                   std::span<const size_t> send_offsets, float* recv, std::span<const size_t> recv_counts,
+                   std::span<const size_t> recv_offsets, CommDType wire, WireScratch& scratch) {
+  const size_t P = static_cast<size_t>(comm.size());
+  MOEX_CHECK(send_counts.size() == P && send_offsets.size() == P && recv_counts.size() == P && recv_offsets.size() == P,
+             "alltoallv_f32: counts and offsets for ", P, " ranks");
+  const WireFormat format = wire_format_for(wire);
+  for (auto* v : {&scratch.send_bytes, &scratch.send_offsets, &scratch.recv_bytes, &scratch.recv_offsets}) v->resize(P);
+  size_t send_total = 0, recv_total = 0;
+  for (size_t p = 0; p < P; ++p) {
+    scratch.send_offsets[p] = send_total;
+    scratch.send_bytes[p] = wire_bytes(format, send_counts[p]);
+    send_total += scratch.send_bytes[p];
+    scratch.recv_offsets[p] = recv_total;
+    scratch.recv_bytes[p] = wire_bytes(format, recv_counts[p]);
+    recv_total += scratch.recv_bytes[p];
+  }
+  if (scratch.send.size() < std::max<size_t>(send_total, 1)) scratch.send.resize(std::max<size_t>(send_total, 1));
+  if (scratch.recv.size() < std::max<size_t>(recv_total, 1)) scratch.recv.resize(std::max<size_t>(recv_total, 1));
+  for (size_t p = 0; p < P; ++p)
+    wire_encode(format, send + send_offsets[p], send_counts[p], scratch.send.data() + scratch.send_offsets[p]);
+  comm.alltoallv(scratch.send.data(), scratch.send_bytes, scratch.send_offsets, scratch.recv.data(), scratch.recv_bytes,
+                 scratch.recv_offsets, 1);
+  for (size_t p = 0; p < P; ++p)
+    wire_decode(format, scratch.recv.data() + scratch.recv_offsets[p], recv_counts[p], recv + recv_offsets[p]);
+}
+
 Communicator& world() {
   std::lock_guard lock(g_world_mutex);
   if (g_world) return *g_world;

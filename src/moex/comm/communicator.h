@@ -95,6 +95,20 @@ class Communicator {
 // as it is; bf16 goes through `bf16_scratch` (grown as needed). What the engine calls after a TP matmul.
 void allreduce_f32(Communicator& comm, float* data, size_t count, CommDType wire, std::vector<uint16_t>& bf16_scratch);
 
+// alltoallv_f32's encoded buffers and per-peer byte counts, kept by the caller from call to call (grown, never
+// shrunk: a step allocates nothing once they have seen its size).
+struct WireScratch {
+  std::vector<uint8_t> send, recv;
+  std::vector<size_t> send_bytes, send_offsets, recv_bytes, recv_offsets;  // [size()] on the wire
+};
+// Uneven all-to-all of fp32 values with `wire` as the payload type: this rank sends send_counts[j] values from
+// send + send_offsets[j] to rank j and receives recv_counts[j] values into recv + recv_offsets[j] (counts and offsets
+// in values). Each peer's block is encoded once, from its own start (codec.h: fp8's 128-value blocks), and decoded
+// where it lands. What the MoE dispatch path sends its rows and their expert outputs with.
+void alltoallv_f32(Communicator& comm, const float* send, std::span<const size_t> send_counts,
+                   std::span<const size_t> send_offsets, float* recv, std::span<const size_t> recv_counts,
+                   std::span<const size_t> recv_offsets, CommDType wire, WireScratch& scratch);
+
 // The world, created on first use (MPI_Init_thread with MPI_THREAD_MULTIPLE when launched by mpirun).
 // MOEX_COMM_FORCE_MPI=1 uses MPI even without a launcher (an OpenMPI singleton).
 Communicator& world();

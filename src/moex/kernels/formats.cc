@@ -104,14 +104,18 @@ double packed_bytes_per_weight(WeightFormat format, double group, double cols) {
 std::span<const KernelEntry> registered_kernels() {
   static const std::vector<KernelEntry> rows = [] {
     std::vector<KernelEntry> r;
-    for (const FormatDef* f : kFormats) r.insert(r.end(), f->kernels.begin(), f->kernels.end());
+    for (const FormatDef* f : kFormats)
+      for (const IsaKernels& k : f->kernels) {
+        r.push_back({f->traits.format, k.isa, RowKernel::kFewRows, k.few, k.activations});
+        if (k.many) r.push_back({f->traits.format, k.isa, RowKernel::kManyRows, k.many, k.activations, k.from, k.same_bits});
+      }
     return r;
   }();
   return rows;
 }
 
 const KernelEntry* find_kernel(WeightFormat format, Isa isa, RowKernel loop) {
-  for (const KernelEntry& k : format_def(format).kernels)
+  for (const KernelEntry& k : registered_kernels())
     if (k.format == format && k.isa == isa && k.loop == loop) return &k;
   return nullptr;
 }
@@ -212,9 +216,9 @@ KernelChoice choose_kernel_on(WeightFormat format, Isa isa) {
   const KernelEntry* few = find_kernel(format, few_isa, RowKernel::kFewRows);
   const KernelEntry* many = find_kernel(format, many_isa, RowKernel::kManyRows);
   MOEX_CHECK(few, "no few-row kernel for ", weight_format_name(format), " on ", isa_name(few_isa));
-  c.few = {few_isa, few->run, false};
+  c.few = {few_isa, few->run, false, few->activations};
   if (many) {
-    c.many = {many_isa, many->run, true};
+    c.many = {many_isa, many->run, true, many->activations};
     c.many_from = many->from;
     c.row_dependent = !many->same_bits;
   } else {

@@ -6,17 +6,18 @@
 //
 // Adding a format touches four files (docs/kernels.md, "The format table"):
 //   1. kernels/formats/<name>.cc   its declaration: traits row, quantizer, lane / panel packing, the scalar decode of
-//                                  the packed layout and of the natural one (the oracle's element access), registry
-//                                  rows, and the declarations of its own kernels;
+//                                  the packed layout and of the natural one (the oracle's element access), its
+//                                  kernels per ISA (IsaKernels) with the ActivationLayout each reads, and the
+//                                  declarations of its own kernels;
 //   2. kernels/x86/packed_<name>_<isa>.cc   its kernels (PanelJob from x86/packed_x86.h, which need not change);
 //   3. tests/unit/kernels_packed_test.cc    its case in kFormats and its error bound: the oracle test then runs every
 //                                           registered kernel of it against ref::matmul on ragged shapes;
 //   4. this header: its line in MOEX_WEIGHT_FORMATS.
-// A format whose activations are an existing ActivationKind gets that kind's conversion as is. More files only for
-// what no format has yet: a new ActivationKind, or per-row extras of the activations beyond those of its kind
-// (packed.cc's Activations still names int8's s16 codes and int4's group sums; ref/packed_ref.cc converts per kind),
-// and a format a checkpoint stores (model/quantization.cc, model/weights.cc, tools/moex/quantize.cc: the stored
-// file's tensors and config, not the runtime format).
+// Kernels that read existing ActivationLayouts get those layouts' conversions as they are. More files only for what
+// no format has yet: a new ActivationLayout (its value below and its cases in packed.cc's Activations), a new
+// ActivationKind (ref/packed_ref.cc and packed.cc's scalar path compute per kind), and a format a checkpoint stores
+// (model/quantization.cc, model/weights.cc, tools/moex/quantize.cc: the stored file's tensors and config, not the
+// runtime format).
 #pragma once
 #include <cstdint>
 #include <limits>
@@ -59,10 +60,11 @@ std::string_view isa_name(Isa isa);
 enum class RowKernel : uint8_t { kFewRows, kManyRows };
 inline constexpr RowKernel kBatchInvariantRowKernel = RowKernel::kFewRows;  // the pin (docs/serve.md: its cost)
 
-// How a call converts its f32 activations x for the format's kernels (the scalar oracle does the same).
+// What a format's activations are, as numbers: what the scalar oracle (ref::matmul) and the scalar loop compute and
+// the kernels' results are held to. How one kernel reads them in memory is its ActivationLayout (below).
 enum class ActivationKind : uint8_t {
-  kF32,         // x as it is (int8: its VNNI loop reads s16 codes per 128-k group, its tiles bf16 hi/lo planes,
-                // both within the f32 path's tolerance)
+  kF32,         // x as it is (a kernel may read a layout within the f32 path's tolerance: int8's s16 codes, split
+                // bf16 planes)
   kBf16,        // rounded to bf16
   kS8PerToken,  // s8 codes, scale = absmax / 127 per token; integer sums, both scales applied to the sum
   kS8PerGroup,  // s8 codes, one absmax / 127 scale per token and K group of the weights
@@ -107,26 +109,59 @@ struct PanelJob;
 // Panels [begin, end) of one job (kernels/x86/packed_x86.h).
 using PanelKernel = void (*)(const x86::PanelJob& job, int64_t panel_begin, int64_t panel_end);
 
-// The registry: one row per (format, ISA, loop). `from` (many-row rows) is the measured crossover: calls of at least
-// that many rows run the many-row loop on that ISA (docs/kernels.md); `same_bits` (many-row rows) says the loop
-// gives a row the bits of the few-row loop it pairs with, so no pin is needed.
+// How a kernel reads a call's activations x [T][K] (f32): the conversion packed.cc's Activations does once per call
+// and row, whatever the weight's format. Each format's kernels on each ISA name theirs (IsaKernels); a kernel that
+// reads one no kernel reads yet adds a value here and its case in each of Activations' switches (size_for, convert,
+// elementwise, convert_columns, bind). T rows; kp = k_padded; G = K groups of the weights (1 when ungrouped).
+enum class ActivationLayout : uint8_t {
+  kF32,                    // x itself, [T][K] (nothing converted)
+  kF32RoundedBf16,         // f32 [T][K], each value rounded to bf16
+  kF32RoundedBf16Sums,     // as kF32RoundedBf16, and [T][G] sums of each K group (group_sums)
+  kBf16,                   // bf16 [T][kp], zero tail
+  kBf16Sums,               // as kBf16, and [T][G] sums of each K group's bf16 values (group_sums)
+  kBf16SplitPlanes,        // bf16 (hi, lo) planes [T][split_row_stride(K)], hi + lo near x (x86/packed_x86.h)
+  kS16Codes128,            // s16 codes [T][int8_activation_stride(K)] and a scale per 128-k group (token_scales)
+  kU8PerToken,             // u8 q + 128 [T][kp] (zero tail: 128), q the s8 codes of quantize_activations_s8; [T]
+                           // scales (token_scales); quantized by the AVX-512 code
+  kS8PerToken,             // s8 codes q [T][kp] (zero tail) and [T] scales, quantized by the portable code
+  kS8PerGroupSums,         // s8 codes [T][kp] (zero tail), [T][G] scales, one per K group (token_scales), [T][G]
+                           // sums of each group's codes (group_sums); quantized by the portable code
+  kS8PerGroupSumsAvx512,   // the same bytes, quantized by the AVX-512 code (its q + 128 with the top bit flipped)
+};
+
+// One format's kernels on one ISA, as its file declares them: the few-row loop, the many-row loop (nullptr: none)
+// with its measured crossover `from` (calls of at least that many rows run it; docs/kernels.md), whether the
+// many-row loop gives a row the bits of the few-row one (`same_bits`: then no --batch-invariant pin is needed), and
+// the activation layout both loops read.
+struct IsaKernels {
+  Isa isa;
+  ActivationLayout activations;
+  PanelKernel few;
+  PanelKernel many = nullptr;
+  int64_t from = 0;
+  bool same_bits = true;
+};
+
+// The registry: one row per (format, ISA, loop), made from the formats' IsaKernels.
 struct KernelEntry {
   WeightFormat format;
   Isa isa;
   RowKernel loop;
   PanelKernel run;
-  int64_t from = 0;
-  bool same_bits = true;
+  ActivationLayout activations = ActivationLayout::kF32;
+  int64_t from = 0;        // many-row rows: IsaKernels::from
+  bool same_bits = true;   // many-row rows: IsaKernels::same_bits
 };
-std::span<const KernelEntry> registered_kernels();
+std::span<const KernelEntry> registered_kernels();  // in format order, each format's in its file's order
 const KernelEntry* find_kernel(WeightFormat format, Isa isa, RowKernel loop);  // nullptr: none
 
-// What a call of some rows runs: the ISA (its activations are converted for it), the panel loop and whether it is
-// the many-row one (PanelJob::many_rows). kScalar: the scalar loop over the packed layout, run = nullptr.
+// What a call of some rows runs: the ISA, the panel loop, whether it is the many-row one (PanelJob::many_rows) and
+// the layout its activations are converted to. kScalar: the scalar loop over the packed layout, run = nullptr.
 struct RowRegime {
   Isa isa = Isa::kScalar;
   PanelKernel run = nullptr;
   bool many_rows = false;
+  ActivationLayout activations = ActivationLayout::kF32;
 };
 // A weight's kernels, resolved once (choose_kernel) and stored on its PackedWeights.
 struct KernelChoice {

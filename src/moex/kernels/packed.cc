@@ -302,79 +302,70 @@ void run_scalar(const float* x, int64_t tokens, const PackedWeights& w, const x8
   });
 }
 
-// Activations as one ISA's kernel reads them: converted row by row (so callers may split rows across threads,
-// or convert the rows of several experts in one loop) and bound to a PanelJob from any first row.
+// Activations in the layout a kernel reads (ActivationLayout, named by its registry entry): converted row by row (so
+// callers may split rows across threads, or convert the rows of several experts in one loop) and bound to a
+// PanelJob from any first row. The buffers of several layouts may live in one (the few- and many-row loops of a
+// weight may read different ones); each switch below has a case per layout and names no format.
 struct Activations {
-  std::vector<uint16_t> bf16;  // kAvx512Bf16 / kAmx: [T][k_padded]; int8 on kAmx: [T][split_row_stride(K)] hi and lo planes
-  std::vector<uint8_t> u8;     // kAvx512Vnni: [T][k_padded] q + 128 (W8A8), q as s8 bits (W4A8); kAvx2 W8A8 / W4A8: q
-  std::vector<int16_t> s16;    // kAvx512Vnni int8: [T][int8_activation_stride(K)] s16 codes (scales in extra)
-  std::vector<float> f32;      // kAvx512 / kAvx2 bf16, int4, fp8: [T][K] rounded to bf16
-  std::vector<float> extra;    // W8A8: [T] token scales; W4A8: [T][groups] group scales; int4 on kAvx512Bf16
-                               // and kAvx2: [T][groups] group sums
-  std::vector<float> code_sums;  // W4A8: [T][groups] sums of the activation codes per K group
+  std::vector<uint16_t> bf16;  // kBf16, kBf16Sums: [T][k_padded]; kBf16SplitPlanes: [T][split_row_stride(K)]
+  std::vector<uint8_t> u8;     // kU8PerToken: [T][k_padded] q + 128; kS8PerToken, kS8PerGroupSums(Avx512): q's bytes
+  std::vector<int16_t> s16;    // kS16Codes128: [T][int8_activation_stride(K)] (scales in extra)
+  std::vector<float> f32;      // kF32RoundedBf16(Sums): [T][K]
+  std::vector<float> extra;    // scales: kU8PerToken, kS8PerToken [T]; kS8PerGroupSums(Avx512) [T][groups];
+                               // kS16Codes128 [T][int8_activation_groups(K)]; sums: kF32RoundedBf16Sums, kBf16Sums
+                               // [T][groups]
+  std::vector<float> code_sums;  // kS8PerGroupSums(Avx512): [T][groups] sums of the activation codes per K group
 
-  static bool quantized(const PackedWeights& w) {
-    const ActivationKind kind = format_traits(w.format).activations;
-    return kind == ActivationKind::kS8PerToken || kind == ActivationKind::kS8PerGroup;
-  }
-  // kAmx's tiles read what the AVX-512 kernel of its few-row loop reads (bf16 rows, or W8A8's u8 codes), but for
-  // int8's, which read split planes (its few-row loop reads the f32 rows as they are).
-  static Isa reads_as(Isa isa, const PackedWeights& w) {
-    return isa != Isa::kAmx || format_traits(w.format).activations == ActivationKind::kF32 ? isa : below_amx(w.format);
+  static size_t groups_of(const PackedWeights& w) { return w.group ? (w.cols + w.group - 1) / w.group : 1; }
+  template <typename T>
+  static void at_least(std::vector<T>& v, size_t n) {
+    if (v.size() < n) v.resize(n);
   }
 
-  void size_for(Isa isa, const PackedWeights& w, int64_t tokens) {
-    isa = reads_as(isa, w);
-    const size_t kp = w.k_padded, groups = w.group ? (w.cols + w.group - 1) / w.group : 1;
-    switch (isa) {
-      case Isa::kAmx:  // int8 (reads_as)
-        if (bf16.size() < static_cast<size_t>(tokens * x86::split_row_stride(w.cols)))
-          bf16.resize(tokens * x86::split_row_stride(w.cols));
+  void size_for(ActivationLayout layout, const PackedWeights& w, int64_t tokens) {
+    const size_t T = tokens, kp = w.k_padded, K = w.cols, groups = groups_of(w);
+    switch (layout) {
+      case ActivationLayout::kF32: break;
+      case ActivationLayout::kF32RoundedBf16Sums: at_least(extra, T * groups); [[fallthrough]];
+      case ActivationLayout::kF32RoundedBf16: at_least(f32, T * K); break;
+      case ActivationLayout::kBf16Sums: at_least(extra, T * groups); [[fallthrough]];
+      case ActivationLayout::kBf16: at_least(bf16, T * kp); break;
+      case ActivationLayout::kBf16SplitPlanes: at_least(bf16, T * x86::split_row_stride(w.cols)); break;
+      case ActivationLayout::kS16Codes128:
+        at_least(s16, T * x86::int8_activation_stride(w.cols));
+        at_least(extra, T * x86::int8_activation_groups(w.cols));
         break;
-      case Isa::kAvx512Bf16:
-        if (bf16.size() < tokens * kp) bf16.resize(tokens * kp);
-        if (w.format == WeightFormat::kInt4 && extra.size() < tokens * groups) extra.resize(tokens * groups);
+      case ActivationLayout::kS8PerGroupSums:
+      case ActivationLayout::kS8PerGroupSumsAvx512: at_least(code_sums, T * groups); [[fallthrough]];
+      case ActivationLayout::kU8PerToken:
+      case ActivationLayout::kS8PerToken:
+        at_least(u8, T * kp);
+        at_least(extra, T * groups);  // groups is 1 but for the per-group layouts
         break;
-      case Isa::kAvx512Vnni:
-        if (w.format == WeightFormat::kInt8) {
-          const size_t n = tokens * x86::int8_activation_stride(w.cols), g = tokens * x86::int8_activation_groups(w.cols);
-          if (s16.size() < n) s16.resize(n);
-          if (extra.size() < g) extra.resize(g);
-          break;
-        }
-        if (u8.size() < tokens * kp) u8.resize(tokens * kp);
-        if (extra.size() < tokens * groups) extra.resize(tokens * groups);  // groups is 1 but for W4A8
-        if (w.format == WeightFormat::kInt4W4A8 && code_sums.size() < tokens * groups) code_sums.resize(tokens * groups);
-        break;
-      case Isa::kAvx2:
-        if (quantized(w)) {
-          if (u8.size() < tokens * kp) u8.resize(tokens * kp);
-          if (extra.size() < tokens * groups) extra.resize(tokens * groups);
-          if (code_sums.size() < tokens * groups) code_sums.resize(tokens * groups);
-          break;
-        }
-        [[fallthrough]];
-      case Isa::kAvx512:
-        if (w.format != WeightFormat::kInt8 && f32.size() < static_cast<size_t>(tokens * w.cols)) f32.resize(tokens * w.cols);
-        if (isa == Isa::kAvx2 && w.format == WeightFormat::kInt4 && extra.size() < tokens * groups) extra.resize(tokens * groups);
-        break;
-      case Isa::kScalar: break;
     }
   }
   // Row x [K] into row t.
-  void convert(Isa isa, const PackedWeights& w, const float* x, int64_t t) {
-    isa = reads_as(isa, w);
+  void convert(ActivationLayout layout, const PackedWeights& w, const float* x, int64_t t) {
     const int64_t K = w.cols, kp = w.k_padded;
-    switch (isa) {
-      case Isa::kAmx: {  // int8 (reads_as)
-        uint16_t* row = bf16.data() + t * x86::split_row_stride(K);
-        x86::split_row_bf16_avx512bf16(x, K, x86::split_plane(K), row, row + x86::split_plane(K));
+    switch (layout) {
+      case ActivationLayout::kF32: break;
+      case ActivationLayout::kF32RoundedBf16:
+      case ActivationLayout::kF32RoundedBf16Sums:
+        for (int64_t k = 0; k < K; ++k) f32[t * K + k] = bf16_to_f32(f32_to_bf16(x[k]));
+        if (layout == ActivationLayout::kF32RoundedBf16Sums) {  // int4 on AVX2: its kernel folds offset * sum(x)
+          const int64_t groups = (K + w.group - 1) / w.group;
+          for (int64_t g = 0; g < groups; ++g) {
+            float sum = 0.0f;
+            for (int64_t k = g * w.group; k < std::min(K, (g + 1) * w.group); ++k) sum += f32[t * K + k];
+            extra[t * groups + g] = sum;
+          }
+        }
         break;
-      }
-      case Isa::kAvx512Bf16: {
+      case ActivationLayout::kBf16:
+      case ActivationLayout::kBf16Sums: {
         uint16_t* row = bf16.data() + t * kp;
         x86::round_row_bf16_avx512bf16(x, K, kp, row);
-        if (w.format != WeightFormat::kInt4) break;
+        if (layout != ActivationLayout::kBf16Sums) break;
         // int4: the kernel multiplies the activations by q + 16 (the codes as bf16, a masked OR) and takes
         // (zero + 16) * scale * (sum of the group's activations) back off.
         const int64_t groups = (K + w.group - 1) / w.group;
@@ -385,20 +376,21 @@ struct Activations {
         }
         break;
       }
-      case Isa::kAvx512Vnni: {
-        if (w.format == WeightFormat::kInt8) {
-          x86::quantize_row_s16_avx512(x, K, s16.data() + t * x86::int8_activation_stride(K),
-                                       extra.data() + t * x86::int8_activation_groups(K));
-          break;
-        }
+      case ActivationLayout::kBf16SplitPlanes: {
+        uint16_t* row = bf16.data() + t * x86::split_row_stride(K);
+        x86::split_row_bf16_avx512bf16(x, K, x86::split_plane(K), row, row + x86::split_plane(K));
+        break;
+      }
+      case ActivationLayout::kS16Codes128:
+        x86::quantize_row_s16_avx512(x, K, s16.data() + t * x86::int8_activation_stride(K),
+                                     extra.data() + t * x86::int8_activation_groups(K));
+        break;
+      case ActivationLayout::kU8PerToken: extra[t] = x86::quantize_row_u8_avx512(x, K, kp, u8.data() + t * kp); break;
+      case ActivationLayout::kS8PerGroupSumsAvx512: {
+        // Each K group of the row has its own scale (the last group also writes the zero tail). The codes multiply
+        // the (unsigned) weight codes, so they are wanted signed: q + 128 with its top bit flipped is q's own byte
+        // (the tail becomes 0). Each group's sum of q takes the weights' zeros back off.
         uint8_t* row = u8.data() + t * kp;
-        if (w.format != WeightFormat::kInt4W4A8) {
-          extra[t] = x86::quantize_row_u8_avx512(x, K, kp, row);
-          break;
-        }
-        // W4A8: each K group of the row has its own scale (the last group also writes the zero tail). The codes
-        // multiply the (unsigned) weight codes, so they are wanted signed: q + 128 with its top bit flipped is
-        // q's own byte (the tail becomes 0). Each group's sum of q takes the weights' zeros back off.
         const int64_t groups = (K + w.group - 1) / w.group;
         for (int64_t g = 0; g < groups; ++g) {
           const int64_t k0 = g * w.group, k1 = std::min(K, k0 + w.group), end = g + 1 == groups ? kp : k1;
@@ -412,95 +404,82 @@ struct Activations {
         }
         break;
       }
-      case Isa::kAvx2:
-        if (quantized(w)) {  // s8 codes (the kernels move weight signs onto them), zero tail
-          auto* q = reinterpret_cast<int8_t*>(u8.data() + t * kp);
-          std::fill(q + K, q + kp, int8_t{0});
-          if (w.format == WeightFormat::kInt8W8A8) {
-            extra[t] = quantize_activations_s8(x, K, q);
-            break;
-          }
-          const int64_t groups = (K + w.group - 1) / w.group;
-          quantize_groups_s8(x, K, w.group, q, extra.data() + t * groups);
-          for (int64_t g = 0; g < groups; ++g) {
-            int32_t sum = 0;
-            for (int64_t k = g * w.group; k < std::min(K, (g + 1) * w.group); ++k) sum += q[k];
-            code_sums[t * groups + g] = static_cast<float>(sum);
-          }
+      case ActivationLayout::kS8PerToken:
+      case ActivationLayout::kS8PerGroupSums: {  // s8 codes (the AVX2 kernels move weight signs onto them), zero tail
+        auto* q = reinterpret_cast<int8_t*>(u8.data() + t * kp);
+        std::fill(q + K, q + kp, int8_t{0});
+        if (layout == ActivationLayout::kS8PerToken) {
+          extra[t] = quantize_activations_s8(x, K, q);
           break;
         }
-        [[fallthrough]];
-      case Isa::kAvx512:  // int4's and fp8's activations are bf16 values on every path; int8 reads x as it is
-        if (w.format != WeightFormat::kInt8)
-          for (int64_t k = 0; k < K; ++k) f32[t * K + k] = bf16_to_f32(f32_to_bf16(x[k]));
-        if (isa == Isa::kAvx2 && w.format == WeightFormat::kInt4) {  // its kernel folds offset * sum(x) per K group
-          const int64_t groups = (K + w.group - 1) / w.group;
-          for (int64_t g = 0; g < groups; ++g) {
-            float sum = 0.0f;
-            for (int64_t k = g * w.group; k < std::min(K, (g + 1) * w.group); ++k) sum += f32[t * K + k];
-            extra[t * groups + g] = sum;
-          }
+        const int64_t groups = (K + w.group - 1) / w.group;
+        quantize_groups_s8(x, K, w.group, q, extra.data() + t * groups);
+        for (int64_t g = 0; g < groups; ++g) {
+          int32_t sum = 0;
+          for (int64_t k = g * w.group; k < std::min(K, (g + 1) * w.group); ++k) sum += q[k];
+          code_sums[t * groups + g] = static_cast<float>(sum);
         }
         break;
-      case Isa::kScalar: break;
+      }
     }
   }
   // Whether a row's conversion is elementwise (or none at all), so it may be done a column range at a time.
-  static bool elementwise(Isa isa, const PackedWeights& w) {
-    isa = reads_as(isa, w);
-    if (isa == Isa::kAvx512 || isa == Isa::kAvx2) return w.format == WeightFormat::kInt8;  // int8 reads f32 x as it is
-    if (isa == Isa::kAmx) return true;  // int8's split planes
-    return isa == Isa::kAvx512Bf16 && (w.format == WeightFormat::kBF16 || w.format == WeightFormat::kFP8E4M3);
-  }
-  // Columns [c0, c1) of row x [K] into row t (elementwise(isa, w) only; c0 a multiple of 16); the range that
-  // ends at K also writes the zero padding up to k_padded.
-  void convert_columns(Isa isa, const PackedWeights& w, const float* x, int64_t t, int64_t c0, int64_t c1) {
-    isa = reads_as(isa, w);
-    if (isa == Isa::kAvx512 || isa == Isa::kAvx2) return;
-    const int64_t K = w.cols, kp = w.k_padded;
-    if (isa == Isa::kAmx) {  // int8's split planes
-      uint16_t* row = bf16.data() + t * x86::split_row_stride(K) + c0;
-      const int64_t plane = x86::split_plane(K);
-      x86::split_row_bf16_avx512bf16(x + c0, c1 - c0, (c1 == K ? plane : c1) - c0, row, row + plane);
-      return;
+  static bool elementwise(ActivationLayout layout, const PackedWeights&) {
+    switch (layout) {
+      case ActivationLayout::kF32:
+      case ActivationLayout::kBf16:
+      case ActivationLayout::kBf16SplitPlanes: return true;
+      case ActivationLayout::kF32RoundedBf16:  // elementwise, but converted a row at a time (no convert_columns case)
+      case ActivationLayout::kF32RoundedBf16Sums:
+      case ActivationLayout::kBf16Sums:
+      case ActivationLayout::kS16Codes128:
+      case ActivationLayout::kU8PerToken:
+      case ActivationLayout::kS8PerToken:
+      case ActivationLayout::kS8PerGroupSums:
+      case ActivationLayout::kS8PerGroupSumsAvx512: return false;
     }
-    x86::round_row_bf16_avx512bf16(x + c0, c1 - c0, (c1 == K ? kp : c1) - c0, bf16.data() + t * kp + c0);
+    return false;
   }
-  // The job reads `tokens` converted rows from row t0 (x: the unconverted rows, for kAvx512 int8).
-  void bind(Isa isa, const PackedWeights& w, const float* x, int64_t t0, x86::PanelJob& job) const {
-    isa = reads_as(isa, w);
-    const int64_t kp = w.k_padded, groups = w.group ? (w.cols + w.group - 1) / w.group : 1;
-    switch (isa) {
-      case Isa::kAmx:  // int8 (reads_as)
-        job.activations = bf16.data() + t0 * x86::split_row_stride(w.cols);
+  // Columns [c0, c1) of row x [K] into row t (elementwise(layout, w) only; c0 a multiple of 16); the range that
+  // ends at K also writes the zero padding up to k_padded.
+  void convert_columns(ActivationLayout layout, const PackedWeights& w, const float* x, int64_t t, int64_t c0,
+                       int64_t c1) {
+    const int64_t K = w.cols, kp = w.k_padded;
+    switch (layout) {
+      case ActivationLayout::kF32: break;
+      case ActivationLayout::kBf16:
+        x86::round_row_bf16_avx512bf16(x + c0, c1 - c0, (c1 == K ? kp : c1) - c0, bf16.data() + t * kp + c0);
         break;
-      case Isa::kAvx512Bf16:
-        job.activations = bf16.data() + t0 * kp;
-        if (w.format == WeightFormat::kInt4) job.group_sums = extra.data() + t0 * groups;
+      case ActivationLayout::kBf16SplitPlanes: {
+        uint16_t* row = bf16.data() + t * x86::split_row_stride(K) + c0;
+        const int64_t plane = x86::split_plane(K);
+        x86::split_row_bf16_avx512bf16(x + c0, c1 - c0, (c1 == K ? plane : c1) - c0, row, row + plane);
         break;
-      case Isa::kAvx512Vnni:
-        if (w.format == WeightFormat::kInt8) {
-          job.activations = s16.data() + t0 * x86::int8_activation_stride(w.cols);
-          job.token_scales = extra.data() + t0 * x86::int8_activation_groups(w.cols);
-          break;
-        }
+      }
+      default: MOEX_CHECK(false, "convert_columns: a layout that is not elementwise");
+    }
+  }
+  // The job reads `tokens` converted rows from row t0 (x: the unconverted rows, which kF32 reads).
+  void bind(ActivationLayout layout, const PackedWeights& w, const float* x, int64_t t0, x86::PanelJob& job) const {
+    const int64_t kp = w.k_padded, groups = static_cast<int64_t>(groups_of(w));
+    switch (layout) {
+      case ActivationLayout::kF32: job.activations = x; break;
+      case ActivationLayout::kF32RoundedBf16Sums: job.group_sums = extra.data() + t0 * groups; [[fallthrough]];
+      case ActivationLayout::kF32RoundedBf16: job.activations = f32.data() + t0 * w.cols; break;
+      case ActivationLayout::kBf16Sums: job.group_sums = extra.data() + t0 * groups; [[fallthrough]];
+      case ActivationLayout::kBf16: job.activations = bf16.data() + t0 * kp; break;
+      case ActivationLayout::kBf16SplitPlanes: job.activations = bf16.data() + t0 * x86::split_row_stride(w.cols); break;
+      case ActivationLayout::kS16Codes128:
+        job.activations = s16.data() + t0 * x86::int8_activation_stride(w.cols);
+        job.token_scales = extra.data() + t0 * x86::int8_activation_groups(w.cols);
+        break;
+      case ActivationLayout::kS8PerGroupSums:
+      case ActivationLayout::kS8PerGroupSumsAvx512: job.group_sums = code_sums.data() + t0 * groups; [[fallthrough]];
+      case ActivationLayout::kU8PerToken:
+      case ActivationLayout::kS8PerToken:
         job.activations = u8.data() + t0 * kp;
         job.token_scales = extra.data() + t0 * groups;
-        if (w.format == WeightFormat::kInt4W4A8) job.group_sums = code_sums.data() + t0 * groups;
         break;
-      case Isa::kAvx2:
-        if (quantized(w)) {
-          job.activations = u8.data() + t0 * kp;
-          job.token_scales = extra.data() + t0 * groups;
-          if (w.format == WeightFormat::kInt4W4A8) job.group_sums = code_sums.data() + t0 * groups;
-          break;
-        }
-        [[fallthrough]];
-      case Isa::kAvx512:
-        job.activations = w.format == WeightFormat::kInt8 ? x : f32.data() + t0 * w.cols;
-        if (isa == Isa::kAvx2 && w.format == WeightFormat::kInt4) job.group_sums = extra.data() + t0 * groups;
-        break;
-      case Isa::kScalar: break;
     }
   }
 };
@@ -543,9 +522,9 @@ void run_group(const float* x, int64_t tokens, const Output* outputs, int count,
   if (isa == Isa::kAmx) MOEX_CHECK(request_amx_permission(), "Linux refused this process the AMX tile state");
   const int64_t K = w0.cols;
   Activations& act = g_act;  // a name, not the thread_local, reaches the workers
-  act.size_for(isa, w0, tokens);
+  act.size_for(regime.activations, w0, tokens);
   parallel_for(tokens, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) act.convert(isa, w0, x + t * K, t);
+    for (int64_t t = begin; t < end; ++t) act.convert(regime.activations, w0, x + t * K, t);
   });
   MOEX_CHECK(count <= kMaxOutputs, "run_group: ", count, " outputs");
   x86::PanelJob jobs[kMaxOutputs];
@@ -556,7 +535,7 @@ void run_group(const float* x, int64_t tokens, const Output* outputs, int count,
     jobs[i].many_rows = regime.many_rows;
     jobs[i].w = &w;
     jobs[i].epilogue = outputs[i].e;
-    act.bind(isa, w, x, 0, jobs[i]);
+    act.bind(regime.activations, w, x, 0, jobs[i]);
     first_panel[i + 1] = first_panel[i] + (w.rows > 0 ? w.panels : 0);
   }
   for_panel_chunks(first_panel[count], [&](int64_t b, int64_t end) {
@@ -621,12 +600,12 @@ void packed_matmul_on(Isa isa, const float* x, int64_t tokens, const PackedWeigh
   MOEX_CHECK(!w.gate_up, "gate/up weights go to expert_gate_up");
   // The kernels registered on `isa` itself (under kAmx: tiles or, for W8A8's few rows, its VNNI loop, as the
   // registry's kAmx rows say), the loop by that ISA's own crossover.
-  RowRegime regime{isa, nullptr, false};
+  RowRegime regime{isa, nullptr, false, ActivationLayout::kF32};
   if (isa != Isa::kScalar) {
     const RowKernel loop = row_kernel_on(w.format, isa, tokens, batch_invariant);
     const KernelEntry* k = find_kernel(w.format, isa, loop);
     MOEX_CHECK(k, "no ", weight_format_name(w.format), " kernel on ", isa_name(isa));
-    regime = {isa, k->run, loop == RowKernel::kManyRows};
+    regime = {isa, k->run, loop == RowKernel::kManyRows, k->activations};
   }
   run(x, tokens, w, store_into(y, w, accumulate), regime);
 }
@@ -637,7 +616,8 @@ void packed_matmul_with(const KernelEntry& kernel, const float* x, int64_t token
   MOEX_CHECK(kernel.format == w.format && std::find(usable.begin(), usable.end(), kernel.isa) != usable.end(),
              isa_name(kernel.isa), " cannot run ", weight_format_name(w.format), " on this CPU");
   MOEX_CHECK(!w.gate_up, "gate/up weights go to expert_gate_up");
-  run(x, tokens, w, store_into(y, w, accumulate), RowRegime{kernel.isa, kernel.run, kernel.loop == RowKernel::kManyRows});
+  run(x, tokens, w, store_into(y, w, accumulate), RowRegime{kernel.isa, kernel.run, kernel.loop == RowKernel::kManyRows,
+                                                            kernel.activations});
 }
 
 void expert_gate_up(const float* x, int64_t tokens, const PackedWeights& w13, float* h, bool batch_invariant) {
@@ -726,7 +706,7 @@ void fused_experts(const ExpertRows* experts, int count, float* out, int64_t out
   bool h_in_items = true;  // every expert's h conversion for w2 is elementwise (see below)
   for (int e = 0; e < count; ++e) {
     const RowRegime& regime = choice.for_rows(experts[e].rows, batch_invariant);
-    const Isa ei = regime.isa;
+    const ActivationLayout ei = regime.activations;
     plan.expert_regime[e] = regime;
     if (experts[e].rows == 0) continue;
     plan.up.size_for(ei, w13, total_rows);
@@ -766,7 +746,7 @@ void fused_experts(const ExpertRows* experts, int count, float* out, int64_t out
     job.tokens = experts[e].rows;
     job.many_rows = plan.expert_regime[e].many_rows;
     job.w = &w;
-    act.bind(plan.expert_regime[e].isa, w, x, plan.first_row[e], job);
+    act.bind(plan.expert_regime[e].activations, w, x, plan.first_row[e], job);
     return job;
   };
   // Barriers: decode (few rows) converts x here, before the region; when h's conversion for w2 is
@@ -776,7 +756,7 @@ void fused_experts(const ExpertRows* experts, int count, float* out, int64_t out
   if (x_before) {
     for (int64_t r = 0; r < total_rows; ++r) {
       const int e = plan.row_expert[r];
-      plan.up.convert(plan.expert_regime[e].isa, w13, experts[e].x + (r - plan.first_row[e]) * hidden, r);
+      plan.up.convert(plan.expert_regime[e].activations, w13, experts[e].x + (r - plan.first_row[e]) * hidden, r);
     }
   }
 #pragma omp parallel num_threads(threads)
@@ -785,7 +765,7 @@ void fused_experts(const ExpertRows* experts, int count, float* out, int64_t out
 #pragma omp for schedule(static)
       for (int64_t r = 0; r < total_rows; ++r) {
         const int e = plan.row_expert[r];
-        plan.up.convert(plan.expert_regime[e].isa, w13, experts[e].x + (r - plan.first_row[e]) * hidden, r);
+        plan.up.convert(plan.expert_regime[e].activations, w13, experts[e].x + (r - plan.first_row[e]) * hidden, r);
       }
     }
 #pragma omp for schedule(dynamic, 1)
@@ -796,7 +776,7 @@ void fused_experts(const ExpertRows* experts, int count, float* out, int64_t out
       job.epilogue.kind = x86::Epilogue::kSiluMul;
       job.epilogue.y = x.h;
       job.epilogue.ld_y = inter;
-      const Isa ei = plan.expert_regime[item.expert].isa;
+      const ActivationLayout ei = plan.expert_regime[item.expert].activations;
       plan.expert_regime[item.expert].run(job, item.begin, item.end);
       if (h_in_items) {  // h [rows, I] columns of panels [begin, end)
         const int64_t c0 = item.begin * w13.rows_per_panel(), c1 = std::min(inter, item.end * w13.rows_per_panel());
@@ -808,7 +788,7 @@ void fused_experts(const ExpertRows* experts, int count, float* out, int64_t out
 #pragma omp for schedule(static)
       for (int64_t r = 0; r < total_rows; ++r) {
         const int e = plan.row_expert[r];
-        plan.down.convert(plan.expert_regime[e].isa, w2, experts[e].h + (r - plan.first_row[e]) * inter, r);
+        plan.down.convert(plan.expert_regime[e].activations, w2, experts[e].h + (r - plan.first_row[e]) * inter, r);
       }
     }
 #pragma omp for schedule(dynamic, 1) nowait  // the region's end is the barrier

@@ -10,6 +10,7 @@
 #include "moex/base/log.h"
 #include "moex/base/mapped_file.h"
 #include "moex/model/gguf.h"
+#include "moex/moe/moe_layer.h"
 
 namespace moex {
 
@@ -74,6 +75,19 @@ PanelsKey panels_key(const WeightStore& store, kernels::WeightFormat format) {
 
 std::string default_panels_path(const std::string& model_dir) {
   return (std::filesystem::path(model_dir) / kPanelsFileName).string();
+}
+
+std::string panels_kind(bool quantized_checkpoint, const ExpertWeightFormat& experts, const ExpertWeightFormat& dense) {
+  if (quantized_checkpoint) return kPanelsStored;
+  const auto bf16 = [](const ExpertWeightFormat& f) { return f.packed && f.format == kernels::WeightFormat::kBF16; };
+  if (bf16(experts) || bf16(dense)) return std::string(kernels::weight_format_name(kernels::WeightFormat::kBF16));
+  if (experts.packed) return std::string(kernels::weight_format_name(experts.format));
+  if (dense.packed) return std::string(kernels::weight_format_name(dense.format));
+  return "";
+}
+
+bool panels_kind_written_beside(const std::string& kind) {
+  return kind == kPanelsStored || kind == kernels::weight_format_name(kernels::WeightFormat::kBF16);
 }
 
 bool panels_present(const std::string& model_dir, const std::string& panels_path, const std::string& kind) {

@@ -34,6 +34,8 @@
 
 namespace moex {
 
+struct ExpertWeightFormat;  // moe/moe_layer.h
+
 inline constexpr const char* kPanelsFileName = "panels.moex";
 inline constexpr const char* kPanelsLayoutKey = "moex_panels_layout";
 inline constexpr const char* kPanelsSourceKey = "moex_panels_source";
@@ -52,6 +54,15 @@ PanelsKey panels_key(const WeightStore& store, const QuantizationConfig& qc);
 // A bf16/f16/f32 checkpoint's packed to `format` (kernels::weight_format_name): every shard's header, size and
 // mtime.
 PanelsKey panels_key(const WeightStore& store, kernels::WeightFormat format);
+
+// The kind of panels (PanelsKey::weights) a load wants, decided here for the load (load_mixtral_weights) and for the
+// run-memory estimate before it: kPanelsStored for a quantized checkpoint; for a bf16/f16/f32 one "bf16" when its
+// experts or its dense matrices pack to bf16, else the format they pack to (experts' first; a kind moex pack never
+// writes, so only a --panels file could hold it); empty when the load packs nothing.
+std::string panels_kind(bool quantized_checkpoint, const ExpertWeightFormat& experts, const ExpertWeightFormat& dense);
+// Whether a file of `kind` may lie beside the checkpoint, so a load without --panels looks there: the kinds moex
+// quantize and moex pack write (kPanelsStored, "bf16").
+bool panels_kind_written_beside(const std::string& kind);
 
 // Where a load looks for a checkpoint's panels when --panels is not given: `model_dir`/panels.moex.
 std::string default_panels_path(const std::string& model_dir);

@@ -355,19 +355,16 @@ DecoderWeights load_mixtral_weights(const std::string& model_dir, const ModelCon
   std::unique_ptr<Progress> progress = std::make_unique<Progress>(what, to_pack);
   // panels.moex (panels_file.h): a quantized checkpoint's stored matrices, or a bf16/f16/f32 one's matrices packed to
   // bf16 as below, already packed. --panels names one (or "none"); else the one beside the checkpoint, if any.
-  const bool bf16_packed = !qc.quantized() && ((expert_format.packed && expert_format.format == WeightFormat::kBF16) ||
-                                               (dense_format.packed && dense_format.format == WeightFormat::kBF16));
+  const std::string panels_wanted = panels_kind(qc.quantized(), expert_format, dense_format);
+  const bool bf16_packed = !qc.quantized() && panels_wanted == weight_format_name(WeightFormat::kBF16);
   std::shared_ptr<const PanelsFile> panels;
   const bool given_panels = !panels_path.empty() && panels_path != "none";
   MOEX_CHECK_INPUT(!given_panels || !is_gguf_path(model_dir), "--panels: a .gguf checkpoint loads without panels");
   MOEX_CHECK_INPUT(!given_panels || qc.quantized() || expert_format.packed || dense_format.packed, "--panels ",
                    panels_path, ": this load packs nothing (--weights and --dense-weights as stored)");
-  if (given_panels || (panels_path.empty() && (qc.quantized() || bf16_packed) && !is_gguf_path(model_dir))) {
-    // The kind this load packs: a quantized checkpoint's stored formats, else bf16 (the only kind moex pack writes
-    // for a bf16/f16/f32 checkpoint; another packed format's name never matches one).
+  if (given_panels || (panels_path.empty() && panels_kind_written_beside(panels_wanted) && !is_gguf_path(model_dir))) {
     PanelsKey want = qc.quantized() ? panels_key(s, qc) : panels_key(s, WeightFormat::kBF16);
-    if (!qc.quantized() && !bf16_packed)
-      want.weights = kernels::weight_format_name(expert_format.packed ? expert_format.format : dense_format.format);
+    want.weights = panels_wanted;
     panels = PanelsFile::open(given_panels ? panels_path : default_panels_path(model_dir), want, given_panels, model_dir);
   }
   w.panels_mapped = panels != nullptr;

@@ -5,7 +5,6 @@
 #include <cstring>
 
 #include "moex/base/error.h"
-#include "moex/comm/codec.h"
 #include "moex/kernels/matmul.h"
 #include "moex/kernels/ops.h"
 #include "moex/profile/profile.h"
@@ -268,7 +267,6 @@ void MoELayer::forward_dispatch(int layer, const MoELayerWeights& w, const float
                                 float* residual) {
   const int64_t d = shape_.hidden, I = shape_.intermediate_local;
   const int E = slots_, per_rank = w.experts.count, P = plan_.world;
-  const comm::WireFormat format = comm::wire_format_for(plan_.comm_dtype);
   route(layer, w, x, tokens);
   const auto& offsets = batcher_.expert_offsets();
   DispatchPlan& dp = dispatch_;  // sized once in the constructor: nothing here allocates per step
@@ -296,18 +294,15 @@ void MoELayer::forward_dispatch(int layer, const MoELayerWeights& w, const float
     rows_from[p] = rows;
     recv_rows += rows;
   }
-  size_t send_bytes = 0, recv_bytes = 0;
-  for (int p = 0; p < P; ++p) {
-    const int64_t rows = offsets[(p + 1) * per_rank] - offsets[p * per_rank];
-    send_offsets[p] = send_bytes;
-    send_counts[p] = comm::wire_bytes(format, static_cast<size_t>(rows * d));
-    send_bytes += send_counts[p];
-    recv_offsets[p] = recv_bytes;
-    recv_counts[p] = comm::wire_bytes(format, static_cast<size_t>(rows_from[p] * d));
-    recv_bytes += recv_counts[p];
+  int64_t arrived = 0;
+  for (int p = 0; p < P; ++p) {  // in values: one block per peer, rows of d
+    const int64_t row0 = offsets[p * per_rank], rows = offsets[(p + 1) * per_rank] - row0;
+    send_offsets[p] = static_cast<size_t>(row0 * d);
+    send_counts[p] = static_cast<size_t>(rows * d);
+    recv_offsets[p] = static_cast<size_t>(arrived * d);
+    recv_counts[p] = static_cast<size_t>(rows_from[p] * d);
+    arrived += rows_from[p];
   }
-  send_wire_.resize(std::max<size_t>(send_bytes, 1));
-  recv_wire_.resize(std::max<size_t>(recv_bytes, 1));
   received_.resize(std::max<int64_t>(recv_rows * d, 1));
   by_expert_.resize(std::max<int64_t>(recv_rows * d, 1));
   if (static_cast<int64_t>(act_.size()) < recv_rows * I) {  // arrivals can exceed T*k under skew
@@ -316,18 +311,8 @@ void MoELayer::forward_dispatch(int layer, const MoELayerWeights& w, const float
   }
   {
     MOEX_ZONE_LAYER(kAllToAll, layer);
-    for (int p = 0; p < P; ++p) {
-      const int64_t row0 = offsets[p * per_rank];
-      comm::wire_encode(format, gathered_.data() + row0 * d, static_cast<size_t>((offsets[(p + 1) * per_rank] - row0) * d),
-                        send_wire_.data() + send_offsets[p]);
-    }
-    comm_->alltoallv(send_wire_.data(), send_counts, send_offsets, recv_wire_.data(), recv_counts, recv_offsets, 1);
-    int64_t row = 0;
-    for (int p = 0; p < P; ++p) {
-      comm::wire_decode(format, recv_wire_.data() + recv_offsets[p], static_cast<size_t>(rows_from[p] * d),
-                        received_.data() + row * d);
-      row += rows_from[p];
-    }
+    comm::alltoallv_f32(*comm_, gathered_.data(), send_counts, send_offsets, received_.data(), recv_counts, recv_offsets,
+                        plan_.comm_dtype, wire_);
   }
   // 3. Regroup arrivals by local expert (they come grouped by source, then expert) and run the experts
   // once over all of them; each output row goes straight back to its arrival's place in received_.
@@ -365,18 +350,8 @@ void MoELayer::forward_dispatch(int layer, const MoELayerWeights& w, const float
   // 4. Outputs go back the way they came; the sender combines them with its routing weights.
   {
     MOEX_ZONE_LAYER(kAllToAll, layer);
-    int64_t row = 0;
-    for (int p = 0; p < P; ++p) {
-      comm::wire_encode(format, received_.data() + row * d, static_cast<size_t>(rows_from[p] * d),
-                        recv_wire_.data() + recv_offsets[p]);
-      row += rows_from[p];
-    }
-    comm_->alltoallv(recv_wire_.data(), recv_counts, recv_offsets, send_wire_.data(), send_counts, send_offsets, 1);
-    for (int p = 0; p < P; ++p) {
-      const int64_t row0 = offsets[p * per_rank], rows = offsets[(p + 1) * per_rank] - row0;
-      comm::wire_decode(format, send_wire_.data() + send_offsets[p], static_cast<size_t>(rows * d),
-                        expert_out_.data() + row0 * d);
-    }
+    comm::alltoallv_f32(*comm_, received_.data(), recv_counts, recv_offsets, expert_out_.data(), send_counts, send_offsets,
+                        plan_.comm_dtype, wire_);
   }
   MOEX_ZONE_LAYER(kCombine, layer);
   batcher_.combine(expert_out_.data(), expert_weights_.data(), tokens, d, residual, /*accumulate=*/true);

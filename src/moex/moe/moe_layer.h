@@ -113,10 +113,10 @@ class MoELayer {
   float* partial_ = nullptr;
   std::vector<float> column_chunk_;    // [k, d] w2 outputs of one token's column chunk (overlap at T=1)
   std::vector<uint16_t> bf16_buffer_;  // [T*d] bf16 all-reduce payload
-  // Dispatch path (dp attention): wire buffers and per-source bookkeeping.
-  std::vector<uint8_t> send_wire_, recv_wire_;
+  // Dispatch path (dp attention): wire buffers (comm::alltoallv_f32's) and per-source bookkeeping.
+  comm::WireScratch wire_;
   struct DispatchPlan {
-    std::vector<size_t> send_counts, send_offsets, recv_counts, recv_offsets;  // [P] bytes on the wire
+    std::vector<size_t> send_counts, send_offsets, recv_counts, recv_offsets;  // [P] fp32 values per peer block
     std::vector<size_t> count_per_peer, count_displs;                        // [P] E/P counts each
     std::vector<int32_t> send_expert_rows;   // [E] rows this rank sends to each expert
     std::vector<int32_t> recv_expert_rows;   // [P, E/P] rows arriving from each source for each local expert

@@ -37,13 +37,11 @@ float packed_weight(const PackedWeights& w, int64_t panel, int lane, int64_t k) 
 
 // The many-row GEMM from 12 rows on AVX512-BF16; tdpbf16ps sums a k pair in another order than vdpbf16ps, so AMX
 // runs tiles for every row count (from 1): one loop (docs/kernels.md "Crossovers").
-using R = RowKernel;
-constexpr KernelEntry kKernels[] = {
-    {WeightFormat::kBF16, Isa::kAvx2, R::kFewRows, x86::run_panels_weight_only_avx2},
-    {WeightFormat::kBF16, Isa::kAvx512Bf16, R::kFewRows, x86::run_panels_bf16_avx512bf16},
-    {WeightFormat::kBF16, Isa::kAvx512Bf16, R::kManyRows, x86::run_panels_bf16_many_avx512bf16, 12, true},
-    {WeightFormat::kBF16, Isa::kAmx, R::kFewRows, x86::run_panels_bf16_avx512bf16},
-    {WeightFormat::kBF16, Isa::kAmx, R::kManyRows, x86::run_panels_bf16_amx, 1, true},
+using L = ActivationLayout;
+constexpr IsaKernels kKernels[] = {
+    weight_only_avx2(L::kF32RoundedBf16),
+    {Isa::kAvx512Bf16, L::kBf16, x86::run_panels_bf16_avx512bf16, x86::run_panels_bf16_many_avx512bf16, 12, true},
+    {Isa::kAmx, L::kBf16, x86::run_panels_bf16_avx512bf16, x86::run_panels_bf16_amx, 1, true},
 };
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include "moex/base/tensor.h"
 #include "moex/kernels/formats.h"
 #include "moex/kernels/packed.h"
+#include "moex/kernels/x86/packed_x86.h"
 
 namespace moex::kernels {
 
@@ -37,11 +38,23 @@ struct FormatDef {
   // The packed weight at (panel, lane, k) as the kernels read it: the scalar path over the packed layout (W8A8:
   // the integer code, its scales applied to the integer sum).
   float (*packed_weight)(const PackedWeights& w, int64_t panel, int lane, int64_t k);
-  // The format's rows of the kernel registry (formats.h's KernelEntry), each with this format.
-  std::span<const KernelEntry> kernels;
+  // Its kernels, one entry per ISA (formats.h's IsaKernels: both row loops, the crossover, the activation layout
+  // they read); the registry's rows (KernelEntry) are made from them.
+  std::span<const IsaKernels> kernels;
 };
 
 const FormatDef& format_def(WeightFormat format);
+
+// The f32-FMA kernels the weight-only formats share (x86/packed_weight_only_*.cc: each decodes the panel's weights to
+// f32 through its format's packed layout), given the layout the format's activations are read in. AVX2 has one loop
+// for every row count; AVX-512's decoded-block loop runs from 16 rows and sums in another order than its few-row
+// one (docs/kernels.md, "Crossovers").
+constexpr IsaKernels weight_only_avx2(ActivationLayout activations) {
+  return {Isa::kAvx2, activations, x86::run_panels_weight_only_avx2};
+}
+constexpr IsaKernels weight_only_avx512(ActivationLayout activations) {
+  return {Isa::kAvx512, activations, x86::run_panels_weight_only_avx512, x86::run_panels_weight_only_avx512, 16, false};
+}
 
 // Each format file's definition (constant-initialized: no code runs before main to build the table).
 #define MOEX_WEIGHT_FORMAT_DEF(value, file) extern const FormatDef format_##file;

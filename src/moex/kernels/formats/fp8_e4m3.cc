@@ -32,17 +32,13 @@ float packed_weight(const PackedWeights& w, int64_t panel, int lane, int64_t k) 
          (w.scales.as<const float>()[group_index(w, panel, k / 128, lane)] / 256.0f);
 }
 
-// Crossovers (docs/kernels.md): the f32-FMA decoded-block loop from 16 rows; the vdpbf16ps many-row loop decodes
-// inside its first token tile and wins from 5; AMX tiles from 5.
-using R = RowKernel;
-constexpr KernelEntry kKernels[] = {
-    {WeightFormat::kFP8E4M3, Isa::kAvx2, R::kFewRows, x86::run_panels_weight_only_avx2},
-    {WeightFormat::kFP8E4M3, Isa::kAvx512, R::kFewRows, x86::run_panels_weight_only_avx512},
-    {WeightFormat::kFP8E4M3, Isa::kAvx512, R::kManyRows, x86::run_panels_weight_only_avx512, 16, false},
-    {WeightFormat::kFP8E4M3, Isa::kAvx512Bf16, R::kFewRows, x86::run_panels_fp8_avx512bf16vbmi},
-    {WeightFormat::kFP8E4M3, Isa::kAvx512Bf16, R::kManyRows, x86::run_panels_fp8_avx512bf16vbmi, 5, true},
-    {WeightFormat::kFP8E4M3, Isa::kAmx, R::kFewRows, x86::run_panels_fp8_avx512bf16vbmi},
-    {WeightFormat::kFP8E4M3, Isa::kAmx, R::kManyRows, x86::run_panels_fp8_amx, 5, false},
+// Crossovers (docs/kernels.md): the vdpbf16ps many-row loop decodes inside its first token tile and wins from 5; AMX
+// tiles from 5. Every kernel reads bf16 values (the shared f32-FMA ones as f32).
+using L = ActivationLayout;
+constexpr IsaKernels kKernels[] = {
+    weight_only_avx2(L::kF32RoundedBf16), weight_only_avx512(L::kF32RoundedBf16),
+    {Isa::kAvx512Bf16, L::kBf16, x86::run_panels_fp8_avx512bf16vbmi, x86::run_panels_fp8_avx512bf16vbmi, 5, true},
+    {Isa::kAmx, L::kBf16, x86::run_panels_fp8_avx512bf16vbmi, x86::run_panels_fp8_amx, 5, false},
 };
 
 }  // namespace

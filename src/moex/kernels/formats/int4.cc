@@ -36,16 +36,13 @@ float packed_weight(const PackedWeights& w, int64_t panel, int lane, int64_t k) 
   return static_cast<float>(k % 2 ? byte >> 4 : byte & 15) * w.scales.as<const float>()[s] + w.offsets.as<const float>()[s];
 }
 
-// Crossovers (docs/kernels.md): the decoded-block loops from 16 rows; on AMX tiles from 3.
-using R = RowKernel;
-constexpr KernelEntry kKernels[] = {
-    {WeightFormat::kInt4, Isa::kAvx2, R::kFewRows, x86::run_panels_weight_only_avx2},
-    {WeightFormat::kInt4, Isa::kAvx512, R::kFewRows, x86::run_panels_weight_only_avx512},
-    {WeightFormat::kInt4, Isa::kAvx512, R::kManyRows, x86::run_panels_weight_only_avx512, 16, false},
-    {WeightFormat::kInt4, Isa::kAvx512Bf16, R::kFewRows, x86::run_panels_int4_avx512bf16vbmi},
-    {WeightFormat::kInt4, Isa::kAvx512Bf16, R::kManyRows, x86::run_panels_int4_avx512bf16vbmi, 16, true},
-    {WeightFormat::kInt4, Isa::kAmx, R::kFewRows, x86::run_panels_int4_avx512bf16vbmi},
-    {WeightFormat::kInt4, Isa::kAmx, R::kManyRows, x86::run_panels_int4_amx, 3, false},
+// Crossovers (docs/kernels.md): the vdpbf16ps decoded-block loop from 16 rows; on AMX tiles from 3. The AVX2 and
+// vdpbf16ps kernels fold offset * (sum of x) per K group: their layouts carry the sums.
+using L = ActivationLayout;
+constexpr IsaKernels kKernels[] = {
+    weight_only_avx2(L::kF32RoundedBf16Sums), weight_only_avx512(L::kF32RoundedBf16),
+    {Isa::kAvx512Bf16, L::kBf16Sums, x86::run_panels_int4_avx512bf16vbmi, x86::run_panels_int4_avx512bf16vbmi, 16, true},
+    {Isa::kAmx, L::kBf16Sums, x86::run_panels_int4_avx512bf16vbmi, x86::run_panels_int4_amx, 3, false},
 };
 
 }  // namespace

@@ -38,12 +38,11 @@ float packed_weight(const PackedWeights& w, int64_t panel, int lane, int64_t k) 
 
 // AVX2's and the VNNI kernel have one loop for every row count; AMX tiles from 6 rows, folded as the VNNI loop folds
 // (the same bits).
-using R = RowKernel;
-constexpr KernelEntry kKernels[] = {
-    {WeightFormat::kInt4W4A8, Isa::kAvx2, R::kFewRows, x86::run_panels_int4_w4a8_avx2},
-    {WeightFormat::kInt4W4A8, Isa::kAvx512Vnni, R::kFewRows, x86::run_panels_int4_w4a8_avx512vnni},
-    {WeightFormat::kInt4W4A8, Isa::kAmx, R::kFewRows, x86::run_panels_int4_w4a8_avx512vnni},
-    {WeightFormat::kInt4W4A8, Isa::kAmx, R::kManyRows, x86::run_panels_int4_w4a8_amx, 6, true},
+using L = ActivationLayout;
+constexpr IsaKernels kKernels[] = {
+    {Isa::kAvx2, L::kS8PerGroupSums, x86::run_panels_int4_w4a8_avx2},
+    {Isa::kAvx512Vnni, L::kS8PerGroupSumsAvx512, x86::run_panels_int4_w4a8_avx512vnni},
+    {Isa::kAmx, L::kS8PerGroupSumsAvx512, x86::run_panels_int4_w4a8_avx512vnni, x86::run_panels_int4_w4a8_amx, 6, true},
 };
 
 }  // namespace

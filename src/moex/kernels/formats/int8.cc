@@ -23,17 +23,13 @@ float packed_weight(const PackedWeights& w, int64_t panel, int lane, int64_t k) 
          w.scales.as<const float>()[panel * kPanel + lane];
 }
 
-// Crossovers (docs/kernels.md): the f32-FMA decoded-block loop from 16 rows; the s16-code VNNI loop keeps its few-row
-// loop up to 32; AMX tiles (split planes) for any row count, its many-row loop from 5.
-using R = RowKernel;
-constexpr KernelEntry kKernels[] = {
-    {WeightFormat::kInt8, Isa::kAvx2, R::kFewRows, x86::run_panels_weight_only_avx2},
-    {WeightFormat::kInt8, Isa::kAvx512, R::kFewRows, x86::run_panels_weight_only_avx512},
-    {WeightFormat::kInt8, Isa::kAvx512, R::kManyRows, x86::run_panels_weight_only_avx512, 16, false},
-    {WeightFormat::kInt8, Isa::kAvx512Vnni, R::kFewRows, x86::run_panels_int8_avx512vnni},
-    {WeightFormat::kInt8, Isa::kAvx512Vnni, R::kManyRows, x86::run_panels_int8_avx512vnni, 32, true},
-    {WeightFormat::kInt8, Isa::kAmx, R::kFewRows, x86::run_panels_int8_amx},
-    {WeightFormat::kInt8, Isa::kAmx, R::kManyRows, x86::run_panels_int8_amx, 5, false},
+// Crossovers (docs/kernels.md): the s16-code VNNI loop keeps its few-row loop up to 32; AMX tiles (split planes) for
+// any row count, its many-row loop from 5. x read as it is by the shared f32-FMA kernels.
+using L = ActivationLayout;
+constexpr IsaKernels kKernels[] = {
+    weight_only_avx2(L::kF32), weight_only_avx512(L::kF32),
+    {Isa::kAvx512Vnni, L::kS16Codes128, x86::run_panels_int8_avx512vnni, x86::run_panels_int8_avx512vnni, 32, true},
+    {Isa::kAmx, L::kBf16SplitPlanes, x86::run_panels_int8_amx, x86::run_panels_int8_amx, 5, false},
 };
 
 }  // namespace

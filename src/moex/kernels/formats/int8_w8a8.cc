@@ -36,13 +36,11 @@ float packed_weight(const PackedWeights& w, int64_t panel, int lane, int64_t k) 
 }
 
 // The VNNI GEMM from 12 rows; on AMX tiles from 4 (docs/kernels.md "Crossovers"). Integer sums: every loop the same bits.
-using R = RowKernel;
-constexpr KernelEntry kKernels[] = {
-    {WeightFormat::kInt8W8A8, Isa::kAvx2, R::kFewRows, x86::run_panels_w8a8_avx2},
-    {WeightFormat::kInt8W8A8, Isa::kAvx512Vnni, R::kFewRows, x86::run_panels_w8a8_avx512vnni},
-    {WeightFormat::kInt8W8A8, Isa::kAvx512Vnni, R::kManyRows, x86::run_panels_w8a8_many_avx512vnni, 12, true},
-    {WeightFormat::kInt8W8A8, Isa::kAmx, R::kFewRows, x86::run_panels_w8a8_avx512vnni},
-    {WeightFormat::kInt8W8A8, Isa::kAmx, R::kManyRows, x86::run_panels_w8a8_amx, 4, true},
+using L = ActivationLayout;
+constexpr IsaKernels kKernels[] = {
+    {Isa::kAvx2, L::kS8PerToken, x86::run_panels_w8a8_avx2},
+    {Isa::kAvx512Vnni, L::kU8PerToken, x86::run_panels_w8a8_avx512vnni, x86::run_panels_w8a8_many_avx512vnni, 12, true},
+    {Isa::kAmx, L::kU8PerToken, x86::run_panels_w8a8_avx512vnni, x86::run_panels_w8a8_amx, 4, true},
 };
 
 }  // namespace
