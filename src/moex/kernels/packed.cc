@@ -777,12 +777,12 @@ void fused_experts(const ExpertRows* experts, int count, float* out, int64_t out
   const int64_t down_chunk = std::max<int64_t>(1, w2.panels / (threads * 4));
   const int64_t down_items = (w2.panels + down_chunk - 1) / down_chunk;
   const int64_t hidden = w13.cols, inter = w13.rows;
-  // Expert-major walk (MOEX_FUSED_WALK=experts): each work item is one whole expert, gate/up over all its w13 panels, its h rows converted
-  // for w2, down over all its w2 panels into the scratch y (kStore: h w2^T, no route weight yet); after the one
-  // barrier, every thread adds its column range of y into `out` expert by expert, row by row, with the
-  // epilogue's own fma (routed_accumulate_avx512), so each element of `out` gets the same sums in the same order
-  // as from the panel walk below (tested: FusedExpertsEqualTheExpertByExpertKernels). What it buys over the panel
-  // walk: every thread streams whole matrices (an expert's w13, then its w2: 3-6 MB on the Qwen3 geometry)
+  // Expert-major walk (MOEX_FUSED_WALK=experts): each work item is one whole expert, gate/up over all its w13
+  // panels, its h rows converted for w2, down over all its w2 panels into the scratch y (kStore: h w2^T, no route
+  // weight yet); after the one barrier, every thread adds its column range of y into `out` expert by expert, row
+  // by row, with the epilogue's own fma (routed_accumulate_avx512), so each element of `out` gets the same sums in
+  // the same order as from the panel walk below (tested: FusedExpertsEqualTheExpertByExpertKernels). What it buys
+  // over the panel walk: every thread streams whole matrices (an expert's w13, then its w2: 3-6 MB on the Qwen3 geometry)
   // instead of ~80 runs of a few w2 panels per down item, and the region has one barrier instead of two or three
   // (x, h conversions and gate/up -> down). Only where every expert runs an AVX-512 few-row loop, whose routed
   // epilogue is that fma (the AVX2 and scalar ones round a product and a sum).
