@@ -109,6 +109,19 @@ PackedWeights clone(const PackedWeights& p) {
   return c;
 }
 
+// Moves the packed matrices into one 2 MB-aligned WeightArena, back to back, as the model's load does with a
+// layer's experts (model/weights.cc): on huge pages. A matrix below 4 MB keeps its own 4 KB pages otherwise (the
+// Qwen3-30B-A3B geometry's experts: 1.5-6 MB), where the hardware prefetchers stop at every page and one thread
+// streamed ~55% of the read probe.
+void onto_huge_pages(const std::vector<PackedWeights*>& ws) {
+  size_t total = 0;
+  for (const PackedWeights* w : ws) total += WeightArena::bytes_for(*w);
+  if (total == 0) return;
+  WeightArena arena;  // its slices keep the memory alive
+  arena.reserve(total);
+  for (PackedWeights* w : ws) MOEX_CHECK(arena.adopt(*w), "onto_huge_pages: the arena is too small");
+}
+
 }  // namespace
 
 FormatSpec parse_format_spec(const std::string& name) {
@@ -164,33 +177,59 @@ double compute_peak(const KernelBenchReport& report, WeightFormat format, int64_
   }
 }
 
-// A whole MoE layer's expert stage: kMoEExperts experts, token t routed to experts t % E and (t + 3) % E (at
-// T = 1: two experts, one row each), through fused_experts (one parallel region) or expert by expert
-// (expert_gate_up + expert_down_accumulate per expert: two regions each). Bytes: the experts with rows. Like the
-// single-matrix rows, calls cycle over copies of the experts (--roofline-mb in all): mini's 8 experts are 176 MB,
-// which a large L3 (480 MB on the AMX Xeon) would otherwise serve from cache on every call.
-constexpr int kMoEExperts = 8;
+// The experts token t is routed to, `top_k` of `experts`: with 8 experts top-2 (mini's, Mixtral's) experts t % 8
+// and (t + 3) % 8 (at T = 1: two experts, one row each); otherwise (Qwen3-30B-A3B's 128 top-8) k distinct experts
+// drawn uniformly from a generator seeded by t, so batch 16 spreads ~128 rows over ~80 experts as a real router
+// does, not over a few neighbours.
+std::vector<int> route_token(int64_t t, int experts, int top_k) {
+  std::vector<int> chosen;
+  if (experts == 8 && top_k == 2) return {static_cast<int>(t % 8), static_cast<int>((t + 3) % 8)};
+  std::mt19937 rng(static_cast<uint32_t>(1000 + t));
+  std::vector<int> all(experts);
+  for (int e = 0; e < experts; ++e) all[e] = e;
+  for (int j = 0; j < top_k; ++j) {  // a partial Fisher-Yates shuffle
+    std::uniform_int_distribution<int> pick(j, experts - 1);
+    std::swap(all[j], all[pick(rng)]);
+    chosen.push_back(all[j]);
+  }
+  return chosen;
+}
+
+// A whole MoE layer's expert stage: o.experts experts, each token routed to o.top_k of them (route_token),
+// through fused_experts (one parallel region) or expert by expert (expert_gate_up + expert_down_accumulate per
+// expert: two regions each). Only the experts some call routes to are generated. Bytes: the experts with rows.
+// Like the single-matrix rows, calls cycle over copies of the experts (--roofline-mb in all): mini's 8 experts are
+// 176 MB, which a large L3 (480 MB on the AMX Xeon) would otherwise serve from cache on every call.
 void bench_moe(const KernelBenchOptions& o, const FormatSpec& spec, const std::string& format_name, bool fused,
                KernelBenchReport& report, const std::vector<float>& x_source) {
   const int64_t H = o.hidden, I = o.intermediate;
-  std::vector<PackedWeights> w13, w2;
-  for (int e = 0; e < kMoEExperts; ++e) {
-    w13.push_back(pack_gate_up(make_weights(spec, I, H, 10 + e), make_weights(spec, I, H, 20 + e)));
-    w2.push_back(pack(make_weights(spec, H, I, 30 + e)));
+  const int E = o.experts;
+  MOEX_CHECK_INPUT(o.experts >= 1 && o.top_k >= 1 && o.top_k <= o.experts, "moe: need 1 <= top-k <= experts");
+  std::vector<bool> used(E, false);
+  for (int64_t T : o.tokens)
+    for (int64_t t = 0; t < T; ++t)
+      for (int e : route_token(t, o.experts, o.top_k)) used[e] = true;
+  std::vector<PackedWeights> w13(E), w2(E);
+  for (int e = 0; e < E; ++e) {
+    if (!used[e]) continue;
+    w13[e] = pack_gate_up(make_weights(spec, I, H, 10 + e), make_weights(spec, I, H, 20 + e));
+    w2[e] = pack(make_weights(spec, H, I, 30 + e));
   }
+  std::vector<PackedWeights*> all;
+  for (int e = 0; e < E; ++e)
+    if (used[e]) all.insert(all.end(), {&w13[e], &w2[e]});
+  onto_huge_pages(all);
   for (int64_t T : o.tokens) {
     // Plan: rows grouped by expert, each row's token; x rows gathered.
-    std::vector<std::vector<int32_t>> tokens_of(kMoEExperts);
-    for (int64_t t = 0; t < T; ++t) {
-      tokens_of[t % kMoEExperts].push_back(static_cast<int32_t>(t));
-      tokens_of[(t + 3) % kMoEExperts].push_back(static_cast<int32_t>(t));
-    }
-    const int64_t rows = 2 * T;
+    std::vector<std::vector<int32_t>> tokens_of(E);
+    for (int64_t t = 0; t < T; ++t)
+      for (int e : route_token(t, o.experts, o.top_k)) tokens_of[e].push_back(static_cast<int32_t>(t));
+    const int64_t rows = o.top_k * T;
     std::vector<float> x(rows * H), h(rows * I), out(T * H), route(rows);  // [rows, H], [rows, I], [T, H]
     std::vector<int32_t> out_rows(rows);
-    std::vector<ExpertRows> first(kMoEExperts);
+    std::vector<ExpertRows> first(E);
     double bytes = 0;
-    for (int e = 0, row = 0; e < kMoEExperts; ++e) {
+    for (int e = 0, row = 0; e < E; ++e) {
       const int64_t n = static_cast<int64_t>(tokens_of[e].size());
       for (int64_t r = 0; r < n; ++r) {
         for (int64_t i = 0; i < H; ++i) x[(row + r) * H + i] = x_source[(tokens_of[e][r] * H + i) % x_source.size()];
@@ -201,32 +240,36 @@ void bench_moe(const KernelBenchOptions& o, const FormatSpec& spec, const std::s
       if (n > 0) bytes += static_cast<double>(w13[e].weight_bytes() + w2[e].weight_bytes());
       row += static_cast<int>(n);
     }
-    // Copies of the experts with rows, --roofline-mb of them in all: args [copy * kMoEExperts + e].
+    // Copies of the experts with rows, --roofline-mb of them in all: args [copy * E + e].
     const int64_t copies = std::max<int64_t>(1, static_cast<int64_t>(std::ceil(double(o.cycle_mb << 20) / bytes)));
     std::vector<PackedWeights> copy13, copy2;
-    copy13.reserve((copies - 1) * kMoEExperts);
-    copy2.reserve((copies - 1) * kMoEExperts);
+    copy13.reserve((copies - 1) * E);
+    copy2.reserve((copies - 1) * E);
     std::vector<ExpertRows> args(first);
-    for (int64_t c = 1; c < copies; ++c)
-      for (int e = 0; e < kMoEExperts; ++e) {
+    std::vector<PackedWeights*> copy;  // every copy in one arena (a small layer has thousands of copies)
+    for (int64_t c = 1; c < copies; ++c) {
+      for (int e = 0; e < E; ++e) {
         ExpertRows a = first[e];
         if (a.rows > 0) {
           copy13.push_back(clone(w13[e]));
           copy2.push_back(clone(w2[e]));
           a.w13 = &copy13.back();
           a.w2 = &copy2.back();
+          copy.insert(copy.end(), {&copy13.back(), &copy2.back()});
         }
         args.push_back(a);
       }
+    }
+    onto_huge_pages(copy);
     int64_t next = 0;
     const double seconds = median_call_seconds(o.repeats, o.sample_ms, o.cpu_clock, [&] {
-      const ExpertRows* set = args.data() + next * kMoEExperts;
+      const ExpertRows* set = args.data() + next * E;
       next = (next + 1) % copies;
       if (fused) {
-        fused_experts(set, kMoEExperts, out.data(), H);
+        fused_experts(set, E, out.data(), H);
         return;
       }
-      for (int e = 0; e < kMoEExperts; ++e) {
+      for (int e = 0; e < E; ++e) {
         const ExpertRows& a = set[e];
         if (a.rows == 0) continue;
         expert_gate_up(a.x, a.rows, *a.w13, a.h);
@@ -236,7 +279,10 @@ void bench_moe(const KernelBenchOptions& o, const FormatSpec& spec, const std::s
     KernelBenchRow r;
     r.kernel = fused ? "moe" : "moe_unfused";
     r.format = format_name;
-    const int64_t per_expert = std::max<int64_t>(1, rows / kMoEExperts);  // (T = 1: two experts of one row)
+    int64_t with_rows = 0;
+    for (int e = 0; e < E; ++e) with_rows += !tokens_of[e].empty();
+    // The mean rows of an expert with rows.
+    const int64_t per_expert = std::max<int64_t>(1, rows / std::max<int64_t>(with_rows, 1));
     r.isa = std::string(isa_name(row_isa(spec.format, per_expert)));
     r.tokens = T;
     r.rows = I;
@@ -405,6 +451,9 @@ KernelBenchReport bench_kernels(const KernelBenchOptions& o) {
       std::vector<PackedWeights> cycle;
       cycle.push_back(clone(packed));
       for (int64_t c = 1; c < copies; ++c) cycle.push_back(clone(packed));
+      std::vector<PackedWeights*> all;  // every copy in one arena (a small matrix has thousands of copies)
+      for (PackedWeights& w : cycle) all.push_back(&w);
+      onto_huge_pages(all);
       for (int64_t T : o.tokens) {
         int64_t next = 0;
         const double seconds = median_call_seconds(o.repeats, o.sample_ms, o.cpu_clock, [&] {

@@ -16,6 +16,7 @@ struct KernelBenchOptions {
   std::vector<int64_t> tokens = {1, 64, 512};  // tokens routed to the expert per call
   std::vector<std::string> formats = {"bf16", "int8", "int8-w8a8", "int4-g128", "int4-g128-asym", "int4-w4a8-g128", "fp8-e4m3"};
   std::vector<std::string> kernels = {"w1", "gate_up", "down"};
+  int experts = 8, top_k = 2;                 // moe, moe_unfused: the layer's experts and experts per token
   int repeats = 5;
   double sample_ms = 20;          // calls per sample: enough to last this long
   size_t roofline_mb = 1024;      // read-bandwidth probe buffer

@@ -2,8 +2,10 @@
 // of N tokens in one forward call), tg<N> (N decode steps of one sequence) and decode at batch B (B sequences,
 // one token each per step), each against its roofline from probes run in the same process just before the
 // format's rows: read bandwidth for the bytes a step reads (each format's own bytes, scales included), the
-// peak of the best dot-product instruction for the FLOPs (vpdpbusd for int8-w8a8, vdpbf16ps otherwise), and
-// for a step the slower of the two: roofline time = max(bytes / read, FLOPs / peak). The tg and decode bB
+// peak of the dot-product instruction each part's FLOPs run on (the experts' on their format's: vpdpbusd for
+// int8-w8a8 / int4-w4a8, vdpbf16ps otherwise; the rest, attention projections, attention and lm_head, on the
+// --dense-weights format's), and for a step the slower of the two: roofline time = max(bytes / read, expert
+// FLOPs / expert peak + other FLOPs / dense peak). The tg and decode bB
 // rows' read term is the replay probe's time instead (docs/kernels.md): the weight ranges each step of the
 // measured run read, streamed again in the same order over the same steps, so a cache that holds part of them
 // serves the probe as it served the model, and the bytes are read from the pages the kernels read them from.
@@ -70,6 +72,11 @@ Probes measure_probes(const E2EFlags& f) {
   return p;
 }
 
+// The experts' share of flops_per_token: k experts' three matrices per layer.
+double expert_flops_per_token(const ModelConfig& c) {
+  return 2.0 * c.num_hidden_layers * c.num_experts_per_tok * 3.0 * c.hidden_size * c.intermediate_size;
+}
+
 // FLOPs of one token through the model: 2 per weight it multiplies (attention projections, router, k
 // experts, lm_head when its logits are wanted) plus attention over `context` cached positions.
 double flops_per_token(const ModelConfig& c, double context, bool logits) {
@@ -87,7 +94,9 @@ struct E2eRow {
   int batch = 1, tokens = 0;   // tokens per timed unit (pp: the prompt; decode: per step)
   double seconds = 0;          // per unit (pp: the prompt; tg / decode: one step)
   double bytes = 0, flops = 0; // per unit
-  double peak = 0;             // FLOP/s of the instruction the roofline uses
+  double expert_flops = 0;     // per unit: the part of `flops` the experts compute
+  double peak = 0;             // FLOP/s of the instruction the experts' kernels sum with
+  double dense_peak = 0;       // FLOP/s of the dense layers' (--dense-weights) instruction, for the other FLOPs
   Probes probes;
   double replay_seconds = 0;   // per unit: the replay probe over the run's own reads (tg, decode rows; 0: none)
   double read_before = 0, read_after = 0;  // the read probe before and after the format's rows (bytes/s)
@@ -96,10 +105,13 @@ struct E2eRow {
   double tokens_per_s() const { return tokens / seconds; }
   // The read term: the replay probe's time where it ran, else bytes over the DRAM probe.
   double read_seconds() const { return replay_seconds > 0 ? replay_seconds : bytes / probes.read_bytes_per_s; }
-  double roof_seconds() const { return std::max(read_seconds(), flops / peak); }
-  double dram_roof_seconds() const { return std::max(bytes / probes.read_bytes_per_s, flops / peak); }
+  // Each part's FLOPs at its own instruction's peak: W8A8 experts beside bf16 dense layers cannot run all of
+  // their FLOPs at vpdpbusd's rate.
+  double compute_seconds() const { return expert_flops / peak + (flops - expert_flops) / dense_peak; }
+  double roof_seconds() const { return std::max(read_seconds(), compute_seconds()); }
+  double dram_roof_seconds() const { return std::max(bytes / probes.read_bytes_per_s, compute_seconds()); }
   const char* bound() const {
-    if (read_seconds() < flops / peak) return "compute";
+    if (read_seconds() < compute_seconds()) return "compute";
     return replay_seconds > 0 ? "replay" : "read";
   }
 };
@@ -145,11 +157,23 @@ std::vector<E2eRow> bench_format(const E2EFlags& f, const std::string& weights) 
   const Probes probes = measure_probes(f);
   // The best instruction the CPU has: AMX tiles, else the AVX-512 dot products. A CPU without them (AVX2 only, or
   // AVX-512 without BF16) is bounded by f32 FMAs, or for the int8 activations by vpmaddubsw (AVX2 without VNNI).
+  const auto peak_of = [&](const ExpertWeightFormat& format) {
+    const bool int8_activations =
+        format.format == kernels::WeightFormat::kInt8W8A8 || format.format == kernels::WeightFormat::kInt4W4A8;
+    double p = int8_activations ? std::max(probes.amx_int8_ops, probes.vnni_ops)
+                                : std::max(probes.amx_bf16_flops, probes.bf16_flops);
+    if (p <= 0 && int8_activations) p = probes.maddubs_ops;
+    if (p <= 0) p = probes.fma_flops;
+    return p;
+  };
+  // The experts' instruction (as stored: vdpbf16ps's, the best the CPU has for bf16).
   const bool int8_activations = weights == "int8-w8a8" || weights == "int4-w4a8";
   double peak = int8_activations ? std::max(probes.amx_int8_ops, probes.vnni_ops)
                                  : std::max(probes.amx_bf16_flops, probes.bf16_flops);
   if (peak <= 0 && int8_activations) peak = probes.maddubs_ops;
   if (peak <= 0) peak = probes.fma_flops;
+  // The dense layers' (as stored, the exact path on f32 FMAs, at the experts' peak as before: a stricter bound).
+  const double dense_peak = model->options().dense_weights.packed ? peak_of(model->options().dense_weights) : peak;
   // Dense bytes per token: everything but the experts (attention, router, norms, lm_head, one embedding row).
   const double dense_bytes = static_cast<double>(model->weight_bytes_per_token()) - expert_bytes_per_token(*model);
   const TimingOptions timing{.repeats = f.repeats, .cpu_clock = f.cpu_clock};
@@ -163,7 +187,7 @@ std::vector<E2eRow> bench_format(const E2EFlags& f, const std::string& weights) 
   };
   std::vector<E2eRow> rows;
   const auto add = [&](const std::string& test, int batch, int units_tokens, double seconds, double bytes,
-                       double flops) {
+                       double flops, double expert_flops) {
     E2eRow r;
     r.weights = name;
     r.dense = model->options().dense_weights.name();
@@ -173,6 +197,8 @@ std::vector<E2eRow> bench_format(const E2EFlags& f, const std::string& weights) 
     r.seconds = seconds;
     r.bytes = bytes;
     r.flops = flops;
+    r.expert_flops = expert_flops;
+    r.dense_peak = dense_peak;
     r.peak = peak;
     r.probes = probes;
     r.geometry = "hidden " + std::to_string(c.hidden_size) + ", intermediate " + std::to_string(c.intermediate_size) +
@@ -185,7 +211,8 @@ std::vector<E2eRow> bench_format(const E2EFlags& f, const std::string& weights) 
     const double seconds = measure_median(timing, [&] { run(1, n, 1); }).seconds;
     // Every expert a token chose is read once; attention over n / 2 positions on average; one lm_head row.
     const double flops = n * flops_per_token(c, (n - 1) / 2.0, false) + 2.0 * c.vocab_size * c.hidden_size;
-    add("pp" + std::to_string(n), 1, n, seconds, dense_bytes + expert_bytes_read(*model), flops);
+    add("pp" + std::to_string(n), 1, n, seconds, dense_bytes + expert_bytes_read(*model), flops,
+        n * expert_flops_per_token(c));
   }
   if (f.generate_tokens > 0) {  // a 1-token prompt, then n - 1 decode steps: n calls of one token
     const int n = f.generate_tokens;
@@ -201,7 +228,8 @@ std::vector<E2eRow> bench_format(const E2EFlags& f, const std::string& weights) 
     const double seconds = measure_median(timing, [&] { run(1, 1, n); }).seconds / n;
     volatile float sink = 0.0f;
     const double replay = measure_median(timing, [&] { sink = sink + kernels::stream_read_steps(recorder.steps()).checksum; }).seconds / n;
-    add("tg" + std::to_string(n), 1, 1, seconds, recorder.mean_step_bytes(), flops_per_token(c, (n - 1) / 2.0, true));
+    add("tg" + std::to_string(n), 1, 1, seconds, recorder.mean_step_bytes(), flops_per_token(c, (n - 1) / 2.0, true),
+        expert_flops_per_token(c));
     rows.back().replay_seconds = replay;
     rows.back().repeats = repeat_stats(recorder.steps());
   }
@@ -237,7 +265,7 @@ std::vector<E2eRow> bench_format(const E2EFlags& f, const std::string& weights) 
     const double seconds = std::max(decode_seconds, 1e-9) / n;
     // The last call was a decode step of the batch: its distinct experts per layer are what a step reads.
     add("decode b" + std::to_string(batch), batch, batch, seconds, dense_bytes + expert_bytes_read(*model),
-        batch * flops_per_token(c, n / 2.0, true));
+        batch * flops_per_token(c, n / 2.0, true), batch * expert_flops_per_token(c));
     if (!recorder.steps().empty()) {
       if (replay_samples.size() > 1) replay_samples.erase(replay_samples.begin());  // the warm-up's, as the rows'
       std::sort(replay_samples.begin(), replay_samples.end());
@@ -318,7 +346,8 @@ void run_e2e(E2EFlags& f) {
                             {"pct_dram_roofline", 100.0 * r.dram_roof_seconds() / r.seconds},
                             {"bytes", r.bytes}, {"flops", r.flops}, {"read_gb_per_s", r.probes.read_bytes_per_s / 1e9},
                             {"read_before_gb_per_s", r.read_before / 1e9}, {"read_after_gb_per_s", r.read_after / 1e9},
-                            {"peak_gflops", r.peak / 1e9}, {"vdpbf16ps_gflops", r.probes.bf16_flops / 1e9},
+                            {"peak_gflops", r.peak / 1e9}, {"dense_peak_gflops", r.dense_peak / 1e9},
+                            {"expert_flops", r.expert_flops}, {"vdpbf16ps_gflops", r.probes.bf16_flops / 1e9},
                             {"vpdpbusd_gops", r.probes.vnni_ops / 1e9}, {"amx_bf16_gflops", r.probes.amx_bf16_flops / 1e9},
                             {"amx_int8_gops", r.probes.amx_int8_ops / 1e9}};
       if (r.replay_seconds > 0) {
@@ -348,7 +377,7 @@ void run_e2e(E2EFlags& f) {
       std::printf("PROBE TOO LOW: %s %s at %.1f%% of its roofline (%s)\n", r.weights.c_str(), r.test.c_str(),
                   100.0 * r.roof_seconds() / r.seconds, r.bound());
   std::printf("%d threads%s, median of %d runs after a warm-up. ms: per prompt (pp) or per step. roof: max(read time, "
-              "FLOPs / peak), the peak AMX tdpbusd's or else vpdpbusd's for int8-w8a8 / int4-w4a8 (vpmaddubsw's without VNNI), AMX tdpbf16ps's or else vdpbf16ps's otherwise (vfmadd's on a CPU without them); the read time is the replay "
+              "FLOPs / peak), each part's FLOPs at its own instruction's peak (the experts' at their format's, the rest at the dense layers' format's): AMX tdpbusd's or else vpdpbusd's for int8-w8a8 / int4-w4a8 (vpmaddubsw's without VNNI), AMX tdpbf16ps's or else vdpbf16ps's otherwise (vfmadd's on a CPU without them); the read time is the replay "
               "probe's (tg, decode bB: the run's own weight reads streamed again, same order, same steps) or bytes / DRAM probe; "
               "%%roof = roof time / time; %%dram: the same with bytes / DRAM probe.\n",
               num_threads(), f.cpu_clock ? " (CPU clock)" : "", f.repeats);
@@ -358,9 +387,9 @@ void setup_e2e_bench(CLI::App& bench) {
   auto f = std::make_shared<E2EFlags>();
   auto* cmd = bench.add_subcommand("e2e", "pp / tg / batched decode of the whole model per weight format, "
                                           "against read and dot-product rooflines measured in the same run");
-  // Every command's defaults (model_flags.h): `--dense-weights experts` runs the dense layers in each row's
-  // expert format (int8-w8a8's through vpdpbusd too); `--dense-weights as-stored --kv-cache-dtype f32` is the
-  // exact path.
+  // Every command's defaults (model_flags.h): `--dense-weights auto` (bf16 dense layers for a bf16 checkpoint);
+  // `--dense-weights experts` runs them in each row's expert format (int8-w8a8's through vpdpbusd too);
+  // `--dense-weights as-stored --kv-cache-dtype f32` is the exact path.
   f->model.add_to(cmd);
   cmd->remove_option(cmd->get_option("--weights"));  // a list here
   f->model.weights_option = nullptr;

@@ -18,6 +18,7 @@ namespace {
 struct KernelsFlags {
   std::string preset = "mini";
   int hidden = 0, intermediate = 0;
+  int experts = 0, top_k = 0;  // moe rows; 0: the preset's
   // The defaults are kernels::KernelBenchOptions'.
   std::vector<int64_t> tokens = ::moex::kernels::KernelBenchOptions{}.tokens;
   std::vector<std::string> formats = ::moex::kernels::KernelBenchOptions{}.formats;
@@ -36,6 +37,8 @@ void run_kernels(const KernelsFlags& f) {
   kernels::KernelBenchOptions o;
   o.hidden = f.hidden > 0 ? f.hidden : preset.hidden_size;
   o.intermediate = f.intermediate > 0 ? f.intermediate : preset.intermediate_size;
+  o.experts = f.experts > 0 ? f.experts : preset.num_local_experts;
+  o.top_k = f.top_k > 0 ? f.top_k : preset.num_experts_per_tok;
   o.tokens = f.tokens;
   o.formats = f.formats;
   o.kernels = f.kernels;
@@ -70,10 +73,10 @@ void run_kernels(const KernelsFlags& f) {
                             .c_str());
     return;
   }
-  std::printf("kernels: expert hidden %lld, intermediate %lld, %d threads; probes: read %.1f GB/s, "
+  std::printf("kernels: expert hidden %lld, intermediate %lld (moe: %d experts top-%d), %d threads; probes: read %.1f GB/s, "
               "vdpbf16ps %.0f GFLOPS, vpdpbusd %.0f GOPS, vpmaddubsw %.0f GOPS, vfmadd231ps %.0f GFLOPS, "
               "AMX tdpbf16ps %.0f GFLOPS, tdpbusd %.0f GOPS\n",
-              static_cast<long long>(o.hidden), static_cast<long long>(o.intermediate), r.threads,
+              static_cast<long long>(o.hidden), static_cast<long long>(o.intermediate), o.experts, o.top_k, r.threads,
               r.read_bytes_per_s / 1e9, r.bf16_peak.per_second / 1e9, r.vnni_peak.per_second / 1e9,
               r.maddubs_peak.per_second / 1e9, r.fma_peak.per_second / 1e9, r.amx_bf16_peak.per_second / 1e9,
               r.amx_int8_peak.per_second / 1e9);
@@ -104,9 +107,11 @@ void setup_kernels_bench(CLI::App& bench) {
   cmd->add_option("--preset", flags->preset, "Expert shapes of a gen-model preset (mini, mixtral-8x7b, ...)")->capture_default_str();
   cmd->add_option("--hidden", flags->hidden, "Override the hidden size");
   cmd->add_option("--intermediate", flags->intermediate, "Override the intermediate size");
+  cmd->add_option("--experts", flags->experts, "moe rows: override the preset's experts per layer")->check(CLI::Range(1, 1024));
+  cmd->add_option("--top-k", flags->top_k, "moe rows: override the preset's experts per token")->check(CLI::Range(1, 1024));
   add_list_flag(cmd, "--tokens", flags->tokens, "Tokens per call")->check(whole_number_in(1, INT32_MAX));
   add_list_flag(cmd, "--formats", flags->formats, "Weight formats");
-  add_list_flag(cmd, "--kernels", flags->kernels, "w1, gate_up, down; moe, moe_unfused: 8 experts, top-2 routing, fused_experts against the expert-by-expert calls; attention, attention_portable: causal paged attention of a T-token prompt (bf16 KV), this CPU's vector tile against the portable one; attention_decode, attention_decode_portable: 16 sequences, one query each over a T-position context; dense: the as-stored bf16 matmul (attention projections, lm_head) on w1's shape, f32 activations");
+  add_list_flag(cmd, "--kernels", flags->kernels, "w1, gate_up, down; moe, moe_unfused: a layer's experts (the preset's count and top-k, or --experts / --top-k), fused_experts against the expert-by-expert calls; attention, attention_portable: causal paged attention of a T-token prompt (bf16 KV), this CPU's vector tile against the portable one; attention_decode, attention_decode_portable: 16 sequences, one query each over a T-position context; dense: the as-stored bf16 matmul (attention projections, lm_head) on w1's shape, f32 activations");
   cmd->add_option("--repeats", flags->repeats, "Samples per cell (median reported)")->capture_default_str();
   cmd->add_option("--roofline-mb", flags->roofline_mb, "Read-probe buffer size")->capture_default_str();
   cmd->add_option("--cycle-mb", flags->cycle_mb,
