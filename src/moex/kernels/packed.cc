@@ -809,16 +809,16 @@ void fused_experts(const ExpertRows* experts, int count, float* out, int64_t out
       for (int64_t i = 0; i < n_items; ++i) {
         const int e = plan.order[i];
         const ExpertRows& x = experts[e];
-        const Isa ei = plan.expert_regime[e].isa;
+        const ActivationLayout layout = plan.expert_regime[e].activations;
         const int64_t row0 = plan.first_row[e];
         if (!x_before)
-          for (int64_t r = 0; r < x.rows; ++r) plan.up.convert(ei, w13, x.x + r * hidden, row0 + r);
+          for (int64_t r = 0; r < x.rows; ++r) plan.up.convert(layout, w13, x.x + r * hidden, row0 + r);
         x86::PanelJob up = job_for(*x.w13, plan.up, x.x, e);
         up.epilogue.kind = x86::Epilogue::kSiluMul;
         up.epilogue.y = x.h;
         up.epilogue.ld_y = inter;
         plan.expert_regime[e].run(up, 0, x.w13->panels);
-        for (int64_t r = 0; r < x.rows; ++r) plan.down.convert(ei, w2, x.h + r * inter, row0 + r);
+        for (int64_t r = 0; r < x.rows; ++r) plan.down.convert(layout, w2, x.h + r * inter, row0 + r);
         x86::PanelJob down = job_for(*x.w2, plan.down, x.h, e);
         down.epilogue.kind = x86::Epilogue::kStore;
         down.epilogue.y = plan.y.data() + row0 * d;
