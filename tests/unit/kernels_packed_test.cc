@@ -579,20 +579,15 @@ TEST_P(PackedMatmulTest, GroupEqualsSeparateCalls) {
 // against the scalar reference. Experts with 0, 1, a few and prefill-many rows, tokens shared between
 // experts (their outputs add into the same rows), a ragged I. Decode-shaped passes too (one token on 2 of 4
 // experts, on 8 of 12): up to kSerialConvertRows rows the x rows are converted before the parallel region.
-// Many small experts (30 of 40 with 1-3 rows, as Qwen3's batch 16): also under MOEX_FUSED_WALK=experts, the
-// expert-major walk (whole experts per item, products added into `out` after the barrier), on both thread counts.
+// Many small experts too (30 of 40 with 1-3 rows, as Qwen3's batch 16).
 void check_fused_experts(const FormatCase& f, const std::vector<int64_t>& rows_per_expert);
 TEST_P(PackedMatmulTest, FusedExpertsEqualTheExpertByExpertKernels) {
   std::vector<int64_t> many(40);
   for (int e = 0; e < 40; ++e) many[e] = (e * 5) % 4;
   for (const std::vector<int64_t>& rows : {std::vector<int64_t>{3, 0, 1, 19, 2}, std::vector<int64_t>{1, 0, 0, 1},
                                            std::vector<int64_t>{1, 1, 0, 1, 1, 0, 1, 1, 0, 1, 0, 1}, many}) {
-    for (const char* walk : {"panels", "experts"}) {
-      SCOPED_TRACE(::testing::Message() << rows.size() << " experts, MOEX_FUSED_WALK=" << walk);
-      setenv("MOEX_FUSED_WALK", walk, 1);
-      check_fused_experts(GetParam(), rows);
-    }
-    unsetenv("MOEX_FUSED_WALK");
+    SCOPED_TRACE(::testing::Message() << rows.size() << " experts");
+    check_fused_experts(GetParam(), rows);
   }
 }
 

@@ -654,8 +654,6 @@ struct FusedPlan {
     int64_t begin, end;  // w13 panels
   };
   std::vector<Item> up_items;
-  std::vector<int32_t> order;  // expert-major walk: the experts with rows, most rows first
-  std::vector<float> y;        // expert-major walk: [R][d] each row's h w2^T, before its route weight
 };
 thread_local FusedPlan g_fused;
 
@@ -665,20 +663,6 @@ constexpr int64_t kStreamRows = 12;
 // Up to this many rows (decode: k per token, a few tokens) the x rows are converted on the calling thread
 // before the parallel region: a few microseconds, against one barrier that waits for every thread.
 constexpr int64_t kSerialConvertRows = 16;
-// Under MOEX_FUSED_WALK=experts, from this many experts with rows per thread, all on the few-row loops (decode
-// over many small experts: Qwen3-30B-A3B's batch 16 puts ~128 rows on ~80 of 128 experts), the pass walks whole
-// experts (see fused_experts); below it (Mixtral's 8 experts, any prefill) it splits experts into panel runs.
-constexpr int kExpertMajorPerThread = 8;
-
-// MOEX_FUSED_WALK: `experts` lets fused_experts walk whole experts where it may (above); unset or `panels`: the
-// panel walk everywhere, the default until a quiet two-thread A/B says otherwise (docs/kernels.md, "The fused MoE
-// pass"). Read on every call (one getenv per MoE layer), so a test or a benchmark can switch it between calls.
-bool expert_walk_requested() {
-  const char* v = std::getenv("MOEX_FUSED_WALK");
-  if (!v || !*v || std::string_view(v) == "panels") return false;
-  MOEX_CHECK_INPUT(std::string_view(v) == "experts", "MOEX_FUSED_WALK must be panels or experts, not '", v, "'");
-  return true;
-}
 
 }  // namespace
 
@@ -757,25 +741,6 @@ void fused_experts(const ExpertRows* experts, int count, float* out, int64_t out
   const int64_t down_chunk = std::max<int64_t>(1, w2.panels / (threads * 4));
   const int64_t down_items = (w2.panels + down_chunk - 1) / down_chunk;
   const int64_t hidden = w13.cols, inter = w13.rows;
-  // Expert-major walk (MOEX_FUSED_WALK=experts): each work item is one whole expert, gate/up over all its w13
-  // panels, its h rows converted for w2, down over all its w2 panels into the scratch y (kStore: h w2^T, no route
-  // weight yet); after the one barrier, every thread adds its column range of y into `out` expert by expert, row
-  // by row, with the epilogue's own fma (routed_accumulate_avx512), so each element of `out` gets the same sums in
-  // the same order as from the panel walk below (tested: FusedExpertsEqualTheExpertByExpertKernels). What it buys
-  // over the panel walk: every thread streams whole matrices (an expert's w13, then its w2: 3-6 MB on the Qwen3 geometry)
-  // instead of ~80 runs of a few w2 panels per down item, and the region has one barrier instead of two or three
-  // (x, h conversions and gate/up -> down). Only where every expert runs an AVX-512 few-row loop, whose routed
-  // epilogue is that fma (the AVX2 and scalar ones round a product and a sum).
-  int active = 0;
-  bool expert_major = expert_walk_requested();
-  for (int e = 0; e < count; ++e) {
-    if (experts[e].rows == 0) continue;
-    ++active;
-    const Isa ei = plan.expert_regime[e].isa;
-    expert_major = expert_major && !plan.expert_regime[e].many_rows &&
-                   (ei == Isa::kAvx512 || ei == Isa::kAvx512Bf16 || ei == Isa::kAvx512Vnni);
-  }
-  expert_major = expert_major && active >= kExpertMajorPerThread * threads;
   const auto job_for = [&](const PackedWeights& w, const Activations& act, const float* x, int e) {
     x86::PanelJob job;
     job.tokens = experts[e].rows;
@@ -793,48 +758,6 @@ void fused_experts(const ExpertRows* experts, int count, float* out, int64_t out
       const int e = plan.row_expert[r];
       plan.up.convert(plan.expert_regime[e].activations, w13, experts[e].x + (r - plan.first_row[e]) * hidden, r);
     }
-  }
-  if (expert_major) {
-    const int64_t d = w2.rows;
-    plan.order.clear();
-    for (int e = 0; e < count; ++e)
-      if (experts[e].rows) plan.order.push_back(e);
-    std::stable_sort(plan.order.begin(), plan.order.end(),
-                     [&](int32_t a, int32_t b) { return experts[a].rows > experts[b].rows; });
-    if (plan.y.size() < static_cast<size_t>(total_rows * d)) plan.y.resize(total_rows * d);
-    const int64_t n_items = static_cast<int64_t>(plan.order.size());
-#pragma omp parallel num_threads(threads)
-    {
-#pragma omp for schedule(dynamic, 1)
-      for (int64_t i = 0; i < n_items; ++i) {
-        const int e = plan.order[i];
-        const ExpertRows& x = experts[e];
-        const ActivationLayout layout = plan.expert_regime[e].activations;
-        const int64_t row0 = plan.first_row[e];
-        if (!x_before)
-          for (int64_t r = 0; r < x.rows; ++r) plan.up.convert(layout, w13, x.x + r * hidden, row0 + r);
-        x86::PanelJob up = job_for(*x.w13, plan.up, x.x, e);
-        up.epilogue.kind = x86::Epilogue::kSiluMul;
-        up.epilogue.y = x.h;
-        up.epilogue.ld_y = inter;
-        plan.expert_regime[e].run(up, 0, x.w13->panels);
-        for (int64_t r = 0; r < x.rows; ++r) plan.down.convert(layout, w2, x.h + r * inter, row0 + r);
-        x86::PanelJob down = job_for(*x.w2, plan.down, x.h, e);
-        down.epilogue.kind = x86::Epilogue::kStore;
-        down.epilogue.y = plan.y.data() + row0 * d;
-        down.epilogue.ld_y = d;
-        plan.expert_regime[e].run(down, 0, x.w2->panels);
-      }
-#pragma omp for schedule(static) nowait  // the region's end is the barrier
-      for (int c = 0; c < threads; ++c) {
-        const int64_t n0 = d * c / threads / 16 * 16, n1 = c + 1 == threads ? d : d * (c + 1) / threads / 16 * 16;
-        for (int e = 0; e < count; ++e)  // expert order, rows in order: the panel walk's sums
-          if (experts[e].rows)
-            x86::routed_accumulate_avx512(plan.y.data() + plan.first_row[e] * d, d, experts[e].rows,
-                                          experts[e].route_weights, experts[e].out_rows, out, out_stride, n0, n1);
-      }
-    }
-    return;
   }
 #pragma omp parallel num_threads(threads)
   {

@@ -297,18 +297,4 @@ void f32_to_f8e4m3_row_avx512(const float* x, int64_t n, float scale, uint8_t* o
   }
 }
 
-void routed_accumulate_avx512(const float* y, int64_t ld_y, int64_t tokens, const float* route_weights,
-                              const int32_t* out_rows, float* out, int64_t ld_out, int64_t n0, int64_t n1) {
-  for (int64_t t = 0; t < tokens; ++t) {
-    float* row = out + out_rows[t] * ld_out;
-    const float* r = y + t * ld_y;
-    const __m512 route = _mm512_set1_ps(route_weights[t]);
-    for (int64_t n = n0; n < n1; n += 16) {
-      const __mmask16 m = lane_mask(n1 - n);
-      _mm512_mask_storeu_ps(row + n, m,
-                            _mm512_fmadd_ps(route, _mm512_maskz_loadu_ps(m, r + n), _mm512_maskz_loadu_ps(m, row + n)));
-    }
-  }
-}
-
 }  // namespace moex::kernels::x86

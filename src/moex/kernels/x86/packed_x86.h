@@ -33,11 +33,6 @@ struct PanelJob {
 // The epilogue in plain C++ (defined in packed.cc): the scalar path's, and the AVX2 kernels' (its silu's
 // std::exp costs little next to a K-long dot product per output).
 void apply_epilogue_scalar(const Epilogue& e, const PackedWeights& w, int64_t panel, int64_t tokens, const float* c);
-// The routed accumulate of apply_epilogue (vec_avx512.h) from products stored earlier: for t in [0, tokens) in
-// order, out[out_rows[t] * ld_out + n] = fma(route_weights[t], y[t * ld_y + n], that) for n in [n0, n1) (n0 a
-// multiple of 16), the same instruction on the same operands, so the same bits. x86/packed_weight_only_avx512.cc.
-void routed_accumulate_avx512(const float* y, int64_t ld_y, int64_t tokens, const float* route_weights,
-                              const int32_t* out_rows, float* out, int64_t ld_out, int64_t n0, int64_t n1);
 // bf16 / int8 / int4 / fp8 on AVX2 + FMA (cpu_features().has_avx2_kernels()), x86/packed_weight_only_avx2.cc.
 void run_panels_weight_only_avx2(const PanelJob& job, int64_t panel_begin, int64_t panel_end);
 // W8A8 / W4A8 on AVX2 with vpmaddubsw (s8 activation codes, exact sums), x86/packed_w8a8_avx2.cc, packed_w4a8_avx2.cc.
