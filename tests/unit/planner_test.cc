@@ -26,6 +26,20 @@ nlohmann::json memory_bound_cluster(int devices) {
           {"links", {{"intra_host", {{"latency_us", fig(5)}, {"bandwidth_GBps", fig(10)}}}}}};
 }
 
+// EP=4 over mixtral-8x7b's 8 experts (2 a rank) on a memory-bound host of 2 cores: at one token the busiest rank
+// runs 2 experts with probability 1/7, else 1; all ranks together run 2, 1 per core.
+struct EpFourOnTwoCores {
+  ModelConfig m = synthetic_preset("mixtral-8x7b");
+  nlohmann::json j = memory_bound_cluster(4);
+  PlanChoice ep;
+  double expert_s = 0;  // one expert's read time over all layers
+  EpFourOnTwoCores() {
+    j["cores_per_host"] = 2;
+    ep.moe = "ep", ep.ep = 4;
+    expert_s = 3.0 * m.hidden_size * m.intermediate_size * 2 / 100e9 * m.num_hidden_layers;
+  }
+};
+
 TEST(Planner, OneRankDecodeReadsTheActiveWeightsOnce) {
   const ModelConfig m = synthetic_preset("mixtral-8x7b");
   const Cluster c = parse_cluster(memory_bound_cluster(1), "test");
@@ -195,16 +209,13 @@ TEST(Planner, RanksBeyondTheCoresTakeTheMeasuredSlowdown) {
 }
 
 TEST(Planner, BeyondTheCoresTheBusiestRankRunsWhileTheOthersYield) {
-  // One token, top-2 of 8 experts on 4 ranks of 2 experts: the busiest rank runs 2 experts with probability 1/7,
-  // else 1, and all ranks together 2, i.e. 1 per core on 2 cores: the busiest's own time binds, not twice it.
-  const ModelConfig m = synthetic_preset("mixtral-8x7b");
-  nlohmann::json j = memory_bound_cluster(4);
-  j["cores_per_host"] = 2;
-  PlanChoice ep;
-  ep.moe = "ep", ep.ep = 4;
+  // 1 expert per core over all ranks at one token: the busiest's own time (8/7 experts) binds, not twice it.
+  EpFourOnTwoCores s;
+  const ModelConfig& m = s.m;
+  nlohmann::json& j = s.j;
+  const PlanChoice& ep = s.ep;
   const Prediction r = predict(m, parse_cluster(j, "t"), ep, 4, Workload{1, 1});
-  const double expert = 3.0 * m.hidden_size * m.intermediate_size * 2 / 100e9;
-  EXPECT_NEAR(r.experts_s, 8.0 / 7 * expert * m.num_hidden_layers, 0.03 * expert * m.num_hidden_layers);
+  EXPECT_NEAR(r.experts_s, 8.0 / 7 * s.expert_s, 0.03 * s.expert_s);
   // TP: every rank does the same work, 2 ranks a core: twice one rank's.
   PlanChoice tp;
   tp.tp = 4;
@@ -221,15 +232,13 @@ TEST(Planner, BeyondTheCoresTheBusiestRankRunsWhileTheOthersYield) {
 }
 
 TEST(Planner, TheBusiestRankOfUnequalWorkTakesTheMeasuredSlowdownOfComputingWhileOthersWait) {
-  // EP=4 at one token on 2 cores: the busiest group runs 2 experts with probability 1/7, else 1; all ranks together
-  // run 2, 1 per core. With waiting ranks that do not free the core, the busiest's own time takes busy_slowdown;
-  // the equal-share bound (all work over the cores, times slowdown) stays the floor.
-  const ModelConfig m = synthetic_preset("mixtral-8x7b");
-  nlohmann::json j = memory_bound_cluster(4);
-  j["cores_per_host"] = 2;
-  PlanChoice ep;
-  ep.moe = "ep", ep.ep = 4;
-  const double expert = 3.0 * m.hidden_size * m.intermediate_size * 2 / 100e9 * m.num_hidden_layers;
+  // With waiting ranks that do not free the core, the busiest's own time takes busy_slowdown; the equal-share
+  // bound (all work over the cores, times slowdown) stays the floor.
+  EpFourOnTwoCores s;
+  const ModelConfig& m = s.m;
+  nlohmann::json& j = s.j;
+  const PlanChoice& ep = s.ep;
+  const double expert = s.expert_s;
   j["time_sharing"] = {{{"ranks_per_core", fig(2)}, {"slowdown", fig(1.1)}}};
   // Without busy_slowdown the file's slowdown: max(busiest, 1 expert) x 1.1.
   EXPECT_NEAR(predict(m, parse_cluster(j, "t"), ep, 4, Workload{1, 1}).experts_s, 1.1 * 8.0 / 7 * expert, 0.03 * expert);
