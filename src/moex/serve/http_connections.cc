@@ -133,16 +133,28 @@ class Connection final : public httplib::Stream {
   }
   // After an error answer to a client that may still be sending: close our side for writing, then read and
   // drop what comes for a while. Closing with unread bytes would send a reset, and a reset can destroy the
-  // answer before the client reads it (nginx's lingering close does the same). Bounded: 2 s in all, 0.5 s idle.
-  void linger() {
+  // answer before the client reads it (nginx's lingering close does the same). Bounded: 2 s in all, 0.5 s idle,
+  // and at most `max_bytes` read: past them the socket is left unread until the 2 s are up (the client's sends
+  // stall on a full window while it can still read the answer), so a client that keeps sending cannot have the
+  // server read for 2 s at the link's speed (GBs on loopback).
+  void linger(uint64_t max_bytes) {
     ::shutdown(fd_, SHUT_WR);
     const auto until = Clock::now() + std::chrono::seconds(2);
     char buf[16 << 10];
+    uint64_t read = 0;
     while (Clock::now() < until) {
+      const int left_ms = static_cast<int>(
+          std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()).count());
+      if (read > max_bytes) {  // only a reset or a close from the peer ends the wait early
+        pollfd p{fd_, POLLRDHUP, 0};
+        if (poll(&p, 1, std::max(1, left_ms)) != 0) return;
+        continue;
+      }
       pollfd p{fd_, POLLIN, 0};
-      if (poll(&p, 1, 500) <= 0) return;
+      if (poll(&p, 1, std::min(500, std::max(1, left_ms))) <= 0) return;
       const ssize_t n = recv(fd_, buf, sizeof(buf), 0);
       if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) return;
+      if (n > 0) read += static_cast<uint64_t>(n);
     }
   }
 
@@ -399,7 +411,9 @@ class ConnectionServer final : public httplib::Server {
   Framed frame(Connection& c) {
     std::string& in = c.inbox();
     const auto refuse = [&](int status, const std::string& message) {
-      if (c.send_all(http::error_response(status, policy_.error_json(status, message)))) c.linger();
+      // A body up to the limit (and its chunk framing) is read whole, so its sender sees the answer at once.
+      if (c.send_all(http::error_response(status, policy_.error_json(status, message))))
+        c.linger(policy_.max_body_bytes + (policy_.max_body_bytes >> 4) + (1 << 20));
       return Framed::kClose;
     };
     const auto head_deadline = Clock::now() + std::chrono::seconds(policy_.head_timeout_sec);
