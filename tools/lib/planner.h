@@ -51,6 +51,10 @@ struct Link {
   double alpha_s = 0;             // per message
   double bytes_per_s = 0;         // per byte moved (1 / beta)
   double reduce_bytes_per_s = 0;  // per byte reduced (1 / gamma)
+  // A shaped link's token bucket (tc's tbf: scripts/cluster.sh --rate): after an idle spell this many bytes pass
+  // at once, beyond the rate; 0 for a link without one. The bucket refills at the rate while the ranks compute, so
+  // a collective after a compute segment of `s` seconds moves min(burst, s x rate) of its bytes for free.
+  double burst_bytes = 0;
 };
 
 struct Cluster {
@@ -112,6 +116,8 @@ struct CollectiveCost {
   double seconds = 0;     // per call
   double wire_bytes = 0;  // bytes each rank sends per call (what the profiler counts as sent)
   bool crosses_hosts = false;
+  double link_bytes = 0;  // bytes one host's link carries out per call (across hosts)
+  double burst_credit_s = 0;  // per step: what the inter-host link's bucket saves of seconds x per_step
 };
 
 struct Prediction {
