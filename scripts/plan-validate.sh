@@ -135,7 +135,8 @@ def fastest(n):
     """Each (plan, batch)'s fastest run, the one others disturbed least, in the sweep's order. The comm dtypes
     change only the bytes on the wire, a fraction of a percent of these steps (the predictions' wire share), so the
     three are repeats of the plan, as are the REPEATS runs; one rank runs the same step whatever the plan says, so
-    the sweep's three one-rank plans are repeats of TP=1. The row keeps its dtype, predicted as such."""
+    the sweep's three one-rank plans are repeats of TP=1. The row keeps its dtype, predicted as such. Across hosts
+    (HOSTS) every dtype is its own row."""
     best = {}
     for r in range(1, repeats + 1):
         files = sorted(glob.glob(f"{out}/measured-{n}-{r}-b*.json")) or [f"{out}/measured-{n}-{r}.json"]
@@ -144,7 +145,8 @@ def fastest(n):
                 continue
             if n == "1":
                 row["plan"] = "TP=1"
-            key = (row["plan"], row["workload"])
+            # Across hosts the comm dtypes are not repeats: a link's bytes are a visible part of the step.
+            key = (row["plan"], row["workload"]) + ((row["comm_dtype"],) if hosts > 1 else ())
             if key not in best or row["tokens_per_s"] > best[key]["tokens_per_s"]:
                 best[key] = row
     return best.values()
