@@ -153,6 +153,24 @@ TEST(Planner, AShapedLinksBucketRefillsWhileTheRanksCompute) {
   EXPECT_NEAR(full.step_s, plain.step_s - calls * link / 1e10, 1e-12);
 }
 
+TEST(Planner, DataParallelAttentionSendsEveryRanksLogitsToRankZero) {
+  // EP=2 dp-attn at batch 5 over 2 hosts of one rank: rank 1 holds 2 sequences and sends their f32 logit rows to
+  // rank 0 through the link after its forward; the step pays it, the comm share (collectives) does not count it.
+  const ModelConfig m = synthetic_preset("mini");
+  nlohmann::json j = memory_bound_cluster(1);
+  j["hosts"] = 2;
+  j["links"]["inter_host"] = {{"latency_us", fig(50)}, {"bandwidth_GBps", fig(1)}};
+  PlanChoice dp;
+  dp.moe = "ep", dp.attn = "dp", dp.ep = 2;
+  const Prediction r = predict(m, parse_cluster(j, "t"), dp, 2, Workload{5, 64});
+  EXPECT_NEAR(r.logits_s, 50e-6 + 2.0 * m.vocab_size * 4 / 1e9, 1e-12);
+  EXPECT_NEAR(r.step_s, r.attention_s + r.routing_s + r.experts_s + r.other_s + r.comm_s + r.logits_s, 1e-12);
+  EXPECT_NEAR(r.comm_share, (r.comm_s + r.wait_s) / r.step_s, 1e-12);
+  PlanChoice tp;
+  tp.tp = 2;
+  EXPECT_EQ(predict(m, parse_cluster(j, "t"), tp, 2, Workload{5, 64}).logits_s, 0);  // rank 0 samples every row
+}
+
 TEST(Planner, ExpertParallelWaitsForTheBusiestRank) {
   // One token, top-2 of 8 experts, 4 experts per rank on 2 ranks: both on one rank with probability 3/7, so
   // the busiest rank runs 2 x 3/7 + 1 x 4/7 = 10/7 experts against a mean of 1.

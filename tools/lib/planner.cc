@@ -650,7 +650,23 @@ Prediction predict(const ModelConfig& m, const Cluster& c, const PlanChoice& p, 
     wire += col.wire_bytes * col.per_step;
   }
   const double compute = out.attention_s + out.routing_s + out.experts_s + out.other_s;
-  out.step_s = compute + out.comm_s;
+  if (dp && ranks > 1) {
+    // Rank r holds floor(B / N) sequences, one more for r < B % N; ranks 1.. of rank 0's host send through memory,
+    // the others through rank 0's host link, after their forward (rank 0 waits for them after its own). A shaped
+    // link's bucket refilled during the step.
+    const int on_host = std::min(ranks, c.devices_per_host), n = ranks, b = w.batch;
+    double intra_bytes = 0, inter_bytes = 0;
+    for (int r = 1; r < n; ++r) {
+      const double rows = double(b / n + (r < b % n ? 1 : 0)) * double(m.vocab_size) * 4;
+      (r < on_host ? intra_bytes : inter_bytes) += rows;
+    }
+    if (intra_bytes > 0) out.logits_s += c.intra.alpha_s + intra_bytes / c.intra.bytes_per_s;
+    if (inter_bytes > 0) {
+      const double tokens = std::min(c.inter.burst_bytes, compute * c.inter.bytes_per_s);
+      out.logits_s += c.inter.alpha_s + std::max(0.0, inter_bytes - tokens) / c.inter.bytes_per_s;
+    }
+  }
+  out.step_s = compute + out.comm_s + out.logits_s;
   out.tokens_per_s = B / out.step_s;
   // The wait the time-sharing table gives after each segment.
   for (const auto& [seg, i] : segments) {

@@ -125,6 +125,9 @@ struct Prediction {
   int ranks = 1;
   double attention_s = 0, routing_s = 0, experts_s = 0, other_s = 0;  // compute of the busiest rank
   double comm_s = 0;   // the collectives themselves (alpha-beta, on the wire), part of the step
+  // Under dp attention: every rank's logit rows sent to rank 0 after the forward (point to point, f32 rows of the
+  // vocabulary; runtime/engine.cc), part of the step but not of a collective the profiler counts.
+  double logits_s = 0;
   // What a rank's profiler counts inside collectives besides the wire: the wait for the slowest rank (expert
   // imbalance under EP; ranks the scheduler ran later, from the time-sharing table at the length of each segment
   // of compute between two collectives). Rank 0's expectation; it is not added to the step (the slowest rank's

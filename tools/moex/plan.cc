@@ -63,7 +63,7 @@ nlohmann::json to_json(const plan::Prediction& p) {
           {"ranks", p.ranks}, {"weights", p.plan.weights}, {"comm_dtype", p.plan.comm_dtype},
           {"step_seconds", p.step_s}, {"tokens_per_s", p.tokens_per_s}, {"comm_share", p.comm_share},
           {"attention_seconds", p.attention_s}, {"routing_seconds", p.routing_s}, {"experts_seconds", p.experts_s},
-          {"other_seconds", p.other_s}, {"comm_seconds", p.comm_s}, {"wait_seconds", p.wait_s},
+          {"other_seconds", p.other_s}, {"comm_seconds", p.comm_s}, {"logits_seconds", p.logits_s}, {"wait_seconds", p.wait_s},
           {"imbalance_wait_seconds", p.imbalance_wait_s}, {"longest_segment_seconds", p.longest_segment_s},
           {"wire_share", p.wire_share}, {"time_share", p.time_share}, {"wire_bytes_per_token", p.wire_bytes_per_token},
           {"device_bytes", p.device_bytes}, {"fits", p.fits}, {"expert_imbalance", p.expert_imbalance},
