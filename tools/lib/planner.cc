@@ -88,6 +88,7 @@ Link parse_link(const nlohmann::json& j, const std::string& where) {
   l.alpha_s = figure(j, "latency_us", where) * 1e-6;
   l.bytes_per_s = figure(j, "bandwidth_GBps", where) * 1e9;
   l.reduce_bytes_per_s = figure(j, "reduce_GBps", where, false, 10) * 1e9;
+  l.burst_bytes = figure(j, "burst_KB", where, false, 0) * 1e3;
   MOEX_CHECK_INPUT(l.bytes_per_s > 0 && l.reduce_bytes_per_s > 0, "cluster file: \"", where,
                    "\" needs a bandwidth above 0");
   return l;
@@ -146,8 +147,10 @@ comm::HostLevels levels_of(const Cluster& c, int group) {
   return l;
 }
 
-// The all-reduce the communicator's cost model would run (selector.cc's choice without a table), its time and
-// the bytes a rank counts as sent.
+// The all-reduce `auto` runs without a tuning table, its time and the bytes a rank counts as sent. The engine
+// chooses with comm::CostModel's defaults (selector.cc: a table's measured levels replace them, and there is
+// none here), not with this cluster's links, so the choice is the defaults' and only its price is the file's:
+// across slow links the defaults may pick an algorithm the file's links would not, and the step pays for it.
 CollectiveCost allreduce(const std::string& what, const Cluster& c, int group, double bytes, const std::string& dtype,
                          int per_step) {
   CollectiveCost out;
@@ -158,6 +161,8 @@ CollectiveCost allreduce(const std::string& what, const Cluster& c, int group, d
   out.crosses_hosts = levels.hosts > 1;
   if (group <= 1) return out;
   const bool shm = c.shared_memory_collectives && !out.crosses_hosts;
+  comm::CostModel chooser;  // what selector.cc chooses with
+  if (!shm) chooser.shm_alpha_s = std::numeric_limits<double>::infinity();
   const comm::CostModel model = cost_model(c, shm);
   const comm::CommDType d = dtype == "bf16" ? comm::CommDType::kBF16 : dtype == "fp8" ? comm::CommDType::kF8 : comm::CommDType::kF32;
   double best = std::numeric_limits<double>::infinity();
@@ -165,20 +170,28 @@ CollectiveCost allreduce(const std::string& what, const Cluster& c, int group, d
   for (comm::AllreduceAlgo a : comm::all_allreduce_algos()) {
     if ((a == comm::AllreduceAlgo::kShm && !shm) || !comm::allreduce_auto_candidate(a, d)) continue;
     if (comm::is_hierarchical(a) && (levels.hosts < 2 || levels.ranks_per_host < 2)) continue;
-    const double s = comm::allreduce_cost_seconds(a, group, static_cast<uint64_t>(bytes), model, levels);
+    const double s = comm::allreduce_cost_seconds(a, group, static_cast<uint64_t>(bytes), chooser, levels);
     if (s < best) best = s, pick = a;
   }
   out.algorithm = std::string(comm::algo_name(pick));
-  out.seconds = best;
+  out.seconds = comm::allreduce_cost_seconds(pick, group, static_cast<uint64_t>(bytes), model, levels);
   const double p = group;
   out.wire_bytes = pick == comm::AllreduceAlgo::kShm                  ? bytes
                    : pick == comm::AllreduceAlgo::kRecursiveDoubling ? std::floor(std::log2(p)) * bytes
                                                                       : 2 * (p - 1) / p * bytes;
+  if (out.crosses_hosts) {
+    // As allreduce_cost_seconds counts it: a flat ring sends one rank's bytes through a host's link, the other
+    // flat algorithms all of its ranks'; a two-level one its slices, L of 1/L, through the flat step on the hosts.
+    const double hosts = levels.hosts, local = levels.ranks_per_host;
+    out.link_bytes = comm::is_hierarchical(pick)           ? 2 * (hosts - 1) / hosts * bytes
+                     : pick == comm::AllreduceAlgo::kRing ? out.wire_bytes
+                                                          : out.wire_bytes * local;
+  }
   return out;
 }
 
-// Pairwise exchange (comm/alltoall_pairwise.cc): p - 1 rounds, each one message to one peer; across hosts the
-// communicator's model (its cheaper of pairwise and the two-level exchange).
+// Pairwise exchange (comm/alltoall_pairwise.cc) on one host: p - 1 rounds, each one message to one peer; across
+// hosts what selector.cc's `auto` picks without a table, priced by the communicator's model.
 CollectiveCost alltoall(const std::string& what, const Cluster& c, int group, double bytes_per_peer, int per_step) {
   CollectiveCost out;
   out.what = what;
@@ -193,12 +206,21 @@ CollectiveCost alltoall(const std::string& what, const Cluster& c, int group, do
     out.seconds = (group - 1) * (c.intra.alpha_s + bytes_per_peer / c.intra.bytes_per_s);
     return out;
   }
-  const comm::CostModel model = cost_model(c, false);
-  out.seconds = std::numeric_limits<double>::infinity();
-  for (comm::AlltoallAlgo a : {comm::AlltoallAlgo::kPairwise, comm::AlltoallAlgo::kHier}) {
-    const double s = comm::alltoall_cost_seconds(a, group, static_cast<uint64_t>(bytes_per_peer), model, levels);
-    if (s < out.seconds) out.seconds = s, out.algorithm = std::string(comm::algo_name(a));
+  // As selector.cc without a table: the cheapest under the defaults' network terms (two-level only with several
+  // ranks on each host), priced with the file's.
+  const comm::CostModel chooser, model = cost_model(c, false);
+  comm::AlltoallAlgo pick = comm::AlltoallAlgo::kPairwise;
+  double best = std::numeric_limits<double>::infinity();
+  for (comm::AlltoallAlgo a : comm::all_alltoall_algos()) {
+    if (a == comm::AlltoallAlgo::kHier && levels.ranks_per_host < 2) continue;
+    const double s = comm::alltoall_cost_seconds(a, group, static_cast<uint64_t>(bytes_per_peer), chooser, levels);
+    if (s < best) best = s, pick = a;
   }
+  out.algorithm = std::string(comm::algo_name(pick));
+  out.seconds = comm::alltoall_cost_seconds(pick, group, static_cast<uint64_t>(bytes_per_peer), model, levels);
+  out.link_bytes = double(levels.ranks_per_host) * (group - levels.ranks_per_host) * bytes_per_peer;
+  if (pick == comm::AlltoallAlgo::kBruck)  // forwards each block ~log2(p) / 2 times
+    out.wire_bytes = std::ceil(std::log2(group)) * group / 2.0 * bytes_per_peer;
   return out;
 }
 
@@ -589,41 +611,67 @@ Prediction predict(const ModelConfig& m, const Cluster& c, const PlanChoice& p, 
       out.collectives.push_back(alltoall("combine all-to-all", c, ranks, rows_per_peer * d * elem, moe_layers));
     }
   }
-  double wire = 0;
-  for (const CollectiveCost& col : out.collectives) {
-    out.comm_s += col.seconds * col.per_step;
-    wire += col.wire_bytes * col.per_step;
-  }
-  const double compute = out.attention_s + out.routing_s + out.experts_s + out.other_s;
-  out.step_s = compute + out.comm_s;
-  out.tokens_per_s = B / out.step_s;
   // Rank 0's compute between two collectives, segment by segment (its own experts: the mean group's), and the
-  // wait the time-sharing table gives after each: TP attention reduces after attention and after each MoE block,
-  // dp attention dispatches after routing and combines after the experts. What follows the last collective of a
-  // step (dense layers, lm_head) runs before the next step's first.
+  // collective that ends each: TP attention reduces after attention and after each MoE block, dp attention
+  // dispatches after routing and combines after the experts. What follows the last collective of a step (dense
+  // layers, lm_head) runs before the next step's first.
+  std::vector<std::pair<double, size_t>> segments;  // (wall seconds, index in out.collectives)
   if (ranks > 1) {
-    std::vector<double> segments;
     double open = 0;
-    const auto sync = [&] { segments.push_back(open), open = 0; };
+    const auto sync = [&](size_t collective) { segments.emplace_back(open, collective), open = 0; };
     for (int l = 0; l < m.num_hidden_layers; ++l) {
       open += attention;
-      if (!dp) sync();
+      if (!dp) sync(0);
       if (!m.moe_layer(l)) {
         open += mlp_of[l];
         continue;
       }
       open += routing;
-      if (dp) sync();
+      if (dp) sync(0);
       open += experts.mean_s;
-      sync();
+      sync(1);
       open += mlp_of[l];
     }
     open += lm_head;
-    if (!segments.empty()) segments.front() += open;  // none: nothing is collective, nothing waits
-    for (double seg : segments) {
-      out.wait_s += sharing.wait(seg / time_share);
-      out.longest_segment_s = std::max(out.longest_segment_s, seg);
+    if (!segments.empty()) segments.front().first += open;  // none: nothing is collective, nothing waits
+  }
+  // A shaped inter-host link's bucket refills while the ranks compute: each call's bytes up to what it holds then
+  // pass without the rate (Link::burst_bytes).
+  if (c.hosts > 1 && c.inter.burst_bytes > 0)
+    for (const auto& [seg, i] : segments) {
+      CollectiveCost& col = out.collectives[i];
+      if (!col.crosses_hosts) continue;
+      const double tokens = std::min(c.inter.burst_bytes, seg * c.inter.bytes_per_s);
+      col.burst_credit_s += std::min(std::min(tokens, col.link_bytes) / c.inter.bytes_per_s, col.seconds);
     }
+  double wire = 0;
+  for (const CollectiveCost& col : out.collectives) {
+    out.comm_s += col.seconds * col.per_step - col.burst_credit_s;
+    wire += col.wire_bytes * col.per_step;
+  }
+  const double compute = out.attention_s + out.routing_s + out.experts_s + out.other_s;
+  if (dp && ranks > 1) {
+    // Rank r holds floor(B / N) sequences, one more for r < B % N; ranks 1.. of rank 0's host send through memory,
+    // the others through rank 0's host link, after their forward (rank 0 waits for them after its own). A shaped
+    // link's bucket refilled during the step.
+    const int on_host = std::min(ranks, c.devices_per_host), n = ranks, b = w.batch;
+    double intra_bytes = 0, inter_bytes = 0;
+    for (int r = 1; r < n; ++r) {
+      const double rows = double(b / n + (r < b % n ? 1 : 0)) * double(m.vocab_size) * 4;
+      (r < on_host ? intra_bytes : inter_bytes) += rows;
+    }
+    if (intra_bytes > 0) out.logits_s += c.intra.alpha_s + intra_bytes / c.intra.bytes_per_s;
+    if (inter_bytes > 0) {
+      const double tokens = std::min(c.inter.burst_bytes, compute * c.inter.bytes_per_s);
+      out.logits_s += c.inter.alpha_s + std::max(0.0, inter_bytes - tokens) / c.inter.bytes_per_s;
+    }
+  }
+  out.step_s = compute + out.comm_s + out.logits_s;
+  out.tokens_per_s = B / out.step_s;
+  // The wait the time-sharing table gives after each segment.
+  for (const auto& [seg, i] : segments) {
+    out.wait_s += sharing.wait(seg / time_share);
+    out.longest_segment_s = std::max(out.longest_segment_s, seg);
   }
   out.comm_share = (out.comm_s + out.wait_s) / out.step_s;
   out.wire_share = out.comm_s / out.step_s;

@@ -51,6 +51,10 @@ struct Link {
   double alpha_s = 0;             // per message
   double bytes_per_s = 0;         // per byte moved (1 / beta)
   double reduce_bytes_per_s = 0;  // per byte reduced (1 / gamma)
+  // A shaped link's token bucket (tc's tbf: scripts/cluster.sh --rate): after an idle spell this many bytes pass
+  // at once, beyond the rate; 0 for a link without one. The bucket refills at the rate while the ranks compute, so
+  // a collective after a compute segment of `s` seconds moves min(burst, s x rate) of its bytes for free.
+  double burst_bytes = 0;
 };
 
 struct Cluster {
@@ -112,6 +116,8 @@ struct CollectiveCost {
   double seconds = 0;     // per call
   double wire_bytes = 0;  // bytes each rank sends per call (what the profiler counts as sent)
   bool crosses_hosts = false;
+  double link_bytes = 0;  // bytes one host's link carries out per call (across hosts)
+  double burst_credit_s = 0;  // per step: what the inter-host link's bucket saves of seconds x per_step
 };
 
 struct Prediction {
@@ -119,6 +125,9 @@ struct Prediction {
   int ranks = 1;
   double attention_s = 0, routing_s = 0, experts_s = 0, other_s = 0;  // compute of the busiest rank
   double comm_s = 0;   // the collectives themselves (alpha-beta, on the wire), part of the step
+  // Under dp attention: every rank's logit rows sent to rank 0 after the forward (point to point, f32 rows of the
+  // vocabulary; runtime/engine.cc), part of the step but not of a collective the profiler counts.
+  double logits_s = 0;
   // What a rank's profiler counts inside collectives besides the wire: the wait for the slowest rank (expert
   // imbalance under EP; ranks the scheduler ran later, from the time-sharing table at the length of each segment
   // of compute between two collectives). Rank 0's expectation; it is not added to the step (the slowest rank's

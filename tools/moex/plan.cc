@@ -2,9 +2,11 @@
 // a model on a cluster described by a file (tools/lib/planner.h, docs/plan.md), ranked. `moex plan calibrate`
 // writes the file for this machine from its probes (and, under mpirun, the links between ranks).
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -55,12 +57,13 @@ nlohmann::json to_json(const plan::Prediction& p) {
   nlohmann::json cols = nlohmann::json::array();
   for (const plan::CollectiveCost& c : p.collectives)
     cols.push_back({{"what", c.what}, {"algorithm", c.algorithm}, {"bytes", c.bytes}, {"per_step", c.per_step},
-                    {"seconds", c.seconds}, {"wire_bytes", c.wire_bytes}, {"crosses_hosts", c.crosses_hosts}});
+                    {"seconds", c.seconds}, {"wire_bytes", c.wire_bytes}, {"crosses_hosts", c.crosses_hosts},
+                    {"link_bytes", c.link_bytes}, {"burst_credit_seconds_per_step", c.burst_credit_s}});
   return {{"plan", p.plan.name()}, {"moe", p.plan.moe}, {"attn", p.plan.attn}, {"tp", p.plan.tp}, {"ep", p.plan.ep},
           {"ranks", p.ranks}, {"weights", p.plan.weights}, {"comm_dtype", p.plan.comm_dtype},
           {"step_seconds", p.step_s}, {"tokens_per_s", p.tokens_per_s}, {"comm_share", p.comm_share},
           {"attention_seconds", p.attention_s}, {"routing_seconds", p.routing_s}, {"experts_seconds", p.experts_s},
-          {"other_seconds", p.other_s}, {"comm_seconds", p.comm_s}, {"wait_seconds", p.wait_s},
+          {"other_seconds", p.other_s}, {"comm_seconds", p.comm_s}, {"logits_seconds", p.logits_s}, {"wait_seconds", p.wait_s},
           {"imbalance_wait_seconds", p.imbalance_wait_s}, {"longest_segment_seconds", p.longest_segment_s},
           {"wire_share", p.wire_share}, {"time_share", p.time_share}, {"wire_bytes_per_token", p.wire_bytes_per_token},
           {"device_bytes", p.device_bytes}, {"fits", p.fits}, {"expert_imbalance", p.expert_imbalance},
@@ -143,6 +146,13 @@ nlohmann::json fig(double value, const std::string& source) { return {{"value", 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
+}
+
+// The fastest tenth's boundary: a link's own time, where the median of a loaded machine's round trips also holds
+// the scheduler's delays (which the time-sharing wait table prices, so they must not enter the link too).
+double fast_tenth(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 10];
 }
 
 // Seconds of `fn` on this rank's threads, by their CPU time: the thread's own when a rank runs one thread, the
@@ -234,13 +244,48 @@ double call_seconds() {
   return median(t);
 }
 
-// Round trip between rank 0 and `peer` (ping-pong of `bytes`), median of `reps`: alpha + bytes / rate each way.
-double ping_pong(comm::Communicator& world, int peer, size_t bytes, int reps) {
+// Hosts that are one machine: network namespaces on one VM (scripts/cluster.sh) are hosts to MPI, but their
+// ranks share its cores and its memory. Ranks whose /proc/sys/kernel/random/boot_id equals rank 0's run on rank 0's
+// machine; `hosts` counts the topology's hosts among them, `ranks` the ranks. Every rank takes part.
+struct SharedMachine {
+  int hosts = 1, ranks = 1;
+};
+SharedMachine shared_machine(comm::Communicator& world) {
+  constexpr size_t kId = 40;
+  std::array<char, kId> mine{};
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  std::getline(in, id);
+  // Without a boot_id (not Linux) every rank counts as its own machine's: nothing is divided.
+  if (id.empty()) id = "rank " + std::to_string(world.rank());
+  std::copy_n(id.begin(), std::min(id.size(), kId - 1), mine.begin());
+  std::vector<char> all(kId * world.size());
+  world.allgather(mine.data(), kId, all.data());
+  const comm::Topology& topo = world.topology();
+  SharedMachine out{0, 0};
+  std::vector<bool> host_seen(std::max(1, topo.hosts()), false);
+  for (int r = 0; r < world.size(); ++r) {
+    if (std::memcmp(all.data() + r * kId, all.data(), kId) != 0) continue;
+    ++out.ranks;
+    const int h = topo.host_of_rank.empty() ? 0 : topo.host_of_rank[r];
+    if (!host_seen[h]) host_seen[h] = true, ++out.hosts;
+  }
+  return out;
+}
+
+// Round trip between rank 0 and `peer` (ping-pong of `bytes`), the fastest tenth of `reps`: alpha + bytes / rate
+// each way.
+// With `idle_s`, every rank sleeps that long before each round trip (a shaped link's bucket fills meanwhile).
+double ping_pong(comm::Communicator& world, int peer, size_t bytes, int reps, double idle_s = 0) {
   std::vector<char> buf(std::max<size_t>(bytes, 1));
   std::vector<double> t;
   const int me = world.rank();
   for (int r = 0; r < reps; ++r) {
     world.barrier();
+    if (idle_s > 0) {
+      std::this_thread::sleep_for(std::chrono::duration<double>(idle_s));
+      world.barrier();
+    }
     const auto start = std::chrono::steady_clock::now();
     if (me == 0) {
       comm::P2PRequest s = world.isend(buf.data(), bytes, peer, 7);
@@ -255,17 +300,51 @@ double ping_pong(comm::Communicator& world, int peer, size_t bytes, int reps) {
     }
     t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
-  return median(t);
+  return fast_tenth(t);
 }
 
-nlohmann::json measure_link(comm::Communicator& world, int peer, const std::string& what) {
-  constexpr size_t kLarge = 4 << 20;
-  const double small = ping_pong(world, peer, 8, 201), large = ping_pong(world, peer, kLarge, 21);
-  const double alpha = small / 2, rate = kLarge / std::max(large / 2 - alpha, 1e-9);
+// alpha from 8 B round trips. A shaped link (tbf) lets a bucket of bytes through at once after it idled, so its rate
+// is two sizes apart: back to back, 4 MB each way finds its direction's bucket full again (it refilled while the
+// other direction moved its 4 MB), and so does 1 MB after an idle spell; each way t / 2 = alpha + (size - burst) /
+// rate, whence the rate from the difference and the burst (0 for a link without a bucket, up to noise).
+nlohmann::json measure_link(comm::Communicator& world, int peer, const std::string& what, bool bucket) {
+  constexpr size_t kLarge = 4 << 20, kMid = 1 << 20;
+  // Rank 0's times on every rank: they decide what runs next, and every rank must run it.
+  double times[2] = {ping_pong(world, peer, 8, 201), ping_pong(world, peer, kLarge, 21)};
+  world.broadcast(times, sizeof times, 0);
+  const double small = times[0], large = times[1];
+  const double alpha = small / 2;
+  double rate = kLarge / std::max(large / 2 - alpha, 1e-9), burst = 0;
+  if (large <= small) {
+    // 4 MB no slower than 8 B: the scheduler, not the link, set these times (more ranks than cores on a loaded
+    // machine). The defaults say less that is wrong than such a figure would.
+    const comm::CostModel m;
+    const std::string src = "comm::CostModel defaults (docs/comm.md): calibrate's ping-pong rank 0 <-> rank " +
+                            std::to_string(peer) + " (" + what + ") timed 4 MB no slower than 8 B, the scheduler's doing";
+    return {{"latency_us", fig((bucket ? m.inter_alpha_s : m.alpha_s) * 1e6, src)},
+            {"bandwidth_GBps", fig(1e-9 / (bucket ? m.inter_beta_s_per_byte : m.beta_s_per_byte), src)},
+            {"reduce_GBps", fig(1e-9 / m.gamma_s_per_byte, src)}};
+  }
   const std::string how = "moex plan calibrate: ping-pong rank 0 <-> rank " + std::to_string(peer) + " (" + what +
-                          "), median; 8 B -> latency, 4 MB -> bandwidth";
-  return {{"latency_us", fig(alpha * 1e6, how)}, {"bandwidth_GBps", fig(rate / 1e9, how)},
-          {"reduce_GBps", fig(10, "comm::CostModel's default gamma (docs/comm.md), not measured")}};
+                          "), fastest tenth of the round trips; 8 B -> latency, ";
+  nlohmann::json out = {{"latency_us", fig(alpha * 1e6, how + "latency")},
+                        {"reduce_GBps", fig(10, "comm::CostModel's default gamma (docs/comm.md), not measured")}};
+  if (bucket) {
+    // Idle long enough to refill a bucket of 1 MB at the back-to-back rate (20-150 ms: below TCP's 200 ms minimum
+    // retransmission timeout, after which an idle connection would restart from a small congestion window).
+    const double idle = std::clamp(2.0 * kMid / rate, 0.02, 0.15);
+    double mid = ping_pong(world, peer, kMid, 11, idle);
+    world.broadcast(&mid, sizeof mid, 0);
+    if (large > mid) rate = double(kLarge - kMid) / ((large - mid) / 2);
+    burst = std::clamp(double(kMid) - (mid / 2 - alpha) * rate, 0.0, double(kMid));
+    out["burst_KB"] = fig(burst / 1e3, how + "4 MB back to back and 1 MB after " + std::to_string(std::lround(idle * 1e3)) +
+                                           " ms idle -> bucket (what passes at once after an idle spell)");
+    out["bandwidth_GBps"] = fig(rate / 1e9, how + "the difference of 4 MB back to back and 1 MB after an idle spell -> "
+                                                  "bandwidth beyond the bucket");
+  } else {
+    out["bandwidth_GBps"] = fig(rate / 1e9, how + "4 MB -> bandwidth");
+  }
+  return out;
 }
 
 // Ranks sharing the cores (planner.h, Cluster::TimeSharing), under mpirun with N ranks, each one thread: the
@@ -280,6 +359,7 @@ nlohmann::json measure_link(comm::Communicator& world, int peer, const std::stri
 void run_time_sharing(const CalibrateFlags& f) {
   comm::Communicator& world = comm::world();
   const int n = world.size(), cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const SharedMachine machine = shared_machine(world);
   // Every rank checks, so that none is left waiting in a collective for a rank 0 that stopped.
   MOEX_CHECK_INPUT(std::filesystem::exists(f.out), "--out ", f.out,
                    ": --time-sharing adds to a file `moex plan calibrate` wrote; it does not exist");
@@ -325,6 +405,21 @@ void run_time_sharing(const CalibrateFlags& f) {
   std::vector<float> call_s = {static_cast<float>(median(one))};
   world.allreduce(call_s.data(), 1, comm::CommDType::kF32);
   const double per_call = call_s[0] / n;
+  // The all-reduce's own time, with no compute before it: the fastest tenth of back-to-back calls. A wait is the
+  // time inside the all-reduce beyond it, since the planner prices the wire itself from the links (across hosts a
+  // 4 KB all-reduce over TCP is tens of microseconds, over a shaped link hundreds: not a wait).
+  double bare = 0;
+  {
+    std::vector<double> t;
+    for (int i = 0; i < 400; ++i) {
+      const double t0 = wall_now();
+      world.allreduce(sum.data(), sum.size(), comm::CommDType::kF32);
+      t.push_back(wall_now() - t0);
+    }
+    std::vector<float> b = {static_cast<float>(fast_tenth(t))};
+    world.allreduce(b.data(), 1, comm::CommDType::kF32);
+    bare = b[0] / n;
+  }
   // Per length: [segment CPU seconds, wait seconds per all-reduce]; then the whole run's wall and CPU time.
   std::vector<float> stats;
   double cpu_all = 0, wall_all = 0;
@@ -342,12 +437,13 @@ void run_time_sharing(const CalibrateFlags& f) {
       world.allreduce(sum.data(), sum.size(), comm::CommDType::kF32);
       wait += wall_now() - t0;
     }
-    wall_all += wall_now() - start;
+    wall_all += wall_now() - start - iterations * bare;  // the wire is the links' to price, not the cores'.
     cpu_all += cpu;
     stats.push_back(static_cast<float>(cpu / iterations));
-    stats.push_back(static_cast<float>(wait / iterations));
+    stats.push_back(static_cast<float>(std::max(0.0, wait / iterations - bare)));
   }
-  const double ratio = double(n) / cores;
+  // Ranks per core of rank 0's machine: the ranks of every host on it (namespaces on one VM share its cores).
+  const double ratio = double(machine.ranks) / cores;
   stats.push_back(static_cast<float>(wall_all / (std::max(1.0, ratio) * cpu_all)));
   // Unequal work (EP's experts at small batches, dp attention's own sequences): each iteration half the ranks,
   // in turn, compute a segment of kBusyMs while the others go straight into the all-reduce and wait there
@@ -375,10 +471,12 @@ void run_time_sharing(const CalibrateFlags& f) {
   for (float& v : stats) v /= n;
   const double busy_slowdown = stats.back();
   const double slowdown = stats[stats.size() - 2];
-  const std::string src = "moex plan calibrate --time-sharing on " + cpu_name() + ": " + std::to_string(n) + " ranks on " +
-                          std::to_string(cores) + " cores, one thread each; per segment length, segments of 1-row as-stored "
-                          "[512 x 1024] calls over 64 distinct weights in turn, each followed by a 4 KB all-reduce; "
-                          "mean over the ranks";
+  const std::string src = "moex plan calibrate --time-sharing on " + cpu_name() + ": " + std::to_string(machine.ranks) +
+                          " ranks on " + std::to_string(cores) + " cores (of " + std::to_string(n) + " in the job), one thread "
+                          "each; per segment length, segments of 1-row as-stored "
+                          "[512 x 1024] calls over 64 distinct weights in turn, each followed by a 4 KB all-reduce; the wall "
+                          "time inside it less its own (" + std::to_string(std::lround(bare * 1e6)) + " us: the fastest "
+                          "tenth of back-to-back calls), mean over the ranks";
   nlohmann::json points = nlohmann::json::array();
   std::string summary;
   for (size_t i = 0; i < std::size(kSegmentMs); ++i) {
@@ -395,7 +493,8 @@ void run_time_sharing(const CalibrateFlags& f) {
       if (!(e.contains("ranks_per_core") && e["ranks_per_core"].contains("value") && e["ranks_per_core"]["value"] == ratio))
         list.push_back(e);
   const std::string busy_src = "moex plan calibrate --time-sharing on " + cpu_name() + ": " + std::to_string(n) +
-                               " ranks on " + std::to_string(cores) + " cores, one thread each; half the ranks in turn "
+                               " ranks in the job, " + std::to_string(machine.ranks) + " on " + std::to_string(cores) +
+                               " cores, one thread each; half the ranks in turn "
                                "compute a 2 ms segment (as above) while the others wait in the all-reduce after it; "
                                "the busy ranks' wall time / CPU time, mean over the ranks";
   list.push_back({{"ranks_per_core", fig(ratio, src)}, {"slowdown", fig(slowdown, src)},
@@ -411,9 +510,9 @@ void run_time_sharing(const CalibrateFlags& f) {
     MOEX_CHECK_INPUT(o.good(), "--out ", f.out, ": cannot write");
   }
   file.publish();
-  std::printf("moex plan calibrate --time-sharing: %d ranks on %d cores: slowdown %.2f (%.2f while half wait); wait per "
-              "all-reduce after a segment of %s; added to %s\n", n, cores, slowdown, busy_slowdown, summary.c_str(),
-              f.out.c_str());
+  std::printf("moex plan calibrate --time-sharing: %d ranks on %d cores: slowdown %.2f (%.2f while half wait); a bare "
+              "4 KB all-reduce %.0f us; wait per all-reduce after a segment of %s; added to %s\n", machine.ranks, cores,
+              slowdown, busy_slowdown, bare * 1e6, summary.c_str(), f.out.c_str());
 }
 
 void run_calibrate(const CalibrateFlags& f) {
@@ -421,7 +520,11 @@ void run_calibrate(const CalibrateFlags& f) {
   const std::filesystem::path out = f.out;
   if (world.rank() == 0)
     MOEX_CHECK_INPUT(f.force || !std::filesystem::exists(out), "--out ", f.out, " exists: give --force to replace it");
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int machine_cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  // Hosts on one machine (namespaces) share its cores, its read rate and its memory: each is given its share, so
+  // that a file of 2 such hosts of 2 ranks prices 4 ranks on 2 cores, not one a core.
+  const SharedMachine machine = shared_machine(world);
+  const int cores = std::max(1, machine_cores / machine.hosts);
   const int devices = f.devices_per_host > 0 ? f.devices_per_host : cores;
   const int threads = std::max(1, cores / devices);
   // Links first (every rank takes part), then the probes on rank 0 alone.
@@ -433,8 +536,8 @@ void run_calibrate(const CalibrateFlags& f) {
       if (topo.host_of_rank[r] == topo.host_of_rank[0]) { if (same < 0) same = r; }
       else if (other < 0) other = r;
     }
-    if (same > 0) links["intra_host"] = measure_link(world, same, "same host");
-    if (other > 0) links["inter_host"] = measure_link(world, other, "another host");
+    if (same > 0) links["intra_host"] = measure_link(world, same, "same host", false);
+    if (other > 0) links["inter_host"] = measure_link(world, other, "another host", true);
   }
   if (world.rank() != 0) return;
   if (!links.contains("intra_host")) {
@@ -455,8 +558,8 @@ void run_calibrate(const CalibrateFlags& f) {
       }));
     return buf.size() / median(t);
   };
-  set_num_threads(cores);
-  const double host_read = read_rate();
+  set_num_threads(machine_cores);
+  const double host_read = read_rate() / machine.hosts;
   set_num_threads(threads);
   const double rank_read = read_rate();
   buf = {};
@@ -470,14 +573,19 @@ void run_calibrate(const CalibrateFlags& f) {
   const std::string cpu = cpu_name();
   const std::string probe = "moex plan calibrate on " + cpu + ": ";
   const std::string clock = "CPU time";
-  const std::string probe_all_cores = probe + "stream_read probe of 1 GB on all " + std::to_string(cores) +
-                                      " cores, by their CPU time, median of 5";
+  const std::string shared = machine.hosts > 1 ? ", divided by the " + std::to_string(machine.hosts) +
+                                                     " hosts on this machine (same boot_id)"
+                                               : "";
+  const std::string probe_all_cores = probe + "stream_read probe of 1 GB on all " + std::to_string(machine_cores) +
+                                      " cores, by their CPU time, median of 5" + shared;
   nlohmann::json j;
   j["name"] = "this machine (" + std::to_string(cores) + " cores, " + std::to_string(devices) + " ranks of " +
               std::to_string(threads) + " thread" + (threads > 1 ? "s" : "") + ")";
   j["hosts"] = std::max(1, topo.hosts());
   j["devices_per_host"] = devices;
   j["cores_per_host"] = cores;
+  j["hosts_per_machine"] = fig(machine.hosts, probe + "hosts of the job whose ranks have rank 0's boot_id: they share its " +
+                                                  std::to_string(machine_cores) + " cores, read rate and memory");
   j["shared_memory_collectives"] = true;
   j["host_read_GBps"] = fig(host_read / 1e9, probe_all_cores);
   const double total_memory = [] {
@@ -490,7 +598,7 @@ void run_calibrate(const CalibrateFlags& f) {
   }();
   j["device"] = {
       {"name", "CPU rank"},
-      {"memory_GB", fig(total_memory / devices / 1e9, probe + "/proc/meminfo MemTotal / devices")},
+      {"memory_GB", fig(total_memory / machine.hosts / devices / 1e9, probe + "/proc/meminfo MemTotal / devices" + shared)},
       {"read_GBps", fig(rank_read / 1e9, probe + "stream_read probe of 1 GB on one rank's " + std::to_string(threads) +
                                              " thread(s) alone, by CPU time, median of 5")},
       {"bf16_TFLOPS", fig(bf16 / 1e12, probe + "vdpbf16ps probe per rank (its threads, CPU clock)")},
