@@ -38,7 +38,7 @@ PanelsWritten write_panels(const std::string& dir, const std::string& out) {
   options.metadata[kPanelsLayoutKey] = std::to_string(kernels::kPackedLayoutVersion);
   options.metadata[kPanelsWeightsKey] = key.weights;
   options.metadata[kPanelsSourceKey] = key.source;
-  options.data_alignment = 4096;
+  options.data_alignment = kPageDataAlignment;
   SafetensorsPlan plan = plan_safetensors(tensors, UINT64_MAX, store.checkpoint_id(), options);
   MOEX_CHECK(plan.shards.size() == 1);
   size_t cached = SIZE_MAX;  // a matrix's buffers are adjacent in the file (names sorted): packed once

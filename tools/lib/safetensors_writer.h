@@ -56,11 +56,19 @@ uint64_t parse_byte_size(const std::string& text, const char* flag);
 
 // Beyond transformers' files (the defaults give its bytes): more string entries for every shard's
 // __metadata__ (after "format" and the checkpoint id), and header padding so that each shard's data starts at
-// a multiple of `data_alignment` bytes (a multiple of 8; panels.moex: 4096).
+// a multiple of `data_alignment` bytes (a multiple of 8; MoEX's own writers: kPageDataAlignment).
+// The safetensors format allows the header to end in spaces, so every reader takes the padded files.
 struct SafetensorsOptions {
   std::map<std::string, std::string> metadata;
   uint64_t data_alignment = 8;
 };
+
+// Where gen-model, quantize and panels.moex start each shard's data: a page. The as-stored kernels read a
+// checkpoint's rows in place from its mapping, and their rate depends on where the rows fall in the pages
+// (mini's rows of 2 KB ran ~7% slower 2,888 bytes into a page than at its start; docs/plan.md); with the data
+// at a page start, a tensor whose bytes are a multiple of 4 KB (every matrix of the presets) keeps the next
+// one on a page boundary too.
+constexpr uint64_t kPageDataAlignment = 4096;
 
 // Lays out the files; tensors are given in state-dict (module) order. Names must be unique. A non-empty
 // `checkpoint_id` is recorded in every shard and in the index.
