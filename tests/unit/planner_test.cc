@@ -310,7 +310,8 @@ TEST(Planner, EachCollectiveWaitsWhatTheTableGivesForTheSegmentBeforeIt) {
   nlohmann::json j = memory_bound_cluster(2);
   j["cores_per_host"] = 2;
   // A wait independent of the segment: every collective of the step waits it once.
-  j["time_sharing"] = {{{"ranks_per_core", fig(1)}, {"slowdown", fig(1)}, {"wait", wait_table({{1e9, 50}})}}};
+  // (A slowdown of 1.25: a quarter of a rank's compute is time off its core, room for the waits below.)
+  j["time_sharing"] = {{{"ranks_per_core", fig(1)}, {"slowdown", fig(1.25)}, {"wait", wait_table({{1e9, 50}})}}};
   PlanChoice tp;
   tp.tp = 2;
   const Prediction r = predict(m, parse_cluster(j, "t"), tp, 2, Workload{16, 64});
@@ -320,11 +321,18 @@ TEST(Planner, EachCollectiveWaitsWhatTheTableGivesForTheSegmentBeforeIt) {
   const Prediction d = predict(m, parse_cluster(j, "t"), dp, 2, Workload{16, 64});
   EXPECT_NEAR(d.wait_s - d.imbalance_wait_s, 50e-6 * 16, 1e-12);  // dispatch and combine per MoE layer
   EXPECT_EQ(predict(m, parse_cluster(j, "t"), PlanChoice{}, 1, Workload{16, 64}).wait_s, 0);  // nothing to wait for
-  // Between two measured segment lengths the wait is linear in the segment: here 10% of each, so 10% of all the
-  // compute, which the segments add up to (TP: every rank's experts are the busiest's).
+  // Between two measured segment lengths the wait is linear in the segment: here 10% of each one's CPU time, so
+  // 10% of all the compute's, which the segments add up to (TP: every rank's experts are the busiest's).
   j["time_sharing"][0]["wait"] = wait_table({{1, 0.1}, {1e9, 1e8}});
   const Prediction share = predict(m, parse_cluster(j, "t"), tp, 2, Workload{16, 64});
-  EXPECT_NEAR(share.wait_s, 0.1 * (share.attention_s + share.routing_s + share.experts_s + share.other_s), 1e-9);
+  const double compute = share.attention_s + share.routing_s + share.experts_s + share.other_s;
+  EXPECT_NEAR(share.wait_s, 0.1 * compute / 1.25, 1e-9);
+  // A wait the step cannot hold (measured in a busier minute than the slowdown) stops at the step less the rank's
+  // own CPU time: the share is at most the time the rank is off its core or on the wire.
+  j["time_sharing"][0]["wait"] = wait_table({{1, 10}, {1e9, 1e10}});
+  const Prediction over = predict(m, parse_cluster(j, "t"), tp, 2, Workload{16, 64});
+  EXPECT_NEAR(over.wait_s, over.step_s - over.comm_s - compute / 1.25, 1e-9);
+  EXPECT_LT(over.comm_share, 1.0);
   // Between two segment lengths, linear; outside them, the nearest one's.
   Cluster::TimeSharing t;
   t.segment_s = {1e-3, 3e-3};

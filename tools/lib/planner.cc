@@ -673,6 +673,11 @@ Prediction predict(const ModelConfig& m, const Cluster& c, const PlanChoice& p, 
     out.wait_s += sharing.wait(seg / time_share);
     out.longest_segment_s = std::max(out.longest_segment_s, seg);
   }
+  // A rank inside a collective is not computing: its wire and wait leave at least its own compute's CPU time in
+  // the step (rank 0's: the mean group's experts, at the time share's CPU rate). The table's wait and the
+  // slowdown are measured in different minutes, and on a loaded machine their sum can pass that bound.
+  const double own_cpu = (compute - out.imbalance_wait_s) / time_share;
+  out.wait_s = std::min(out.wait_s, std::max(out.imbalance_wait_s, out.step_s - out.logits_s - out.comm_s - own_cpu));
   out.comm_share = (out.comm_s + out.wait_s) / out.step_s;
   out.wire_share = out.comm_s / out.step_s;
   out.wire_bytes_per_token = wire / (dp ? seqs : B);
