@@ -73,6 +73,20 @@ TEST(BenchE2E, OneRowPerFormatAndTestWithConsistentFigures) {
                 1e-6 * r.at("pct_roofline").get<double>()) << r;
     EXPECT_NEAR(r.at("pct_dram_roofline").get<double>(), 100 * dram_s / (r.at("ms").get<double>() * 1e-3),
                 1e-6 * r.at("pct_dram_roofline").get<double>()) << r;
+    // %parts: the experts' max(bytes / read rate, FLOPs / their peak) plus the rest's (dense peak), both at the
+    // row's read rate; a sum of the parts' bounds, never below the bound of the step's totals (%roof).
+    const double bytes_total = r.at("bytes").get<double>(), expert_bytes = r.at("expert_bytes").get<double>();
+    EXPECT_GT(expert_bytes, 0) << r;
+    EXPECT_LE(expert_bytes, bytes_total) << r;
+    const double read_s = tg ? r.at("replay_ms").get<double>() * 1e-3 : bytes_total / (r.at("read_gb_per_s").get<double>() * 1e9);
+    const double rate = bytes_total / read_s, expert_flops = r.at("expert_flops").get<double>();
+    const double parts_s =
+        std::max(expert_bytes / rate, expert_flops / (r.at("peak_gflops").get<double>() * 1e9)) +
+        std::max((bytes_total - expert_bytes) / rate,
+                 (r.at("flops").get<double>() - expert_flops) / (r.at("dense_peak_gflops").get<double>() * 1e9));
+    EXPECT_NEAR(r.at("pct_parts_roofline").get<double>(), 100 * parts_s / (r.at("ms").get<double>() * 1e-3),
+                1e-6 * r.at("pct_parts_roofline").get<double>()) << r;
+    EXPECT_GE(r.at("pct_parts_roofline").get<double>(), r.at("pct_roofline").get<double>() * (1 - 1e-9)) << r;
     if (tg)
       EXPECT_NEAR(r.at("replay_gb_per_s").get<double>() * r.at("replay_ms").get<double>() * 1e6, r.at("bytes").get<double>(),
                   1e-6 * r.at("bytes").get<double>()) << r;

@@ -18,26 +18,50 @@
 #include "moex/base/threads.h"
 #include "moex/kernels/matmul.h"
 #include "moex/kernels/paged_attention.h"
+#include "tools/lib/read_replay.h"
 
 namespace moex::kernels {
 namespace {
 
-double median_call_seconds(int repeats, double sample_ms, bool cpu_clock, const std::function<void()>& call) {
-  call();  // warm-up: sizes the per-thread buffers
+// A row's time and its own read roofline. Each timed sample of `calls` calls (call(i): the i-th call of the run)
+// is followed by the replay of exactly the bytes those calls read (reads(i): the i-th call's ranges, in the order
+// the kernel reads them; stream_read_steps), so the row and its probe sample the same moments: on the Zen 4 VM
+// the read rate flips between ~35 and ~60 GB/s within seconds, and one probe per run taken before the rows let
+// rows read 107-119% of it. Medians of each, as bench e2e's batched rows.
+struct Timed {
+  double seconds = 0;             // per call, median of the samples
+  double replay_bytes_per_s = 0;  // median of the samples' replays (0: no reads given)
+};
+Timed median_call_seconds(int repeats, double sample_ms, bool cpu_clock, const std::function<void(int64_t)>& call,
+                          const std::function<void(int64_t, StepReads&)>& reads) {
+  int64_t next = 0;
+  call(next++);  // warm-up: sizes the per-thread buffers
   const auto start = std::chrono::steady_clock::now();
   int calls = 0;
   do {
-    call();
+    call(next++);
     ++calls;
   } while (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() < sample_ms * 1e-3);
-  std::vector<double> samples;
+  std::vector<double> samples, rates;
+  std::vector<StepReads> steps(calls);
   for (int r = 0; r < std::max(repeats, 1); ++r) {
+    const int64_t first = next;
     const double t0 = now_seconds(cpu_clock);
-    for (int i = 0; i < calls; ++i) call();
+    for (int i = 0; i < calls; ++i) call(next++);
     samples.push_back((now_seconds(cpu_clock) - t0) / calls);
+    if (!reads) continue;
+    size_t bytes = 0;
+    for (int i = 0; i < calls; ++i) {
+      steps[i].clear();
+      reads(first + i, steps[i]);
+      bytes += tools::bytes_of(steps[i]);
+    }
+    const double seconds = tools::timed_replay(steps, cpu_clock);
+    if (bytes > 0 && seconds > 0) rates.push_back(static_cast<double>(bytes) / seconds);
   }
   std::sort(samples.begin(), samples.end());
-  return samples[samples.size() / 2];
+  std::sort(rates.begin(), rates.end());
+  return {samples[samples.size() / 2], rates.empty() ? 0.0 : rates[rates.size() / 2]};
 }
 
 }  // namespace
@@ -76,9 +100,10 @@ std::string rows_over_probe(const KernelBenchReport& report) {
   for (const KernelBenchRow& r : report.rows)
     if (r.pct_roofline > 100.0) {
       char line[256];
-      std::snprintf(line, sizeof line, "PROBE TOO LOW: %s %s T=%lld at %.1f%% of its roofline (read %.1f%%, peak %.1f%%)\n",
+      std::snprintf(line, sizeof line,
+                    "PROBE TOO LOW: %s %s T=%lld at %.1f%% of its roofline (read %.1f%% of %.1f GB/s, peak %.1f%%)\n",
                     r.kernel.c_str(), r.format.c_str(), static_cast<long long>(r.tokens), r.pct_roofline,
-                    r.pct_read_roofline, r.pct_compute_peak);
+                    r.pct_read_roofline, r.read_bytes_per_s / 1e9, r.pct_compute_peak);
       out += line;
     }
   return out;
@@ -145,15 +170,18 @@ FormatSpec parse_format_spec(const std::string& name) {
 
 namespace {
 
-// Fills a row's rates from its seconds, weight_bytes and flops: against the read probe and `peak`, the
-// FLOP/s of the instruction its kernel sums with (0: no probe, so compute and the roofline are memory alone).
-void finish_row(KernelBenchRow& r, const KernelBenchReport& report, double peak) {
+// Fills a row's rates from its seconds, weight_bytes, flops and its replay rate (`timed`): against that read rate
+// (the DRAM probe of the run where the row has no replay) and `peak`, the FLOP/s of the instruction its kernel
+// sums with (0: no probe, so compute and the roofline are memory alone).
+void finish_row(KernelBenchRow& r, const KernelBenchReport& report, const Timed& timed, double peak) {
+  r.seconds = timed.seconds;
+  r.read_bytes_per_s = timed.replay_bytes_per_s > 0 ? timed.replay_bytes_per_s : report.read_bytes_per_s;
   r.gb_per_s = r.weight_bytes / r.seconds / 1e9;
   r.gflops = r.flops / r.seconds / 1e9;
-  r.pct_read_roofline = 100.0 * r.weight_bytes / r.seconds / report.read_bytes_per_s;
+  r.pct_read_roofline = 100.0 * r.weight_bytes / r.seconds / r.read_bytes_per_s;
+  r.pct_dram = 100.0 * r.weight_bytes / r.seconds / report.read_bytes_per_s;
   r.pct_compute_peak = peak > 0 ? 100.0 * r.flops / r.seconds / peak : 0.0;
-  r.pct_roofline =
-      100.0 * std::max(r.weight_bytes / report.read_bytes_per_s, peak > 0 ? r.flops / peak : 0.0) / r.seconds;
+  r.pct_roofline = 100.0 * std::max(r.weight_bytes / r.read_bytes_per_s, peak > 0 ? r.flops / peak : 0.0) / r.seconds;
 }
 
 // The ISA a call of `rows` rows per matrix runs for a format on this CPU (kAmx's few-row loop is AVX-512's).
@@ -261,10 +289,16 @@ void bench_moe(const KernelBenchOptions& o, const FormatSpec& spec, const std::s
       }
     }
     onto_huge_pages(copy);
-    int64_t next = 0;
-    const double seconds = median_call_seconds(o.repeats, o.sample_ms, o.cpu_clock, [&] {
-      const ExpertRows* set = args.data() + next * E;
-      next = (next + 1) % copies;
+    // The bytes a call reads: the experts with rows, all gate/up then all down (fused_experts' order).
+    const auto reads = [&](int64_t i, StepReads& out) {
+      const ExpertRows* set = args.data() + (i % copies) * E;
+      for (int e = 0; e < E; ++e)
+        if (set[e].rows > 0) tools::add_reads(out, *set[e].w13);
+      for (int e = 0; e < E; ++e)
+        if (set[e].rows > 0) tools::add_reads(out, *set[e].w2);
+    };
+    const Timed timed = median_call_seconds(o.repeats, o.sample_ms, o.cpu_clock, [&](int64_t i) {
+      const ExpertRows* set = args.data() + (i % copies) * E;
       if (fused) {
         fused_experts(set, E, out.data(), H);
         return;
@@ -275,7 +309,7 @@ void bench_moe(const KernelBenchOptions& o, const FormatSpec& spec, const std::s
         expert_gate_up(a.x, a.rows, *a.w13, a.h);
         expert_down_accumulate(a.h, a.rows, *a.w2, a.route_weights, a.out_rows, out.data(), H);
       }
-    });
+    }, reads);
     KernelBenchRow r;
     r.kernel = fused ? "moe" : "moe_unfused";
     r.format = format_name;
@@ -287,10 +321,9 @@ void bench_moe(const KernelBenchOptions& o, const FormatSpec& spec, const std::s
     r.tokens = T;
     r.rows = I;
     r.cols = H;
-    r.seconds = seconds;
     r.weight_bytes = bytes;
     r.flops = 2.0 * rows * 3.0 * H * I;
-    finish_row(r, report, compute_peak(report, spec.format, per_expert));
+    finish_row(r, report, timed, compute_peak(report, spec.format, per_expert));
     report.rows.push_back(r);
   }
 }
@@ -334,9 +367,13 @@ void bench_attention(const KernelBenchOptions& o, bool decode, bool vector_tile,
     for (float& v : q) v = normal(rng);
     std::vector<float> scratch(num_threads() * paged_attention_scratch_floats(layout, heads));
     set_use_x86_kernels(vector_tile);
-    const double seconds = median_call_seconds(o.repeats, o.sample_ms, o.cpu_clock, [&] {
-      paged_attention(layout, pool.data(), 0, seqs.data(), num_seqs, q.data(), heads, out.data(), scratch.data());
-    });
+    // The reads: the pool (every block is some sequence's), the K/V the call reads.
+    const Timed timed = median_call_seconds(
+        o.repeats, o.sample_ms, o.cpu_clock,
+        [&](int64_t) {
+          paged_attention(layout, pool.data(), 0, seqs.data(), num_seqs, q.data(), heads, out.data(), scratch.data());
+        },
+        [&](int64_t, StepReads& out) { out.push_back({pool.data(), pool.size() * sizeof(uint16_t)}); });
     set_use_x86_kernels(had_x86);
     KernelBenchRow r;
     r.kernel = std::string(decode ? "attention_decode" : "attention") + (vector_tile ? "" : "_portable");
@@ -345,11 +382,10 @@ void bench_attention(const KernelBenchOptions& o, bool decode, bool vector_tile,
     r.tokens = T;
     r.rows = num_seqs * heads;
     r.cols = hd;
-    r.seconds = seconds;
     r.weight_bytes = 2.0 * num_seqs * T * kv_heads * hd * 2;
     const double pairs = decode ? static_cast<double>(num_seqs) * T : static_cast<double>(T) * (T + 1) / 2;
     r.flops = 4.0 * hd * heads * pairs;
-    finish_row(r, report, report.fma_peak.per_second);
+    finish_row(r, report, timed, report.fma_peak.per_second);
     report.rows.push_back(r);
   }
 }
@@ -368,11 +404,10 @@ void bench_dense(const KernelBenchOptions& o, const std::vector<float>& x, std::
   for (int64_t i = 0; i < N * K; ++i) w[i] = f32_to_bf16(normal(rng));
   for (int64_t c = 1; c < copies; ++c) std::memcpy(w.data() + c * N * K, w.data(), N * K * sizeof(uint16_t));
   for (int64_t T : o.tokens) {
-    int64_t next = 0;
-    const double seconds = median_call_seconds(o.repeats, o.sample_ms, o.cpu_clock, [&] {
-      matmul(x.data(), T, TensorView{w.data() + next * N * K, DType::kBF16, Shape{N, K}}, y.data());
-      next = (next + 1) % copies;
-    });
+    const Timed timed = median_call_seconds(
+        o.repeats, o.sample_ms, o.cpu_clock,
+        [&](int64_t i) { matmul(x.data(), T, TensorView{w.data() + (i % copies) * N * K, DType::kBF16, Shape{N, K}}, y.data()); },
+        [&](int64_t i, StepReads& out) { out.push_back({w.data() + (i % copies) * N * K, static_cast<size_t>(bytes)}); });
     KernelBenchRow r;
     r.kernel = "dense";
     r.format = "bf16-as-stored";
@@ -380,10 +415,9 @@ void bench_dense(const KernelBenchOptions& o, const std::vector<float>& x, std::
     r.tokens = T;
     r.rows = N;
     r.cols = K;
-    r.seconds = seconds;
     r.weight_bytes = bytes;
     r.flops = 2.0 * T * N * K;
-    finish_row(r, report, r.isa != "none" ? report.fma_peak.per_second : 0.0);  // the portable loop: memory alone
+    finish_row(r, report, timed, r.isa != "none" ? report.fma_peak.per_second : 0.0);  // the portable loop: memory alone
     report.rows.push_back(r);
   }
 }
@@ -455,14 +489,12 @@ KernelBenchReport bench_kernels(const KernelBenchOptions& o) {
       for (PackedWeights& w : cycle) all.push_back(&w);
       onto_huge_pages(all);
       for (int64_t T : o.tokens) {
-        int64_t next = 0;
-        const double seconds = median_call_seconds(o.repeats, o.sample_ms, o.cpu_clock, [&] {
-          const PackedWeights& w = cycle[next];
-          next = (next + 1) % copies;
+        const Timed timed = median_call_seconds(o.repeats, o.sample_ms, o.cpu_clock, [&](int64_t i) {
+          const PackedWeights& w = cycle[i % copies];
           if (kernel == "w1") packed_matmul(x.data(), T, w, h.data());
           else if (kernel == "gate_up") expert_gate_up(x.data(), T, w, h.data());
           else expert_down_accumulate(x.data(), T, w, route.data(), out_rows.data(), out.data(), H);
-        });
+        }, [&](int64_t i, StepReads& out) { tools::add_reads(out, cycle[i % copies]); });
         KernelBenchRow r;
         r.kernel = kernel;
         r.format = o.formats[s];
@@ -470,10 +502,9 @@ KernelBenchReport bench_kernels(const KernelBenchOptions& o) {
         r.tokens = T;
         r.rows = kernel == "down" ? H : I;
         r.cols = kernel == "down" ? I : H;
-        r.seconds = seconds;
         r.weight_bytes = static_cast<double>(packed.weight_bytes());
         r.flops = 2.0 * T * r.rows * r.cols * (kernel == "gate_up" ? 2 : 1);
-        finish_row(r, report, compute_peak(report, spec.format, T));
+        finish_row(r, report, timed, compute_peak(report, spec.format, T));
         report.rows.push_back(r);
       }
     }

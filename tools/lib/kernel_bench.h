@@ -1,6 +1,6 @@
 // Kernel microbenchmark: each packed format's matmul, fused gate/up and routed down projection on an
-// expert's shapes, against the probes measured in the same run (read bandwidth for the bytes a call reads,
-// the vdpbf16ps / vpdpbusd / AMX tile peaks for its FLOPs). Callable from a command (`moex bench kernels`) or a test.
+// expert's shapes, against the probes measured in the same run (per row, the replay of the bytes its calls
+// read, timed beside its samples; the vdpbf16ps / vpdpbusd / AMX tile peaks for its FLOPs). Callable from a command (`moex bench kernels`) or a test.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -30,15 +30,19 @@ struct KernelBenchRow {
   double seconds = 0;                       // per call, median of the samples
   double weight_bytes = 0, flops = 0;       // per call
   double gb_per_s = 0, gflops = 0;
-  double pct_read_roofline = 0;             // weight bytes / s over the read probe
+  // The row's own read probe: bytes/s of the replay of exactly the bytes its calls read (the same copies, in
+  // the kernel's order: stream_read_steps), run right after each timed sample, median (bench_kernels).
+  double read_bytes_per_s = 0;
+  double pct_read_roofline = 0;             // weight bytes / s over the row's read probe (read_bytes_per_s)
+  double pct_dram = 0;                      // weight bytes / s over the run's DRAM probe (report.read_bytes_per_s)
   double pct_compute_peak = 0;              // FLOP/s over the format's dot-product probe (0: none measured)
-  // The batched roofline: max(bytes / read probe, FLOPs / dot-product probe) over the time taken (memory
-  // alone when the kernel's instruction has no probe).
+  // The batched roofline: max(bytes / the row's read probe, FLOPs / dot-product probe) over the time taken
+  // (memory alone when the kernel's instruction has no probe).
   double pct_roofline = 0;
 };
 
 struct KernelBenchReport {
-  double read_bytes_per_s = 0;
+  double read_bytes_per_s = 0;  // the DRAM probe (read_probe over a buffer of its own, once before the rows)
   ReadProbe read;
   double clock_hz = 0;  // core_clock_hz() in the same run
   PeakResult bf16_peak, vnni_peak, maddubs_peak, fma_peak, amx_bf16_peak, amx_int8_peak;

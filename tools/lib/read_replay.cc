@@ -9,17 +9,26 @@ void add(kernels::StepReads& reads, const TensorView& v) {
   if (v.data && v.numel() > 0) reads.push_back({v.data, v.bytes()});
 }
 
-void add(kernels::StepReads& reads, const kernels::PackedWeights& p) {
-  for (const kernels::AlignedBytes* b : {&p.data, &p.scales, &p.offsets, &p.col_sums})
-    if (b->size > 0) reads.push_back({b->ptr.get(), b->size});
-}
+void add(kernels::StepReads& reads, const kernels::PackedWeights& p) { add_reads(reads, p); }
 
 void add(kernels::StepReads& reads, const DenseWeight& w) {
-  if (w.packed) add(reads, *w.packed);
+  if (w.packed) add_reads(reads, *w.packed);
   else add(reads, w.view);
 }
 
 }  // namespace
+
+void add_reads(kernels::StepReads& reads, const kernels::PackedWeights& p) {
+  for (const kernels::AlignedBytes* b : {&p.data, &p.scales, &p.offsets, &p.col_sums})
+    if (b->size > 0) reads.push_back({b->ptr.get(), b->size});
+}
+
+double timed_replay(const std::vector<kernels::StepReads>& steps, bool cpu_clock) {
+  static volatile float sink = 0.0f;  // keeps the loads
+  const double t0 = kernels::now_seconds(cpu_clock);
+  sink = sink + kernels::stream_read_steps(steps).checksum;
+  return kernels::now_seconds(cpu_clock) - t0;
+}
 
 kernels::StepReads step_weight_reads(const DecoderModel& model, const std::vector<int32_t>& tokens) {
   const DecoderWeights& w = model.weights();

@@ -7,6 +7,7 @@
 #include <set>
 #include <vector>
 
+#include "moex/kernels/packed.h"
 #include "moex/model/decoder.h"
 #include "moex/runtime/step_protocol.h"
 #include "tools/lib/probes.h"
@@ -21,6 +22,12 @@ namespace moex::tools {
 // (contiguous) views. KV-cache reads are not weights and not included.
 kernels::StepReads step_weight_reads(const DecoderModel& model, const std::vector<int32_t>& tokens);
 size_t bytes_of(const kernels::StepReads& step);
+// Appends what a kernel reads of a packed matrix: its codes, scales, offsets and column sums (those it has).
+void add_reads(kernels::StepReads& reads, const kernels::PackedWeights& p);
+// One replay of `steps` (kernels::stream_read_steps), timed on now_seconds(cpu_clock): seconds. The benchmarks
+// run it right after each timed sample of what they judge, so the row and its read roofline sample the same
+// moments (on the Zen 4 VM the read rate flips between ~35 and ~60 GB/s within seconds).
+double timed_replay(const std::vector<kernels::StepReads>& steps, bool cpu_clock);
 
 // What a run's reads repeat (ranges compared by start and length): the mean bytes per step, the mean of
 // each step's bytes that the step before read too (steps 1..n-1), and the distinct bytes of the whole run.

@@ -52,7 +52,8 @@ void run_kernels(const KernelsFlags& f) {
     for (const auto& row : r.rows)
       rows.push_back({{"kernel", row.kernel}, {"format", row.format}, {"isa", row.isa}, {"tokens", row.tokens},
                       {"rows", row.rows}, {"cols", row.cols}, {"us", row.seconds * 1e6}, {"gb_per_s", row.gb_per_s},
-                      {"gflops", row.gflops}, {"pct_read_roofline", row.pct_read_roofline},
+                      {"gflops", row.gflops}, {"read_gb_per_s", row.read_bytes_per_s / 1e9},
+                      {"pct_read_roofline", row.pct_read_roofline}, {"pct_dram", row.pct_dram},
                       {"pct_compute_peak", row.pct_compute_peak}, {"pct_roofline", row.pct_roofline}});
     std::printf("%s\n", nlohmann::json{{"hidden", o.hidden}, {"intermediate", o.intermediate}, {"threads", r.threads},
                                        {"read_gb_per_s", r.read_bytes_per_s / 1e9},
@@ -81,23 +82,26 @@ void run_kernels(const KernelsFlags& f) {
               r.maddubs_peak.per_second / 1e9, r.fma_peak.per_second / 1e9, r.amx_bf16_peak.per_second / 1e9,
               r.amx_int8_peak.per_second / 1e9);
   std::printf("%s", kernels::describe_probes(r.read, r.clock_hz, r.bf16_peak, r.vnni_peak, r.fma_peak, r.amx_bf16_peak).c_str());
-  std::printf("%-8s %-15s %-11s %5s %13s %10s %8s %8s %7s %7s %7s\n", "kernel", "format", "isa", "T", "matrix", "us",
-              "GB/s", "GFLOPS", "%read", "%peak", "%roof");
+  std::printf("%-8s %-15s %-11s %5s %13s %10s %8s %8s %7s %7s %7s %7s %7s\n", "kernel", "format", "isa", "T", "matrix",
+              "us", "GB/s", "GFLOPS", "probe", "%read", "%dram", "%peak", "%roof");
   for (const auto& row : r.rows) {
     char shape[32];
     std::snprintf(shape, sizeof shape, "%lldx%lld", static_cast<long long>(row.rows), static_cast<long long>(row.cols));
     char peak[16] = "-";
     if (row.pct_compute_peak > 0) std::snprintf(peak, sizeof peak, "%.1f", row.pct_compute_peak);
-    std::printf("%-8s %-15s %-11s %5lld %13s %10.1f %8.1f %8.1f %7.1f %7s %7.1f\n", row.kernel.c_str(),
+    std::printf("%-8s %-15s %-11s %5lld %13s %10.1f %8.1f %8.1f %7.1f %7.1f %7.1f %7s %7.1f%s\n", row.kernel.c_str(),
                 row.format.c_str(), row.isa.c_str(), static_cast<long long>(row.tokens), shape, row.seconds * 1e6,
-                row.gb_per_s, row.gflops, row.pct_read_roofline, peak, row.pct_roofline);
+                row.gb_per_s, row.gflops, row.read_bytes_per_s / 1e9, row.pct_read_roofline, row.pct_dram, peak,
+                row.pct_roofline, row.pct_roofline > 100.0 ? " PROBE TOO LOW" : "");
   }
-  std::printf("%%read: weight bytes per second over the read probe (decode's roofline); %%peak: FLOP/s over the "
+  std::printf("probe: GB/s of the row's read probe, the replay of exactly the bytes its calls read, run after each of "
+              "its samples (median); %%read: weight bytes per second over it (decode's roofline); %%dram: over the "
+              "run's DRAM probe (read, above, once before the rows); %%peak: FLOP/s over the "
               "probe of the kernel's dot-product instruction (isa avx512bf16: vdpbf16ps, avx512vnni: vpdpbusd (int8: half of "
               "it, vpdpwssd's two products per lane at vpdpbusd's rate), amx: "
               "tdpbf16ps (bf16) or tdpbusd (int8-w8a8), avx2 "
               "int8-w8a8 / int4-w4a8: vpmaddubsw, other avx512 and avx2: vfmadd231ps);\n"
-              "%%roof: the batched roofline max(bytes / read, FLOPs / peak) over the time taken.\n");
+              "%%roof: the batched roofline max(bytes / the row's probe, FLOPs / peak) over the time taken.\n");
   std::printf("%s", kernels::rows_over_probe(r).c_str());
 }
 

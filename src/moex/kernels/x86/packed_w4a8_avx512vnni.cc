@@ -55,8 +55,9 @@ void fold(const __v16si (&part)[MT][4], const float* scales, const float* offset
 }
 
 // The few-row loop: c [MT][64] += x [MT][ldx] . the panel's nibbles [kp/8][64][4], decoded in registers.
-// Prefetch: the panel's first token tile streams it (`stream`: prefetch_ahead); the later tiles read it from L2
-// and spread the next panel's lines over their k steps (`next`, one next() per 8 k).
+// Prefetch: the panel's first token tile streams it (`stream`: prefetch_ahead, but for one-row calls on AMD: see
+// run_panels_int4_w4a8_avx512vnni); the later tiles read it from L2 and spread the next panel's lines over their
+// k steps (`next`, one next() per 8 k).
 template <int MT>
 void tile(const int8_t* x, int64_t ldx, const uint8_t* w, const float* scales, const float* offsets,
           const float* code_sums, const float* act_scales, int64_t ld_sums, int64_t group, int64_t kp, float* c,
@@ -97,6 +98,11 @@ void run_panels_int4_w4a8_avx512vnni(const PanelJob& job, int64_t panel_begin, i
   thread_local std::vector<float> c;  // [T][64]
   if (c.size() < static_cast<size_t>(tokens * kPanel)) c.resize(tokens * kPanel);
   const uint8_t* w_end = w.data.as<const uint8_t>() + panel_end * (kp / 2) * kPanel;  // this call's panels end
+  // One row streams on the hardware prefetchers alone where the bf16 / W8A8 loops do (g_stream_prefetch false: AMD,
+  // or MOEX_STREAM_PREFETCH=off). On the Zen 4 VM prefetch_ahead held one thread of a one-row call at ~67% of its
+  // replay, the profile's time on the loads of the codes, against ~100% without (docs/kernels.md, "Prefetch
+  // distance"); from two rows the prefetch stays (batch 16 ran ~2x slower without it on two threads).
+  const bool stream_prefetch = g_stream_prefetch || tokens > 1;
   for (int64_t panel = panel_begin; panel < panel_end; ++panel) {
     const uint8_t* w_panel = w.data.as<const uint8_t>() + panel * (kp / 2) * kPanel;  // [kp/8][64][4]
     const float* scales = w.scales.as<const float>() + panel * groups * kPanel;    // [G][64]
@@ -110,7 +116,7 @@ void run_panels_int4_w4a8_avx512vnni(const PanelJob& job, int64_t panel_begin, i
       const int64_t i = t / kTokenTile, first_line = i == 0 ? 0 : next_lines * (i - 1) / (tiles - 1),
                     end_line = i == 0 ? 0 : next_lines * i / (tiles - 1);
       tile<MT>(x + t * kp, kp, w_panel, scales, offsets, job.group_sums + t * groups, job.token_scales + t * groups,
-               groups, w.group, kp, c.data() + t * kPanel, w_end, i == 0,
+               groups, w.group, kp, c.data() + t * kPanel, w_end, i == 0 && stream_prefetch,
                SpreadPrefetch{next_panel + first_line * 64, end_line - first_line, kp / 8});
     };
     over_tokens<kTokenTile>(tokens, run);

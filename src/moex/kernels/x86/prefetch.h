@@ -23,7 +23,7 @@ namespace moex::kernels::x86 {
 // once, keeps its own 32 KB (expert_gemm_amx.cc).
 constexpr int64_t kStreamLead = 8 << 10;
 
-// Whether the bf16 and W8A8 few-row loops call prefetch_ahead: MOEX_STREAM_PREFETCH if on / off, else (auto; unset; a bad value, which
+// Whether the bf16 and W8A8 few-row loops (and int4-w4a8's one-row calls) call prefetch_ahead: MOEX_STREAM_PREFETCH if on / off, else (auto; unset; a bad value, which
 // validate_kernel_environment refuses at load) not on AMD CPUs and yes on others. Set once before main
 // (formats.cc, compiled for the baseline ISA). The few-row loops read it once per call and run a tile
 // instantiated with or without prefetch_ahead: tested inside the k loop, a function-local static (its guard may
