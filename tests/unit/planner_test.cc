@@ -151,6 +151,18 @@ TEST(Planner, AShapedLinksBucketRefillsWhileTheRanksCompute) {
   j["links"]["inter_host"]["burst_KB"] = fig(link / 2 / 1e3);
   EXPECT_NEAR(plain.comm_s - predict(m, parse_cluster(j, "t"), p, 2, w).comm_s, calls * link / 2 / 1e10, 1e-12);
   EXPECT_NEAR(full.step_s, plain.step_s - calls * link / 1e10, 1e-12);
+  // What a call leaves in the bucket carries over to the next: a bucket of two calls' bytes that the experts'
+  // long segment refills whole passes the attention all-reduce after it too, though the short attention segment
+  // before that call refills only a quarter of one.
+  const double attention = plain.attention_s / m.num_hidden_layers, experts = plain.experts_s / m.num_hidden_layers;
+  ASSERT_GT(experts, 8 * attention);
+  const double rate = link / (4 * attention);  // bytes per second
+  j["links"]["inter_host"]["bandwidth_GBps"] = fig(rate / 1e9);
+  j["links"]["inter_host"].erase("burst_KB");
+  const Prediction slow = predict(m, parse_cluster(j, "t"), p, 2, w);
+  j["links"]["inter_host"]["burst_KB"] = fig(2 * link / 1e3);
+  const Prediction carried = predict(m, parse_cluster(j, "t"), p, 2, w);
+  EXPECT_NEAR(slow.comm_s - carried.comm_s, calls * link / rate, 1e-9 * calls * link / rate);
 }
 
 TEST(Planner, DataParallelAttentionSendsEveryRanksLogitsToRankZero) {

@@ -521,7 +521,9 @@ Prediction predict(const ModelConfig& m, const Cluster& c, const PlanChoice& p, 
   const int per_host = std::min(ranks, c.devices_per_host);
   const double ranks_per_core = c.cores_per_host > 0 ? double(per_host) / c.cores_per_host : 1.0;
   const Sharing sharing = time_sharing_at(c, ranks_per_core);
-  const double time_share = std::max(1.0, ranks_per_core) * sharing.slowdown;
+  // Sharing the cores never makes a rank faster: a slowdown below 1 is the probe's error (over a shaped link its
+  // all-reduces, subtracted from the segments' wall time, are not the bare all-reduce it timed back to back).
+  const double time_share = std::max(1.0, ranks_per_core) * std::max(1.0, sharing.slowdown);
   out.time_share = time_share;
   // The ranks that read at once share the host's rate (those beyond the cores wait their turn: time_share).
   Device dev = c.device;
@@ -635,15 +637,21 @@ Prediction predict(const ModelConfig& m, const Cluster& c, const PlanChoice& p, 
     open += lm_head;
     if (!segments.empty()) segments.front().first += open;  // none: nothing is collective, nothing waits
   }
-  // A shaped inter-host link's bucket refills while the ranks compute: each call's bytes up to what it holds then
-  // pass without the rate (Link::burst_bytes).
-  if (c.hosts > 1 && c.inter.burst_bytes > 0)
-    for (const auto& [seg, i] : segments) {
-      CollectiveCost& col = out.collectives[i];
-      if (!col.crosses_hosts) continue;
-      const double tokens = std::min(c.inter.burst_bytes, seg * c.inter.bytes_per_s);
-      col.burst_credit_s += std::min(std::min(tokens, col.link_bytes) / c.inter.bytes_per_s, col.seconds);
-    }
+  // A shaped inter-host link's bucket refills while the ranks compute, up to its size, and each call's bytes pass
+  // without the rate up to what it holds then (Link::burst_bytes). What a call leaves in the bucket carries over
+  // to the next, so the level is followed through the step, from where the step before left it (a second pass).
+  if (c.hosts > 1 && c.inter.burst_bytes > 0) {
+    double level = c.inter.burst_bytes;
+    for (int pass = 0; pass < 2; ++pass)
+      for (const auto& [seg, i] : segments) {
+        CollectiveCost& col = out.collectives[i];
+        level = std::min(c.inter.burst_bytes, level + seg * c.inter.bytes_per_s);
+        if (!col.crosses_hosts) continue;
+        const double passed = std::min(level, col.link_bytes);
+        level -= passed;
+        if (pass == 1) col.burst_credit_s += std::min(passed / c.inter.bytes_per_s, col.seconds);
+      }
+  }
   double wire = 0;
   for (const CollectiveCost& col : out.collectives) {
     out.comm_s += col.seconds * col.per_step - col.burst_credit_s;

@@ -64,10 +64,10 @@ struct SafetensorsOptions {
 };
 
 // Where gen-model, quantize and panels.moex start each shard's data: a page. The as-stored kernels read a
-// checkpoint's rows in place from its mapping, and their rate depends on where the rows fall in the pages
-// (mini's rows of 2 KB ran ~7% slower 2,888 bytes into a page than at its start; docs/plan.md); with the data
-// at a page start, a tensor whose bytes are a multiple of 4 KB (every matrix of the presets) keeps the next
-// one on a page boundary too.
+// checkpoint's rows in place from its mapping, and rows that start inside a cache line make each 64-byte load
+// touch two lines (mini as-stored decoded 13-18% slower with its data 2,888 bytes into a page; docs/plan.md).
+// With the data at a page start, a tensor whose bytes are a multiple of 4 KB (every matrix of the presets)
+// keeps the next one on a page boundary too.
 constexpr uint64_t kPageDataAlignment = 4096;
 
 // Lays out the files; tensors are given in state-dict (module) order. Names must be unique. A non-empty
