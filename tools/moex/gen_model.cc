@@ -159,7 +159,7 @@ void run_gen_model(const GenModelOptions& o) {
 
   const SyntheticModel model(config, o.seed, o.router_skew, dtype);
   const SafetensorsPlan plan = plan_safetensors(model.tensors(), max_shard, model.checkpoint_id(),
-                                                    SafetensorsOptions{.data_alignment = kPageDataAlignment});
+                                                    SafetensorsOptions{.metadata = {}, .data_alignment = kPageDataAlignment});
   uint64_t file_bytes = 0;
   for (const auto& shard : plan.shards) file_bytes += shard.file_size;
   struct statvfs fs_stat {};

@@ -143,7 +143,7 @@ void run_quantize(const QuantizeOptions& o) {
   char id[40];
   std::snprintf(id, sizeof(id), "quantize-%08x%08x", entropy(), entropy());
   const SafetensorsPlan plan = plan_safetensors(tensors, parse_byte_size(o.max_shard_size, "--max-shard-size"), id,
-                                                    SafetensorsOptions{.data_alignment = kPageDataAlignment});
+                                                    SafetensorsOptions{.metadata = {}, .data_alignment = kPageDataAlignment});
   uint64_t file_bytes = 0;
   for (const auto& shard : plan.shards) file_bytes += shard.file_size;
   struct statvfs fs_stat {};
