@@ -130,13 +130,19 @@ TEST(Planner, AGroupOverHostsIsPricedWithBothLevels) {
   EXPECT_FALSE(predict(m, c, two, 2, Workload{16, 64}).collectives[0].crosses_hosts);
 }
 
+// Two hosts of one device each, joined by an inter-host link of that latency and bandwidth.
+nlohmann::json two_hosts_of_one_rank(double latency_us, double bandwidth_GBps) {
+  nlohmann::json j = memory_bound_cluster(1);
+  j["hosts"] = 2;
+  j["links"]["inter_host"] = {{"latency_us", fig(latency_us)}, {"bandwidth_GBps", fig(bandwidth_GBps)}};
+  return j;
+}
+
 TEST(Planner, AShapedLinksBucketRefillsWhileTheRanksCompute) {
   // TP=2 over 2 hosts of one rank: every all-reduce crosses the link. A bucket that holds a whole call's bytes and
   // refills within the compute before it takes each call's bytes off the rate; a bucket of half of them half.
   const ModelConfig m = synthetic_preset("mini");
-  nlohmann::json j = memory_bound_cluster(1);
-  j["hosts"] = 2;
-  j["links"]["inter_host"] = {{"latency_us", fig(50)}, {"bandwidth_GBps", fig(10)}};
+  nlohmann::json j = two_hosts_of_one_rank(50, 10);
   PlanChoice p;
   p.tp = 2;
   const Workload w{16, 64};
@@ -169,9 +175,7 @@ TEST(Planner, DataParallelAttentionSendsEveryRanksLogitsToRankZero) {
   // EP=2 dp-attn at batch 5 over 2 hosts of one rank: rank 1 holds 2 sequences and sends their f32 logit rows to
   // rank 0 through the link after its forward; the step pays it, the comm share (collectives) does not count it.
   const ModelConfig m = synthetic_preset("mini");
-  nlohmann::json j = memory_bound_cluster(1);
-  j["hosts"] = 2;
-  j["links"]["inter_host"] = {{"latency_us", fig(50)}, {"bandwidth_GBps", fig(1)}};
+  const nlohmann::json j = two_hosts_of_one_rank(50, 1);
   PlanChoice dp;
   dp.moe = "ep", dp.attn = "dp", dp.ep = 2;
   const Prediction r = predict(m, parse_cluster(j, "t"), dp, 2, Workload{5, 64});
