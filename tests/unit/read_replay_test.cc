@@ -40,12 +40,14 @@ TEST(ReplayProbe, ReadsExactlyTheRangesGiven) {
     if (x86 && !use_x86_kernels()) continue;
     const bool was = x86_kernels_allowed();
     set_use_x86_kernels(x86);
-    for (int threads : {1, 2, 3}) {
-      set_num_threads(threads);
-      const kernels::ReplayResult r = kernels::stream_read_steps(steps);
-      EXPECT_EQ(r.bytes, expected) << "threads " << threads << " x86 " << x86;
-      EXPECT_EQ(r.checksum, static_cast<float>(expected / 4)) << "threads " << threads << " x86 " << x86;
-    }
+    for (int threads : {1, 2, 3})
+      for (kernels::ReplaySplit split : {kernels::ReplaySplit::kEachRange, kernels::ReplaySplit::kEachStep}) {
+        set_num_threads(threads);
+        const kernels::ReplayResult r = kernels::stream_read_steps(steps, split);
+        const int how = static_cast<int>(split);
+        EXPECT_EQ(r.bytes, expected) << "threads " << threads << " x86 " << x86 << " split " << how;
+        EXPECT_EQ(r.checksum, static_cast<float>(expected / 4)) << "threads " << threads << " x86 " << x86 << " split " << how;
+      }
     set_use_x86_kernels(was);
   }
   set_num_threads(0);

@@ -47,21 +47,35 @@ float stream_read(const void* data, size_t bytes, int64_t prefetch_lead) {
   return total;
 }
 
-ReplayResult stream_read_steps(const std::vector<StepReads>& steps) {
+ReplayResult stream_read_steps(const std::vector<StepReads>& steps, ReplaySplit split) {
   const int threads = num_threads();
   float sums[256] = {};
   size_t read[256] = {};
   // One parallel region for all steps and no barrier between ranges: a kernel must also wait for its inputs,
-  // so this is a lower bound on the time of any split of the same bytes.
+  // so this is a lower bound on the time of a split of the same bytes like this one.
 #pragma omp parallel num_threads(threads)
   {
     const int t = omp_get_thread_num();
     float sum = 0.0f;
     size_t n = 0;
-    for (const StepReads& step : steps)
+    for (const StepReads& step : steps) {
+      // kEachStep: this thread's share [lo, hi) of the step's bytes laid end to end; `at` is a range's start there.
+      size_t lo = 0, hi = 0, at = 0;
+      if (split == ReplaySplit::kEachStep) {
+        size_t total = 0;
+        for (const ByteRange& r : step) total += r.bytes;
+        const size_t lines = (total + 63) / 64, per = (lines + threads - 1) / threads;
+        lo = std::min(total, t * per * 64), hi = std::min(total, lo + per * 64);
+      }
       for (const ByteRange& r : step) {
-        const size_t lines = (r.bytes + 63) / 64, per = (lines + threads - 1) / threads;
-        const size_t begin = std::min(r.bytes, t * per * 64), end = std::min(r.bytes, begin + per * 64);
+        size_t begin, end;
+        if (split == ReplaySplit::kEachStep) {
+          begin = std::clamp(lo, at, at + r.bytes) - at, end = std::clamp(hi, at, at + r.bytes) - at;
+          at += r.bytes;
+        } else {
+          const size_t lines = (r.bytes + 63) / 64, per = (lines + threads - 1) / threads;
+          begin = std::min(r.bytes, t * per * 64), end = std::min(r.bytes, begin + per * 64);
+        }
         if (begin == end) continue;
         const auto* p = static_cast<const uint8_t*>(r.data) + begin;
         if (use_x86_kernels()) {
@@ -85,6 +99,7 @@ ReplayResult stream_read_steps(const std::vector<StepReads>& steps) {
           n += end - begin;
         }
       }
+    }
     sums[t % 256] = sum;
     read[t % 256] = n;
   }

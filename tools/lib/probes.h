@@ -48,8 +48,13 @@ struct ReplayResult {
   float checksum = 0;  // the sum of the floats read (a partial float at a range's end: its bytes as loaded)
   size_t bytes = 0;    // bytes the loops read, all threads
 };
-// Every thread reads its contiguous share (whole 64-byte lines) of every range of every step, in order.
-ReplayResult stream_read_steps(const std::vector<StepReads>& steps);
+// How the threads share a step's bytes. kEachRange: every thread reads its contiguous share (whole 64-byte
+// lines) of every range, in order, as a kernel that splits each matrix's rows does. kEachStep: the step's ranges
+// laid end to end are cut into one contiguous share per thread (at 64-byte lines of that sequence), as a kernel
+// whose threads take whole matrices or experts does; a thread streams fewer, longer runs.
+enum class ReplaySplit { kEachRange, kEachStep };
+// Reads every byte of every step once, in order, the threads sharing each step as `split` says.
+ReplayResult stream_read_steps(const std::vector<StepReads>& steps, ReplaySplit split = ReplaySplit::kEachRange);
 
 // Compute roofline probes: the dot-product instructions the packed kernels use, back to back on registers
 // in every thread. `per_second` is 0 when the CPU lacks the instruction. `checksum` is what the

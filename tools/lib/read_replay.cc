@@ -25,9 +25,16 @@ void add_reads(kernels::StepReads& reads, const kernels::PackedWeights& p) {
 
 double timed_replay(const std::vector<kernels::StepReads>& steps, bool cpu_clock) {
   static volatile float sink = 0.0f;  // keeps the loads
-  const double t0 = kernels::now_seconds(cpu_clock);
-  sink = sink + kernels::stream_read_steps(steps).checksum;
-  return kernels::now_seconds(cpu_clock) - t0;
+  // The faster of the two ways threads can share the bytes: a kernel that splits each matrix's rows reads like
+  // the one, a kernel whose threads take whole experts like the other, and a roofline must bound both.
+  double best = 0;
+  for (kernels::ReplaySplit split : {kernels::ReplaySplit::kEachRange, kernels::ReplaySplit::kEachStep}) {
+    const double t0 = kernels::now_seconds(cpu_clock);
+    sink = sink + kernels::stream_read_steps(steps, split).checksum;
+    const double t = kernels::now_seconds(cpu_clock) - t0;
+    if (best == 0 || t < best) best = t;
+  }
+  return best;
 }
 
 kernels::StepReads step_weight_reads(const DecoderModel& model, const std::vector<int32_t>& tokens) {

@@ -24,7 +24,8 @@ kernels::StepReads step_weight_reads(const DecoderModel& model, const std::vecto
 size_t bytes_of(const kernels::StepReads& step);
 // Appends what a kernel reads of a packed matrix: its codes, scales, offsets and column sums (those it has).
 void add_reads(kernels::StepReads& reads, const kernels::PackedWeights& p);
-// One replay of `steps` (kernels::stream_read_steps), timed on now_seconds(cpu_clock): seconds. The benchmarks
+// One replay of `steps` (kernels::stream_read_steps) with each of its splits, timed on now_seconds(cpu_clock):
+// the faster one's seconds. The benchmarks
 // run it right after each timed sample of what they judge, so the row and its read roofline sample the same
 // moments (on the Zen 4 VM the read rate flips between ~35 and ~60 GB/s within seconds).
 double timed_replay(const std::vector<kernels::StepReads>& steps, bool cpu_clock);
