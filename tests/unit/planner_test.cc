@@ -446,7 +446,9 @@ void check_recording(const std::filesystem::path& path) {
   for (const nlohmann::json& row : rec.at("rows")) {
     const int ranks = row.at("ranks").get<int>(), batch = row.at("batch").get<int>();
     // Across hosts a row says how many of its ranks each host held (the planner fills a host before the next).
-    Cluster c = recorded;
+    // Each batch's own time-sharing probe (its step's all-reduce size) where the recording has one.
+    Cluster c = rec.contains("cluster_by_batch") ? parse_cluster(rec.at("cluster_by_batch").at(std::to_string(batch)), "recorded")
+                                                 : recorded;
     if (row.contains("devices_per_host")) c.devices_per_host = row.at("devices_per_host").get<int>();
     const std::string name = row.at("plan").get<std::string>(), dtype = row.at("comm_dtype").get<std::string>();
     bool found = false;
