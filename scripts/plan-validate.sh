@@ -73,13 +73,19 @@ if (( HOSTS > 1 )); then
 else
   "${MPIRUN[@]}" -np 2 "$MOEX" plan calibrate --out "$OUT/cluster.json" --devices-per-host "$max" --force
 fi
+# The time-sharing probe sends the step's largest all-reduce (batch x hidden f32 values: 4 KB at batch 1, 64 KB at
+# 16 for mini), whose cost on shared cores (and, across hosts, the network stack's on them) grows with its size, so
+# each batch has its own file, cluster-bB.json.
+hidden=$(/usr/bin/python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["hidden_size"])' "$MODEL/config.json")
+for b in ${BATCHES//,/ }; do cp "$OUT/cluster.json" "$OUT/cluster-b$b.json"; done
 for n in $RANKS; do
-  # How n ranks share the cores now (near no slowdown and no wait up to the cores on a quiet machine; what the
-  # load does to them on a busy one), just before their sweep.
-  "${MPIRUN[@]}" -np "$n" $(map_for "$n") "$MOEX" plan calibrate --out "$OUT/cluster.json" --time-sharing
   # As stored, exact path: the sweep's overlap rows need it, and the planner prices it by the as-stored table.
   for r in $(seq "$REPEATS"); do
     for b in ${BATCHES//,/ }; do
+      # How n ranks share the cores now (near no slowdown and no wait up to the cores on a quiet machine; what the
+      # load does to them on a busy one), just before their sweep.
+      (( r > 1 )) || "${MPIRUN[@]}" -np "$n" $(map_for "$n") "$MOEX" plan calibrate --out "$OUT/cluster-b$b.json" \
+        --time-sharing --message-KB "$(/usr/bin/python3 -c "print($b * $hidden * 4 / 1000)")"
       "${MPIRUN[@]}" -np "$n" $(map_for "$n") "$MOEX" bench parallel-sweep --model "$MODEL" --batches "$b" --steps "$(steps_for "$b")" \
         --prompt-len 8 --prefill-len 16 --weights as-stored --dense-weights as-stored --json > "$OUT/measured-$n-$r-b$b.json"
     done
@@ -101,15 +107,17 @@ context_for() {
   for pair in $contexts; do [[ ${pair%%:*} == "$1" ]] && { echo "${pair#*:}"; return; }; done
 }
 for n in $RANKS; do
-  cluster="$OUT/cluster.json"
-  if (( HOSTS > 1 )); then
-    # n ranks over the hosts, n / HOSTS a host: the planner fills a host before the next, so the file it reads
-    # says that many devices a host.
-    cluster="$OUT/cluster-$n.json"
-    /usr/bin/python3 -c 'import json, sys; j = json.load(open(sys.argv[1])); j["devices_per_host"] = int(sys.argv[3]); json.dump(j, open(sys.argv[2], "w"), indent=1)' \
-      "$OUT/cluster.json" "$cluster" $(( n / HOSTS ))
-  fi
   for b in ${BATCHES//,/ }; do
+    # An OUT_DIR measured before the per-batch probe has one file for every batch.
+    cluster="$OUT/cluster-b$b.json"
+    [[ -f $cluster ]] || cluster="$OUT/cluster.json"
+    if (( HOSTS > 1 )); then
+      # n ranks over the hosts, n / HOSTS a host: the planner fills a host before the next, so the file it reads
+      # says that many devices a host.
+      /usr/bin/python3 -c 'import json, sys; j = json.load(open(sys.argv[1])); j["devices_per_host"] = int(sys.argv[3]); json.dump(j, open(sys.argv[2], "w"), indent=1)' \
+        "$cluster" "$OUT/cluster-$n-b$b.json" $(( n / HOSTS ))
+      cluster="$OUT/cluster-$n-b$b.json"
+    fi
     "$MOEX" plan --model "$MODEL" --cluster "$cluster" --ranks "$n" --weights as-stored \
       --comm-dtype f32,bf16,fp8 --batch "$b" --context "$(context_for "$b")" --json > "$OUT/predicted-$n-b$b.json"
   done
@@ -192,6 +200,11 @@ if record:
                f"decode steps per batch {', '.join(f'{b}: {2 * (c - 8)}' for b, c in sorted(contexts.items()))}, as-stored, one thread per rank; each row the "
                "fastest of the repeats; each row's context is 8 + its steps / 2)", "model_preset": preset,
                "tolerance": {"tokens_per_s": tol_rate, "comm_share": tol_share},
-               "cluster": json.load(open(f"{out}/cluster.json")), "rows": rows}, open(record, "w"), indent=1)
+               "cluster": json.load(open(f"{out}/cluster-b{min(contexts)}.json" if os.path.exists(
+                   f"{out}/cluster-b{min(contexts)}.json") else f"{out}/cluster.json")),
+               # Each batch's time-sharing probe sent its own all-reduce size (the planner test reads these).
+               **({"cluster_by_batch": {str(b): json.load(open(f"{out}/cluster-b{b}.json")) for b in contexts}}
+                  if all(os.path.exists(f"{out}/cluster-b{b}.json") for b in contexts) else {}),
+               "rows": rows}, open(record, "w"), indent=1)
     print(f"recorded {len(rows)} rows in {record} (tolerance {100 * tol_rate:.0f}%, {100 * tol_share:.1f} points)")
 EOF

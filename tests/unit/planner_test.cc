@@ -187,6 +187,40 @@ TEST(Planner, DataParallelAttentionSendsEveryRanksLogitsToRankZero) {
   EXPECT_EQ(predict(m, parse_cluster(j, "t"), tp, 2, Workload{5, 64}).logits_s, 0);  // rank 0 samples every row
 }
 
+TEST(Planner, DataParallelAttentionPricesEveryAllToAllTheEngineRunsWithTheAlgorithmAutoPicks) {
+  // One host of 4 ranks, EP=4 dp-attn, a model of hidden size 256: a row is 1 KB in f32. Per MoE layer the engine
+  // exchanges the counts (2 experts' int32 per peer), the rows and their outputs, each all-to-all after an 8-byte
+  // MPI all-reduce that agrees on the largest block. Without a table `auto` picks Bruck above 2 ranks at <= 1 KB
+  // per peer on one host (selector.cc), pairwise above that.
+  ModelConfig m = synthetic_preset("mini");
+  m.hidden_size = 256, m.head_dim = 256 / m.num_attention_heads;
+  const Cluster c = parse_cluster(memory_bound_cluster(4), "t");  // 5 us, 10 GB/s
+  PlanChoice dp;
+  dp.moe = "ep", dp.attn = "dp", dp.ep = 4;
+  const auto find = [](const Prediction& r, const std::string& what) {
+    for (const CollectiveCost& col : r.collectives)
+      if (col.what == what) return col;
+    ADD_FAILURE() << "no " << what;
+    return CollectiveCost{};
+  };
+  const comm::HostLevels one_host{1, 4};
+  const Prediction one = predict(m, c, dp, 4, Workload{1, 64});
+  const CollectiveCost counts = find(one, "counts all-to-all"), rows = find(one, "dispatch all-to-all");
+  EXPECT_EQ(counts.algorithm, std::string(comm::algo_name(comm::select_alltoall(comm::AlltoallAlgo::kAuto, 4, 8, one_host))));
+  EXPECT_EQ(counts.algorithm, "bruck");
+  EXPECT_NEAR(counts.seconds, 2 * (5e-6 + 2 * 8 / 10e9), 1e-15);  // log2(4) rounds of ~4/2 blocks
+  EXPECT_EQ(counts.per_step, m.num_hidden_layers);
+  // Batch 1: one token's 2 rows among 4 ranks, half a row per peer on average; auto chooses by the largest, a row.
+  EXPECT_EQ(rows.algorithm, std::string(comm::algo_name(comm::select_alltoall(comm::AlltoallAlgo::kAuto, 4, 1024, one_host))));
+  EXPECT_EQ(rows.algorithm, "bruck");
+  EXPECT_NEAR(rows.seconds, 2 * (5e-6 + 2 * 512 / 10e9), 1e-15);
+  EXPECT_EQ(find(one, "all-to-all size agreement").per_step, 3 * m.num_hidden_layers);
+  // Batch 16: 4 sequences a rank, 8 rows, 2 (2 KB) per peer: pairwise, 3 rounds of one block.
+  const CollectiveCost big = find(predict(m, c, dp, 4, Workload{16, 64}), "dispatch all-to-all");
+  EXPECT_EQ(big.algorithm, "pairwise");
+  EXPECT_NEAR(big.seconds, 3 * (5e-6 + 2 * 1024 / 10e9), 1e-15);
+}
+
 TEST(Planner, ExpertParallelWaitsForTheBusiestRank) {
   // One token, top-2 of 8 experts, 4 experts per rank on 2 ranks: both on one rank with probability 3/7, so
   // the busiest rank runs 2 x 3/7 + 1 x 4/7 = 10/7 experts against a mean of 1.
@@ -335,8 +369,18 @@ TEST(Planner, EachCollectiveWaitsWhatTheTableGivesForTheSegmentBeforeIt) {
   PlanChoice dp;
   dp.moe = "ep", dp.attn = "dp", dp.ep = 2;
   const Prediction d = predict(m, parse_cluster(j, "t"), dp, 2, Workload{16, 64});
-  EXPECT_NEAR(d.wait_s - d.imbalance_wait_s, 50e-6 * 16, 1e-12);  // dispatch and combine per MoE layer
+  // Per MoE layer: agree, counts, agree, dispatch; experts; agree, combine (moe_layer.cc, comm/alltoall.cc).
+  EXPECT_NEAR(d.wait_s - d.imbalance_wait_s, 50e-6 * 6 * 8, 1e-12);
+  // Four of them follow another collective with no compute between: nothing overlaps their wait, the step pays it.
+  EXPECT_NEAR(d.step_s, d.attention_s + d.routing_s + d.experts_s + d.other_s + d.comm_s + d.logits_s + 50e-6 * 4 * 8,
+              1e-12);
   EXPECT_EQ(predict(m, parse_cluster(j, "t"), PlanChoice{}, 1, Workload{16, 64}).wait_s, 0);  // nothing to wait for
+  // The collective's own time beyond the wire under sharing (excess_us) is step time as well as comm time.
+  j["time_sharing"][0]["wait"]["points"][0]["excess_us"] = 30;
+  const Prediction ex = predict(m, parse_cluster(j, "t"), tp, 2, Workload{16, 64});
+  EXPECT_NEAR(ex.wait_s, 80e-6 * 16, 1e-12);
+  EXPECT_NEAR(ex.step_s - r.step_s, 30e-6 * 16, 1e-12);
+  j["time_sharing"][0]["wait"]["points"][0].erase("excess_us");
   // Between two measured segment lengths the wait is linear in the segment: here 10% of each one's CPU time, so
   // 10% of all the compute's, which the segments add up to (TP: every rank's experts are the busiest's).
   j["time_sharing"][0]["wait"] = wait_table({{1, 0.1}, {1e9, 1e8}});
@@ -402,7 +446,9 @@ void check_recording(const std::filesystem::path& path) {
   for (const nlohmann::json& row : rec.at("rows")) {
     const int ranks = row.at("ranks").get<int>(), batch = row.at("batch").get<int>();
     // Across hosts a row says how many of its ranks each host held (the planner fills a host before the next).
-    Cluster c = recorded;
+    // Each batch's own time-sharing probe (its step's all-reduce size) where the recording has one.
+    Cluster c = rec.contains("cluster_by_batch") ? parse_cluster(rec.at("cluster_by_batch").at(std::to_string(batch)), "recorded")
+                                                 : recorded;
     if (row.contains("devices_per_host")) c.devices_per_host = row.at("devices_per_host").get<int>();
     const std::string name = row.at("plan").get<std::string>(), dtype = row.at("comm_dtype").get<std::string>();
     bool found = false;

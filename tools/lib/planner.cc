@@ -151,8 +151,9 @@ comm::HostLevels levels_of(const Cluster& c, int group) {
 // chooses with comm::CostModel's defaults (selector.cc: a table's measured levels replace them, and there is
 // none here), not with this cluster's links, so the choice is the defaults' and only its price is the file's:
 // across slow links the defaults may pick an algorithm the file's links would not, and the step pays for it.
+// `mpi`: the library's own all-reduce (MPI_Iallreduce, as the all-to-alls' size agreement calls it), not auto's.
 CollectiveCost allreduce(const std::string& what, const Cluster& c, int group, double bytes, const std::string& dtype,
-                         int per_step) {
+                         int per_step, bool mpi = false) {
   CollectiveCost out;
   out.what = what;
   out.bytes = bytes;
@@ -173,12 +174,15 @@ CollectiveCost allreduce(const std::string& what, const Cluster& c, int group, d
     const double s = comm::allreduce_cost_seconds(a, group, static_cast<uint64_t>(bytes), chooser, levels);
     if (s < best) best = s, pick = a;
   }
+  out.seconds = comm::allreduce_cost_seconds(mpi ? comm::AllreduceAlgo::kRecursiveDoubling : pick, group,
+                                             static_cast<uint64_t>(bytes), model, levels);
+  // The library's all-reduce of a few bytes is recursive doubling (Open MPI's choice below 10 KB); selector.cc's
+  // kMpi price leaves out the hosts, so it is priced as that.
+  if (mpi) pick = comm::AllreduceAlgo::kMpi;
   out.algorithm = std::string(comm::algo_name(pick));
-  out.seconds = comm::allreduce_cost_seconds(pick, group, static_cast<uint64_t>(bytes), model, levels);
   const double p = group;
-  out.wire_bytes = pick == comm::AllreduceAlgo::kShm                  ? bytes
-                   : pick == comm::AllreduceAlgo::kRecursiveDoubling ? std::floor(std::log2(p)) * bytes
-                                                                      : 2 * (p - 1) / p * bytes;
+  const bool doubling = pick == comm::AllreduceAlgo::kRecursiveDoubling || pick == comm::AllreduceAlgo::kMpi;
+  out.wire_bytes = pick == comm::AllreduceAlgo::kShm ? bytes : doubling ? std::floor(std::log2(p)) * bytes : 2 * (p - 1) / p * bytes;
   if (out.crosses_hosts) {
     // As allreduce_cost_seconds counts it: a flat ring sends one rank's bytes through a host's link, the other
     // flat algorithms all of its ranks'; a two-level one its slices, L of 1/L, through the flat step on the hosts.
@@ -190,9 +194,14 @@ CollectiveCost allreduce(const std::string& what, const Cluster& c, int group, d
   return out;
 }
 
-// Pairwise exchange (comm/alltoall_pairwise.cc) on one host: p - 1 rounds, each one message to one peer; across
-// hosts what selector.cc's `auto` picks without a table, priced by the communicator's model.
-CollectiveCost alltoall(const std::string& what, const Cluster& c, int group, double bytes_per_peer, int per_step) {
+// The all-to-all `auto` runs without a tuning table (selector.cc's select_alltoall), its time and the bytes a rank
+// counts as sent. On one host the defaults' rule: Bruck (comm/alltoall_bruck.cc: ceil(log2 p) rounds, each one
+// message of the ~p / 2 blocks whose index has that bit set) above 2 ranks at <= 1 KB per peer, else pairwise
+// (comm/alltoall_pairwise.cc: p - 1 rounds, one block each); across hosts the cheapest by the defaults' network
+// terms, priced by the communicator's model with the file's links. `largest_per_peer` is what auto chooses by:
+// the largest block any rank sends (the ranks agree on it first); `bytes_per_peer` the mean, which is priced.
+CollectiveCost alltoall(const std::string& what, const Cluster& c, int group, double bytes_per_peer,
+                        double largest_per_peer, int per_step) {
   CollectiveCost out;
   out.what = what;
   out.algorithm = "pairwise";
@@ -203,7 +212,14 @@ CollectiveCost alltoall(const std::string& what, const Cluster& c, int group, do
   if (group <= 1) return out;
   out.wire_bytes = (group - 1) * bytes_per_peer;
   if (!out.crosses_hosts) {
-    out.seconds = (group - 1) * (c.intra.alpha_s + bytes_per_peer / c.intra.bytes_per_s);
+    if (group > 2 && std::ceil(largest_per_peer) <= 1024) {  // select_alltoall's rule on one host
+      const double rounds = std::ceil(std::log2(group));
+      out.algorithm = "bruck";
+      out.wire_bytes = rounds * group / 2.0 * bytes_per_peer;
+      out.seconds = rounds * (c.intra.alpha_s + group / 2.0 * bytes_per_peer / c.intra.bytes_per_s);
+    } else {
+      out.seconds = (group - 1) * (c.intra.alpha_s + bytes_per_peer / c.intra.bytes_per_s);
+    }
     return out;
   }
   // As selector.cc without a table: the cheapest under the defaults' network terms (two-level only with several
@@ -213,7 +229,7 @@ CollectiveCost alltoall(const std::string& what, const Cluster& c, int group, do
   double best = std::numeric_limits<double>::infinity();
   for (comm::AlltoallAlgo a : comm::all_alltoall_algos()) {
     if (a == comm::AlltoallAlgo::kHier && levels.ranks_per_host < 2) continue;
-    const double s = comm::alltoall_cost_seconds(a, group, static_cast<uint64_t>(bytes_per_peer), chooser, levels);
+    const double s = comm::alltoall_cost_seconds(a, group, static_cast<uint64_t>(std::ceil(largest_per_peer)), chooser, levels);
     if (s < best) best = s, pick = a;
   }
   out.algorithm = std::string(comm::algo_name(pick));
@@ -304,6 +320,10 @@ struct Sharing {
     const double a = lo ? lo->wait(segment) : 0, b = hi ? hi->wait(segment) : 0;
     return (1 - f) * a + f * b;
   }
+  double excess(double segment) const {
+    const double a = lo ? lo->excess(segment) : 0, b = hi ? hi->excess(segment) : 0;
+    return (1 - f) * a + f * b;
+  }
 };
 Sharing time_sharing_at(const Cluster& c, double ratio) {
   static const Cluster::TimeSharing kAlone{};
@@ -325,14 +345,18 @@ Sharing time_sharing_at(const Cluster& c, double ratio) {
 
 }  // namespace
 
-double Cluster::TimeSharing::wait(double segment) const {
-  if (segment_s.empty()) return 0;
-  if (segment <= segment_s.front()) return wait_s.front();
-  if (segment >= segment_s.back()) return wait_s.back();
+// Linear in the segment between the measured lengths, the nearest one's outside them.
+static double along_segments(const std::vector<double>& segment_s, const std::vector<double>& v, double segment) {
+  if (v.empty()) return 0;
+  if (segment <= segment_s.front()) return v.front();
+  if (segment >= segment_s.back()) return v.back();
   size_t i = 1;
   while (segment > segment_s[i]) ++i;
-  return wait_s[i - 1] + (wait_s[i] - wait_s[i - 1]) * (segment - segment_s[i - 1]) / (segment_s[i] - segment_s[i - 1]);
+  return v[i - 1] + (v[i] - v[i - 1]) * (segment - segment_s[i - 1]) / (segment_s[i] - segment_s[i - 1]);
 }
+
+double Cluster::TimeSharing::wait(double segment) const { return along_segments(segment_s, wait_s, segment); }
+double Cluster::TimeSharing::excess(double segment) const { return along_segments(segment_s, excess_s, segment); }
 
 double KernelTable::seconds(double rows, double n_out, double k_in) const {
   const double per_row = std::max(0.0, interpolate(tokens, per_row_s, rows));
@@ -450,7 +474,10 @@ Cluster parse_cluster(const nlohmann::json& j, const std::string& origin) {
                            ".wait\" points need segment_us > 0, increasing");
           t.segment_s.push_back(seg);
           t.wait_s.push_back(num("wait_us") * 1e-6);
+          if (pt.contains("excess_us")) t.excess_s.push_back(num("excess_us") * 1e-6);
         }
+        MOEX_CHECK_INPUT(t.excess_s.empty() || t.excess_s.size() == t.wait_s.size(), "cluster file: \"", where,
+                         ".wait\" points need \"excess_us\" in every point or in none");
       }
       c.time_sharing.push_back(t);
     }
@@ -521,8 +548,9 @@ Prediction predict(const ModelConfig& m, const Cluster& c, const PlanChoice& p, 
   const int per_host = std::min(ranks, c.devices_per_host);
   const double ranks_per_core = c.cores_per_host > 0 ? double(per_host) / c.cores_per_host : 1.0;
   const Sharing sharing = time_sharing_at(c, ranks_per_core);
-  // Sharing the cores never makes a rank faster: a slowdown below 1 is the probe's error (over a shaped link its
-  // all-reduces, subtracted from the segments' wall time, are not the bare all-reduce it timed back to back).
+  // Sharing the cores never makes a rank faster: a slowdown below 1 is a probe's error (files calibrated before the
+  // probe measured each all-reduce's own time as it ran subtracted the bare back-to-back call, which over a shaped
+  // link waits for an empty bucket, from every segment: 0.74 over 50mbit).
   const double time_share = std::max(1.0, ranks_per_core) * std::max(1.0, sharing.slowdown);
   out.time_share = time_share;
   // The ranks that read at once share the host's rate (those beyond the cores wait their turn: time_share).
@@ -606,17 +634,26 @@ Prediction predict(const ModelConfig& m, const Cluster& c, const PlanChoice& p, 
                                           m.num_hidden_layers));
       out.collectives.push_back(allreduce("MoE all-reduce", c, ranks, B * d * elem, p.comm_dtype, moe_layers));
     } else {
-      // Each token's k expert rows go to the ranks that hold the experts; (ranks - 1) / ranks of them leave.
+      // moe_layer.cc's forward_dispatch, per MoE layer: the counts of rows of each of a peer's E / N experts
+      // (int32), then the rows, then their outputs back. Under `auto` each all-to-all first agrees on the largest
+      // block any rank sends (comm/alltoall.cc: an 8-byte MPI all-reduce), so that every rank picks the same
+      // algorithm. Each token's k expert rows go to the ranks that hold the experts, (ranks - 1) / ranks of them
+      // to others; auto picks by the largest block, at least one row (a rank with a token sends it somewhere).
       const double rows_per_peer = seqs * m.num_experts_per_tok / ranks;
-      const double row_bytes = d * elem + 8;  // the row and its (token, weight) header
-      out.collectives.push_back(alltoall("dispatch all-to-all", c, ranks, rows_per_peer * row_bytes, moe_layers));
-      out.collectives.push_back(alltoall("combine all-to-all", c, ranks, rows_per_peer * d * elem, moe_layers));
+      const double row_bytes = d * elem, counts = 4.0 * m.num_local_experts / ranks;
+      const double largest = std::max(1.0, std::ceil(rows_per_peer)) * row_bytes;
+      out.collectives.push_back(alltoall("dispatch all-to-all", c, ranks, rows_per_peer * row_bytes, largest, moe_layers));
+      out.collectives.push_back(alltoall("combine all-to-all", c, ranks, rows_per_peer * row_bytes, largest, moe_layers));
+      out.collectives.push_back(alltoall("counts all-to-all", c, ranks, counts, counts, moe_layers));
+      CollectiveCost agree = allreduce("all-to-all size agreement", c, ranks, 8, "f32", 3 * moe_layers, true);
+      out.collectives.push_back(agree);
     }
   }
   // Rank 0's compute between two collectives, segment by segment (its own experts: the mean group's), and the
   // collective that ends each: TP attention reduces after attention and after each MoE block, dp attention
-  // dispatches after routing and combines after the experts. What follows the last collective of a step (dense
-  // layers, lm_head) runs before the next step's first.
+  // agrees, exchanges the counts, agrees and dispatches after routing (back to back: segments of no compute) and
+  // agrees and combines after the experts. What follows the last collective of a step (dense layers, lm_head)
+  // runs before the next step's first.
   std::vector<std::pair<double, size_t>> segments;  // (wall seconds, index in out.collectives)
   if (ranks > 1) {
     double open = 0;
@@ -629,8 +666,9 @@ Prediction predict(const ModelConfig& m, const Cluster& c, const PlanChoice& p, 
         continue;
       }
       open += routing;
-      if (dp) sync(0);
+      if (dp) sync(3), sync(2), sync(3), sync(0);
       open += experts.mean_s;
+      if (dp) sync(3);
       sync(1);
       open += mlp_of[l];
     }
@@ -674,18 +712,25 @@ Prediction predict(const ModelConfig& m, const Cluster& c, const PlanChoice& p, 
       out.logits_s += c.inter.alpha_s + std::max(0.0, inter_bytes - tokens) / c.inter.bytes_per_s;
     }
   }
-  out.step_s = compute + out.comm_s + out.logits_s;
-  out.tokens_per_s = B / out.step_s;
-  // The wait the time-sharing table gives after each segment.
+  // The wait the time-sharing table gives after each segment. A collective right after another (no compute
+  // between them: dp attention's agreements and counts) has no compute of other ranks to wait behind: its wait is
+  // the scheduler's round through the ranks that share the cores, time the step spends on top of its compute.
+  // Each collective's own time beyond the wire under the sharing (TimeSharing::excess_s) is step time too.
+  double back_to_back = 0;
   for (const auto& [seg, i] : segments) {
-    out.wait_s += sharing.wait(seg / time_share);
+    const double wait = sharing.wait(seg / time_share), excess = sharing.excess(seg / time_share);
+    out.wait_s += wait + excess;
+    back_to_back += (seg <= 0 ? wait : 0) + excess;
     out.longest_segment_s = std::max(out.longest_segment_s, seg);
   }
+  out.step_s = compute + out.comm_s + out.logits_s + back_to_back;
+  out.tokens_per_s = B / out.step_s;
   // A rank inside a collective is not computing: its wire and wait leave at least its own compute's CPU time in
   // the step (rank 0's: the mean group's experts, at the time share's CPU rate). The table's wait and the
   // slowdown are measured in different minutes, and on a loaded machine their sum can pass that bound.
   const double own_cpu = (compute - out.imbalance_wait_s) / time_share;
-  out.wait_s = std::min(out.wait_s, std::max(out.imbalance_wait_s, out.step_s - out.logits_s - out.comm_s - own_cpu));
+  out.wait_s = std::min(out.wait_s, std::max(out.imbalance_wait_s + back_to_back,
+                                             out.step_s - out.logits_s - out.comm_s - own_cpu));
   out.comm_share = (out.comm_s + out.wait_s) / out.step_s;
   out.wire_share = out.comm_s / out.step_s;
   out.wire_bytes_per_token = wire / (dp ? seqs : B);

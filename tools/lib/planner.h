@@ -81,7 +81,12 @@ struct Cluster {
   struct TimeSharing {
     double ranks_per_core = 1, slowdown = 1, busy_slowdown = 1;
     std::vector<double> segment_s, wait_s;  // increasing segment lengths; empty: no wait
+    // The collective's own time after such a segment beyond its time back to back (the wire, which the links
+    // price): the rounds of the algorithm waiting for their ranks' turns on the cores. Step time, not overlapped by
+    // compute. Empty (files before it was measured, whose wait held it): none.
+    std::vector<double> excess_s;
     double wait(double segment) const;
+    double excess(double segment) const;
   };
   std::vector<TimeSharing> time_sharing;
   Device device;

@@ -125,6 +125,7 @@ struct CalibrateFlags {
   std::string out;
   bool force = false;
   bool time_sharing = false;
+  double message_kb = 4;     // --time-sharing: the all-reduce after each segment
   int devices_per_host = 0;  // 0: the cores
 };
 
@@ -348,9 +349,10 @@ nlohmann::json measure_link(comm::Communicator& world, int peer, const std::stri
 }
 
 // Ranks sharing the cores (planner.h, Cluster::TimeSharing), under mpirun with N ranks, each one thread: the
-// decode step's pattern, compute segments of the same length on every rank (as TP gives), each followed by a 4 KB
-// all-reduce, at each segment length of kSegmentMs (the model's segments between collectives run from a fraction
-// of a millisecond at batch 1 to tens at large batches). A segment is 1-row as-stored matmuls over distinct
+// decode step's pattern, compute segments of the same length on every rank (as TP gives), each followed by an
+// all-reduce of --message-KB (the step's own size: its cost on the cores, TCP's across hosts, grows with it), at each
+// segment length of kSegmentMs (the model's segments between collectives run from none, back to back, through a
+// fraction of a millisecond at batch 1 to tens at large batches). A segment is 1-row as-stored matmuls over distinct
 // [512 x 1024] weights in turn (64 MB a rank, more than the last-level cache: memory-bound, as decode is). Per
 // length, the mean over ranks of the CPU time of a segment and of the wall time inside one all-reduce give a point
 // of the wait table; slowdown = wall time / (max(1, ranks per core) x the segments' CPU time), mean over ranks;
@@ -376,7 +378,8 @@ void run_time_sharing(const CalibrateFlags& f) {
   set_num_threads(1);
   constexpr int64_t kRows = 512, kCols = 1024;
   constexpr int kMatrices = 64;
-  constexpr double kSegmentMs[] = {0.125, 0.25, 0.5, 1, 2, 4, 8, 16, 32};
+  // 0: back to back, no compute between two all-reduces (dp attention's size agreements and counts, planner.cc).
+  constexpr double kSegmentMs[] = {0, 0.125, 0.25, 0.5, 1, 2, 4, 8, 16, 32};
   constexpr double kCpuPerLength = 0.3;  // seconds of segments per length and rank
   std::vector<std::vector<uint16_t>> w(kMatrices);
   std::vector<TensorView> views;
@@ -385,7 +388,12 @@ void run_time_sharing(const CalibrateFlags& f) {
     for (size_t i = 0; i < w[m].size(); ++i) w[m][i] = f32_to_bf16(static_cast<float>((i * 2654435761u + m) % 1000) * 1e-6f);
     views.push_back(TensorView{w[m].data(), DType::kBF16, Shape{kRows, kCols}});
   }
-  std::vector<float> x(kCols, 0.25f), y(kRows), sum(1024, 1.0f);
+  std::vector<float> x(kCols, 0.25f), y(kRows),
+      sum(std::max<size_t>(1, static_cast<size_t>(std::lround(f.message_kb * 1e3 / 4))), 1.0f);
+  // Every rank on rank 0's machine reads one clock (CLOCK_MONOTONIC is the kernel's, network namespaces or not):
+  // then an all-reduce's own time is measured as it runs after each segment, from the last rank's arrival to this
+  // rank's return, and the wait is the time before that arrival.
+  const bool one_clock = machine.ranks == n;
   const auto cpu_now = [] {
     timespec t{};
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
@@ -406,8 +414,11 @@ void run_time_sharing(const CalibrateFlags& f) {
   world.allreduce(call_s.data(), 1, comm::CommDType::kF32);
   const double per_call = call_s[0] / n;
   // The all-reduce's own time, with no compute before it: the fastest tenth of back-to-back calls. A wait is the
-  // time inside the all-reduce beyond it, since the planner prices the wire itself from the links (across hosts a
-  // 4 KB all-reduce over TCP is tens of microseconds, over a shaped link hundreds: not a wait).
+  // time inside the all-reduce beyond its own, since the planner prices the wire itself from the links (across
+  // hosts an all-reduce over TCP is tens of microseconds, over a shaped link hundreds: not a wait). With one clock
+  // (above) the own time is measured instead as each call runs after its segment: back to back, a shaped link's
+  // bucket is empty, while after a segment it has refilled, so the bare call's time is not what the calls after
+  // segments spend on the wire (subtracted, it gave a slowdown below 1 over a shaped link).
   double bare = 0;
   {
     std::vector<double> t;
@@ -420,27 +431,46 @@ void run_time_sharing(const CalibrateFlags& f) {
     world.allreduce(b.data(), 1, comm::CommDType::kF32);
     bare = b[0] / n;
   }
-  // Per length: [segment CPU seconds, wait seconds per all-reduce]; then the whole run's wall and CPU time.
+  // Per length: [segment CPU seconds, wait seconds per all-reduce, own seconds per all-reduce]; then the whole
+  // run's wall and CPU time.
   std::vector<float> stats;
   double cpu_all = 0, wall_all = 0;
+  std::vector<double> enter, leave, all_enter;
   for (double ms : kSegmentMs) {
-    const int calls = std::max(1, static_cast<int>(std::lround(ms * 1e-3 / per_call)));
-    const int iterations = std::clamp(static_cast<int>(kCpuPerLength / (calls * per_call)), 30, 1000);
-    double cpu = 0, wait = 0;
+    const int calls = ms > 0 ? std::max(1, static_cast<int>(std::lround(ms * 1e-3 / per_call))) : 0;
+    const int iterations = calls > 0 ? std::clamp(static_cast<int>(kCpuPerLength / (calls * per_call)), 30, 1000) : 400;
+    double cpu = 0, inside = 0;
+    enter.assign(iterations, 0), leave.assign(iterations, 0);
     world.barrier();
     const double start = wall_now();
     for (int it = 0; it < iterations; ++it) {
       const double c0 = cpu_now();
       for (int c = 0; c < calls; ++c) call();
       cpu += cpu_now() - c0;
-      const double t0 = wall_now();
+      enter[it] = wall_now();
       world.allreduce(sum.data(), sum.size(), comm::CommDType::kF32);
-      wait += wall_now() - t0;
+      leave[it] = wall_now();
+      inside += leave[it] - enter[it];
     }
-    wall_all += wall_now() - start - iterations * bare;  // the wire is the links' to price, not the cores'.
-    cpu_all += cpu;
+    const double wall = wall_now() - start;
+    double own = bare * iterations;
+    if (one_clock) {
+      all_enter.resize(static_cast<size_t>(n) * iterations);
+      world.allgather(enter.data(), iterations * sizeof(double), all_enter.data());
+      own = 0;
+      for (int it = 0; it < iterations; ++it) {
+        double last = enter[it];
+        for (int r = 0; r < n; ++r) last = std::max(last, all_enter[static_cast<size_t>(r) * iterations + it]);
+        own += std::max(0.0, leave[it] - last);
+      }
+    }
+    if (calls > 0) {  // the slowdown is of compute: back-to-back calls have none
+      wall_all += wall - own;  // the wire is the links' to price, not the cores'.
+      cpu_all += cpu;
+    }
     stats.push_back(static_cast<float>(cpu / iterations));
-    stats.push_back(static_cast<float>(std::max(0.0, wait / iterations - bare)));
+    stats.push_back(static_cast<float>(std::max(0.0, (inside - own) / iterations)));
+    stats.push_back(static_cast<float>(own / iterations));
   }
   // Ranks per core of rank 0's machine: the ranks of every host on it (namespaces on one VM share its cores).
   const double ratio = double(machine.ranks) / cores;
@@ -471,20 +501,30 @@ void run_time_sharing(const CalibrateFlags& f) {
   for (float& v : stats) v /= n;
   const double busy_slowdown = stats.back();
   const double slowdown = stats[stats.size() - 2];
+  char kb[32];
+  std::snprintf(kb, sizeof kb, "%g KB", f.message_kb);
+  const std::string own_how =
+      one_clock ? "its own time as it ran after the segment (from the last rank's arrival, one clock: every rank on rank "
+                  "0's machine) and the wait before that"
+                : "the wall time inside it less its own (" + std::to_string(std::lround(bare * 1e6)) +
+                      " us: the fastest tenth of back-to-back calls)";
   const std::string src = "moex plan calibrate --time-sharing on " + cpu_name() + ": " + std::to_string(machine.ranks) +
                           " ranks on " + std::to_string(cores) + " cores (of " + std::to_string(n) + " in the job), one thread "
                           "each; per segment length, segments of 1-row as-stored "
-                          "[512 x 1024] calls over 64 distinct weights in turn, each followed by a 4 KB all-reduce; the wall "
-                          "time inside it less its own (" + std::to_string(std::lround(bare * 1e6)) + " us: the fastest "
-                          "tenth of back-to-back calls), mean over the ranks";
+                          "[512 x 1024] calls over 64 distinct weights in turn, each followed by a " + kb + " all-reduce; " +
+                          own_how + ", mean over the ranks";
   nlohmann::json points = nlohmann::json::array();
   std::string summary;
   for (size_t i = 0; i < std::size(kSegmentMs); ++i) {
-    const double seg = stats[2 * i], wait = stats[2 * i + 1];
-    points.push_back({{"segment_us", seg * 1e6}, {"wait_us", wait * 1e6}});
-    char line[96];
-    std::snprintf(line, sizeof line, "%s%.2f ms: %.0f us (%.1f%%)", summary.empty() ? "" : ", ", seg * 1e3, wait * 1e6,
-                  100 * wait / (seg * std::max(1.0, ratio) * slowdown + wait));
+    // The back-to-back point's segment is the loop's own few nanoseconds; the file needs lengths above 0.
+    const double seg = std::max<double>(stats[3 * i], 1e-9), wait = stats[3 * i + 1], own = stats[3 * i + 2];
+    // Its own time beyond the bare call's: with ranks sharing cores, each round of the algorithm waits for its ranks'
+    // turns on the cores (and across hosts for the network stack's work on them), which grows with the message.
+    points.push_back({{"segment_us", seg * 1e6}, {"wait_us", wait * 1e6}, {"allreduce_us", own * 1e6},
+                      {"excess_us", std::max(0.0, own - bare) * 1e6}});
+    char line[128];
+    std::snprintf(line, sizeof line, "%s%.2f ms: %.0f us (%.1f%%; own %.0f us)", summary.empty() ? "" : ", ", seg * 1e3,
+                  wait * 1e6, 100 * wait / (seg * std::max(1.0, ratio) * slowdown + wait), own * 1e6);
     summary += line;
   }
   nlohmann::json list = nlohmann::json::array();
@@ -511,8 +551,8 @@ void run_time_sharing(const CalibrateFlags& f) {
   }
   file.publish();
   std::printf("moex plan calibrate --time-sharing: %d ranks on %d cores: slowdown %.2f (%.2f while half wait); a bare "
-              "4 KB all-reduce %.0f us; wait per all-reduce after a segment of %s; added to %s\n", machine.ranks, cores,
-              slowdown, busy_slowdown, bare * 1e6, summary.c_str(), f.out.c_str());
+              "%s all-reduce %.0f us back to back; wait per all-reduce after a segment of %s; added to %s\n", machine.ranks,
+              cores, slowdown, busy_slowdown, kb, bare * 1e6, summary.c_str(), f.out.c_str());
 }
 
 void run_calibrate(const CalibrateFlags& f) {
@@ -661,6 +701,11 @@ void setup_plan(CLI::App& app) {
   cal->add_flag("--time-sharing", c->time_sharing,
                 "Under mpirun -n N: measure how N one-thread ranks share the cores (slowdown of equal work and of a rank others "
                 "wait for, wait in collectives) and add it to the existing --out file");
+  cal->add_option("--message-KB", c->message_kb,
+                  "With --time-sharing: the all-reduce after each segment (the step's own: d x batch x the comm dtype's "
+                  "bytes)")
+      ->check(CLI::Range(0.004, 65536.0))
+      ->capture_default_str();
   cal->callback([c] {
     if (c->time_sharing) run_time_sharing(*c);
     else run_calibrate(*c);
