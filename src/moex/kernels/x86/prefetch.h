@@ -6,9 +6,10 @@
 // (bench kernels, docs/kernels.md "Prefetch distance"). Prefetching a whole panel ahead instead (458 KB for
 // mini's down, as the AMX kernel did) was no better than none.
 //
-// Not in the bf16 and W8A8 few-row loops on AMD, but for W8A8's short one-row calls: on the Zen 4 VM those loops ran
-// 20-40% faster on the hardware prefetchers alone (docs/kernels.md "Prefetch distance"), so there they run a tile
-// without it (g_stream_prefetch, stream_prefetch_for below). MOEX_STREAM_PREFETCH=on|off|auto overrides the
+// Not in the bf16 and W8A8 few-row loops on AMD, but for W8A8's short one-row calls and bf16 from two rows on Zen 5
+// (32 KB ahead, bf16_stream_lead below): on the Zen 4 VM those loops ran 20-40% faster on the hardware prefetchers
+// alone (docs/kernels.md "Prefetch distance"), so there they run a tile without it (g_stream_prefetch,
+// stream_prefetch_for below). MOEX_STREAM_PREFETCH=on|off|auto overrides the
 // default: the A/B switch.
 #pragma once
 #include <cpuid.h>
@@ -24,7 +25,7 @@ namespace moex::kernels::x86 {
 // once, keeps its own 32 KB (expert_gemm_amx.cc).
 constexpr int64_t kStreamLead = 8 << 10;
 
-// Whether the bf16 and W8A8 few-row loops (and int4-w4a8's one-row calls) call prefetch_ahead: MOEX_STREAM_PREFETCH if on / off, else (auto; unset; a bad value, which
+// Whether the W8A8 few-row loop (and int4-w4a8's one-row calls; bf16: bf16_stream_lead) call prefetch_ahead: MOEX_STREAM_PREFETCH if on / off, else (auto; unset; a bad value, which
 // validate_kernel_environment refuses at load) not on AMD CPUs and yes on others. Set once before main
 // (formats.cc, compiled for the baseline ISA). The few-row loops read it once per call and run a tile
 // instantiated with or without prefetch_ahead: tested inside the k loop, a function-local static (its guard may
@@ -39,8 +40,8 @@ extern bool g_stream_prefetch;
 // kPrefetchShortStream: Qwen3-30B-A3B's batch 16 runs one row per expert in calls of ~200 KB (`down`: every expert
 // over a few panels) to 3 MB (gate/up: one expert), where decode b16 ran as fast with the prefetch as without at
 // the same read rate (docs/kernels.md, "Real shapes"), so the stream is not left to ramp up cold; Mixtral's one-row calls (batch 1) stream 7 MB and more, and ran 8-25% faster
-// without. The bf16 loop passes 0 (never on AMD): at one row on the Qwen3 geometry it was 6-8% faster without, and
-// every many-row stream 20-40% (docs/kernels.md, "Prefetch distance"). Read once per call, outside the k loops
+// without. The bf16 loop decides by bf16_stream_lead (on Zen 4 never: at one row on the Qwen3 geometry it was 6-8%
+// faster without, and every many-row stream 20-40%; docs/kernels.md, "Prefetch distance"). Read once per call, outside the k loops
 // (see g_stream_prefetch).
 constexpr int64_t kPrefetchShortStream = int64_t{4} << 20;
 inline bool stream_prefetch_for(int64_t rows, int64_t bytes, int64_t short_stream) {
