@@ -23,13 +23,14 @@ constexpr int64_t kKBlock = 2048;  // k per pass: a panel's slice (256 KB) stays
 
 // c [MT][64] (+)= x [MT][ldx] (bf16, k pairs from here) . w panel [pairs][64][2]
 template <int MT, bool kPrefetch>
-void tile(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t pairs, float* c, bool load_c, const void* w_end) {
+void tile(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t pairs, float* c, bool load_c, const void* w_end,
+          int64_t lead) {
   __m512 acc[MT][4];
   for (int t = 0; t < MT; ++t)
     for (int v = 0; v < 4; ++v) acc[t][v] = load_c ? _mm512_loadu_ps(c + t * kPanel + 16 * v) : _mm512_setzero_ps();
   for (int64_t p = 0; p < pairs; ++p) {
     const uint16_t* wp = w + p * 2 * kPanel;
-    if constexpr (kPrefetch) prefetch_ahead(wp, w_end, 4);
+    if constexpr (kPrefetch) prefetch_ahead(wp, w_end, 4, lead);
     const __m512bh w0 = load_pairs(wp), w1 = load_pairs(wp + 32), w2 = load_pairs(wp + 64), w3 = load_pairs(wp + 96);
     for (int t = 0; t < MT; ++t) {
       const __m512bh xv = broadcast_pair(x + t * ldx + 2 * p);
@@ -47,7 +48,7 @@ void tile(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t pairs, floa
 
 namespace {
 template <bool kPrefetch>
-void run_panels(const PanelJob& job, int64_t panel_begin, int64_t panel_end) {
+void run_panels(const PanelJob& job, int64_t panel_begin, int64_t panel_end, int64_t lead) {
   const PackedWeights& w = *job.w;
   const auto* x = static_cast<const uint16_t*>(job.activations);  // [T][k_padded] bf16
   const int64_t tokens = job.tokens, kp = w.k_padded;
@@ -63,15 +64,15 @@ void run_panels(const PanelJob& job, int64_t panel_begin, int64_t panel_end) {
       const bool load_c = k0 > 0;
       int64_t t = 0;
       for (; t + kTokenTile <= tokens; t += kTokenTile)
-        tile<kTokenTile, kPrefetch>(x + t * kp + k0, kp, wk, pairs, c.data() + t * kPanel, load_c, w_end);
+        tile<kTokenTile, kPrefetch>(x + t * kp + k0, kp, wk, pairs, c.data() + t * kPanel, load_c, w_end, lead);
       const uint16_t* xt = x + t * kp + k0;
       float* ct = c.data() + t * kPanel;
       switch (tokens - t) {
-        case 5: tile<5, kPrefetch>(xt, kp, wk, pairs, ct, load_c, w_end); break;
-        case 4: tile<4, kPrefetch>(xt, kp, wk, pairs, ct, load_c, w_end); break;
-        case 3: tile<3, kPrefetch>(xt, kp, wk, pairs, ct, load_c, w_end); break;
-        case 2: tile<2, kPrefetch>(xt, kp, wk, pairs, ct, load_c, w_end); break;
-        case 1: tile<1, kPrefetch>(xt, kp, wk, pairs, ct, load_c, w_end); break;
+        case 5: tile<5, kPrefetch>(xt, kp, wk, pairs, ct, load_c, w_end, lead); break;
+        case 4: tile<4, kPrefetch>(xt, kp, wk, pairs, ct, load_c, w_end, lead); break;
+        case 3: tile<3, kPrefetch>(xt, kp, wk, pairs, ct, load_c, w_end, lead); break;
+        case 2: tile<2, kPrefetch>(xt, kp, wk, pairs, ct, load_c, w_end, lead); break;
+        case 1: tile<1, kPrefetch>(xt, kp, wk, pairs, ct, load_c, w_end, lead); break;
         default: break;
       }
     }
@@ -81,9 +82,9 @@ void run_panels(const PanelJob& job, int64_t panel_begin, int64_t panel_end) {
 }  // namespace
 
 void run_panels_bf16_avx512bf16(const PanelJob& job, int64_t panel_begin, int64_t panel_end) {
-  if (stream_prefetch_for(job.tokens, (panel_end - panel_begin) * job.w->k_padded * kPanel * 2, 0))
-    run_panels<true>(job, panel_begin, panel_end);
-  else run_panels<false>(job, panel_begin, panel_end);
+  const int64_t lead = bf16_stream_lead(job.tokens);  // x86/prefetch.h: 32 KB on Zen 5, none on other AMD CPUs
+  if (lead > 0) run_panels<true>(job, panel_begin, panel_end, lead);
+  else run_panels<false>(job, panel_begin, panel_end, 0);
 }
 
 void round_row_bf16_avx512bf16(const float* x, int64_t k, int64_t k_padded, uint16_t* out) {

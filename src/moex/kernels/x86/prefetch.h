@@ -6,11 +6,13 @@
 // (bench kernels, docs/kernels.md "Prefetch distance"). Prefetching a whole panel ahead instead (458 KB for
 // mini's down, as the AMX kernel did) was no better than none.
 //
-// Not in the bf16 and W8A8 few-row loops on AMD, but for W8A8's short one-row calls: on the Zen 4 VM those loops ran
-// 20-40% faster on the hardware prefetchers alone (docs/kernels.md "Prefetch distance"), so there they run a tile
-// without it (g_stream_prefetch, stream_prefetch_for below). MOEX_STREAM_PREFETCH=on|off|auto overrides the
+// Not in the bf16 and W8A8 few-row loops on AMD, but for W8A8's short one-row calls and bf16 from two rows on Zen 5
+// (32 KB ahead, bf16_stream_lead below): on the Zen 4 VM those loops ran 20-40% faster on the hardware prefetchers
+// alone (docs/kernels.md "Prefetch distance"), so there they run a tile without it (g_stream_prefetch,
+// stream_prefetch_for below). MOEX_STREAM_PREFETCH=on|off|auto overrides the
 // default: the A/B switch.
 #pragma once
+#include <cpuid.h>
 #include <xmmintrin.h>
 
 #include <cstdint>
@@ -23,7 +25,7 @@ namespace moex::kernels::x86 {
 // once, keeps its own 32 KB (expert_gemm_amx.cc).
 constexpr int64_t kStreamLead = 8 << 10;
 
-// Whether the bf16 and W8A8 few-row loops (and int4-w4a8's one-row calls) call prefetch_ahead: MOEX_STREAM_PREFETCH if on / off, else (auto; unset; a bad value, which
+// Whether the W8A8 few-row loop (and int4-w4a8's one-row calls; bf16: bf16_stream_lead) call prefetch_ahead: MOEX_STREAM_PREFETCH if on / off, else (auto; unset; a bad value, which
 // validate_kernel_environment refuses at load) not on AMD CPUs and yes on others. Set once before main
 // (formats.cc, compiled for the baseline ISA). The few-row loops read it once per call and run a tile
 // instantiated with or without prefetch_ahead: tested inside the k loop, a function-local static (its guard may
@@ -38,8 +40,8 @@ extern bool g_stream_prefetch;
 // kPrefetchShortStream: Qwen3-30B-A3B's batch 16 runs one row per expert in calls of ~200 KB (`down`: every expert
 // over a few panels) to 3 MB (gate/up: one expert), where decode b16 ran as fast with the prefetch as without at
 // the same read rate (docs/kernels.md, "Real shapes"), so the stream is not left to ramp up cold; Mixtral's one-row calls (batch 1) stream 7 MB and more, and ran 8-25% faster
-// without. The bf16 loop passes 0 (never on AMD): at one row on the Qwen3 geometry it was 6-8% faster without, and
-// every many-row stream 20-40% (docs/kernels.md, "Prefetch distance"). Read once per call, outside the k loops
+// without. The bf16 loop decides by bf16_stream_lead (on Zen 4 never: at one row on the Qwen3 geometry it was 6-8%
+// faster without, and every many-row stream 20-40%; docs/kernels.md, "Prefetch distance"). Read once per call, outside the k loops
 // (see g_stream_prefetch).
 constexpr int64_t kPrefetchShortStream = int64_t{4} << 20;
 inline bool stream_prefetch_for(int64_t rows, int64_t bytes, int64_t short_stream) {
@@ -50,11 +52,44 @@ inline bool stream_prefetch_for(int64_t rows, int64_t bytes, int64_t short_strea
   return g_stream_prefetch || (!forced && rows <= 1 && bytes <= short_stream);
 }
 
-// The `lines` cache lines kStreamLead bytes after `read`, those before `end` (the call's last weight byte:
-// the panels after it are another call's, often another thread's).
-inline void prefetch_ahead(const void* read, const void* end, int lines) {
-  const char* p = static_cast<const char*>(read) + kStreamLead;
+// The `lines` cache lines `lead` bytes (kStreamLead unless given) after `read`, those before `end` (the call's
+// last weight byte: the panels after it are another call's, often another thread's).
+inline void prefetch_ahead(const void* read, const void* end, int lines, int64_t lead = kStreamLead) {
+  const char* p = static_cast<const char*>(read) + lead;
   for (int i = 0; i < lines && p < static_cast<const char*>(end); ++i, p += 64) _mm_prefetch(p, _MM_HINT_T1);
+}
+
+// AMD Zen 5 (CPUID vendor AuthenticAMD, family 1Ah: base family 0Fh plus extended family 0Bh), read once.
+inline bool cpu_is_zen5() {
+  static const bool zen5 = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid(0, &a, &b, &c, &d) || b != 0x68747541 || d != 0x69746e65 || c != 0x444d4163) return false;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return false;
+    const unsigned base = (a >> 8) & 0xf, ext = (a >> 20) & 0xff;
+    return (base == 0xf ? base + ext : base) == 0x1a;
+  }();
+  return zen5;
+}
+
+// The bf16 few-row loop on Zen 5: 32 KB ahead. Its 4-row tile (16 vdpbf16ps per 256 weight bytes, each waiting
+// on its load) fills the FP scheduler long before the out-of-order window reaches the lines the hardware
+// prefetchers have not yet asked for, so one thread read ~60-65% of its own replay with no software prefetch
+// (perf: the time on the first weight load of each k pair), ~70% 8 KB ahead and 75-79% 32 KB ahead
+// (docs/kernels.md, "Prefetch distance"). On Zen 4 none was better, so there it stays off (g_stream_prefetch).
+constexpr int64_t kStreamLeadZen5Bf16 = 32 << 10;
+
+// The bf16 few-row loop's prefetch distance for a call of `rows` rows, 0 for none. MOEX_STREAM_PREFETCH=off: none;
+// =on: kStreamLead, on Zen 5 kStreamLeadZen5Bf16; otherwise (auto) on Zen 5 kStreamLeadZen5Bf16 from two rows (a
+// one-row tile, 4 vdpbf16ps per 256 bytes, already streamed at ~97% of its replay without), elsewhere kStreamLead
+// where the CPU's default (g_stream_prefetch) is on and none where it is off (other AMD CPUs). Read once per call.
+inline int64_t bf16_stream_lead(int64_t rows) {
+  static const int env = [] {  // 1 on, 0 off, -1 auto (formats.cc refuses other values at load)
+    const char* e = std::getenv("MOEX_STREAM_PREFETCH");
+    return e && std::strcmp(e, "on") == 0 ? 1 : e && std::strcmp(e, "off") == 0 ? 0 : -1;
+  }();
+  if (env == 0) return 0;
+  if (cpu_is_zen5()) return env == 1 || rows >= 2 ? kStreamLeadZen5Bf16 : 0;
+  return g_stream_prefetch ? kStreamLead : 0;
 }
 
 // The many-row GEMMs compute a K block token tile by token tile from L2 while the next block comes from memory:
