@@ -7,7 +7,7 @@
 // mini's down, as the AMX kernel did) was no better than none.
 //
 // Not in the bf16 and W8A8 few-row loops on AMD, but for W8A8's short one-row calls and bf16 from two rows on Zen 5
-// (32 KB ahead, bf16_stream_lead below): on the Zen 4 VM those loops ran 20-40% faster on the hardware prefetchers
+// (32 KB ahead, bf16_stream_lead below): on the Zen 4 VM those loops ran 20-30% faster on the hardware prefetchers
 // alone (docs/kernels.md "Prefetch distance"), so there they run a tile without it (g_stream_prefetch,
 // stream_prefetch_for below). MOEX_STREAM_PREFETCH=on|off|auto overrides the
 // default: the A/B switch.
