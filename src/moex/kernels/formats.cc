@@ -132,19 +132,31 @@ int row_kernel_override() {
 
 namespace x86 {
 namespace {
-bool stream_prefetch_default() {
-  if (const char* e = std::getenv("MOEX_STREAM_PREFETCH")) {
-    if (std::string_view(e) == "on") return true;
-    if (std::string_view(e) == "off") return false;
-  }
+// MOEX_STREAM_PREFETCH: 1 on, 0 off, -1 auto or unset (validate_kernel_environment refuses other values at load).
+int stream_prefetch_env() {
+  const char* e = std::getenv("MOEX_STREAM_PREFETCH");
+  if (e && std::string_view(e) == "on") return 1;
+  if (e && std::string_view(e) == "off") return 0;
+  return -1;
+}
+// CPUID vendor "AuthenticAMD" and family (base family 0Fh plus extended family): 0 when not AMD.
+unsigned amd_family() {
 #if defined(__x86_64__) || defined(__i386__)
   unsigned a = 0, b = 0, c = 0, d = 0;
-  if (__get_cpuid(0, &a, &b, &c, &d) && b == 0x68747541 && d == 0x69746e65 && c == 0x444d4163) return false;  // "AuthenticAMD"
+  if (!__get_cpuid(0, &a, &b, &c, &d) || b != 0x68747541 || d != 0x69746e65 || c != 0x444d4163) return 0;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
+  const unsigned base = (a >> 8) & 0xf, ext = (a >> 20) & 0xff;
+  return base == 0xf ? base + ext : base;
+#else
+  return 0;
 #endif
-  return true;
 }
+const unsigned g_amd_family = amd_family();
 }  // namespace
-bool g_stream_prefetch = stream_prefetch_default();  // x86/prefetch.h
+// x86/prefetch.h; all three are set before main, in this order (one translation unit).
+extern const int g_stream_prefetch_env = stream_prefetch_env();
+extern const bool g_cpu_is_zen5 = g_amd_family == 0x1a;
+bool g_stream_prefetch = g_stream_prefetch_env >= 0 ? g_stream_prefetch_env == 1 : g_amd_family == 0;
 }  // namespace x86
 
 void validate_kernel_environment() {

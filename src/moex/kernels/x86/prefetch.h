@@ -12,12 +12,9 @@
 // stream_prefetch_for below). MOEX_STREAM_PREFETCH=on|off|auto overrides the
 // default: the A/B switch.
 #pragma once
-#include <cpuid.h>
 #include <xmmintrin.h>
 
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 
 namespace moex::kernels::x86 {
 
@@ -32,6 +29,10 @@ constexpr int64_t kStreamLead = 8 << 10;
 // call into the runtime) made GCC 12 keep the tiles' accumulators on the stack, and a plain global made it drop
 // the prefetches from the tiles altogether (both seen in the disassembly).
 extern bool g_stream_prefetch;
+// MOEX_STREAM_PREFETCH as read once before main (formats.cc): 1 on, 0 off, -1 auto or unset.
+extern const int g_stream_prefetch_env;
+// AMD Zen 5 (CPUID vendor AuthenticAMD, family 1Ah), read once before main (formats.cc).
+extern const bool g_cpu_is_zen5;
 
 // Whether a bf16 or W8A8 few-row call issues prefetch_ahead, from its shape: `rows` (tokens) and `bytes` (the weight
 // bytes of its panel run). MOEX_STREAM_PREFETCH=on|off decides everywhere; otherwise, where the CPU's default
@@ -45,10 +46,7 @@ extern bool g_stream_prefetch;
 // (see g_stream_prefetch).
 constexpr int64_t kPrefetchShortStream = int64_t{4} << 20;
 inline bool stream_prefetch_for(int64_t rows, int64_t bytes, int64_t short_stream) {
-  static const bool forced = [] {  // MOEX_STREAM_PREFETCH set to on or off (formats.cc refuses other values at load)
-    const char* e = std::getenv("MOEX_STREAM_PREFETCH");
-    return e && (std::strcmp(e, "on") == 0 || std::strcmp(e, "off") == 0);
-  }();
+  const bool forced = g_stream_prefetch_env >= 0;
   return g_stream_prefetch || (!forced && rows <= 1 && bytes <= short_stream);
 }
 
@@ -57,18 +55,6 @@ inline bool stream_prefetch_for(int64_t rows, int64_t bytes, int64_t short_strea
 inline void prefetch_ahead(const void* read, const void* end, int lines, int64_t lead = kStreamLead) {
   const char* p = static_cast<const char*>(read) + lead;
   for (int i = 0; i < lines && p < static_cast<const char*>(end); ++i, p += 64) _mm_prefetch(p, _MM_HINT_T1);
-}
-
-// AMD Zen 5 (CPUID vendor AuthenticAMD, family 1Ah: base family 0Fh plus extended family 0Bh), read once.
-inline bool cpu_is_zen5() {
-  static const bool zen5 = [] {
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    if (!__get_cpuid(0, &a, &b, &c, &d) || b != 0x68747541 || d != 0x69746e65 || c != 0x444d4163) return false;
-    if (!__get_cpuid(1, &a, &b, &c, &d)) return false;
-    const unsigned base = (a >> 8) & 0xf, ext = (a >> 20) & 0xff;
-    return (base == 0xf ? base + ext : base) == 0x1a;
-  }();
-  return zen5;
 }
 
 // The bf16 few-row loop on Zen 5: 32 KB ahead. Its 4-row tile (16 vdpbf16ps per 256 weight bytes, each waiting
@@ -83,12 +69,9 @@ constexpr int64_t kStreamLeadZen5Bf16 = 32 << 10;
 // one-row tile, 4 vdpbf16ps per 256 bytes, already streamed at ~97% of its replay without), elsewhere kStreamLead
 // where the CPU's default (g_stream_prefetch) is on and none where it is off (other AMD CPUs). Read once per call.
 inline int64_t bf16_stream_lead(int64_t rows) {
-  static const int env = [] {  // 1 on, 0 off, -1 auto (formats.cc refuses other values at load)
-    const char* e = std::getenv("MOEX_STREAM_PREFETCH");
-    return e && std::strcmp(e, "on") == 0 ? 1 : e && std::strcmp(e, "off") == 0 ? 0 : -1;
-  }();
+  const int env = g_stream_prefetch_env;
   if (env == 0) return 0;
-  if (cpu_is_zen5()) return env == 1 || rows >= 2 ? kStreamLeadZen5Bf16 : 0;
+  if (g_cpu_is_zen5) return env == 1 || rows >= 2 ? kStreamLeadZen5Bf16 : 0;
   return g_stream_prefetch ? kStreamLead : 0;
 }
 
