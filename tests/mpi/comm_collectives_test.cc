@@ -14,12 +14,30 @@
 #include <string_view>
 #include <vector>
 
+// The C API only (as mpi_communicator.h): the C++ bindings would need libmpi_cxx.
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
+#include <mpi.h>
+
 #include "moex/base/dtype.h"
 #include "moex/base/error.h"
 #include "moex/comm/communicator.h"
 #include "moex/comm/selector.h"
 
 using namespace moex::comm;
+
+namespace {
+int g_iallreduce_count = 0;
+}  // namespace
+
+// MPI's profiling interface: this definition takes the calls of the comm library linked into this test, so a test can
+// see whether a collective ran an all-reduce (alltoallv's size agreement is the only MPI_Iallreduce outside the
+// `mpi` all-reduce).
+extern "C" int MPI_Iallreduce(const void* send, void* recv, int count, MPI_Datatype type, MPI_Op op, MPI_Comm comm,
+                              MPI_Request* request) {
+  ++g_iallreduce_count;
+  return PMPI_Iallreduce(send, recv, count, type, op, comm, request);
+}
 
 namespace {
 
@@ -157,6 +175,93 @@ void test_alltoallv(Communicator& comm, AlltoallAlgo algo) {
     for (size_t k = 0; k < recv_counts[j]; ++k)
       EXPECT(recv[recv_offsets[j] + k] == j * 100000 + r * 100 + static_cast<int>(k), "alltoallv %s p=%d from %d",
              std::string(algo_name(algo)).c_str(), p, j);
+}
+
+// The caller that knows the group's largest block passes it (the MoE dispatch path, moe_layer.cc): no agreement
+// runs, and every algorithm, `auto` included, moves the same data as after agreeing, auto picking the same one. Two
+// scales: blocks of 0-16 bytes (Bruck above 2 ranks on one host) and 0-4.8 KB (pairwise; hier across hosts). A
+// figure above the truth, the same on every rank, is as good; one below a rank's own block is refused on that rank
+// before anything moves, so the group goes on.
+void test_alltoallv_known_largest(Communicator& comm) {
+  const int p = comm.size(), r = comm.rank();
+  std::vector<AlltoallAlgo> algos(all_alltoall_algos().begin(), all_alltoall_algos().end());
+  algos.push_back(AlltoallAlgo::kAuto);
+  for (size_t scale : {size_t{1}, size_t{300}}) {
+    auto count_of = [&](int s, int d) { return scale * static_cast<size_t>((s + 2 * d) % 5); };
+    uint64_t largest = 0;
+    for (int s = 0; s < p; ++s)
+      for (int d = 0; d < p; ++d) largest = std::max<uint64_t>(largest, count_of(s, d) * 4);
+    std::vector<size_t> send_counts(p), send_offsets(p), recv_counts(p), recv_offsets(p);
+    size_t send_total = 0, recv_total = 0;
+    for (int j = 0; j < p; ++j) {
+      send_counts[j] = count_of(r, j), send_offsets[j] = send_total, send_total += send_counts[j];
+      recv_counts[j] = count_of(j, r), recv_offsets[j] = recv_total, recv_total += recv_counts[j];
+    }
+    std::vector<int32_t> send(send_total), expected(recv_total);
+    for (int j = 0; j < p; ++j) {
+      for (size_t k = 0; k < send_counts[j]; ++k) send[send_offsets[j] + k] = r * 100000 + j * 1000 + static_cast<int>(k);
+      for (size_t k = 0; k < recv_counts[j]; ++k) expected[recv_offsets[j] + k] = j * 100000 + r * 1000 + static_cast<int>(k);
+    }
+    for (AlltoallAlgo algo : algos) {
+      const std::string name(algo_name(algo));
+      std::string_view ran_agreeing, ran_known;
+      std::vector<int32_t> agreeing(recv_total + 1, -1), known(recv_total + 1, -1), above(recv_total + 1, -1);
+      int calls = g_iallreduce_count;
+      set_event_observer([&](const CollectiveEvent& event) { ran_agreeing = event.algorithm; });
+      comm.alltoallv(send.data(), send_counts, send_offsets, agreeing.data(), recv_counts, recv_offsets, 4, algo);
+      const bool agrees = algo == AlltoallAlgo::kAuto && comm_options().alltoall_algo == AlltoallAlgo::kAuto && p > 1;
+      EXPECT(g_iallreduce_count - calls == (agrees ? 1 : 0), "alltoallv %s p=%d: %d agreements without the largest block",
+             name.c_str(), p, g_iallreduce_count - calls);
+      calls = g_iallreduce_count;
+      set_event_observer([&](const CollectiveEvent& event) { ran_known = event.algorithm; });
+      comm.alltoallv(send.data(), send_counts, send_offsets, known.data(), recv_counts, recv_offsets, 4, algo, largest);
+      set_event_observer({});
+      EXPECT(g_iallreduce_count == calls, "alltoallv %s p=%d: an agreement ran with the largest block passed",
+             name.c_str(), p);
+      EXPECT(ran_known == ran_agreeing, "alltoallv %s p=%d scale %zu: ran %s with the largest block passed, %s agreeing",
+             name.c_str(), p, scale, std::string(ran_known).c_str(), std::string(ran_agreeing).c_str());
+      comm.alltoallv(send.data(), send_counts, send_offsets, above.data(), recv_counts, recv_offsets, 4, algo,
+                     largest + 4096);
+      for (size_t i = 0; i < recv_total; ++i) {
+        EXPECT(agreeing[i] == expected[i] && known[i] == expected[i] && above[i] == expected[i],
+               "alltoallv %s p=%d scale %zu: element %zu is %d agreeing, %d and %d with the largest block passed (want %d)",
+               name.c_str(), p, scale, i, agreeing[i], known[i], above[i], expected[i]);
+        if (agreeing[i] != expected[i] || known[i] != expected[i] || above[i] != expected[i]) break;
+      }
+      EXPECT(known[recv_total] == -1, "alltoallv %s p=%d: wrote past the output", name.c_str(), p);
+    }
+  }
+  // The fp32 helper with a wire dtype passes the largest block in values: the same bits as agreeing.
+  for (CommDType wire : {CommDType::kF32, CommDType::kBF16, CommDType::kF8}) {
+    const size_t count = 300;  // values to every peer
+    std::vector<size_t> counts(p, count), offsets(p);
+    for (int j = 0; j < p; ++j) offsets[j] = j * count;
+    std::vector<float> send(p * count), agreeing(p * count), known(p * count);
+    for (size_t i = 0; i < send.size(); ++i) send[i] = input_value(r, i, false);
+    WireScratch scratch;
+    const int calls = g_iallreduce_count;
+    alltoallv_f32(comm, send.data(), counts, offsets, agreeing.data(), counts, offsets, wire, scratch);
+    const int agreements = g_iallreduce_count - calls;
+    alltoallv_f32(comm, send.data(), counts, offsets, known.data(), counts, offsets, wire, scratch, count);
+    EXPECT(g_iallreduce_count - calls == agreements, "alltoallv_f32 p=%d: an agreement ran with the largest block passed", p);
+    EXPECT(std::memcmp(agreeing.data(), known.data(), known.size() * 4) == 0,
+           "alltoallv_f32 %s p=%d: other values with the largest block passed", std::string(comm_dtype_name(wire)).c_str(), p);
+  }
+  // Too small: every rank sends one int32 to every rank (its own included) and says the largest block is 0 bytes.
+  std::vector<size_t> ones(p, 1), offsets(p);
+  for (int j = 0; j < p; ++j) offsets[j] = j;
+  std::vector<int32_t> send(p, r), recv(p, -1);
+  bool refused = false;
+  try {
+    comm.alltoallv(send.data(), ones, offsets, recv.data(), ones, offsets, 4, AlltoallAlgo::kAuto, 0);
+  } catch (const moex::Error& e) {
+    refused = e.kind() == moex::ErrorKind::kInternal && std::string_view(e.what()).find("largest block") != std::string_view::npos;
+  }
+  EXPECT(refused, "alltoallv p=%d: a largest block below this rank's own was not refused", p);
+  EXPECT(recv == std::vector<int32_t>(p, -1), "alltoallv p=%d: the refused call wrote the output", p);
+  // Nothing moved: the group goes on to the next collective.
+  comm.alltoallv(send.data(), ones, offsets, recv.data(), ones, offsets, 4, AlltoallAlgo::kAuto, 4);
+  for (int j = 0; j < p; ++j) EXPECT(recv[j] == j, "alltoallv p=%d after a refused call: from %d got %d", p, j, recv[j]);
 }
 
 // Starting comm leaves the process's allocator as glibc set it up: a 64 MB allocation is its own mmap,
@@ -330,6 +435,7 @@ void test_across_hosts(Communicator& comm) {
   }
   for (AlltoallAlgo algo : all_alltoall_algos()) test_alltoallv(comm, algo);
   test_alltoallv(comm, AlltoallAlgo::kAuto);
+  test_alltoallv_known_largest(comm);
 }
 
 // Arguments: none runs every test; `levels HOSTS` only the host map and its two levels, expecting HOSTS hosts;
@@ -371,6 +477,7 @@ int main(int argc, char** argv) {
     test_allreduce(comm, AllreduceAlgo::kShm, CommDType::kF8, 20011, /*integer=*/true, /*registered=*/true);
     for (AlltoallAlgo algo : all_alltoall_algos()) test_alltoallv(comm, algo);
     test_alltoallv(comm, AlltoallAlgo::kAuto);
+    test_alltoallv_known_largest(comm);
     test_allreduce(comm, AllreduceAlgo::kAuto, CommDType::kF32, 4099, true);
     test_other_collectives(comm);
     test_groups_and_async(comm);

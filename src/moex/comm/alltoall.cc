@@ -9,17 +9,28 @@ namespace moex::comm {
 
 void MpiCommunicator::alltoallv(const void* send, std::span<const size_t> send_counts,
                                 std::span<const size_t> send_offsets, void* recv, std::span<const size_t> recv_counts,
-                                std::span<const size_t> recv_offsets, size_t elem_bytes, AlltoallAlgo requested) {
+                                std::span<const size_t> recv_offsets, size_t elem_bytes, AlltoallAlgo requested,
+                                std::optional<uint64_t> largest_block_bytes) {
   MOEX_CHECK(send_counts.size() == static_cast<size_t>(size_) && recv_counts.size() == static_cast<size_t>(size_) &&
                  send_offsets.size() == static_cast<size_t>(size_) && recv_offsets.size() == static_cast<size_t>(size_),
              "alltoallv needs one count and offset per rank");
-  uint64_t largest = 0, bytes_in = 0;
+  uint64_t largest = 0, bytes_in = 0, largest_in = 0;
   for (size_t count : send_counts) {
     largest = std::max<uint64_t>(largest, count * elem_bytes);
     bytes_in += count * elem_bytes;
   }
+  for (size_t count : recv_counts) largest_in = std::max<uint64_t>(largest_in, count * elem_bytes);
+  // A declared figure below a block this rank sees is wrong on this rank at least; its peers may pick by it an
+  // algorithm this rank would not, and the call would hang in mismatched messages. Refused here, before any.
+  if (largest_block_bytes && std::max(largest, largest_in) > *largest_block_bytes)
+    throw_error(ErrorKind::kInternal,
+                ::moex::detail::concat("alltoallv: the largest block passed (", *largest_block_bytes,
+                                       " bytes) is smaller than one of rank ", rank_, "'s own (sends up to ", largest,
+                                       " bytes, receives up to ", largest_in, ")"));
   AlltoallAlgo algo = requested;
-  if (algo == AlltoallAlgo::kAuto && comm_options().alltoall_algo == AlltoallAlgo::kAuto && size_ > 1) {
+  if (largest_block_bytes) {
+    largest = *largest_block_bytes;  // the group's, known to the caller: nothing to agree on
+  } else if (algo == AlltoallAlgo::kAuto && comm_options().alltoall_algo == AlltoallAlgo::kAuto && size_ > 1) {
     // Counts differ between ranks, so agree on the largest per-peer message before choosing (non-blocking,
     // so a peer that stalls here trips the watchdog instead of hanging the job).
     stats_ = CollectiveStats{"alltoall(agree sizes)"};

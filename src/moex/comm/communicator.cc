@@ -86,8 +86,11 @@ class SelfCommunicator final : public Communicator {
   }
   void alltoallv(const void* send, std::span<const size_t> send_counts, std::span<const size_t> send_offsets,
                  void* recv, std::span<const size_t> recv_counts, std::span<const size_t> recv_offsets,
-                 size_t elem_bytes, AlltoallAlgo) override {
+                 size_t elem_bytes, AlltoallAlgo, std::optional<uint64_t> largest_block_bytes) override {
     MOEX_CHECK(send_counts.size() == 1 && recv_counts.size() == 1 && send_counts[0] == recv_counts[0]);
+    MOEX_CHECK(!largest_block_bytes || send_counts[0] * elem_bytes <= *largest_block_bytes,
+               "alltoallv: this rank's block of ", send_counts[0] * elem_bytes,
+               " bytes is larger than the largest block passed, ", *largest_block_bytes);
     std::memmove(static_cast<std::byte*>(recv) + recv_offsets[0] * elem_bytes,
                  static_cast<const std::byte*>(send) + send_offsets[0] * elem_bytes, send_counts[0] * elem_bytes);
   }
@@ -171,7 +174,8 @@ void allreduce_f32(Communicator& comm, float* data, size_t count, CommDType wire
 
 void alltoallv_f32(Communicator& comm, const float* send, std::span<const size_t> send_counts,
                    std::span<const size_t> send_offsets, float* recv, std::span<const size_t> recv_counts,
-                   std::span<const size_t> recv_offsets, CommDType wire, WireScratch& scratch) {
+                   std::span<const size_t> recv_offsets, CommDType wire, WireScratch& scratch,
+                   std::optional<size_t> largest_block_values) {
   const size_t P = static_cast<size_t>(comm.size());
   MOEX_CHECK(send_counts.size() == P && send_offsets.size() == P && recv_counts.size() == P && recv_offsets.size() == P,
              "alltoallv_f32: counts and offsets for ", P, " ranks");
@@ -190,8 +194,11 @@ void alltoallv_f32(Communicator& comm, const float* send, std::span<const size_t
   if (scratch.recv.size() < std::max<size_t>(recv_total, 1)) scratch.recv.resize(std::max<size_t>(recv_total, 1));
   for (size_t p = 0; p < P; ++p)
     wire_encode(format, send + send_offsets[p], send_counts[p], scratch.send.data() + scratch.send_offsets[p]);
+  // wire_bytes grows with the count, so the largest block in values is the largest on the wire.
+  std::optional<uint64_t> largest_bytes;
+  if (largest_block_values) largest_bytes = wire_bytes(format, *largest_block_values);
   comm.alltoallv(scratch.send.data(), scratch.send_bytes, scratch.send_offsets, scratch.recv.data(), scratch.recv_bytes,
-                 scratch.recv_offsets, 1);
+                 scratch.recv_offsets, 1, AlltoallAlgo::kAuto, largest_bytes);
   for (size_t p = 0; p < P; ++p)
     wire_decode(format, scratch.recv.data() + scratch.recv_offsets[p], recv_counts[p], recv + recv_offsets[p]);
 }

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -59,10 +60,18 @@ class Communicator {
   virtual void allreduce(void* data, size_t count, CommDType dtype, AllreduceAlgo algo = AllreduceAlgo::kAuto) = 0;
   // Uneven all-to-all: rank r sends send_counts[j] elements from send + send_offsets[j] to rank j, and
   // receives recv_counts[j] elements into recv + recv_offsets[j]. Counts and offsets in elements.
+  // `auto` picks the algorithm by the largest block any rank of the group sends, so every rank must pick by the
+  // same figure: without `largest_block_bytes` the ranks first agree on it (an 8-byte all-reduce, one more
+  // collective). A caller that already knows it passes it and no agreement runs: the same value on every rank, at
+  // least every rank's largest send_counts[j] x elem_bytes (its own block included). A rank with a block of its own
+  // (sent or received) above the value throws before anything moves: a smaller value than the truth on some ranks
+  // would let them pick another algorithm than their peers and hang. A value that differs between ranks but is
+  // above every block cannot be seen locally; the caller owns that (derive it from data every rank holds).
   virtual void alltoallv(const void* send, std::span<const size_t> send_counts,
                          std::span<const size_t> send_offsets, void* recv, std::span<const size_t> recv_counts,
                          std::span<const size_t> recv_offsets, size_t elem_bytes,
-                         AlltoallAlgo algo = AlltoallAlgo::kAuto) = 0;
+                         AlltoallAlgo algo = AlltoallAlgo::kAuto,
+                         std::optional<uint64_t> largest_block_bytes = std::nullopt) = 0;
   // send [bytes] from every rank -> recv [size() * bytes], rank order.
   virtual void allgather(const void* send, size_t bytes, void* recv) = 0;
   // send [size() * count] of dtype -> recv [count]: this rank's slice of the sum.
@@ -104,10 +113,13 @@ struct WireScratch {
 // Uneven all-to-all of fp32 values with `wire` as the payload type: this rank sends send_counts[j] values from
 // send + send_offsets[j] to rank j and receives recv_counts[j] values into recv + recv_offsets[j] (counts and offsets
 // in values). Each peer's block is encoded once, from its own start (codec.h: fp8's 128-value blocks), and decoded
-// where it lands. What the MoE dispatch path sends its rows and their expert outputs with.
+// where it lands. What the MoE dispatch path sends its rows and their expert outputs with. `largest_block_values`:
+// as alltoallv's largest_block_bytes, in fp32 values (the largest send_counts[j] over the group), so that no
+// agreement runs; the wire bytes of that many values are what the algorithm is picked by.
 void alltoallv_f32(Communicator& comm, const float* send, std::span<const size_t> send_counts,
                    std::span<const size_t> send_offsets, float* recv, std::span<const size_t> recv_counts,
-                   std::span<const size_t> recv_offsets, CommDType wire, WireScratch& scratch);
+                   std::span<const size_t> recv_offsets, CommDType wire, WireScratch& scratch,
+                   std::optional<size_t> largest_block_values = std::nullopt);
 
 // The world, created on first use (MPI_Init_thread with MPI_THREAD_MULTIPLE when launched by mpirun).
 // MOEX_COMM_FORCE_MPI=1 uses MPI even without a launcher (an OpenMPI singleton).

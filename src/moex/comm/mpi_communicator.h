@@ -84,7 +84,7 @@ class MpiCommunicator final : public Communicator {
   void allreduce(void* data, size_t count, CommDType dtype, AllreduceAlgo algo) override;
   void alltoallv(const void* send, std::span<const size_t> send_counts, std::span<const size_t> send_offsets,
                  void* recv, std::span<const size_t> recv_counts, std::span<const size_t> recv_offsets,
-                 size_t elem_bytes, AlltoallAlgo algo) override;
+                 size_t elem_bytes, AlltoallAlgo algo, std::optional<uint64_t> largest_block_bytes) override;
   void allgather(const void* send, size_t bytes, void* recv) override;
   void reduce_scatter(const void* send, void* recv, size_t count, CommDType dtype) override;
   void broadcast(void* data, size_t bytes, int root) override;

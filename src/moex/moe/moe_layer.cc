@@ -62,11 +62,12 @@ MoELayer::MoELayer(const MoELayerShape& shape, const ParallelPlan& plan, comm::C
     const size_t P = plan.world, per_rank = slots_ / plan.ep;
     for (auto* v : {&dispatch_.send_counts, &dispatch_.send_offsets, &dispatch_.recv_counts, &dispatch_.recv_offsets})
       v->resize(P);
-    dispatch_.count_per_peer.assign(P, per_rank);
+    const size_t stride = per_rank + 1;  // a peer's E/P counts, then the sender's largest block in rows
+    dispatch_.count_per_peer.assign(P, stride);
     dispatch_.count_displs.resize(P);
-    for (size_t p = 0; p < P; ++p) dispatch_.count_displs[p] = p * per_rank;
-    dispatch_.send_expert_rows.resize(slots_);
-    dispatch_.recv_expert_rows.resize(P * per_rank);
+    for (size_t p = 0; p < P; ++p) dispatch_.count_displs[p] = p * stride;
+    dispatch_.send_expert_rows.resize(P * stride);
+    dispatch_.recv_expert_rows.resize(P * stride);
     dispatch_.rows_from.resize(P);
     dispatch_.source_row.resize(P * per_rank);
     dispatch_.expert_begin.resize(per_rank + 1);
@@ -266,7 +267,7 @@ void MoELayer::experts_overlapped(int layer, const MoELayerWeights& w, int64_t t
 void MoELayer::forward_dispatch(int layer, const MoELayerWeights& w, const float* x, int64_t tokens,
                                 float* residual) {
   const int64_t d = shape_.hidden, I = shape_.intermediate_local;
-  const int E = slots_, per_rank = w.experts.count, P = plan_.world;
+  const int per_rank = w.experts.count, P = plan_.world, stride = per_rank + 1;
   route(layer, w, x, tokens);
   const auto& offsets = batcher_.expert_offsets();
   DispatchPlan& dp = dispatch_;  // sized once in the constructor: nothing here allocates per step
@@ -277,20 +278,33 @@ void MoELayer::forward_dispatch(int layer, const MoELayerWeights& w, const float
     MOEX_ZONE_LAYER(kDispatch, layer);
     batcher_.plan(plan_ids(), tokens);
     batcher_.gather(x, d, gathered_.data());  // plan order = expert order = destination-rank order
-    for (int e = 0; e < E; ++e) send_expert_rows[e] = static_cast<int32_t>(offsets[e + 1] - offsets[e]);
+    int32_t largest = 0;  // rows in this rank's largest block (to one peer)
+    for (int p = 0; p < P; ++p) {
+      for (int le = 0; le < per_rank; ++le) {
+        const int e = p * per_rank + le;
+        send_expert_rows[p * stride + le] = static_cast<int32_t>(offsets[e + 1] - offsets[e]);
+      }
+      largest = std::max(largest, static_cast<int32_t>(offsets[(p + 1) * per_rank] - offsets[p * per_rank]));
+    }
+    for (int p = 0; p < P; ++p) send_expert_rows[p * stride + per_rank] = largest;
   }
-  // 1. How many rows of each of its experts every rank will receive (E/P counts per pair).
+  // 1. How many rows of each of its experts every rank will receive (E/P counts per pair), and each rank's largest
+  // block, so that every rank knows the group's for the two all-to-alls below without agreeing on it: `auto` picks
+  // their algorithm by it (comm/alltoall.cc). The counts are E/P + 1 int32 per peer on every rank: known, passed.
   {
     MOEX_ZONE_LAYER(kAllToAll, layer);
     comm_->alltoallv(send_expert_rows.data(), dp.count_per_peer, dp.count_displs, recv_expert_rows.data(),
-                     dp.count_per_peer, dp.count_displs, sizeof(int32_t));
+                     dp.count_per_peer, dp.count_displs, sizeof(int32_t), comm::AlltoallAlgo::kAuto,
+                     stride * sizeof(int32_t));
   }
+  int64_t group_largest = 0;  // rows: every rank computes it from the same P figures
+  for (int p = 0; p < P; ++p) group_largest = std::max<int64_t>(group_largest, recv_expert_rows[p * stride + per_rank]);
   // 2. The rows themselves, encoded in the comm dtype, one block per destination.
   int64_t recv_rows = 0;
   auto& rows_from = dp.rows_from;
   for (int p = 0; p < P; ++p) {
     int64_t rows = 0;
-    for (int le = 0; le < per_rank; ++le) rows += recv_expert_rows[p * per_rank + le];
+    for (int le = 0; le < per_rank; ++le) rows += recv_expert_rows[p * stride + le];
     rows_from[p] = rows;
     recv_rows += rows;
   }
@@ -312,7 +326,7 @@ void MoELayer::forward_dispatch(int layer, const MoELayerWeights& w, const float
   {
     MOEX_ZONE_LAYER(kAllToAll, layer);
     comm::alltoallv_f32(*comm_, gathered_.data(), send_counts, send_offsets, received_.data(), recv_counts, recv_offsets,
-                        plan_.comm_dtype, wire_);
+                        plan_.comm_dtype, wire_, static_cast<size_t>(group_largest * d));
   }
   // 3. Regroup arrivals by local expert (they come grouped by source, then expert) and run the experts
   // once over all of them; each output row goes straight back to its arrival's place in received_.
@@ -323,8 +337,8 @@ void MoELayer::forward_dispatch(int layer, const MoELayerWeights& w, const float
     for (int p = 0; p < P; ++p)
       for (int le = 0; le < per_rank; ++le) {
         source_row[p * per_rank + le] = row;
-        row += recv_expert_rows[p * per_rank + le];
-        expert_begin[le + 1] += recv_expert_rows[p * per_rank + le];
+        row += recv_expert_rows[p * stride + le];
+        expert_begin[le + 1] += recv_expert_rows[p * stride + le];
       }
     for (int le = 0; le < per_rank; ++le) expert_begin[le + 1] += expert_begin[le];
   }
@@ -336,7 +350,7 @@ void MoELayer::forward_dispatch(int layer, const MoELayerWeights& w, const float
   for (int le = 0; le < per_rank; ++le) {
     int64_t dst = expert_begin[le];
     for (int p = 0; p < P; ++p) {
-      const int64_t n = recv_expert_rows[p * per_rank + le], src = source_row[p * per_rank + le];
+      const int64_t n = recv_expert_rows[p * stride + le], src = source_row[p * per_rank + le];
       std::memcpy(by_expert_.data() + dst * d, received_.data() + src * d, n * d * sizeof(float));
       for (int64_t i = 0; i < n; ++i) row_out_[dst + i] = static_cast<int32_t>(src + i);
       dst += n;
@@ -347,11 +361,12 @@ void MoELayer::forward_dispatch(int layer, const MoELayerWeights& w, const float
   std::fill(row_weights_.begin(), row_weights_.begin() + recv_rows, 1.0f);
   std::fill(received_.begin(), received_.begin() + recv_rows * d, 0.0f);
   experts(layer, w, by_expert_.data(), expert_begin.data(), row_weights_.data(), row_out_.data(), received_.data());
-  // 4. Outputs go back the way they came; the sender combines them with its routing weights.
+  // 4. Outputs go back the way they came; the sender combines them with its routing weights. The blocks are the
+  // dispatch's transposed: the same largest one.
   {
     MOEX_ZONE_LAYER(kAllToAll, layer);
     comm::alltoallv_f32(*comm_, received_.data(), recv_counts, recv_offsets, expert_out_.data(), send_counts, send_offsets,
-                        plan_.comm_dtype, wire_);
+                        plan_.comm_dtype, wire_, static_cast<size_t>(group_largest * d));
   }
   MOEX_ZONE_LAYER(kCombine, layer);
   batcher_.combine(expert_out_.data(), expert_weights_.data(), tokens, d, residual, /*accumulate=*/true);

@@ -117,9 +117,11 @@ class MoELayer {
   comm::WireScratch wire_;
   struct DispatchPlan {
     std::vector<size_t> send_counts, send_offsets, recv_counts, recv_offsets;  // [P] fp32 values per peer block
-    std::vector<size_t> count_per_peer, count_displs;                        // [P] E/P counts each
-    std::vector<int32_t> send_expert_rows;   // [E] rows this rank sends to each expert
-    std::vector<int32_t> recv_expert_rows;   // [P, E/P] rows arriving from each source for each local expert
+    std::vector<size_t> count_per_peer, count_displs;                        // [P] E/P + 1 counts each
+    // [P, E/P + 1] rows this rank sends to each of a peer's experts, then its largest block (rows to one peer)
+    std::vector<int32_t> send_expert_rows;
+    // [P, E/P + 1] rows arriving from each source for each local expert, then that source's largest block
+    std::vector<int32_t> recv_expert_rows;
     std::vector<int64_t> rows_from;          // [P]
     std::vector<int64_t> source_row;         // [P, E/P] first arriving row of (source, local expert)
     std::vector<int64_t> expert_begin;       // [E/P + 1] local experts' rows after regrouping
