@@ -200,6 +200,9 @@ if record:
                f"decode steps per batch {', '.join(f'{b}: {2 * (c - 8)}' for b, c in sorted(contexts.items()))}, as-stored, one thread per rank; each row the "
                "fastest of the repeats; each row's context is 8 + its steps / 2)", "model_preset": preset,
                "tolerance": {"tokens_per_s": tol_rate, "comm_share": tol_share},
+               # The engine measured: dp attention's dispatch path runs three collectives a MoE layer (moe_layer.cc;
+               # recordings without this field ran six, and the planner test predicts them so).
+               "dispatch_collectives_per_moe_layer": 3,
                "cluster": json.load(open(f"{out}/cluster-b{min(contexts)}.json" if os.path.exists(
                    f"{out}/cluster-b{min(contexts)}.json") else f"{out}/cluster.json")),
                # Each batch's time-sharing probe sent its own all-reduce size (the planner test reads these).

@@ -189,9 +189,9 @@ TEST(Planner, DataParallelAttentionSendsEveryRanksLogitsToRankZero) {
 
 TEST(Planner, DataParallelAttentionPricesEveryAllToAllTheEngineRunsWithTheAlgorithmAutoPicks) {
   // One host of 4 ranks, EP=4 dp-attn, a model of hidden size 256: a row is 1 KB in f32. Per MoE layer the engine
-  // exchanges the counts (2 experts' int32 per peer), the rows and their outputs, each all-to-all after an 8-byte
-  // MPI all-reduce that agrees on the largest block. Without a table `auto` picks Bruck above 2 ranks at <= 1 KB
-  // per peer on one host (selector.cc), pairwise above that.
+  // exchanges the counts (2 experts' int32 per peer and the sender's largest block), the rows and their outputs,
+  // with no agreement on the largest block (every rank knows it from the counts). Without a table `auto` picks
+  // Bruck above 2 ranks at <= 1 KB per peer on one host (selector.cc), pairwise above that.
   ModelConfig m = synthetic_preset("mini");
   m.hidden_size = 256, m.head_dim = 256 / m.num_attention_heads;
   const Cluster c = parse_cluster(memory_bound_cluster(4), "t");  // 5 us, 10 GB/s
@@ -206,15 +206,19 @@ TEST(Planner, DataParallelAttentionPricesEveryAllToAllTheEngineRunsWithTheAlgori
   const comm::HostLevels one_host{1, 4};
   const Prediction one = predict(m, c, dp, 4, Workload{1, 64});
   const CollectiveCost counts = find(one, "counts all-to-all"), rows = find(one, "dispatch all-to-all");
-  EXPECT_EQ(counts.algorithm, std::string(comm::algo_name(comm::select_alltoall(comm::AlltoallAlgo::kAuto, 4, 8, one_host))));
+  EXPECT_EQ(counts.algorithm, std::string(comm::algo_name(comm::select_alltoall(comm::AlltoallAlgo::kAuto, 4, 12, one_host))));
   EXPECT_EQ(counts.algorithm, "bruck");
-  EXPECT_NEAR(counts.seconds, 2 * (5e-6 + 2 * 8 / 10e9), 1e-15);  // log2(4) rounds of ~4/2 blocks
+  EXPECT_NEAR(counts.seconds, 2 * (5e-6 + 2 * 12 / 10e9), 1e-15);  // log2(4) rounds of ~4/2 blocks
   EXPECT_EQ(counts.per_step, m.num_hidden_layers);
   // Batch 1: one token's 2 rows among 4 ranks, half a row per peer on average; auto chooses by the largest, a row.
   EXPECT_EQ(rows.algorithm, std::string(comm::algo_name(comm::select_alltoall(comm::AlltoallAlgo::kAuto, 4, 1024, one_host))));
   EXPECT_EQ(rows.algorithm, "bruck");
   EXPECT_NEAR(rows.seconds, 2 * (5e-6 + 2 * 512 / 10e9), 1e-15);
-  EXPECT_EQ(find(one, "all-to-all size agreement").per_step, 3 * m.num_hidden_layers);
+  EXPECT_EQ(one.collectives.size(), 3u);  // counts, rows, outputs: nothing agrees on a size
+  // An engine that agreed on the largest block before each: an 8-byte all-reduce each, and counts without it.
+  const Prediction agreeing = predict(m, c, dp, 4, Workload{1, 64, true});
+  EXPECT_EQ(find(agreeing, "all-to-all size agreement").per_step, 3 * m.num_hidden_layers);
+  EXPECT_NEAR(find(agreeing, "counts all-to-all").seconds, 2 * (5e-6 + 2 * 8 / 10e9), 1e-15);
   // Batch 16: 4 sequences a rank, 8 rows, 2 (2 KB) per peer: pairwise, 3 rounds of one block.
   const CollectiveCost big = find(predict(m, c, dp, 4, Workload{16, 64}), "dispatch all-to-all");
   EXPECT_EQ(big.algorithm, "pairwise");
@@ -369,11 +373,19 @@ TEST(Planner, EachCollectiveWaitsWhatTheTableGivesForTheSegmentBeforeIt) {
   PlanChoice dp;
   dp.moe = "ep", dp.attn = "dp", dp.ep = 2;
   const Prediction d = predict(m, parse_cluster(j, "t"), dp, 2, Workload{16, 64});
-  // Per MoE layer: agree, counts, agree, dispatch; experts; agree, combine (moe_layer.cc, comm/alltoall.cc).
-  EXPECT_NEAR(d.wait_s - d.imbalance_wait_s, 50e-6 * 6 * 8, 1e-12);
-  // Four of them follow another collective with no compute between: nothing overlaps their wait, the step pays it.
-  EXPECT_NEAR(d.step_s, d.attention_s + d.routing_s + d.experts_s + d.other_s + d.comm_s + d.logits_s + 50e-6 * 4 * 8,
+  // Per MoE layer: counts, dispatch; experts; combine (moe_layer.cc: the largest block travels with the counts).
+  EXPECT_NEAR(d.wait_s - d.imbalance_wait_s, 50e-6 * 3 * 8, 1e-12);
+  // The dispatch follows the counts with no compute between: nothing overlaps its wait, the step pays it.
+  EXPECT_NEAR(d.step_s, d.attention_s + d.routing_s + d.experts_s + d.other_s + d.comm_s + d.logits_s + 50e-6 * 1 * 8,
               1e-12);
+  // An engine that agreed on the largest block before each all-to-all: agree, counts, agree, dispatch; experts;
+  // agree, combine, four of them back to back.
+  const Prediction agreeing = predict(m, parse_cluster(j, "t"), dp, 2, Workload{16, 64, true});
+  EXPECT_NEAR(agreeing.wait_s - agreeing.imbalance_wait_s, 50e-6 * 6 * 8, 1e-12);
+  EXPECT_NEAR(agreeing.step_s, agreeing.attention_s + agreeing.routing_s + agreeing.experts_s + agreeing.other_s +
+                                   agreeing.comm_s + agreeing.logits_s + 50e-6 * 4 * 8,
+              1e-12);
+  EXPECT_GT(agreeing.step_s - d.step_s, 50e-6 * 3 * 8);  // the three waits and the agreements' own wire time
   EXPECT_EQ(predict(m, parse_cluster(j, "t"), PlanChoice{}, 1, Workload{16, 64}).wait_s, 0);  // nothing to wait for
   // The collective's own time beyond the wire under sharing (excess_us) is step time as well as comm time.
   j["time_sharing"][0]["wait"]["points"][0]["excess_us"] = 30;
@@ -457,7 +469,10 @@ void check_recording(const std::filesystem::path& path) {
       found = true;
       // Each row's own context (its run's decode positions) where the recording has one, else the run's.
       const int context = row.contains("context") ? row.at("context").get<int>() : rec.at("context").get<int>();
-      const Prediction r = predict(m, c, p, ranks, Workload{batch, context});
+      // The engine the run measured: recordings before moe_layer.cc sent the largest block with the counts have no
+      // "dispatch_collectives_per_moe_layer" and ran six (docs/plan.md).
+      const bool agreeing = rec.value("dispatch_collectives_per_moe_layer", 6) == 6;
+      const Prediction r = predict(m, c, p, ranks, Workload{batch, context, agreeing});
       const std::string what = name + " " + dtype + " batch " + std::to_string(batch);
       EXPECT_NEAR(r.tokens_per_s / row.at("tokens_per_s").get<double>(), 1.0, rate_tol) << what;
       EXPECT_NEAR(r.comm_share, row.at("comm_share").get<double>(), share_tol) << what;

@@ -634,26 +634,28 @@ Prediction predict(const ModelConfig& m, const Cluster& c, const PlanChoice& p, 
                                           m.num_hidden_layers));
       out.collectives.push_back(allreduce("MoE all-reduce", c, ranks, B * d * elem, p.comm_dtype, moe_layers));
     } else {
-      // moe_layer.cc's forward_dispatch, per MoE layer: the counts of rows of each of a peer's E / N experts
-      // (int32), then the rows, then their outputs back. Under `auto` each all-to-all first agrees on the largest
-      // block any rank sends (comm/alltoall.cc: an 8-byte MPI all-reduce), so that every rank picks the same
-      // algorithm. Each token's k expert rows go to the ranks that hold the experts, (ranks - 1) / ranks of them
-      // to others; auto picks by the largest block, at least one row (a rank with a token sends it somewhere).
+      // moe_layer.cc's forward_dispatch, per MoE layer: the counts of rows of each of a peer's E / N experts and
+      // the sender's largest block (E / N + 1 int32), then the rows, then their outputs back. `auto` picks each
+      // all-to-all's algorithm by the group's largest block, which every rank knows from the counts (the combine's
+      // blocks are the dispatch's transposed), so no collective agrees on it first (comm/alltoall.cc). An engine
+      // that agreed (Workload::dispatch_size_agreements) ran an 8-byte MPI all-reduce before each of the three.
+      // Each token's k expert rows go to the ranks that hold the experts, (ranks - 1) / ranks of them to others;
+      // auto picks by the largest block, at least one row (a rank with a token sends it somewhere).
       const double rows_per_peer = seqs * m.num_experts_per_tok / ranks;
-      const double row_bytes = d * elem, counts = 4.0 * m.num_local_experts / ranks;
-      const double largest = std::max(1.0, std::ceil(rows_per_peer)) * row_bytes;
+      const double counts = 4.0 * (double(m.num_local_experts) / ranks + (w.dispatch_size_agreements ? 0 : 1));
+      const double row_bytes = d * elem, largest = std::max(1.0, std::ceil(rows_per_peer)) * row_bytes;
       out.collectives.push_back(alltoall("dispatch all-to-all", c, ranks, rows_per_peer * row_bytes, largest, moe_layers));
       out.collectives.push_back(alltoall("combine all-to-all", c, ranks, rows_per_peer * row_bytes, largest, moe_layers));
       out.collectives.push_back(alltoall("counts all-to-all", c, ranks, counts, counts, moe_layers));
-      CollectiveCost agree = allreduce("all-to-all size agreement", c, ranks, 8, "f32", 3 * moe_layers, true);
-      out.collectives.push_back(agree);
+      if (w.dispatch_size_agreements)
+        out.collectives.push_back(allreduce("all-to-all size agreement", c, ranks, 8, "f32", 3 * moe_layers, true));
     }
   }
   // Rank 0's compute between two collectives, segment by segment (its own experts: the mean group's), and the
   // collective that ends each: TP attention reduces after attention and after each MoE block, dp attention
-  // agrees, exchanges the counts, agrees and dispatches after routing (back to back: segments of no compute) and
-  // agrees and combines after the experts. What follows the last collective of a step (dense layers, lm_head)
-  // runs before the next step's first.
+  // exchanges the counts and dispatches after routing (the dispatch back to back: a segment of no compute) and
+  // combines after the experts (an engine that agreed on sizes: agree, counts, agree, dispatch; experts; agree,
+  // combine). What follows the last collective of a step (dense layers, lm_head) runs before the next step's first.
   std::vector<std::pair<double, size_t>> segments;  // (wall seconds, index in out.collectives)
   if (ranks > 1) {
     double open = 0;
@@ -666,9 +668,13 @@ Prediction predict(const ModelConfig& m, const Cluster& c, const PlanChoice& p, 
         continue;
       }
       open += routing;
-      if (dp) sync(3), sync(2), sync(3), sync(0);
+      const bool agree = dp && w.dispatch_size_agreements;
+      if (agree) sync(3);
+      if (dp) sync(2);
+      if (agree) sync(3);
+      if (dp) sync(0);
       open += experts.mean_s;
-      if (dp) sync(3);
+      if (agree) sync(3);
       sync(1);
       open += mlp_of[l];
     }
@@ -713,7 +719,7 @@ Prediction predict(const ModelConfig& m, const Cluster& c, const PlanChoice& p, 
     }
   }
   // The wait the time-sharing table gives after each segment. A collective right after another (no compute
-  // between them: dp attention's agreements and counts) has no compute of other ranks to wait behind: its wait is
+  // between them: dp attention's dispatch after the counts) has no compute of other ranks to wait behind: its wait is
   // the scheduler's round through the ranks that share the cores, time the step spends on top of its compute.
   // Each collective's own time beyond the wire under the sharing (TimeSharing::excess_s) is step time too.
   double back_to_back = 0;

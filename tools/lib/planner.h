@@ -101,6 +101,11 @@ Cluster parse_cluster(const nlohmann::json& j, const std::string& origin);
 struct Workload {
   int batch = 1;      // sequences decoding together (one token each per step)
   int context = 512;  // positions each sequence's attention reads
+  // An engine whose dp-attention dispatch path agrees on the largest block by an 8-byte all-reduce before each
+  // of its three all-to-alls (six collectives a MoE layer, four back to back; this tree's moe_layer.cc sends the
+  // block with the counts: three, one back to back). The recordings of tests/plan measured before that change
+  // are predicted with it (planner_test.cc; docs/plan.md says which).
+  bool dispatch_size_agreements = false;
 };
 
 struct PlanChoice {

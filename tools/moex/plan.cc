@@ -378,7 +378,7 @@ void run_time_sharing(const CalibrateFlags& f) {
   set_num_threads(1);
   constexpr int64_t kRows = 512, kCols = 1024;
   constexpr int kMatrices = 64;
-  // 0: back to back, no compute between two all-reduces (dp attention's size agreements and counts, planner.cc).
+  // 0: back to back, no compute between two collectives (dp attention's dispatch after its counts, planner.cc).
   constexpr double kSegmentMs[] = {0, 0.125, 0.25, 0.5, 1, 2, 4, 8, 16, 32};
   constexpr double kCpuPerLength = 0.3;  // seconds of segments per length and rank
   std::vector<std::vector<uint16_t>> w(kMatrices);
