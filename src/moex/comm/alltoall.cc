@@ -21,7 +21,7 @@ void MpiCommunicator::alltoallv(const void* send, std::span<const size_t> send_c
   }
   for (size_t count : recv_counts) largest_in = std::max<uint64_t>(largest_in, count * elem_bytes);
   // A declared figure below a block this rank sees is wrong on this rank at least; its peers may pick by it an
-  // algorithm this rank would not, and the call would hang in mismatched messages. Refused here, before any.
+  // algorithm this rank would not, and the call would hang in mismatched messages. Refused before any message.
   if (largest_block_bytes && std::max(largest, largest_in) > *largest_block_bytes)
     throw_error(ErrorKind::kInternal,
                 ::moex::detail::concat("alltoallv: the largest block passed (", *largest_block_bytes,
