@@ -1,16 +1,14 @@
 // Software prefetch of a call's weight stream into L2, a fixed distance ahead of the reads. Baseline SSE only, so
 // every x86 kernel file (AVX2, AVX-512, AMX) can include it.
 //
-// Why by hand: a packed matrix is read once per call at decode, sequentially, and the hardware prefetchers alone
-// held the few-row loops at 25-88% of the read probe on the AMX Xeon, and 8 KB ahead brings them to 70-110%
-// (bench kernels, docs/kernels.md "Prefetch distance"). Prefetching a whole panel ahead instead (458 KB for
-// mini's down, as the AMX kernel did) was no better than none.
+// Why by hand: a packed matrix is read once per call at decode, sequentially, and on Intel the hardware prefetchers
+// alone leave the few-row loops well short of the read probe; a short fixed lead closes most of it, where a whole
+// panel ahead does not (docs/kernels.md "Prefetch distance" has the figures).
 //
 // Not in the bf16 and W8A8 few-row loops on AMD, but for W8A8's short one-row calls and bf16 from two rows on Zen 5
-// (32 KB ahead, bf16_stream_lead below): on the Zen 4 VM those loops ran 20-30% faster on the hardware prefetchers
-// alone (docs/kernels.md "Prefetch distance"), so there they run a tile without it (g_stream_prefetch,
-// stream_prefetch_for below). MOEX_STREAM_PREFETCH=on|off|auto overrides the
-// default: the A/B switch.
+// (bf16_stream_lead below): there the hardware prefetchers alone stream those loops faster than with the software
+// lead, so they run a tile without it (g_stream_prefetch, stream_prefetch_for below). MOEX_STREAM_PREFETCH=on|off|auto
+// overrides the default: the A/B switch.
 #pragma once
 #include <xmmintrin.h>
 
@@ -39,11 +37,12 @@ extern const bool g_cpu_is_zen5;
 // (g_stream_prefetch) is on, yes; where it is off (AMD), only for a one-row stream of at most `short_stream` bytes,
 // which starts cold and may end before the hardware prefetchers have ramped up. The W8A8 loop passes
 // kPrefetchShortStream: Qwen3-30B-A3B's batch 16 runs one row per expert in calls of ~200 KB (`down`: every expert
-// over a few panels) to 3 MB (gate/up: one expert), where decode b16 ran as fast with the prefetch as without at
-// the same read rate (docs/kernels.md, "Real shapes"), so the stream is not left to ramp up cold; Mixtral's one-row calls (batch 1) stream 7 MB and more, and ran 8-25% faster
-// without. The bf16 loop decides by bf16_stream_lead (on Zen 4 never: at one row on the Qwen3 geometry it was 6-8%
-// faster without, and every many-row stream 20-40%; docs/kernels.md, "Prefetch distance"). Read once per call, outside the k loops
-// (see g_stream_prefetch).
+// over a few panels) to 3 MB (gate/up: one expert), short enough that the stream would start cold, and the prefetch
+// costs them nothing; Mixtral's one-row calls (batch 1) stream 7 MB and more, long enough for the hardware
+// prefetchers, which then run faster alone (docs/kernels.md, "Real shapes"). The bf16 loop decides by
+// bf16_stream_lead (on Zen 4 never: there the hardware prefetchers alone were faster at one row and on every
+// many-row stream; docs/kernels.md, "Prefetch distance"). Read once per call, outside the k loops (see
+// g_stream_prefetch).
 constexpr int64_t kPrefetchShortStream = int64_t{4} << 20;
 inline bool stream_prefetch_for(int64_t rows, int64_t bytes, int64_t short_stream) {
   const bool forced = g_stream_prefetch_env >= 0;
@@ -59,14 +58,14 @@ inline void prefetch_ahead(const void* read, const void* end, int lines, int64_t
 
 // The bf16 few-row loop on Zen 5: 32 KB ahead. Its 4-row tile (16 vdpbf16ps per 256 weight bytes, each waiting
 // on its load) fills the FP scheduler long before the out-of-order window reaches the lines the hardware
-// prefetchers have not yet asked for, so one thread read ~60-65% of its own replay with no software prefetch
-// (perf: the time on the first weight load of each k pair), ~70% 8 KB ahead and 75-79% 32 KB ahead
-// (docs/kernels.md, "Prefetch distance"). On Zen 4 none was better, so there it stays off (g_stream_prefetch).
+// prefetchers have not yet asked for, so the loop waits on the first weight load of each k pair; a lead well past
+// the window pulls those lines in (docs/kernels.md, "Prefetch distance", compares the distances). On Zen 4 no lead
+// was better, so there it stays off (g_stream_prefetch).
 constexpr int64_t kStreamLeadZen5Bf16 = 32 << 10;
 
 // The bf16 few-row loop's prefetch distance for a call of `rows` rows, 0 for none. MOEX_STREAM_PREFETCH=off: none;
 // =on: kStreamLead, on Zen 5 kStreamLeadZen5Bf16; otherwise (auto) on Zen 5 kStreamLeadZen5Bf16 from two rows (a
-// one-row tile, 4 vdpbf16ps per 256 bytes, already streamed at ~97% of its replay without), elsewhere kStreamLead
+// one-row tile, 4 vdpbf16ps per 256 bytes, leaves the out-of-order window free to reach ahead by itself), elsewhere kStreamLead
 // where the CPU's default (g_stream_prefetch) is on and none where it is off (other AMD CPUs). Read once per call.
 inline int64_t bf16_stream_lead(int64_t rows) {
   const int env = g_stream_prefetch_env;
