@@ -12,8 +12,9 @@
 // where xq are the token's codes and xs_g the scale of its group g (absmax / 127 of those K: a scale per
 // group rather than per token keeps one large activation from coarsening the codes of the whole row, as
 // llama.cpp's 8-bit activation blocks do). The fold runs in the same order for every row count and
-// token tile, so a row's result does not depend on the other rows of its call: one tile loop for decode and prefill
-// (one-row calls take `row`, the same sums and fold with fewer instructions; a panel, at most ~0.5 MB for Mixtral's K, stays in L2 while the token tiles pass over it). A many-row loop
+// token tile, so a row's result does not depend on the other rows of its call: one tile loop for decode and
+// prefill (a panel, at most ~0.5 MB for Mixtral's K, stays in L2 while the token tiles pass over it); one-row calls
+// take `row`, the same sums and fold with fewer instructions. A many-row loop
 // that decodes a K block once into u8 quads and runs 6-token tiles over them (as W8A8's) was measured slower:
 // 44-72% of the vpdpbusd peak at 16-512 rows against this loop's 57-80% (docs/kernels.md).
 #include <immintrin.h>
@@ -95,8 +96,8 @@ void tile(const int8_t* x, int64_t ldx, const uint8_t* w, const float* scales, c
 // vpdpbusd: the quad 8j+4.. is taken as b & 0xf0, 16 times the codes, into sums of its own (hi), which an arithmetic
 // shift by 4 divides back exactly at the group's end (a sum of multiples of 16, at most 16 k steps of 4 x 240 x 127
 // a lane: far from 2^31), where tile<1> shifts every byte before its mask; eight independent sums rather than four
-// chains of two. The sums are exact integers, so part = lo + hi / 16 is tile<1>'s, and the fold below is fold<1>'s operations
-// in its order: a row's bits do not depend on its call's row count (ManyRowGemmGivesTheFewRowLoopsBits).
+// chains of two. The sums are exact integers, so part = lo + hi / 16 is tile<1>'s, and the fold below is fold<1>'s
+// operations in its order: a row's bits do not depend on its call's row count (ManyRowGemmGivesTheFewRowLoopsBits).
 template <bool kPrefetch>
 void row(const int8_t* x, const uint8_t* w, const float* scales, const float* offsets, const float* code_sums,
          const float* act_scales, int64_t group, int64_t kp, float* c, const void* w_end) {
@@ -139,9 +140,9 @@ void run_panels_int4_w4a8_avx512vnni(const PanelJob& job, int64_t panel_begin, i
   if (c.size() < static_cast<size_t>(tokens * kPanel)) c.resize(tokens * kPanel);
   const uint8_t* w_end = w.data.as<const uint8_t>() + panel_end * (kp / 2) * kPanel;  // this call's panels end
   // One row streams on the hardware prefetchers alone where the bf16 / W8A8 loops do (g_stream_prefetch false: AMD,
-  // or MOEX_STREAM_PREFETCH=off). On the Zen 4 VM prefetch_ahead held one thread of a one-row call at ~67% of its
-  // replay, the profile's time on the loads of the codes, against ~100% without (docs/kernels.md, "Prefetch
-  // distance"); from two rows the prefetch stays (batch 16 ran ~2x slower without it on two threads).
+  // or MOEX_STREAM_PREFETCH=off): there the software lead only competes with them for the loads of the codes. From
+  // two rows the prefetch stays: the tiles' arithmetic leaves the stream without it (docs/kernels.md, "Prefetch
+  // distance", has both A/Bs).
   const bool stream_prefetch = g_stream_prefetch || tokens > 1;
   for (int64_t panel = panel_begin; panel < panel_end; ++panel) {
     const uint8_t* w_panel = w.data.as<const uint8_t>() + panel * (kp / 2) * kPanel;  // [kp/8][64][4]

@@ -20,8 +20,9 @@ namespace moex::kernels::x86 {
 // once, keeps its own 32 KB (expert_gemm_amx.cc).
 constexpr int64_t kStreamLead = 8 << 10;
 
-// Whether the W8A8 few-row loop (and int4-w4a8's one-row calls; bf16: bf16_stream_lead) call prefetch_ahead: MOEX_STREAM_PREFETCH if on / off, else (auto; unset; a bad value, which
-// validate_kernel_environment refuses at load) not on AMD CPUs and yes on others. Set once before main
+// Whether the W8A8 few-row loop (and int4-w4a8's one-row calls; bf16: bf16_stream_lead) call prefetch_ahead:
+// MOEX_STREAM_PREFETCH if on / off, else (auto; unset; a bad value, which validate_kernel_environment refuses at
+// load) not on AMD CPUs and yes on others. Set once before main
 // (formats.cc, compiled for the baseline ISA). The few-row loops read it once per call and run a tile
 // instantiated with or without prefetch_ahead: tested inside the k loop, a function-local static (its guard may
 // call into the runtime) made GCC 12 keep the tiles' accumulators on the stack, and a plain global made it drop
@@ -65,8 +66,9 @@ constexpr int64_t kStreamLeadZen5Bf16 = 32 << 10;
 
 // The bf16 few-row loop's prefetch distance for a call of `rows` rows, 0 for none. MOEX_STREAM_PREFETCH=off: none;
 // =on: kStreamLead, on Zen 5 kStreamLeadZen5Bf16; otherwise (auto) on Zen 5 kStreamLeadZen5Bf16 from two rows (a
-// one-row tile, 4 vdpbf16ps per 256 bytes, leaves the out-of-order window free to reach ahead by itself), elsewhere kStreamLead
-// where the CPU's default (g_stream_prefetch) is on and none where it is off (other AMD CPUs). Read once per call.
+// one-row tile, 4 vdpbf16ps per 256 bytes, leaves the out-of-order window free to reach ahead by itself), elsewhere
+// kStreamLead where the CPU's default (g_stream_prefetch) is on and none where it is off (other AMD CPUs). Read once
+// per call.
 inline int64_t bf16_stream_lead(int64_t rows) {
   const int env = g_stream_prefetch_env;
   if (env == 0) return 0;
